@@ -19,8 +19,16 @@ impl std::fmt::Display for Rule {
         let (p, private) = match self {
             Rule::Exact { host, port, private } => (write!(f, "{host}:{port}"), private),
             Rule::Suffix { suffix, port, private } => (write!(f, "*.{suffix}:{port}"), private),
-            Rule::Ip { ip: IpAddr::V4(ip), port, private } => (write!(f, "{ip}:{port}"), private),
-            Rule::Ip { ip: IpAddr::V6(ip), port, private } => (write!(f, "[{ip}]:{port}"), private),
+            Rule::Ip {
+                ip: IpAddr::V4(ip),
+                port,
+                private,
+            } => (write!(f, "{ip}:{port}"), private),
+            Rule::Ip {
+                ip: IpAddr::V6(ip),
+                port,
+                private,
+            } => (write!(f, "[{ip}]:{port}"), private),
         };
         p?;
         if *private {
@@ -70,7 +78,11 @@ impl Rule {
         }
         match parse_host(host)? {
             Host::Name(host) => Ok(Rule::Exact { host, port, private }),
-            Host::Ip(ip) => Ok(Rule::Ip { ip: ip.to_canonical(), port, private }),
+            Host::Ip(ip) => Ok(Rule::Ip {
+                ip: ip.to_canonical(),
+                port,
+                private,
+            }),
         }
     }
 
@@ -184,8 +196,14 @@ mod tests {
     #[test]
     fn exact_and_port() {
         let a = list(&["api.example.com:443"]);
-        assert_eq!(a.check(&name("api.example.com"), 443), Match::Allowed { private: false });
-        assert_eq!(a.check(&name("API.Example.com."), 443), Match::Allowed { private: false });
+        assert_eq!(
+            a.check(&name("api.example.com"), 443),
+            Match::Allowed { private: false }
+        );
+        assert_eq!(
+            a.check(&name("API.Example.com."), 443),
+            Match::Allowed { private: false }
+        );
         assert_eq!(a.check(&name("api.example.com"), 80), Match::NotAllowlisted);
         assert_eq!(a.check(&name("x.api.example.com"), 443), Match::NotAllowlisted);
         assert_eq!(a.check(&name("api.example.com.evil"), 443), Match::NotAllowlisted);
@@ -195,8 +213,14 @@ mod tests {
     #[test]
     fn wildcard_is_strict_subdomains() {
         let a = list(&["*.tiles.example:443"]);
-        assert_eq!(a.check(&name("a.tiles.example"), 443), Match::Allowed { private: false });
-        assert_eq!(a.check(&name("a.b.tiles.example"), 443), Match::Allowed { private: false });
+        assert_eq!(
+            a.check(&name("a.tiles.example"), 443),
+            Match::Allowed { private: false }
+        );
+        assert_eq!(
+            a.check(&name("a.b.tiles.example"), 443),
+            Match::Allowed { private: false }
+        );
         assert_eq!(a.check(&name("tiles.example"), 443), Match::NotAllowlisted);
         assert_eq!(a.check(&name("eviltiles.example"), 443), Match::NotAllowlisted);
         assert_eq!(a.check(&name("a.tiles.example"), 80), Match::NotAllowlisted);
@@ -209,7 +233,10 @@ mod tests {
         assert_eq!(a.check(&name("10.0.0.1"), 443), Match::IpLiteral);
         assert_eq!(a.check(&name("10.0.0.1"), 8080), Match::Allowed { private: false });
         assert_eq!(a.check(&name("0xa000001"), 8080), Match::Allowed { private: false });
-        assert_eq!(a.check(&name("[::ffff:10.0.0.1]"), 8080), Match::Allowed { private: false });
+        assert_eq!(
+            a.check(&name("[::ffff:10.0.0.1]"), 8080),
+            Match::Allowed { private: false }
+        );
         assert_eq!(a.check(&name("[::1]"), 80), Match::Allowed { private: false });
         assert_eq!(a.check(&name("127.0.0.1"), 443), Match::IpLiteral);
     }

@@ -270,10 +270,19 @@ mod tests {
 
     #[test]
     fn ipv6_literals() {
-        for s in ["[::1]", "[::ffff:7f00:1]", "[::ffff:127.0.0.1]", "[fe80::1]", "[64:ff9b::a00:1]"] {
+        for s in [
+            "[::1]",
+            "[::ffff:7f00:1]",
+            "[::ffff:127.0.0.1]",
+            "[fe80::1]",
+            "[64:ff9b::a00:1]",
+        ] {
             assert!(matches!(parse_host(s), Ok(Host::Ip(IpAddr::V6(_)))), "{s}");
         }
-        assert_eq!(parse_host("[::ffff:7f00:1]").unwrap().ip(), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(
+            parse_host("[::ffff:7f00:1]").unwrap().ip(),
+            Some("127.0.0.1".parse().unwrap())
+        );
         assert_eq!(parse_host("[fe80::1%25eth0]"), Err(HostError::BadBracket));
         assert_eq!(parse_host("[example.com]"), Err(HostError::BadBracket));
         assert_eq!(parse_host("::1"), Err(HostError::InvalidChar(':')));
@@ -281,7 +290,15 @@ mod tests {
 
     #[test]
     fn numeric_but_invalid_is_rejected_not_a_name() {
-        for s in ["256.0.0.1", "1.2.3.4.5", "1.2.3.256", "0x1.0x100000000", "09.1.1.1", "99999999999999999999", "1..2"] {
+        for s in [
+            "256.0.0.1",
+            "1.2.3.4.5",
+            "1.2.3.256",
+            "0x1.0x100000000",
+            "09.1.1.1",
+            "99999999999999999999",
+            "1..2",
+        ] {
             assert!(parse_host(s).is_err(), "{s}");
         }
     }
@@ -319,7 +336,10 @@ mod tests {
 
     #[test]
     fn authorities() {
-        assert_eq!(parse_authority("Example.com:443"), Ok((Host::Name("example.com".into()), 443)));
+        assert_eq!(
+            parse_authority("Example.com:443"),
+            Ok((Host::Name("example.com".into()), 443))
+        );
         assert_eq!(parse_authority("[::1]:80"), Ok((Host::Ip("::1".parse().unwrap()), 80)));
         assert_eq!(parse_authority("example.com"), Err(AuthorityError::MissingPort));
         assert_eq!(parse_authority("example.com:0"), Err(AuthorityError::BadPort));

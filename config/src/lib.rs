@@ -159,7 +159,10 @@ impl Config {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
-            problems: vec![Problem { path: String::new(), message: format!("cannot read file: {e}") }],
+            problems: vec![Problem {
+                path: String::new(),
+                message: format!("cannot read file: {e}"),
+            }],
         })?;
         let mut cfg = Config::parse(&text, &file)?;
         // Relative paths in the file are relative to the file's directory.

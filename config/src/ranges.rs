@@ -68,7 +68,11 @@ impl RangeTable {
             .iter()
             .filter_map(|(net, _)| net.parse::<IpNet>().ok())
             .collect();
-        RangeTable { default_denied, allow, deny }
+        RangeTable {
+            default_denied,
+            allow,
+            deny,
+        }
     }
 
     /// Classifies a resolved address. `private_ok` is a rule's `private = true`:
@@ -112,26 +116,73 @@ mod tests {
     #[test]
     fn denied_addresses() {
         let denied = [
-            "0.0.0.0", "0.1.2.3", "10.1.2.3", "100.64.0.1", "100.127.255.254", "127.0.0.1", "127.255.255.254",
-            "169.254.169.254", "172.16.0.1", "172.31.255.255", "192.0.0.8", "192.0.2.1", "192.88.99.1",
-            "192.168.1.1", "198.18.0.1", "198.19.255.255", "198.51.100.7", "203.0.113.9", "224.0.0.1",
-            "239.255.255.250", "240.0.0.1", "255.255.255.255", "::", "::1", "::127.0.0.1", "::8.8.8.8",
-            "::ffff:127.0.0.1", "::ffff:169.254.169.254", "64:ff9b::7f00:1", "64:ff9b::808:808",
-            "64:ff9b:1::1", "100::1", "2001::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "2001:db8::1",
-            "2002:7f00:1::1", "2002:808:808::1", "fc00::1", "fd12:3456::1", "fe80::1", "febf::1", "fec0::1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "10.1.2.3",
+            "100.64.0.1",
+            "100.127.255.254",
+            "127.0.0.1",
+            "127.255.255.254",
+            "169.254.169.254",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.0.0.8",
+            "192.0.2.1",
+            "192.88.99.1",
+            "192.168.1.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "198.51.100.7",
+            "203.0.113.9",
+            "224.0.0.1",
+            "239.255.255.250",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "::127.0.0.1",
+            "::8.8.8.8",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::7f00:1",
+            "64:ff9b::808:808",
+            "64:ff9b:1::1",
+            "100::1",
+            "2001::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "2001:db8::1",
+            "2002:7f00:1::1",
+            "2002:808:808::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "febf::1",
+            "fec0::1",
             "ff02::1",
         ];
         for s in denied {
             let ip: IpAddr = s.parse().unwrap();
-            assert!(matches!(table().classify(ip, false), RangeVerdict::DefaultDenied(_)), "{s}");
+            assert!(
+                matches!(table().classify(ip, false), RangeVerdict::DefaultDenied(_)),
+                "{s}"
+            );
             assert_eq!(table().classify(ip, true), RangeVerdict::Allowed, "{s} private_ok");
         }
     }
 
     #[test]
     fn public_addresses_are_allowed() {
-        for s in ["8.8.8.8", "1.1.1.1", "100.63.255.255", "100.128.0.0", "172.32.0.1", "198.20.0.1",
-                  "2606:4700::1111", "2001:4860:4860::8888", "::ffff:8.8.8.8"] {
+        for s in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "100.63.255.255",
+            "100.128.0.0",
+            "172.32.0.1",
+            "198.20.0.1",
+            "2606:4700::1111",
+            "2001:4860:4860::8888",
+            "::ffff:8.8.8.8",
+        ] {
             let ip: IpAddr = s.parse().unwrap();
             assert_eq!(table().classify(ip, false), RangeVerdict::Allowed, "{s}");
         }
@@ -139,11 +190,26 @@ mod tests {
 
     #[test]
     fn operator_lists() {
-        let t = RangeTable::new(vec!["127.0.0.2/32".parse().unwrap()], vec!["8.8.8.0/24".parse().unwrap()]);
+        let t = RangeTable::new(
+            vec!["127.0.0.2/32".parse().unwrap()],
+            vec!["8.8.8.0/24".parse().unwrap()],
+        );
         assert_eq!(t.classify("127.0.0.2".parse().unwrap(), false), RangeVerdict::Allowed);
-        assert_eq!(t.classify("::ffff:127.0.0.2".parse().unwrap(), false), RangeVerdict::Allowed);
-        assert!(matches!(t.classify("127.0.0.1".parse().unwrap(), false), RangeVerdict::DefaultDenied(_)));
-        assert!(matches!(t.classify("8.8.8.8".parse().unwrap(), false), RangeVerdict::OperatorDenied(_)));
-        assert!(matches!(t.classify("8.8.8.8".parse().unwrap(), true), RangeVerdict::OperatorDenied(_)));
+        assert_eq!(
+            t.classify("::ffff:127.0.0.2".parse().unwrap(), false),
+            RangeVerdict::Allowed
+        );
+        assert!(matches!(
+            t.classify("127.0.0.1".parse().unwrap(), false),
+            RangeVerdict::DefaultDenied(_)
+        ));
+        assert!(matches!(
+            t.classify("8.8.8.8".parse().unwrap(), false),
+            RangeVerdict::OperatorDenied(_)
+        ));
+        assert!(matches!(
+            t.classify("8.8.8.8".parse().unwrap(), true),
+            RangeVerdict::OperatorDenied(_)
+        ));
     }
 }

@@ -76,7 +76,10 @@ struct RawDns {
 
 impl Default for RawDns {
     fn default() -> Self {
-        RawDns { servers: vec![], timeout_ms: 2000 }
+        RawDns {
+            servers: vec![],
+            timeout_ms: 2000,
+        }
     }
 }
 
@@ -166,14 +169,20 @@ struct Problems(Vec<Problem>);
 
 impl Problems {
     fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem { path: path.into(), message: message.into() });
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
     }
 
     fn addr(&mut self, path: &str, v: &str) -> SocketAddr {
         match v.parse::<SocketAddr>() {
             Ok(a) => a,
             Err(_) => {
-                self.push(path, format!("{v:?} is not an ip:port socket address (names are not resolved here)"));
+                self.push(
+                    path,
+                    format!("{v:?} is not an ip:port socket address (names are not resolved here)"),
+                );
                 SocketAddr::from(([127, 0, 0, 1], 0))
             }
         }
@@ -193,7 +202,10 @@ impl Problems {
                 Ok(n) => out.push(n.trunc()),
                 Err(_) => match s.parse::<std::net::IpAddr>() {
                     Ok(ip) => out.push(IpNet::from(ip)),
-                    Err(_) => self.push(format!("{path}[{i}]"), format!("{s:?} is not a CIDR (e.g. \"10.0.0.0/8\")")),
+                    Err(_) => self.push(
+                        format!("{path}[{i}]"),
+                        format!("{s:?} is not a CIDR (e.g. \"10.0.0.0/8\")"),
+                    ),
                 },
             }
         }
@@ -204,19 +216,30 @@ impl Problems {
 fn valid_tool_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64
-        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
         && !id.starts_with('_')
 }
 
 pub(crate) fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
     let de = toml::Deserializer::parse(text).map_err(|e| ConfigError {
         file: file.to_owned(),
-        problems: vec![Problem { path: String::new(), message: one_line(&e.to_string()) }],
+        problems: vec![Problem {
+            path: String::new(),
+            message: one_line(&e.to_string()),
+        }],
     })?;
     let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let path = if path == "." { String::new() } else { path };
-        ConfigError { file: file.to_owned(), problems: vec![Problem { path, message: one_line(&e.into_inner().to_string()) }] }
+        ConfigError {
+            file: file.to_owned(),
+            problems: vec![Problem {
+                path,
+                message: one_line(&e.into_inner().to_string()),
+            }],
+        }
     })?;
     validate(raw, file)
 }
@@ -225,7 +248,13 @@ pub(crate) fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
 fn one_line(s: &str) -> String {
     let mut lines = s.lines().filter(|l| !l.trim().is_empty());
     let first = lines.next().unwrap_or_default().trim().to_owned();
-    let last = s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().trim().to_owned();
+    let last = s
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
     if first == last || last.is_empty() {
         first
     } else {
@@ -250,7 +279,12 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
     let max_runs = p.range("proxy.max_runs", 1, 1_000_000, rp.max_runs);
     let hrt = p.range("proxy.header_read_timeout_ms", 100, 300_000, rp.header_read_timeout_ms);
     let mhb = p.range("proxy.max_header_bytes", 1024, 1024 * 1024, rp.max_header_bytes);
-    let idle = p.range("proxy.tunnel_idle_timeout_ms", 100, 24 * 3_600_000, rp.tunnel_idle_timeout_ms);
+    let idle = p.range(
+        "proxy.tunnel_idle_timeout_ms",
+        100,
+        24 * 3_600_000,
+        rp.tunnel_idle_timeout_ms,
+    );
     let maxc = p.range("proxy.max_connections", 1, 1_000_000, rp.max_connections);
     let drain = p.range("proxy.drain_timeout_ms", 0, 3_600_000, rp.drain_timeout_ms);
     let dns_timeout = p.range("proxy.dns.timeout_ms", 1, 60_000, rp.dns.timeout_ms);
@@ -264,7 +298,10 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
     for (id, t) in raw.tools {
         let base = format!("tools.{id}");
         if !valid_tool_id(&id) {
-            p.push(&base, "tool ids are 1-64 characters of a-z, 0-9, '_' and '-' (they become metric labels)");
+            p.push(
+                &base,
+                "tool ids are 1-64 characters of a-z, 0-9, '_' and '-' (they become metric labels)",
+            );
         }
         let mut rules = vec![];
         for (i, r) in t.egress.iter().enumerate() {
@@ -281,8 +318,18 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
                 Err(e) => p.push(path, e.to_string()),
             }
         }
-        let fetch = p.range(&format!("{base}.fetch_timeout_ms"), 1, 24 * 3_600_000, t.fetch_timeout_ms);
-        let maxc = p.range(&format!("{base}.max_concurrent_fetches"), 1, 65_536, t.max_concurrent_fetches);
+        let fetch = p.range(
+            &format!("{base}.fetch_timeout_ms"),
+            1,
+            24 * 3_600_000,
+            t.fetch_timeout_ms,
+        );
+        let maxc = p.range(
+            &format!("{base}.max_concurrent_fetches"),
+            1,
+            65_536,
+            t.max_concurrent_fetches,
+        );
         let maxq = p.range(&format!("{base}.max_queued_fetches"), 0, 65_536, t.max_queued_fetches);
         let methods = t.methods.map(|ms| {
             ms.iter()
@@ -327,9 +374,15 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
         let _ = writeln!(canon, "deny {n}");
     }
 
-    let tls = rp.tls.map(|t| TlsConfig { cert: t.cert, key: t.key });
+    let tls = rp.tls.map(|t| TlsConfig {
+        cert: t.cert,
+        key: t.key,
+    });
     if !p.0.is_empty() {
-        return Err(ConfigError { file: file.to_owned(), problems: p.0 });
+        return Err(ConfigError {
+            file: file.to_owned(),
+            problems: p.0,
+        });
     }
     let digest = Sha256::digest(canon.as_bytes());
     let mut hex = String::with_capacity(7 + 64);
@@ -345,7 +398,10 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
             facts: rp.facts,
             max_run: Duration::from_millis(max_run_ms),
             max_runs: max_runs as usize,
-            dns: DnsConfig { servers, timeout: Duration::from_millis(dns_timeout) },
+            dns: DnsConfig {
+                servers,
+                timeout: Duration::from_millis(dns_timeout),
+            },
             header_read_timeout: Duration::from_millis(hrt),
             max_header_bytes: mhb as usize,
             tunnel_idle_timeout: Duration::from_millis(idle),
@@ -353,7 +409,11 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
             drain_timeout: Duration::from_millis(drain),
             tls,
         },
-        policy: Arc::new(Policy { tools, ranges: RangeTable::new(allow, deny), digest: hex }),
+        policy: Arc::new(Policy {
+            tools,
+            ranges: RangeTable::new(allow, deny),
+            digest: hex,
+        }),
         executor: raw.executor,
     })
 }
@@ -391,7 +451,10 @@ command = ["python3", "tools/weather.py"]
         let t = c.policy.tool("weather").unwrap();
         assert_eq!(t.mode, Mode::Report);
         assert_eq!(t.max_concurrent_fetches, 4);
-        assert_eq!(t.allowlist.check(&Host::Name("prometheus.internal".into()), 9090), Match::Allowed { private: true });
+        assert_eq!(
+            t.allowlist.check(&Host::Name("prometheus.internal".into()), 9090),
+            Match::Allowed { private: true }
+        );
         assert_eq!(c.proxy.dns.servers.len(), 1);
         assert!(c.policy.digest.starts_with("sha256:"));
         assert!(t.process.is_some());
@@ -413,7 +476,10 @@ command = ["python3", "tools/weather.py"]
     #[test]
     fn unknown_keys_name_their_path() {
         let e = errors("[proxy]\nlisten = \"127.0.0.1:1\"\nlistne = 3\n");
-        assert!(e.contains("bad.toml") && e.contains("proxy") && e.contains("listne"), "{e}");
+        assert!(
+            e.contains("bad.toml") && e.contains("proxy") && e.contains("listne"),
+            "{e}"
+        );
         let e = errors("[tools.a]\negress = []\nfetch_timeout = 3\n");
         assert!(e.contains("tools.a") && e.contains("fetch_timeout"), "{e}");
         let e = errors("[tools.a]\negress = [{ host = \"x.example\", port = 1, privat = true }]\n");

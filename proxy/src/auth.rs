@@ -1,0 +1,72 @@
+//! Per-run proxy authentication (RFC 9110 §11.7.1, Basic scheme RFC 7617):
+//! `Proxy-Authorization: Basic base64(run_id:secret)`, compared in constant
+//! time against the run's secret.
+
+use crate::deny::DenyReason;
+use crate::runs::{Run, Runs};
+use base64::Engine;
+use http::HeaderMap;
+use std::sync::Arc;
+
+/// The `Proxy-Authenticate` challenge sent with every 407.
+pub const CHALLENGE: &str = "Basic realm=\"loom-egress\", charset=\"UTF-8\"";
+
+/// Result of a failed authentication: the reason and, when the credential
+/// named a known run, that run (so the fact can be attributed).
+pub struct AuthFailure {
+    pub reason: DenyReason,
+    pub claimed: Option<Arc<Run>>,
+}
+
+/// Authenticates a request head against the run registry.
+pub fn authenticate(runs: &Runs, headers: &HeaderMap) -> Result<Arc<Run>, AuthFailure> {
+    let mut values = headers.get_all(http::header::PROXY_AUTHORIZATION).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => {
+            return Err(AuthFailure {
+                reason: DenyReason::AuthMissing,
+                claimed: None,
+            })
+        }
+        (Some(_), Some(_)) => {
+            return Err(AuthFailure {
+                reason: DenyReason::AuthInvalid,
+                claimed: None,
+            })
+        }
+        (Some(v), None) => v.as_bytes(),
+    };
+    let invalid = || AuthFailure {
+        reason: DenyReason::AuthInvalid,
+        claimed: None,
+    };
+    let (scheme, rest) = match value.iter().position(|b| *b == b' ') {
+        Some(i) => (&value[..i], &value[i + 1..]),
+        None => return Err(invalid()),
+    };
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return Err(invalid());
+    }
+    let rest = rest.trim_ascii();
+    // run ids ≤ 128 bytes, secrets 48 bytes: anything much longer is not ours.
+    if rest.len() > 512 {
+        return Err(invalid());
+    }
+    let mut buf = [0u8; 384];
+    let n = base64::engine::general_purpose::STANDARD
+        .decode_slice(rest, &mut buf)
+        .map_err(|_| invalid())?;
+    let decoded = &buf[..n];
+    let colon = decoded.iter().position(|b| *b == b':').ok_or_else(invalid)?;
+    let (user, secret) = (&decoded[..colon], &decoded[colon + 1..]);
+    let user = std::str::from_utf8(user).map_err(|_| invalid())?;
+    let run = runs.get(user).ok_or_else(invalid)?;
+    if run.secret_matches(secret) {
+        Ok(run)
+    } else {
+        Err(AuthFailure {
+            reason: DenyReason::AuthInvalid,
+            claimed: Some(run),
+        })
+    }
+}

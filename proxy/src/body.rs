@@ -1,0 +1,102 @@
+//! Response bodies the data plane hands to hyper: a fixed short body for
+//! denials and errors, or an upstream body streamed through unchanged but
+//! guarded: it holds the fetch's concurrency slot, and is cut off when the
+//! fetch deadline expires or the run ends. Dropping it releases everything.
+
+use crate::finish::Finish;
+use crate::slots::Slot;
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::time::Sleep;
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of every response the proxy writes.
+pub enum ProxyBody {
+    Full(Option<Bytes>),
+    Stream(Box<Guarded>),
+}
+
+impl ProxyBody {
+    pub fn text(s: impl Into<Bytes>) -> ProxyBody {
+        ProxyBody::Full(Some(s.into()))
+    }
+
+    pub fn empty() -> ProxyBody {
+        ProxyBody::Full(None)
+    }
+}
+
+/// An upstream body with its fetch's guards.
+pub struct Guarded {
+    pub inner: Incoming,
+    pub deadline: Pin<Box<Sleep>>,
+    pub cancel: Pin<Box<WaitForCancellationFutureOwned>>,
+    pub finish: Finish,
+    pub _slot: Slot,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BodyCut {
+    #[error("fetch deadline expired while streaming the response")]
+    Deadline,
+    #[error("run ended while streaming the response")]
+    RunEnded,
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ProxyBody::Stream(g) => {
+                if g.cancel.as_mut().poll(cx).is_ready() {
+                    g.finish.severed("run_ended");
+                    return Poll::Ready(Some(Err(Box::new(BodyCut::RunEnded))));
+                }
+                if g.deadline.as_mut().poll(cx).is_ready() {
+                    g.finish.timed_out("response");
+                    return Poll::Ready(Some(Err(Box::new(BodyCut::Deadline))));
+                }
+                match Pin::new(&mut g.inner).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Some(d) = frame.data_ref() {
+                            g.finish.down += d.len() as u64;
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        g.finish.failed("upstream_failed");
+                        Poll::Ready(Some(Err(Box::new(e))))
+                    }
+                    Poll::Ready(None) => {
+                        g.finish.complete();
+                        Poll::Ready(None)
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Full(b) => b.is_none(),
+            ProxyBody::Stream(g) => g.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ProxyBody::Full(None) => SizeHint::with_exact(0),
+            ProxyBody::Stream(g) => g.inner.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The one table that maps an outcome to what the client, the fact store and
+//! the metrics see: deny reason codes (stable words shared by the
+//! `X-Egress-Deny-Reason` header, facts and metric labels) with their HTTP
+//! status, and non-policy fetch errors with their `X-Egress-Error` code.
+
+use http::StatusCode;
+
+/// A policy denial. The string codes are a stable interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenyReason {
+    AuthMissing,
+    AuthInvalid,
+    RunNotActive,
+    RunEnded,
+    BadTarget,
+    HostMismatch,
+    IpLiteral,
+    NotAllowlisted,
+    PrivateAddress,
+    SelfLoop,
+    ConcurrencyLimit,
+    MethodNotAllowed,
+}
+
+impl DenyReason {
+    pub const ALL: [DenyReason; 12] = [
+        DenyReason::AuthMissing,
+        DenyReason::AuthInvalid,
+        DenyReason::RunNotActive,
+        DenyReason::RunEnded,
+        DenyReason::BadTarget,
+        DenyReason::HostMismatch,
+        DenyReason::IpLiteral,
+        DenyReason::NotAllowlisted,
+        DenyReason::PrivateAddress,
+        DenyReason::SelfLoop,
+        DenyReason::ConcurrencyLimit,
+        DenyReason::MethodNotAllowed,
+    ];
+
+    pub fn code(self) -> &'static str {
+        match self {
+            DenyReason::AuthMissing => "auth_missing",
+            DenyReason::AuthInvalid => "auth_invalid",
+            DenyReason::RunNotActive => "run_not_active",
+            DenyReason::RunEnded => "run_ended",
+            DenyReason::BadTarget => "bad_target",
+            DenyReason::HostMismatch => "host_mismatch",
+            DenyReason::IpLiteral => "ip_literal",
+            DenyReason::NotAllowlisted => "not_allowlisted",
+            DenyReason::PrivateAddress => "private_address",
+            DenyReason::SelfLoop => "self_loop",
+            DenyReason::ConcurrencyLimit => "concurrency_limit",
+            DenyReason::MethodNotAllowed => "method_not_allowed",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            DenyReason::AuthMissing | DenyReason::AuthInvalid => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            DenyReason::BadTarget | DenyReason::HostMismatch => StatusCode::BAD_REQUEST,
+            _ => StatusCode::FORBIDDEN,
+        }
+    }
+
+    /// Denials that `mode = "report"` lets through (recording them).
+    /// Authentication, run state, malformed targets and self-loops are never waived.
+    pub fn reportable(self) -> bool {
+        matches!(
+            self,
+            DenyReason::IpLiteral
+                | DenyReason::NotAllowlisted
+                | DenyReason::PrivateAddress
+                | DenyReason::MethodNotAllowed
+        )
+    }
+}
+
+/// A fetch that failed for a reason that is not policy: answered with
+/// `502`/`504`/`503` and `X-Egress-Error`, counted, not recorded as a fact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FetchError {
+    /// The name does not exist or has no address records.
+    DnsNotFound,
+    /// The resolver failed (server failure, refused, unreachable).
+    DnsFailed,
+    /// Every vetted address refused or failed the connection.
+    ConnectFailed,
+    /// The fetch deadline expired.
+    Timeout,
+    /// The upstream broke the HTTP exchange.
+    UpstreamFailed,
+    /// The run ended while the fetch was in flight.
+    RunEnded,
+    /// The fact store could not record a denial, so the request fails closed.
+    FactsUnavailable,
+    /// The proxy is shutting down.
+    ShuttingDown,
+}
+
+impl FetchError {
+    pub fn code(self) -> &'static str {
+        match self {
+            FetchError::DnsNotFound => "dns_not_found",
+            FetchError::DnsFailed => "dns_failed",
+            FetchError::ConnectFailed => "connect_failed",
+            FetchError::Timeout => "timeout",
+            FetchError::UpstreamFailed => "upstream_failed",
+            FetchError::RunEnded => "run_ended",
+            FetchError::FactsUnavailable => "facts_unavailable",
+            FetchError::ShuttingDown => "shutting_down",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            FetchError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            FetchError::FactsUnavailable | FetchError::ShuttingDown | FetchError::RunEnded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_and_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for r in DenyReason::ALL {
+            assert!(seen.insert(r.code()));
+            assert!(r.code().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+            assert!(r.status().is_client_error());
+        }
+    }
+}

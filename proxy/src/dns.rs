@@ -1,0 +1,82 @@
+//! Resolve once, with hickory-resolver only: never `getaddrinfo`, never the
+//! hosts file, no search domains (names are fully qualified). The addresses
+//! returned are the ones the caller vets and dials; nothing re-resolves.
+
+use egress_config::DnsConfig;
+use hickory_resolver::config::{ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::TokioResolver;
+use std::net::IpAddr;
+
+/// Why a lookup gave no addresses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DnsError {
+    #[error("no such name or no address records")]
+    NotFound,
+    #[error("lookup failed: {0}")]
+    Failed(String),
+}
+
+/// Why the resolver could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot configure the DNS resolver: {0}")]
+pub struct DnsInitError(String);
+
+/// The proxy's one resolver.
+pub struct Dns {
+    resolver: TokioResolver,
+}
+
+impl Dns {
+    pub fn new(cfg: &DnsConfig) -> Result<Dns, DnsInitError> {
+        let (rc, mut opts) = if cfg.servers.is_empty() {
+            hickory_resolver::system_conf::read_system_conf().map_err(|e| DnsInitError(e.to_string()))?
+        } else {
+            let servers = cfg
+                .servers
+                .iter()
+                .map(|s| {
+                    let mut udp = ConnectionConfig::udp();
+                    udp.port = s.port();
+                    let mut tcp = ConnectionConfig::tcp();
+                    tcp.port = s.port();
+                    NameServerConfig::new(s.ip(), true, vec![udp, tcp])
+                })
+                .collect();
+            (ResolverConfig::from_name_servers(servers), Default::default())
+        };
+        // Names arrive canonical and fully qualified: no search list, no hosts file.
+        let (_, _, servers) = rc.into_parts();
+        let rc = ResolverConfig::from_parts(None, vec![], servers);
+        opts.ndots = 0;
+        opts.timeout = cfg.timeout;
+        opts.attempts = 1;
+        opts.use_hosts_file = ResolveHosts::Never;
+        opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+        opts.cache_size = 4096;
+        let resolver = hickory_resolver::Resolver::builder_with_config(rc, TokioRuntimeProvider::default())
+            .with_options(opts)
+            .build()
+            .map_err(|e| DnsInitError(e.to_string()))?;
+        Ok(Dns { resolver })
+    }
+
+    /// Resolves a canonical name (A and AAAA) once.
+    pub async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, DnsError> {
+        let mut fqdn = String::with_capacity(name.len() + 1);
+        fqdn.push_str(name);
+        fqdn.push('.');
+        match self.resolver.lookup_ip(fqdn.as_str()).await {
+            Ok(l) => {
+                let ips: Vec<IpAddr> = l.iter().collect();
+                if ips.is_empty() {
+                    Err(DnsError::NotFound)
+                } else {
+                    Ok(ips)
+                }
+            }
+            Err(e) if e.is_nx_domain() || e.is_no_records_found() => Err(DnsError::NotFound),
+            Err(e) => Err(DnsError::Failed(e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Denial facts: the record the kernel folds into its event log
+//! (`EGRESS_DENIED`, schema 1.7.0), and the [`FactSink`] a denial is handed
+//! to before its response is written. The sink assigns `seq`; `id` is a UUID
+//! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
+//! bounded in-memory store for tests and embedding.
+
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use tokio::sync::broadcast;
+
+pub const FACT_TYPE: &str = "EGRESS_DENIED";
+pub const SCHEMA: &str = "1.7.0";
+
+/// Where a fact points.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct FactTarget {
+    pub kind: String,
+    pub host: String,
+    pub port: u16,
+}
+
+/// One durable fact.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Fact {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub schema: String,
+    pub seq: u64,
+    pub id: String,
+    pub at: String,
+    pub run_id: Option<String>,
+    pub tool: Option<String>,
+    pub reason: String,
+    /// `enforce` (the fetch was denied) or `report` (allowed, recorded).
+    pub mode: String,
+    pub target: Option<FactTarget>,
+    pub resolved: Vec<String>,
+    pub policy: String,
+    pub detail: String,
+    /// How many identical denials this fact stands for (coalescing).
+    pub count: u64,
+}
+
+impl Fact {
+    /// A new fact, not yet sequenced.
+    #[allow(clippy::too_many_arguments)]
+    pub fn denial(
+        run_id: Option<&str>,
+        tool: Option<&str>,
+        reason: &str,
+        mode: &str,
+        target: Option<FactTarget>,
+        resolved: Vec<String>,
+        policy: &str,
+        detail: String,
+    ) -> Fact {
+        Fact {
+            kind: FACT_TYPE.to_owned(),
+            schema: SCHEMA.to_owned(),
+            seq: 0,
+            id: uuid::Uuid::new_v4().to_string(),
+            at: crate::time::rfc3339(std::time::SystemTime::now()),
+            run_id: run_id.map(str::to_owned),
+            tool: tool.map(str::to_owned),
+            reason: reason.to_owned(),
+            mode: mode.to_owned(),
+            target,
+            resolved,
+            policy: policy.to_owned(),
+            detail,
+            count: 1,
+        }
+    }
+}
+
+/// Why a fact could not be recorded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FactError {
+    #[error("fact store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A cursor query.
+#[derive(Debug, Clone, Default)]
+pub struct FactQuery {
+    pub after: u64,
+    pub limit: usize,
+    pub run_id: Option<String>,
+}
+
+/// Where denials go. `record` resolves only once the fact is stored as
+/// durably as the sink can make it; callers answer the client afterwards.
+pub trait FactSink: Send + Sync + 'static {
+    fn record(&self, fact: Fact) -> BoxFuture<'_, Result<u64, FactError>>;
+    fn query(&self, q: FactQuery) -> BoxFuture<'_, Result<Vec<Fact>, FactError>>;
+    /// Live feed of recorded facts (lagging subscribers re-read by cursor).
+    fn subscribe(&self) -> broadcast::Receiver<Fact>;
+    /// Whether the sink can currently record.
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+/// Bounded in-memory sink: keeps the newest `capacity` facts.
+pub struct MemorySink {
+    inner: Mutex<(u64, VecDeque<Fact>)>,
+    capacity: usize,
+    tx: broadcast::Sender<Fact>,
+}
+
+impl MemorySink {
+    pub fn new(capacity: usize) -> Self {
+        let (tx, _) = broadcast::channel(1024);
+        MemorySink {
+            inner: Mutex::new((0, VecDeque::new())),
+            capacity: capacity.max(1),
+            tx,
+        }
+    }
+}
+
+impl FactSink for MemorySink {
+    fn record(&self, mut fact: Fact) -> BoxFuture<'_, Result<u64, FactError>> {
+        let res = match self.inner.lock() {
+            Ok(mut g) => {
+                g.0 += 1;
+                fact.seq = g.0;
+                if g.1.len() == self.capacity {
+                    g.1.pop_front();
+                }
+                g.1.push_back(fact.clone());
+                Ok(fact.seq)
+            }
+            Err(_) => Err(FactError::Unavailable("memory sink poisoned".into())),
+        };
+        if res.is_ok() {
+            let _ = self.tx.send(fact);
+        }
+        Box::pin(async move { res })
+    }
+
+    fn query(&self, q: FactQuery) -> BoxFuture<'_, Result<Vec<Fact>, FactError>> {
+        let res = match self.inner.lock() {
+            Ok(g) => Ok(g
+                .1
+                .iter()
+                .filter(|f| f.seq > q.after && q.run_id.as_deref().is_none_or(|r| f.run_id.as_deref() == Some(r)))
+                .take(q.limit)
+                .cloned()
+                .collect()),
+            Err(_) => Err(FactError::Unavailable("memory sink poisoned".into())),
+        };
+        Box::pin(async move { res })
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Fact> {
+        self.tx.subscribe()
+    }
+}

@@ -1,0 +1,624 @@
+//! The decision path of one fetch, in the order DESIGN.md fixes:
+//! authenticate, run state, canonical target, allowlist (no DNS), slot,
+//! resolve once and vet, dial the pinned addresses, then forward (plain
+//! HTTP, RFC 9110 §7.6.1 hop-by-hop stripping) or tunnel (CONNECT). Every
+//! denial is recorded as a fact before its response is written.
+
+use crate::auth::{self, CHALLENGE};
+use crate::body::{Guarded, ProxyBody};
+use crate::deny::{DenyReason, FetchError};
+use crate::facts::{Fact, FactTarget};
+use crate::finish::Finish;
+use crate::metrics::{Decision, Outcome, ToolMetrics};
+use crate::policy::{self, Admission, Denial};
+use crate::runs::Run;
+use crate::server::Shared;
+use crate::slots::{self, SlotError};
+use crate::target::{self, Kind, Target, TargetError};
+use crate::tunnel;
+use egress_config::{Host, Mode, ToolPolicy};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Instant as StdInstant;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+pub const DENY_HEADER: &str = "x-egress-deny-reason";
+pub const ERROR_HEADER: &str = "x-egress-error";
+
+/// Headers that never cross the proxy (RFC 9110 §7.6.1), plus the proxy's own.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .chain(h.get_all("proxy-connection").iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+}
+
+fn response(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::text(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn deny_response(reason: DenyReason, detail: &str) -> Response<ProxyBody> {
+    let mut r = response(
+        reason.status(),
+        format!("egress denied ({}): {detail}\n", reason.code()),
+    );
+    r.headers_mut()
+        .insert(DENY_HEADER, HeaderValue::from_static(reason.code()));
+    if reason.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        r.headers_mut()
+            .insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
+    }
+    r
+}
+
+fn error_response(e: FetchError, detail: &str) -> Response<ProxyBody> {
+    let mut r = response(e.status(), format!("egress error ({}): {detail}\n", e.code()));
+    r.headers_mut().insert(ERROR_HEADER, HeaderValue::from_static(e.code()));
+    r
+}
+
+fn fact_target(t: &Target) -> FactTarget {
+    let host = match &t.host {
+        Host::Name(n) => n.clone(),
+        Host::Ip(ip) => ip.to_string(),
+    };
+    FactTarget {
+        kind: t.kind.as_str().to_owned(),
+        host,
+        port: t.port,
+    }
+}
+
+/// A short, printable, bounded rendering of an unparsed target for facts.
+fn raw_target(uri: &http::Uri) -> String {
+    let s = uri.to_string();
+    let mut out: String = s.chars().filter(|c| !c.is_control()).take(256).collect();
+    if s.len() > 256 {
+        out.push('…');
+    }
+    out
+}
+
+/// Entry point: hyper service function for the data listener.
+pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    let started = StdInstant::now();
+    let kind = if req.method() == Method::CONNECT {
+        Kind::Connect
+    } else {
+        Kind::Http
+    };
+    if sh.shutdown.is_cancelled() {
+        let mut r = error_response(FetchError::ShuttingDown, "the proxy is shutting down");
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(r);
+    }
+    // 1. Authenticate.
+    let run = match auth::authenticate(&sh.runs, req.headers()) {
+        Ok(run) => run,
+        Err(f) => {
+            sh.metrics
+                .auth_failures
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: f.reason.code(),
+                })
+                .inc();
+            let tool = f.claimed.as_ref().map(|r| r.tool.clone());
+            let tm = sh.tool_metrics(tool.as_deref());
+            let detail = match (&f.claimed, f.reason) {
+                (Some(r), _) => format!("wrong secret for run {}", r.id),
+                (None, DenyReason::AuthMissing) => {
+                    "Proxy-Authorization with the run's credential is required".to_owned()
+                }
+                (None, _) => "credential does not name a known run".to_owned(),
+            };
+            let ctx = Ctx::new(&sh, f.claimed.as_deref(), &tm, kind, started);
+            return Ok(ctx
+                .deny(f.reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
+                .await);
+        }
+    };
+    let pol = sh.policy.load_full();
+    let tool_policy = pol.tool(&run.tool).cloned();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let ctx = Ctx::new(&sh, Some(&run), &tm, kind, started);
+    // The fetch deadline opens now that the head is authenticated.
+    let timeout = tool_policy.as_ref().map(|t| t.fetch_timeout).unwrap_or_default();
+    let deadline = Instant::from_std(started) + timeout;
+
+    // 2. Run state.
+    if let Err(reason) = policy::check_run(run.state()) {
+        let detail = format!("run {} is {}", run.id, run.state().as_str());
+        return Ok(ctx
+            .deny(reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
+            .await);
+    }
+    let Some(tool) = tool_policy else {
+        let detail = format!("tool {} is no longer configured", run.tool);
+        return Ok(ctx
+            .deny(
+                DenyReason::NotAllowlisted,
+                detail,
+                None,
+                Some(raw_target(req.uri())),
+                &[],
+                Mode::Enforce,
+            )
+            .await);
+    };
+
+    // 3. Canonical target.
+    let parsed = match kind {
+        Kind::Connect => target::parse_connect(req.uri()),
+        Kind::Http => target::parse_absolute(req.uri(), req.headers(), req.version()),
+    };
+    let target = match parsed {
+        Ok(t) => t,
+        Err(e) => {
+            let (reason, detail) = match e {
+                TargetError::Bad(m) => (DenyReason::BadTarget, m),
+                TargetError::HostMismatch(m) => (DenyReason::HostMismatch, m),
+            };
+            return Ok(ctx
+                .deny(reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
+                .await);
+        }
+    };
+
+    // 4. Allowlist (and methods) before any DNS.
+    let private = match policy::admit(&tool, &target, req.method().as_str()) {
+        Admission::Allow { private } => private,
+        Admission::Deny(d) => {
+            return Ok(ctx
+                .deny(d.reason, d.detail, Some(&target), None, &[], Mode::Enforce)
+                .await)
+        }
+        Admission::Report { denial, private } => {
+            if let Err(r) = ctx.report(&denial, &target, &[]).await {
+                return Ok(r);
+            }
+            private
+        }
+    };
+
+    // 5-7: slot, resolve, vet, connect — bounded by the deadline and the run.
+    let mut finish = Finish::new(
+        tm.clone(),
+        kind,
+        started,
+        run.id.clone(),
+        run.tool.clone(),
+        target.to_string(),
+    );
+    let prepared = tokio::select! {
+        r = ctx.prepare(&tool, &target, private, &pol) => r,
+        _ = tokio::time::sleep_until(deadline) => Err(Prepared::Timeout),
+        _ = run.cancel.cancelled() => Err(Prepared::Error(FetchError::RunEnded, format!("run {} ended", run.id), "run_ended")),
+    };
+    let (slot, stream) = match prepared {
+        Ok(ok) => ok,
+        Err(Prepared::Response(r)) => {
+            finish.discard();
+            return Ok(r);
+        }
+        Err(Prepared::Timeout) => {
+            finish.timed_out(ctx.phase());
+            tm.kind(kind).request(Decision::Error);
+            return Ok(error_response(
+                FetchError::Timeout,
+                &format!("fetch deadline of {} ms expired", timeout.as_millis()),
+            ));
+        }
+        Err(Prepared::Error(e, detail, why)) => {
+            finish.failed(why);
+            tm.kind(kind).request(Decision::Error);
+            return Ok(error_response(e, &detail));
+        }
+    };
+    finish.opened();
+    tm.kind(kind).request(if tool.mode == Mode::Report && ctx.reported() {
+        Decision::Reported
+    } else {
+        Decision::Allowed
+    });
+
+    match kind {
+        Kind::Connect => {
+            let upgrade = hyper::upgrade::on(&mut req);
+            tokio::spawn(tunnel::run(tunnel::Tunnel {
+                upgrade,
+                upstream: stream,
+                slot,
+                deadline,
+                idle: sh.cfg.tunnel_idle_timeout,
+                cancel: run.cancel.clone(),
+                shutdown: sh.shutdown.clone(),
+                finish,
+            }));
+            Ok(Response::new(ProxyBody::empty()))
+        }
+        Kind::Http => Ok(forward(&sh, &run, req, target, stream, slot, deadline, finish).await),
+    }
+}
+
+/// Why preparation (steps 5-7) did not give a connection.
+enum Prepared {
+    Response(Response<ProxyBody>),
+    Timeout,
+    Error(FetchError, String, &'static str),
+}
+
+/// Per-request context for decisions that need the shared state.
+struct Ctx<'a> {
+    sh: &'a Shared,
+    run: Option<&'a Run>,
+    tm: &'a Arc<ToolMetrics>,
+    kind: Kind,
+    started: StdInstant,
+    /// Index into `metrics::PHASES` of the step in progress.
+    phase: AtomicU8,
+    /// Whether report mode let a denial through.
+    reported: AtomicBool,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(sh: &'a Shared, run: Option<&'a Run>, tm: &'a Arc<ToolMetrics>, kind: Kind, started: StdInstant) -> Self {
+        Ctx {
+            sh,
+            run,
+            tm,
+            kind,
+            started,
+            phase: AtomicU8::new(0),
+            reported: AtomicBool::new(false),
+        }
+    }
+
+    fn phase(&self) -> &'static str {
+        crate::metrics::PHASES[usize::from(self.phase.load(Ordering::Relaxed)).min(4)]
+    }
+
+    fn set_phase(&self, p: u8) {
+        self.phase.store(p, Ordering::Relaxed);
+    }
+
+    fn reported(&self) -> bool {
+        self.reported.load(Ordering::Relaxed)
+    }
+
+    /// Records a denial fact, then builds the denial response. A fact that
+    /// cannot be recorded fails the request closed (503 facts_unavailable).
+    #[allow(clippy::too_many_arguments)]
+    async fn deny(
+        &self,
+        reason: DenyReason,
+        detail: String,
+        target: Option<&Target>,
+        raw: Option<String>,
+        resolved: &[IpAddr],
+        mode: Mode,
+    ) -> Response<ProxyBody> {
+        let km = self.tm.kind(self.kind);
+        self.tm.denial(reason);
+        km.request(Decision::Denied);
+        let fact_detail = match &raw {
+            Some(r) => format!("{detail} (target {r})"),
+            None => detail.clone(),
+        };
+        let recorded = self.record(reason, fact_detail, target, resolved, mode).await;
+        km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
+        tracing::info!(
+            target: "egress::fetch",
+            run = self.run.map(|r| &*r.id).unwrap_or("-"),
+            tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
+            kind = self.kind.as_str(),
+            target = %target.map(|t| t.to_string()).or(raw).unwrap_or_default(),
+            decision = "denied",
+            reason = reason.code(),
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            detail = %detail,
+            "fetch denied"
+        );
+        match recorded {
+            Ok(()) => deny_response(reason, &detail),
+            Err(e) => error_response(FetchError::FactsUnavailable, &e),
+        }
+    }
+
+    /// Report mode: record what enforce would have denied, then go on.
+    async fn report(&self, d: &Denial, target: &Target, resolved: &[IpAddr]) -> Result<(), Response<ProxyBody>> {
+        self.tm.denial(d.reason);
+        self.reported.store(true, Ordering::Relaxed);
+        tracing::info!(
+            target: "egress::fetch",
+            run = self.run.map(|r| &*r.id).unwrap_or("-"),
+            tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
+            kind = self.kind.as_str(),
+            target = %target,
+            decision = "reported",
+            reason = d.reason.code(),
+            detail = %d.detail,
+            "fetch allowed in report mode"
+        );
+        self.record(d.reason, d.detail.clone(), Some(target), resolved, Mode::Report)
+            .await
+            .map_err(|e| error_response(FetchError::FactsUnavailable, &e))
+    }
+
+    async fn record(
+        &self,
+        reason: DenyReason,
+        detail: String,
+        target: Option<&Target>,
+        resolved: &[IpAddr],
+        mode: Mode,
+    ) -> Result<(), String> {
+        let policy = self.sh.policy.load();
+        let fact = Fact::denial(
+            self.run.map(|r| &*r.id),
+            self.run.map(|r| &*r.tool),
+            reason.code(),
+            mode.as_str(),
+            target.map(fact_target),
+            resolved.iter().map(|i| i.to_string()).collect(),
+            &policy.digest,
+            detail,
+        );
+        let t0 = StdInstant::now();
+        let res = self.sh.facts.record(fact).await;
+        self.sh.metrics.fact_write_duration.observe(t0.elapsed().as_secs_f64());
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.sh.metrics.fact_write_failures.inc();
+                tracing::error!(error = %e, "denial fact could not be recorded; failing the request closed");
+                Err(format!("the denial could not be recorded ({e}); request refused"))
+            }
+        }
+    }
+
+    /// Steps 5-7: slot, resolve once, vet, dial the vetted addresses.
+    async fn prepare(
+        &self,
+        tool: &ToolPolicy,
+        target: &Target,
+        private: bool,
+        pol: &egress_config::Policy,
+    ) -> Result<(slots::Slot, TcpStream), Prepared> {
+        let Some(run) = self.run else {
+            return Err(Prepared::Error(FetchError::RunEnded, "no run".into(), "run_ended"));
+        };
+        // 5. Concurrency slot.
+        let t0 = StdInstant::now();
+        let slot = match slots::acquire(run, self.tm.slots_in_use.clone()).await {
+            Ok(s) => s,
+            Err(SlotError::QueueFull) => {
+                let detail = format!(
+                    "run {} already has {} fetches open and {} waiting",
+                    run.id, run.max_slots, run.max_waiting
+                );
+                return Err(Prepared::Response(
+                    self.deny(
+                        DenyReason::ConcurrencyLimit,
+                        detail,
+                        Some(target),
+                        None,
+                        &[],
+                        Mode::Enforce,
+                    )
+                    .await,
+                ));
+            }
+            Err(SlotError::Closed) => {
+                return Err(Prepared::Error(
+                    FetchError::RunEnded,
+                    format!("run {} ended", run.id),
+                    "run_ended",
+                ))
+            }
+        };
+        self.tm.slot_wait.observe(t0.elapsed().as_secs_f64());
+
+        // 6. Resolve once and pin.
+        self.set_phase(1);
+        let resolved: Vec<IpAddr> = match &target.host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Name(name) => {
+                let t0 = StdInstant::now();
+                let r = self.sh.dns.resolve(name).await;
+                self.sh.metrics.dns_duration.observe(t0.elapsed().as_secs_f64());
+                match r {
+                    Ok(ips) => ips,
+                    Err(crate::dns::DnsError::NotFound) => {
+                        self.sh
+                            .metrics
+                            .dns_failures
+                            .get_or_create(&crate::metrics::KindLabel { kind: "not_found" })
+                            .inc();
+                        return Err(Prepared::Error(
+                            FetchError::DnsNotFound,
+                            format!("{name} has no address records"),
+                            "dns_not_found",
+                        ));
+                    }
+                    Err(crate::dns::DnsError::Failed(e)) => {
+                        self.sh
+                            .metrics
+                            .dns_failures
+                            .get_or_create(&crate::metrics::KindLabel { kind: "failed" })
+                            .inc();
+                        return Err(Prepared::Error(
+                            FetchError::DnsFailed,
+                            format!("lookup of {name} failed: {e}"),
+                            "dns_failed",
+                        ));
+                    }
+                }
+            }
+        };
+        let vetted = policy::vet(&resolved, target.port, &pol.ranges, private, &self.sh.me);
+        let mut dial = vetted.allowed.clone();
+        if let Some(d) = vetted.denial(target) {
+            if tool.mode == Mode::Report && d.reason.reportable() {
+                self.report(&d, target, &resolved).await.map_err(Prepared::Response)?;
+                dial.extend(vetted.private.iter().copied());
+            } else {
+                return Err(Prepared::Response(
+                    self.deny(d.reason, d.detail, Some(target), None, &resolved, Mode::Enforce)
+                        .await,
+                ));
+            }
+        }
+
+        // 7. Dial only vetted addresses, in order.
+        self.set_phase(2);
+        let mut last_err = None;
+        for ip in dial {
+            let addr = SocketAddr::new(ip, target.port);
+            let t0 = StdInstant::now();
+            match TcpStream::connect(addr).await {
+                Ok(s) => {
+                    self.sh.metrics.connect_duration.observe(t0.elapsed().as_secs_f64());
+                    if self.sh.is_self_connection(&s) {
+                        drop(s);
+                        let detail = format!("{target} ({addr}) is the proxy's own listener");
+                        return Err(Prepared::Response(
+                            self.deny(
+                                DenyReason::SelfLoop,
+                                detail,
+                                Some(target),
+                                None,
+                                &resolved,
+                                Mode::Enforce,
+                            )
+                            .await,
+                        ));
+                    }
+                    let _ = s.set_nodelay(true);
+                    return Ok((slot, s));
+                }
+                Err(e) => last_err = Some(format!("{addr}: {e}")),
+            }
+        }
+        Err(Prepared::Error(
+            FetchError::ConnectFailed,
+            format!(
+                "could not connect to {target}: {}",
+                last_err.unwrap_or_else(|| "no address".into())
+            ),
+            "connect_failed",
+        ))
+    }
+}
+
+/// Step 8 for plain HTTP: origin-form request over the pinned connection.
+#[allow(clippy::too_many_arguments)]
+async fn forward(
+    sh: &Shared,
+    run: &Run,
+    req: Request<Incoming>,
+    target: Target,
+    stream: TcpStream,
+    slot: slots::Slot,
+    deadline: Instant,
+    mut finish: Finish,
+) -> Response<ProxyBody> {
+    let (sender, conn) = match hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+    {
+        Ok(x) => x,
+        Err(e) => {
+            finish.failed("upstream_failed");
+            return error_response(FetchError::UpstreamFailed, &format!("{target}: {e}"));
+        }
+    };
+    let mut sender = sender;
+    let cancel = run.cancel.clone();
+    let shutdown = sh.shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = conn => {}
+            _ = cancel.cancelled() => {}
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    });
+    let (parts, body) = req.into_parts();
+    let mut headers = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    if let Ok(v) = HeaderValue::from_str(&target.host_header()) {
+        headers.insert(header::HOST, v);
+    }
+    let mut up = Request::new(body);
+    *up.method_mut() = parts.method;
+    *up.version_mut() = Version::HTTP_11;
+    *up.headers_mut() = headers;
+    if let Some(pq) = target.path_and_query.clone() {
+        *up.uri_mut() = http::Uri::from(pq);
+    }
+    let resp = tokio::select! {
+        r = sender.send_request(up) => r,
+        _ = tokio::time::sleep_until(deadline) => {
+            finish.timed_out("response");
+            return error_response(FetchError::Timeout, &format!("{target} did not answer before the fetch deadline"));
+        }
+        _ = run.cancel.cancelled() => {
+            finish.severed("run_ended");
+            return error_response(FetchError::RunEnded, &format!("run {} ended", run.id));
+        }
+    };
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            finish.failed("upstream_failed");
+            return error_response(FetchError::UpstreamFailed, &format!("{target}: {e}"));
+        }
+    };
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let guarded = Guarded {
+        inner: body,
+        deadline: Box::pin(tokio::time::sleep_until(deadline)),
+        cancel: Box::pin(run.cancel.clone().cancelled_owned()),
+        finish,
+        _slot: slot,
+    };
+    Response::from_parts(parts, ProxyBody::Stream(Box::new(guarded)))
+}

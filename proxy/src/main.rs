@@ -1,0 +1,167 @@
+//! `egress-proxy`: `serve` runs the proxy (embedded default config when no
+//! `--config` is given), `check` validates a config file without starting anything.
+#![forbid(unsafe_code)]
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use egress_config::Config;
+use egress_proxy::token::TokenSource;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "egress-proxy",
+    version,
+    about = "Loom Egress: per-run authenticated egress proxy"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the proxy.
+    Serve {
+        /// Config file (TOML). Without it, the embedded default runs: loopback listeners, no tools, everything denied.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Log format.
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+    },
+    /// Validate a config file and print a summary; exit 1 on error.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EGRESS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => b.init(),
+        LogFormat::Json => b.json().flatten_event(true).with_current_span(false).init(),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Check { config } => check(&config),
+        Cmd::Serve { config, log_format } => {
+            init_logs(log_format);
+            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("egress-proxy: cannot start the runtime: {e}");
+                    return std::process::ExitCode::from(2);
+                }
+            };
+            match rt.block_on(serve(config)) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("egress-proxy: {e:#}");
+                    std::process::ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+fn check(path: &std::path::Path) -> std::process::ExitCode {
+    match Config::load(path) {
+        Ok(c) => {
+            println!("{}: ok", path.display());
+            println!("  listen  {}", c.proxy.listen);
+            println!("  control {}", c.proxy.control);
+            println!("  facts   {}", c.proxy.facts.display());
+            println!("  policy  {}", c.policy.digest);
+            let r = &c.policy.ranges;
+            println!(
+                "  ranges  default denied table ({} entries), allow {:?}, deny {:?}",
+                egress_config::ranges::DEFAULT_DENIED.len(),
+                r.allow_ranges().iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                r.deny_ranges().iter().map(|n| n.to_string()).collect::<Vec<_>>()
+            );
+            if c.policy.tools.is_empty() {
+                println!("  tools   none: every fetch is denied");
+            }
+            for (id, t) in &c.policy.tools {
+                println!(
+                    "  tool {id}: mode={} fetch_timeout={}ms max_concurrent_fetches={} rules={}",
+                    t.mode.as_str(),
+                    t.fetch_timeout.as_millis(),
+                    t.max_concurrent_fetches,
+                    t.allowlist.rules().len()
+                );
+                for r in t.allowlist.rules() {
+                    println!("    {r}");
+                }
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = match &path {
+        Some(p) => Config::load(p).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => {
+            tracing::warn!("no --config given: running the embedded default (listen 127.0.0.1:3128, control 127.0.0.1:3129, no tools, everything denied)");
+            Config::embedded_default()
+        }
+    };
+    let handle = egress_proxy::start(egress_proxy::Options {
+        config,
+        config_path: path,
+        control_token: None,
+        facts: None,
+    })
+    .await
+    .context("cannot start")?;
+    match &handle.token_source {
+        Some(TokenSource::Env) => tracing::info!("control token from EGRESS_CONTROL_TOKEN"),
+        Some(TokenSource::File(p)) => {
+            tracing::info!(path = %p.display(), "control token read from file")
+        }
+        Some(TokenSource::Generated(p)) => {
+            tracing::info!(path = %p.display(), "control token generated (mode 0600)")
+        }
+        None => {}
+    }
+    let shared = handle.shared.clone();
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                if let Err(e) = egress_proxy::reload::reload(&shared) {
+                    tracing::error!("policy reload rejected, the old policy stays in force: {e}");
+                }
+            }
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    tracing::info!("shutting down: draining in-flight fetches");
+    handle.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}

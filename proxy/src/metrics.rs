@@ -1,0 +1,394 @@
+//! Prometheus metrics (prometheus-client). Names are `egress_*`; every label
+//! value is bounded (tool ids come from the config, `_unknown` otherwise;
+//! never run ids, host names or addresses). Per-tool handles are resolved
+//! once per run ([`ToolMetrics`]) so the data path touches only atomics.
+
+use crate::deny::DenyReason;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+/// Histogram buckets in seconds, 1 ms to 60 s.
+pub const BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+];
+
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolKindDecision {
+    pub tool: String,
+    pub kind: &'static str,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolReason {
+    pub tool: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolKindOutcome {
+    pub tool: String,
+    pub kind: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolDirection {
+    pub tool: String,
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolKind {
+    pub tool: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabel {
+    pub tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolWhy {
+    pub tool: String,
+    pub why: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolPhase {
+    pub tool: String,
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// Every proxy metric.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<ToolKindDecision, Counter>,
+    pub denials: Family<ToolReason, Counter>,
+    pub fetch_duration: HistFamily<ToolKindOutcome>,
+    pub dns_duration: Histogram,
+    pub dns_failures: Family<KindLabel, Counter>,
+    pub connect_duration: Histogram,
+    pub bytes: Family<ToolDirection, Counter>,
+    pub open: Family<ToolKind, Gauge>,
+    pub slots_in_use: Family<ToolLabel, Gauge>,
+    pub slot_wait: HistFamily<ToolLabel>,
+    pub runs_active: Family<ToolLabel, Gauge>,
+    pub runs_ended: Family<ToolWhy, Counter>,
+    pub auth_failures: Family<ReasonLabel, Counter>,
+    pub timeouts: Family<ToolPhase, Counter>,
+    pub fact_write_duration: Histogram,
+    pub fact_write_failures: Counter,
+    pub facts_coalesced: Counter,
+    pub errors: Family<ToolReason, Counter>,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<ToolKindDecision, Counter>::default();
+        let denials = Family::<ToolReason, Counter>::default();
+        let fetch_duration = HistFamily::<ToolKindOutcome>::new_with_constructor(histogram);
+        let dns_duration = histogram();
+        let dns_failures = Family::<KindLabel, Counter>::default();
+        let connect_duration = histogram();
+        let bytes = Family::<ToolDirection, Counter>::default();
+        let open = Family::<ToolKind, Gauge>::default();
+        let slots_in_use = Family::<ToolLabel, Gauge>::default();
+        let slot_wait = HistFamily::<ToolLabel>::new_with_constructor(histogram);
+        let runs_active = Family::<ToolLabel, Gauge>::default();
+        let runs_ended = Family::<ToolWhy, Counter>::default();
+        let auth_failures = Family::<ReasonLabel, Counter>::default();
+        let timeouts = Family::<ToolPhase, Counter>::default();
+        let fact_write_duration = histogram();
+        let fact_write_failures = Counter::default();
+        let facts_coalesced = Counter::default();
+        let errors = Family::<ToolReason, Counter>::default();
+        registry.register(
+            "egress_requests",
+            "Fetches by decision (allowed, denied, reported, error)",
+            requests.clone(),
+        );
+        registry.register("egress_denials", "Denials by reason", denials.clone());
+        registry.register(
+            "egress_fetch_duration_seconds",
+            "Fetch duration from authentication to the end of the response or tunnel",
+            fetch_duration.clone(),
+        );
+        registry.register(
+            "egress_dns_lookup_duration_seconds",
+            "DNS lookup duration",
+            dns_duration.clone(),
+        );
+        registry.register(
+            "egress_dns_failures",
+            "DNS lookups that gave no address",
+            dns_failures.clone(),
+        );
+        registry.register(
+            "egress_connect_duration_seconds",
+            "Upstream TCP connect duration",
+            connect_duration.clone(),
+        );
+        registry.register("egress_bytes", "Bytes relayed (up = client to origin)", bytes.clone());
+        registry.register(
+            "egress_open_connections",
+            "Open upstream fetches and tunnels",
+            open.clone(),
+        );
+        registry.register("egress_slots_in_use", "Concurrency slots held", slots_in_use.clone());
+        registry.register(
+            "egress_slot_wait_seconds",
+            "Time spent waiting for a concurrency slot",
+            slot_wait.clone(),
+        );
+        registry.register("egress_runs_active", "Runs not yet ended", runs_active.clone());
+        registry.register("egress_runs_ended", "Runs ended, by why", runs_ended.clone());
+        registry.register(
+            "egress_auth_failures",
+            "Proxy authentication failures",
+            auth_failures.clone(),
+        );
+        registry.register("egress_timeouts", "Fetch deadlines expired, by phase", timeouts.clone());
+        registry.register(
+            "egress_fact_write_duration_seconds",
+            "Time to durably record a fact",
+            fact_write_duration.clone(),
+        );
+        registry.register(
+            "egress_fact_write_failures",
+            "Facts that could not be recorded",
+            fact_write_failures.clone(),
+        );
+        registry.register(
+            "egress_facts_coalesced",
+            "Repeated identical denials folded into an existing fact's count",
+            facts_coalesced.clone(),
+        );
+        registry.register(
+            "egress_fetch_errors",
+            "Fetches that failed for non-policy reasons (dns, connect, upstream, timeout)",
+            errors.clone(),
+        );
+        registry.register_collector(Box::new(ProcessCollector));
+        Metrics {
+            registry,
+            requests,
+            denials,
+            fetch_duration,
+            dns_duration,
+            dns_failures,
+            connect_duration,
+            bytes,
+            open,
+            slots_in_use,
+            slot_wait,
+            runs_active,
+            runs_ended,
+            auth_failures,
+            timeouts,
+            fact_write_duration,
+            fact_write_failures,
+            facts_coalesced,
+            errors,
+        }
+    }
+
+    /// Renders the OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Per-tool handles, resolved once (label lookups take a lock; the data path must not).
+    pub fn tool(&self, tool: &str) -> Arc<ToolMetrics> {
+        let t = || tool.to_owned();
+        let kinds = ["connect", "http"];
+        let decisions = ["allowed", "denied", "reported", "error"];
+        let outcomes = ["ok", "denied", "error", "timeout", "severed"];
+        let per_kind = |k: &'static str| KindMetrics {
+            requests: decisions.map(|d| {
+                self.requests.get_or_create_owned(&ToolKindDecision {
+                    tool: t(),
+                    kind: k,
+                    decision: d,
+                })
+            }),
+            duration: outcomes.map(|o| {
+                self.fetch_duration.get_or_create_owned(&ToolKindOutcome {
+                    tool: t(),
+                    kind: k,
+                    outcome: o,
+                })
+            }),
+            open: self.open.get_or_create_owned(&ToolKind { tool: t(), kind: k }),
+        };
+        Arc::new(ToolMetrics {
+            kinds: kinds.map(per_kind),
+            denials: DenyReason::ALL.map(|r| {
+                self.denials.get_or_create_owned(&ToolReason {
+                    tool: t(),
+                    reason: r.code(),
+                })
+            }),
+            bytes_up: self.bytes.get_or_create_owned(&ToolDirection {
+                tool: t(),
+                direction: "up",
+            }),
+            bytes_down: self.bytes.get_or_create_owned(&ToolDirection {
+                tool: t(),
+                direction: "down",
+            }),
+            slots_in_use: self.slots_in_use.get_or_create_owned(&ToolLabel { tool: t() }),
+            slot_wait: self.slot_wait.get_or_create_owned(&ToolLabel { tool: t() }),
+            runs_active: self.runs_active.get_or_create_owned(&ToolLabel { tool: t() }),
+            timeouts: PHASES.map(|p| self.timeouts.get_or_create_owned(&ToolPhase { tool: t(), phase: p })),
+        })
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Deadline phases, for `egress_timeouts_total{phase}`.
+pub const PHASES: [&str; 5] = ["slot", "dns", "connect", "response", "tunnel"];
+
+/// Per-kind handles.
+pub struct KindMetrics {
+    requests: [Counter; 4],
+    duration: [Histogram; 5],
+    pub open: Gauge,
+}
+
+/// Decisions for `egress_requests_total{decision}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allowed = 0,
+    Denied = 1,
+    Reported = 2,
+    Error = 3,
+}
+
+/// Outcomes for `egress_fetch_duration_seconds{outcome}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Ok = 0,
+    Denied = 1,
+    Error = 2,
+    Timeout = 3,
+    Severed = 4,
+}
+
+impl KindMetrics {
+    pub fn request(&self, d: Decision) {
+        self.requests[d as usize].inc();
+    }
+
+    pub fn duration(&self, o: Outcome, secs: f64) {
+        self.duration[o as usize].observe(secs);
+    }
+}
+
+/// Handles for one tool.
+pub struct ToolMetrics {
+    kinds: [KindMetrics; 2],
+    denials: [Counter; 12],
+    pub bytes_up: Counter,
+    pub bytes_down: Counter,
+    pub slots_in_use: Gauge,
+    pub slot_wait: Histogram,
+    pub runs_active: Gauge,
+    timeouts: [Counter; 5],
+}
+
+impl ToolMetrics {
+    pub fn kind(&self, k: crate::target::Kind) -> &KindMetrics {
+        match k {
+            crate::target::Kind::Connect => &self.kinds[0],
+            crate::target::Kind::Http => &self.kinds[1],
+        }
+    }
+
+    pub fn denial(&self, r: DenyReason) {
+        if let Some(i) = DenyReason::ALL.iter().position(|x| *x == r) {
+            self.denials[i].inc();
+        }
+    }
+
+    pub fn timeout(&self, phase: &str) {
+        if let Some(i) = PHASES.iter().position(|p| *p == phase) {
+            self.timeouts[i].inc();
+        }
+    }
+}
+
+/// Process metrics read from `/proc/self` at scrape time.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let page = 4096.0;
+        let ticks = 100.0;
+        if let Ok(statm) = std::fs::read_to_string("/proc/self/statm") {
+            if let Some(rss) = statm.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()) {
+                let g = ConstGauge::new(rss * page);
+                g.encode(encoder.encode_descriptor(
+                    "process_resident_memory_bytes",
+                    "Resident memory size in bytes",
+                    None,
+                    g.metric_type(),
+                )?)?;
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
+            let g = ConstGauge::new(rd.count() as i64);
+            g.encode(encoder.encode_descriptor("process_open_fds", "Open file descriptors", None, g.metric_type())?)?;
+        }
+        if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+            // Fields after the parenthesised command name; utime and stime are 14th and 15th overall.
+            if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let ut = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+                let st = f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+                let c = ConstCounter::new((ut + st) / ticks);
+                c.encode(encoder.encode_descriptor(
+                    "process_cpu_seconds",
+                    "User and system CPU time in seconds",
+                    None,
+                    c.metric_type(),
+                )?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,175 @@
+//! Pure policy decisions for one fetch: run state, allowlist (before any DNS),
+//! method restrictions, and vetting of resolved addresses against the range
+//! table and the appliance's own listeners. No I/O, no async: the data plane
+//! calls these and acts on the answer.
+
+use crate::deny::DenyReason;
+use crate::target::{Kind, Target};
+use egress_config::{Match, Mode, RangeTable, RangeVerdict, ToolPolicy};
+use std::net::{IpAddr, SocketAddr};
+
+/// Lifecycle state of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Created,
+    Active,
+    Ended,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Created => "created",
+            RunState::Active => "active",
+            RunState::Ended => "ended",
+        }
+    }
+}
+
+/// Run-state gate (step 2).
+pub fn check_run(state: RunState) -> Result<(), DenyReason> {
+    match state {
+        RunState::Active => Ok(()),
+        RunState::Created => Err(DenyReason::RunNotActive),
+        RunState::Ended => Err(DenyReason::RunEnded),
+    }
+}
+
+/// A denial decided by policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub reason: DenyReason,
+    pub detail: String,
+}
+
+/// Outcome of the pre-DNS checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Go on; `private` lets resolved addresses fall in default denied ranges.
+    Allow { private: bool },
+    /// Deny now, without any DNS query.
+    Deny(Denial),
+    /// Report mode: record this denial, then go on as if allowed.
+    Report { denial: Denial, private: bool },
+}
+
+fn gate(tool: &ToolPolicy, denial: Denial, private: bool) -> Admission {
+    if tool.mode == Mode::Report && denial.reason.reportable() {
+        Admission::Report { denial, private }
+    } else {
+        Admission::Deny(denial)
+    }
+}
+
+/// Allowlist and method checks (steps 4 and the method rule). Never resolves.
+pub fn admit(tool: &ToolPolicy, target: &Target, method: &str) -> Admission {
+    let private = match tool.allowlist.check(&target.host, target.port) {
+        Match::Allowed { private } => private,
+        Match::IpLiteral => {
+            let denial = Denial {
+                reason: DenyReason::IpLiteral,
+                detail: format!("IP literal {target} is not listed for tool {}", tool.id),
+            };
+            return gate(tool, denial, false);
+        }
+        Match::NotAllowlisted => {
+            let denial = Denial {
+                reason: DenyReason::NotAllowlisted,
+                detail: format!("{target} is not in the allowlist of tool {}", tool.id),
+            };
+            return gate(tool, denial, false);
+        }
+    };
+    if let Some(methods) = &tool.methods {
+        let m = if target.kind == Kind::Connect {
+            "CONNECT"
+        } else {
+            method
+        };
+        if !methods.iter().any(|x| x == m) {
+            let denial = Denial {
+                reason: DenyReason::MethodNotAllowed,
+                detail: format!("method {m} is not allowed for tool {}", tool.id),
+            };
+            return gate(tool, denial, private);
+        }
+    }
+    Admission::Allow { private }
+}
+
+/// The appliance's own listening sockets: a fetch must never loop back into them.
+#[derive(Debug, Clone, Default)]
+pub struct SelfAddrs(pub Vec<SocketAddr>);
+
+impl SelfAddrs {
+    pub fn contains(&self, ip: IpAddr, port: u16) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|l| {
+            l.port() == port
+                && (l.ip().to_canonical() == ip || ip.is_unspecified() || (l.ip().is_unspecified() && ip.is_loopback()))
+        })
+    }
+}
+
+/// Addresses after vetting (step 6), in resolver order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Vetted {
+    /// Canonical addresses that may be dialled.
+    pub allowed: Vec<IpAddr>,
+    /// Addresses dropped by range rules.
+    pub private: Vec<IpAddr>,
+    /// Addresses dropped because they are the appliance's own listeners.
+    pub self_loop: Vec<IpAddr>,
+}
+
+impl Vetted {
+    /// The denial to make when nothing is left to dial.
+    pub fn denial(&self, target: &Target) -> Option<Denial> {
+        if !self.allowed.is_empty() {
+            return None;
+        }
+        if !self.self_loop.is_empty() && self.private.is_empty() {
+            return Some(Denial {
+                reason: DenyReason::SelfLoop,
+                detail: format!("{target} resolves to the proxy's own listener"),
+            });
+        }
+        if self.private.is_empty() && self.self_loop.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = self
+            .private
+            .iter()
+            .chain(&self.self_loop)
+            .map(|i| i.to_string())
+            .collect();
+        Some(Denial {
+            reason: DenyReason::PrivateAddress,
+            detail: format!("{target} resolves only to denied addresses: {}", list.join(", ")),
+        })
+    }
+}
+
+/// Canonicalizes and vets resolved addresses. Duplicates are dropped.
+pub fn vet(resolved: &[IpAddr], port: u16, ranges: &RangeTable, private_ok: bool, me: &SelfAddrs) -> Vetted {
+    let mut v = Vetted::default();
+    for ip in resolved {
+        let ip = ip.to_canonical();
+        if v.allowed.contains(&ip) || v.private.contains(&ip) || v.self_loop.contains(&ip) {
+            continue;
+        }
+        if me.contains(ip, port) {
+            v.self_loop.push(ip);
+            continue;
+        }
+        match ranges.classify(ip, private_ok) {
+            RangeVerdict::Allowed => v.allowed.push(ip),
+            RangeVerdict::DefaultDenied(_) | RangeVerdict::OperatorDenied(_) => v.private.push(ip),
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

@@ -1,0 +1,171 @@
+use super::*;
+use egress_config::{Config, Host};
+
+fn policy(extra: &str) -> Config {
+    let text = format!(
+        r#"
+[proxy]
+allow_ranges = ["127.0.0.2/32"]
+[tools.t]
+egress = ["api.example:443", "*.cdn.example:443", "10.0.0.1:80", {{ host = "metrics.internal", port = 9090, private = true }}]
+{extra}
+"#
+    );
+    Config::parse(&text, "test").unwrap()
+}
+
+fn target(kind: Kind, host: &str, port: u16) -> Target {
+    Target {
+        kind,
+        host: egress_config::parse_host(host).unwrap(),
+        port,
+        path_and_query: None,
+    }
+}
+
+#[test]
+fn run_states() {
+    assert_eq!(check_run(RunState::Active), Ok(()));
+    assert_eq!(check_run(RunState::Created), Err(DenyReason::RunNotActive));
+    assert_eq!(check_run(RunState::Ended), Err(DenyReason::RunEnded));
+}
+
+#[test]
+fn admission_table() {
+    let c = policy("");
+    let t = c.policy.tool("t").unwrap();
+    let table = [
+        ("api.example", 443, Some(None)),
+        ("API.example.", 443, Some(None)),
+        ("api.example", 80, Some(Some(DenyReason::NotAllowlisted))),
+        ("x.cdn.example", 443, Some(None)),
+        ("cdn.example", 443, Some(Some(DenyReason::NotAllowlisted))),
+        ("evil.example", 443, Some(Some(DenyReason::NotAllowlisted))),
+        ("10.0.0.1", 80, Some(None)),
+        ("167772161", 80, Some(None)),
+        ("10.0.0.2", 80, Some(Some(DenyReason::IpLiteral))),
+        ("127.1", 443, Some(Some(DenyReason::IpLiteral))),
+        ("[::1]", 443, Some(Some(DenyReason::IpLiteral))),
+    ];
+    for (host, port, want) in table {
+        let got = admit(t, &target(Kind::Connect, host, port), "CONNECT");
+        let got = match got {
+            Admission::Allow { .. } => Some(None),
+            Admission::Deny(d) => Some(Some(d.reason)),
+            Admission::Report { .. } => None,
+        };
+        assert_eq!(got, want, "{host}:{port}");
+    }
+    assert_eq!(
+        admit(t, &target(Kind::Connect, "metrics.internal", 9090), "CONNECT"),
+        Admission::Allow { private: true }
+    );
+}
+
+#[test]
+fn report_mode_waives_only_reportable_reasons() {
+    let c = policy("mode = \"report\"");
+    let t = c.policy.tool("t").unwrap();
+    match admit(t, &target(Kind::Http, "evil.example", 80), "GET") {
+        Admission::Report { denial, .. } => assert_eq!(denial.reason, DenyReason::NotAllowlisted),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn methods_restrict() {
+    let c = policy("methods = [\"get\"]");
+    let t = c.policy.tool("t").unwrap();
+    assert_eq!(
+        admit(t, &target(Kind::Http, "api.example", 443), "GET"),
+        Admission::Allow { private: false }
+    );
+    assert!(matches!(
+        admit(t, &target(Kind::Http, "api.example", 443), "POST"),
+        Admission::Deny(Denial {
+            reason: DenyReason::MethodNotAllowed,
+            ..
+        })
+    ));
+    assert!(matches!(
+        admit(t, &target(Kind::Connect, "api.example", 443), "CONNECT"),
+        Admission::Deny(Denial {
+            reason: DenyReason::MethodNotAllowed,
+            ..
+        })
+    ));
+}
+
+fn ips(list: &[&str]) -> Vec<IpAddr> {
+    list.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+#[test]
+fn vetting_drops_denied_ranges_in_every_form() {
+    let c = policy("");
+    let r = &c.policy.ranges;
+    let me = SelfAddrs(vec!["127.0.0.1:3128".parse().unwrap()]);
+    let v = vet(
+        &ips(&[
+            "93.184.216.34",
+            "127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "2002:a9fe:a9fe::",
+            "2001:0:a9fe::1",
+            "::a9fe:a9fe",
+            "127.0.0.2",
+            "::ffff:127.0.0.2",
+            "93.184.216.34",
+        ]),
+        443,
+        r,
+        false,
+        &me,
+    );
+    assert_eq!(v.allowed, ips(&["93.184.216.34", "127.0.0.2"]));
+    assert_eq!(v.private.len(), 6);
+    let t = target(Kind::Connect, "api.example", 443);
+    assert_eq!(v.denial(&t), None);
+}
+
+#[test]
+fn nothing_left_is_private_address() {
+    let c = policy("");
+    let v = vet(
+        &ips(&["10.1.1.1", "fd00::1"]),
+        443,
+        &c.policy.ranges,
+        false,
+        &SelfAddrs::default(),
+    );
+    let d = v.denial(&target(Kind::Connect, "api.example", 443)).unwrap();
+    assert_eq!(d.reason, DenyReason::PrivateAddress);
+    assert!(d.detail.contains("10.1.1.1") && d.detail.contains("fd00::1"));
+    // private = true opts the rule into private ranges.
+    let v = vet(&ips(&["10.1.1.1"]), 443, &c.policy.ranges, true, &SelfAddrs::default());
+    assert_eq!(v.allowed, ips(&["10.1.1.1"]));
+}
+
+#[test]
+fn self_loop_holds_even_when_ranges_allow() {
+    let c = policy("");
+    let me = SelfAddrs(vec!["127.0.0.2:3128".parse().unwrap(), "0.0.0.0:3129".parse().unwrap()]);
+    let v = vet(&ips(&["127.0.0.2"]), 3128, &c.policy.ranges, true, &me);
+    assert_eq!(v.self_loop, ips(&["127.0.0.2"]));
+    assert_eq!(
+        v.denial(&target(Kind::Connect, "x", 3128)).unwrap().reason,
+        DenyReason::SelfLoop
+    );
+    let v = vet(
+        &ips(&["127.0.0.5", "::1", "0.0.0.0"]),
+        3129,
+        &c.policy.ranges,
+        true,
+        &me,
+    );
+    assert_eq!(v.self_loop.len(), 3);
+    let v = vet(&ips(&["127.0.0.2"]), 3130, &c.policy.ranges, false, &me);
+    assert_eq!(v.allowed, ips(&["127.0.0.2"]));
+    let _ = Host::Name(String::new());
+}

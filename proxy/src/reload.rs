@@ -1,0 +1,62 @@
+//! Policy reload without restart (`SIGHUP`, `POST /v1/policy/reload`): the
+//! config file is read and validated again; on success the new policy (tools
+//! and ranges) is swapped in atomically for new fetches; on error the old one
+//! keeps running and every problem is reported. Listener addresses, the facts
+//! path and other `[proxy]` settings need a restart.
+
+use crate::control::ApiError;
+use crate::server::Shared;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use egress_config::{Config, ConfigError};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("running on the embedded default configuration: there is no file to reload")]
+    NoFile,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Re-reads the config file and swaps the policy in. Returns the new digest.
+pub fn reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
+    let path = sh.config_path.as_ref().ok_or(ReloadError::NoFile)?;
+    let cfg = Config::load(path)?;
+    if cfg.proxy.listen != sh.cfg.listen || cfg.proxy.control != sh.cfg.control || cfg.proxy.facts != sh.cfg.facts {
+        tracing::warn!("listener or facts changes in the [proxy] section need a restart; applying the policy only");
+    }
+    let old = sh.policy.swap(cfg.policy.clone());
+    for tool in cfg.policy.tools.keys() {
+        sh.tool_metrics(Some(tool));
+    }
+    tracing::info!(old = %old.digest, new = %cfg.policy.digest, tools = cfg.policy.tools.len(), "policy reloaded");
+    Ok(cfg.policy)
+}
+
+pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<Value>, ApiError> {
+    match reload(&sh) {
+        Ok(p) => Ok(Json(
+            json!({"policy": p.digest, "tools": p.tools.keys().collect::<Vec<_>>()}),
+        )),
+        Err(ReloadError::NoFile) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no_config_file",
+            ReloadError::NoFile.to_string(),
+        )),
+        Err(ReloadError::Config(e)) => {
+            tracing::error!(error = %e, "policy reload rejected; the old policy stays in force");
+            let problems: Vec<Value> = e
+                .problems
+                .iter()
+                .map(|p| json!({"path": p.path, "message": p.message}))
+                .collect();
+            Err(
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", format!("{e}"))
+                    .with_details(problems),
+            )
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The run registry: one entry per run with its credential, state, deadline
+//! clock, concurrency slots and a cancellation token that severs every open
+//! fetch of the run when it ends. Lookups on the data path are lock-free
+//! (papaya); the map is bounded by `max_runs` live runs plus a short-lived
+//! set of tombstones so that late requests of an ended run read `run_ended`.
+
+use crate::policy::RunState;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// How long an ended run is remembered (so its credential answers `run_ended`).
+pub const TOMBSTONE_RETENTION: Duration = Duration::from_secs(300);
+
+/// Why a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    Ended,
+    Expired,
+    Shutdown,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Ended => "ended",
+            EndReason::Expired => "expired",
+            EndReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// One run.
+pub struct Run {
+    pub id: Arc<str>,
+    pub tool: Arc<str>,
+    secret: String,
+    state: AtomicU8,
+    pub labels: serde_json::Map<String, serde_json::Value>,
+    pub created_at: SystemTime,
+    pub expires_at: SystemTime,
+    expires: Instant,
+    ended: std::sync::OnceLock<(Instant, SystemTime, EndReason)>,
+    /// Fires when the run ends; every fetch of the run selects on it.
+    pub cancel: CancellationToken,
+    /// The run's concurrency slots (FIFO).
+    pub slots: Arc<Semaphore>,
+    pub max_slots: usize,
+    /// Fetches currently waiting for a slot.
+    pub waiting: AtomicUsize,
+    pub max_waiting: usize,
+}
+
+const CREATED: u8 = 0;
+const ACTIVE: u8 = 1;
+const ENDED: u8 = 2;
+
+impl Run {
+    pub fn state(&self) -> RunState {
+        match self.state.load(Ordering::Acquire) {
+            CREATED => RunState::Created,
+            ACTIVE if Instant::now() < self.expires => RunState::Active,
+            ACTIVE => RunState::Ended,
+            _ => RunState::Ended,
+        }
+    }
+
+    /// Constant-time secret comparison.
+    pub fn secret_matches(&self, presented: &[u8]) -> bool {
+        self.secret.as_bytes().ct_eq(presented).into()
+    }
+
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    pub fn ended(&self) -> Option<(SystemTime, EndReason)> {
+        self.ended.get().map(|(_, t, r)| (*t, *r))
+    }
+
+    pub fn expires_instant(&self) -> Instant {
+        self.expires
+    }
+}
+
+/// Errors the control API maps to HTTP answers.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("run id {0:?} already exists")]
+    Exists(String),
+    #[error("too many live runs (max_runs = {0})")]
+    TooMany(usize),
+    #[error("no run {0:?}")]
+    NotFound(String),
+    #[error("run {0:?} has ended")]
+    Ended(String),
+}
+
+/// Parameters of a new run.
+pub struct NewRun {
+    pub id: String,
+    pub tool: Arc<str>,
+    pub labels: serde_json::Map<String, serde_json::Value>,
+    pub activate: bool,
+    pub max_slots: usize,
+    pub max_waiting: usize,
+}
+
+/// The registry.
+pub struct Runs {
+    map: papaya::HashMap<Arc<str>, Arc<Run>>,
+    live: AtomicUsize,
+    max_runs: usize,
+    max_run: Duration,
+}
+
+/// Run ids: safe in a URL's userinfo, in logs and as a Basic-auth user.
+pub fn valid_run_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'))
+}
+
+/// A fresh random token, hex-encoded.
+pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf)?;
+    let mut s = String::with_capacity(bytes * 2);
+    for b in buf {
+        s.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+        s.push(char::from_digit(u32::from(b & 15), 16).unwrap_or('0'));
+    }
+    Ok(s)
+}
+
+impl Runs {
+    pub fn new(max_runs: usize, max_run: Duration) -> Self {
+        Runs {
+            map: papaya::HashMap::new(),
+            live: AtomicUsize::new(0),
+            max_runs,
+            max_run,
+        }
+    }
+
+    /// Looks a run up by id (lock-free).
+    pub fn get(&self, id: &str) -> Option<Arc<Run>> {
+        self.map.pin().get(id).cloned()
+    }
+
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Creates a run with a fresh secret.
+    pub fn create(&self, new: NewRun, secret: String) -> Result<Arc<Run>, RunError> {
+        // Reserve a live slot first so concurrent creates cannot overshoot.
+        if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_runs {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            return Err(RunError::TooMany(self.max_runs));
+        }
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let run = Arc::new(Run {
+            id: Arc::from(new.id.as_str()),
+            tool: new.tool,
+            secret,
+            state: AtomicU8::new(if new.activate { ACTIVE } else { CREATED }),
+            labels: new.labels,
+            created_at: wall,
+            expires_at: wall + self.max_run,
+            expires: now + self.max_run,
+            ended: std::sync::OnceLock::new(),
+            cancel: CancellationToken::new(),
+            slots: Arc::new(Semaphore::new(new.max_slots)),
+            max_slots: new.max_slots,
+            waiting: AtomicUsize::new(0),
+            max_waiting: new.max_waiting,
+        });
+        let map = self.map.pin();
+        match map.try_insert(run.id.clone(), run.clone()) {
+            Ok(_) => Ok(run),
+            Err(_) => {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+                Err(RunError::Exists(new.id))
+            }
+        }
+    }
+
+    /// created → active.
+    pub fn activate(&self, id: &str) -> Result<Arc<Run>, RunError> {
+        let run = self.get(id).ok_or_else(|| RunError::NotFound(id.to_owned()))?;
+        match run
+            .state
+            .compare_exchange(CREATED, ACTIVE, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) | Err(ACTIVE) if run.state() == RunState::Active => Ok(run),
+            _ => Err(RunError::Ended(id.to_owned())),
+        }
+    }
+
+    /// Ends a run: revokes the credential, severs its fetches, frees its slots.
+    /// Returns false if it had already ended.
+    pub fn end(&self, run: &Run, why: EndReason) -> bool {
+        if run.state.swap(ENDED, Ordering::AcqRel) == ENDED {
+            return false;
+        }
+        let _ = run.ended.set((Instant::now(), SystemTime::now(), why));
+        run.cancel.cancel();
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Ends expired runs and forgets old tombstones. Returns the runs it expired.
+    pub fn sweep(&self, now: Instant) -> Vec<Arc<Run>> {
+        let mut expired = vec![];
+        let mut forget = vec![];
+        {
+            let map = self.map.pin();
+            for (id, run) in map.iter() {
+                if run.state.load(Ordering::Acquire) != ENDED && now >= run.expires {
+                    expired.push(run.clone());
+                } else if let Some((at, _, _)) = run.ended.get() {
+                    if now.saturating_duration_since(*at) >= TOMBSTONE_RETENTION
+                        || map.len() > self.max_runs.saturating_mul(2)
+                    {
+                        forget.push(id.clone());
+                    }
+                }
+            }
+            for id in forget {
+                map.remove(&id);
+            }
+        }
+        expired.retain(|r| self.end(r, EndReason::Expired));
+        expired
+    }
+
+    /// Ends every live run (shutdown).
+    pub fn end_all(&self, why: EndReason) {
+        let map = self.map.pin();
+        for (_, run) in map.iter() {
+            self.end(run, why);
+        }
+    }
+
+    /// Live runs per tool.
+    pub fn live_by_tool(&self) -> std::collections::BTreeMap<Arc<str>, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for (_, run) in self.map.pin().iter() {
+            if run.state.load(Ordering::Acquire) != ENDED {
+                *out.entry(run.tool.clone()).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new(id: &str, activate: bool) -> NewRun {
+        NewRun {
+            id: id.into(),
+            tool: Arc::from("t"),
+            labels: Default::default(),
+            activate,
+            max_slots: 2,
+            max_waiting: 4,
+        }
+    }
+
+    #[test]
+    fn lifecycle() {
+        let runs = Runs::new(2, Duration::from_secs(60));
+        let r = runs.create(new("a", false), "s3cret".into()).unwrap();
+        assert_eq!(r.state(), RunState::Created);
+        assert!(matches!(
+            runs.create(new("a", true), "x".into()),
+            Err(RunError::Exists(_))
+        ));
+        runs.create(new("b", true), "x".into()).unwrap();
+        assert!(matches!(
+            runs.create(new("c", true), "x".into()),
+            Err(RunError::TooMany(2))
+        ));
+        runs.activate("a").unwrap();
+        assert_eq!(r.state(), RunState::Active);
+        assert!(r.secret_matches(b"s3cret") && !r.secret_matches(b"s3creT") && !r.secret_matches(b"s3cre"));
+        assert!(runs.end(&r, EndReason::Ended));
+        assert!(!runs.end(&r, EndReason::Ended));
+        assert!(r.cancel.is_cancelled());
+        assert_eq!(r.state(), RunState::Ended);
+        assert!(runs.activate("a").is_err());
+        runs.create(new("c", true), "x".into()).unwrap();
+    }
+
+    #[test]
+    fn expiry() {
+        let runs = Runs::new(10, Duration::from_millis(1000));
+        let r = runs.create(new("a", true), "x".into()).unwrap();
+        assert!(runs.sweep(Instant::now()).is_empty());
+        let later = Instant::now() + Duration::from_secs(2);
+        assert_eq!(runs.sweep(later).len(), 1);
+        assert!(r.cancel.is_cancelled());
+        assert_eq!(runs.live(), 0);
+        assert!(runs.get("a").is_some());
+        runs.sweep(later + TOMBSTONE_RETENTION);
+        assert!(runs.get("a").is_none());
+    }
+
+    #[test]
+    fn run_ids() {
+        assert!(valid_run_id("run-1.A_b~"));
+        for bad in ["", "a:b", "a@b", "a/b", "a b", "é"] {
+            assert!(!valid_run_id(bad), "{bad}");
+        }
+        assert!(!valid_run_id(&"a".repeat(129)));
+    }
+}

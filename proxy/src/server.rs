@@ -1,0 +1,296 @@
+//! Starting and stopping the proxy: binds the data and control listeners,
+//! owns the shared state, runs the accept loop (bounded by
+//! `max_connections`, hyper HTTP/1.1 with upgrades, header size limit and
+//! header read timeout), the run-expiry sweeper, and graceful shutdown.
+
+use crate::dns::Dns;
+use crate::facts::{FactSink, MemorySink};
+use crate::metrics::{Metrics, ToolMetrics};
+use crate::policy::SelfAddrs;
+use crate::runs::{EndReason, Run, Runs};
+use arc_swap::ArcSwap;
+use egress_config::{Config, Policy, ProxyConfig};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// State shared by the data plane and the control API.
+pub struct Shared {
+    pub runs: Runs,
+    pub policy: ArcSwap<Policy>,
+    pub facts: Arc<dyn FactSink>,
+    pub dns: Dns,
+    pub me: SelfAddrs,
+    pub cfg: ProxyConfig,
+    pub metrics: Metrics,
+    tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
+    pub shutdown: CancellationToken,
+    /// `host:port` clients use to reach the data listener.
+    pub proxy_authority: String,
+    pub control_token: String,
+    pub config_path: Option<PathBuf>,
+}
+
+impl Shared {
+    /// Per-tool metric handles; tools unknown to the policy share `_unknown`.
+    pub fn tool_metrics(&self, tool: Option<&str>) -> Arc<ToolMetrics> {
+        let name = match tool {
+            Some(t) if self.policy.load().tools.contains_key(t) => t,
+            Some(t) if self.tool_metrics.pin().contains_key(t) => t,
+            _ => "_unknown",
+        };
+        let map = self.tool_metrics.pin();
+        if let Some(m) = map.get(name) {
+            return m.clone();
+        }
+        map.get_or_insert_with(Arc::from(name), || self.metrics.tool(name))
+            .clone()
+    }
+
+    /// Whether a just-connected upstream socket is a connection to one of our
+    /// own listeners (catches listeners bound to unspecified addresses).
+    pub fn is_self_connection(&self, s: &TcpStream) -> bool {
+        match (s.local_addr(), s.peer_addr()) {
+            (Ok(l), Ok(p)) => l.ip() == p.ip() && self.me.0.iter().any(|m| m.port() == p.port()),
+            _ => false,
+        }
+    }
+
+    /// Ends a run and keeps the run gauges in step.
+    pub fn end_run(&self, run: &Run, why: EndReason) -> bool {
+        if self.runs.end(run, why) {
+            let tm = self.tool_metrics(Some(&run.tool));
+            tm.runs_active.dec();
+            self.metrics
+                .runs_ended
+                .get_or_create(&crate::metrics::ToolWhy {
+                    tool: run.tool.to_string(),
+                    why: why.as_str(),
+                })
+                .inc();
+            tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, why = why.as_str(), "run ended");
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// How to start a proxy.
+pub struct Options {
+    pub config: Config,
+    /// The file the config came from (for reloads); `None` = embedded default.
+    pub config_path: Option<PathBuf>,
+    /// Control token; `None` = from the environment or the token file.
+    pub control_token: Option<String>,
+    /// Fact sink; `None` = the default store.
+    pub facts: Option<Arc<dyn FactSink>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot bind {what} listener {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Dns(#[from] crate::dns::DnsInitError),
+    #[error("control token: {0}")]
+    Token(#[from] crate::token::TokenError),
+    #[error("fact store: {0}")]
+    Facts(String),
+}
+
+/// A running proxy.
+pub struct Handle {
+    pub proxy_addr: SocketAddr,
+    pub control_addr: SocketAddr,
+    pub token: String,
+    pub token_source: Option<crate::token::TokenSource>,
+    pub shared: Arc<Shared>,
+    tasks: JoinSet<()>,
+}
+
+impl Handle {
+    /// Stops accepting, lets in-flight fetches finish up to the drain
+    /// timeout, ends every run, then returns.
+    pub async fn shutdown(mut self) {
+        self.shared.shutdown.cancel();
+        let drain = self.shared.cfg.drain_timeout;
+        let _ = tokio::time::timeout(drain + Duration::from_secs(1), async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        self.tasks.abort_all();
+        self.shared.runs.end_all(EndReason::Shutdown);
+    }
+
+    /// Waits until the proxy stops by itself (it does not, unless shut down).
+    pub async fn wait(&mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+fn advertised(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v) if v.is_unspecified() => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        std::net::IpAddr::V6(v) if v.is_unspecified() => std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, addr.port()).to_string()
+}
+
+/// Binds both listeners and starts serving.
+pub async fn start(opts: Options) -> Result<Handle, StartError> {
+    let cfg = opts.config;
+    let pc = cfg.proxy.clone();
+    let proxy_l = TcpListener::bind(pc.listen).await.map_err(|source| StartError::Bind {
+        what: "proxy",
+        addr: pc.listen,
+        source,
+    })?;
+    let control_l = TcpListener::bind(pc.control).await.map_err(|source| StartError::Bind {
+        what: "control",
+        addr: pc.control,
+        source,
+    })?;
+    let proxy_addr = proxy_l.local_addr().map_err(|source| StartError::Bind {
+        what: "proxy",
+        addr: pc.listen,
+        source,
+    })?;
+    let control_addr = control_l.local_addr().map_err(|source| StartError::Bind {
+        what: "control",
+        addr: pc.control,
+        source,
+    })?;
+    let (token, token_source) = match opts.control_token {
+        Some(t) => (t, None),
+        None => {
+            let (t, s) = crate::token::resolve(std::env::var(crate::token::TOKEN_ENV).ok(), &pc.facts)?;
+            (t, Some(s))
+        }
+    };
+    let facts: Arc<dyn FactSink> = match opts.facts {
+        Some(f) => f,
+        None => Arc::new(MemorySink::new(100_000)),
+    };
+    let dns = Dns::new(&pc.dns)?;
+    let shared = Arc::new(Shared {
+        runs: Runs::new(pc.max_runs, pc.max_run),
+        policy: ArcSwap::new(cfg.policy.clone()),
+        facts,
+        dns,
+        me: SelfAddrs(vec![proxy_addr, control_addr]),
+        cfg: pc.clone(),
+        metrics: Metrics::new(),
+        tool_metrics: papaya::HashMap::new(),
+        shutdown: CancellationToken::new(),
+        proxy_authority: advertised(proxy_addr),
+        control_token: token.clone(),
+        config_path: opts.config_path,
+    });
+    for tool in cfg.policy.tools.keys() {
+        shared.tool_metrics(Some(tool));
+    }
+    let mut tasks = JoinSet::new();
+    tasks.spawn(accept_loop(shared.clone(), proxy_l));
+    tasks.spawn(crate::control::serve(shared.clone(), control_l));
+    tasks.spawn(sweeper(shared.clone()));
+    tracing::info!(proxy = %proxy_addr, control = %control_addr, policy = %cfg.policy.digest, tools = cfg.policy.tools.len(), "egress proxy listening");
+    Ok(Handle {
+        proxy_addr,
+        control_addr,
+        token,
+        token_source,
+        shared,
+        tasks,
+    })
+}
+
+async fn sweeper(sh: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = sh.shutdown.cancelled() => return,
+        }
+        for run in sh.runs.sweep(std::time::Instant::now()) {
+            let tm = sh.tool_metrics(Some(&run.tool));
+            tm.runs_active.dec();
+            sh.metrics
+                .runs_ended
+                .get_or_create(&crate::metrics::ToolWhy {
+                    tool: run.tool.to_string(),
+                    why: "expired",
+                })
+                .inc();
+            tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, why = "expired", "run expired");
+        }
+    }
+}
+
+async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
+    let limit = Arc::new(Semaphore::new(sh.cfg.max_connections));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(sh.cfg.header_read_timeout)
+        .max_buf_size(sh.cfg.max_header_bytes.max(8192) + 1024)
+        .max_header_size(sh.cfg.max_header_bytes)
+        .max_headers(128)
+        .keep_alive(true)
+        .half_close(false);
+    let builder = Arc::new(builder);
+    let mut conns = JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = sh.shutdown.cancelled() => break,
+        };
+        let (stream, _peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = sh.shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let sh2 = sh.clone();
+        let builder = builder.clone();
+        while conns.try_join_next().is_some() {}
+        conns.spawn(async move {
+            let _permit = permit;
+            let svc_sh = sh2.clone();
+            let svc = service_fn(move |req| crate::fetch::handle(svc_sh.clone(), req));
+            let conn = builder.serve_connection(TokioIo::new(stream), svc).with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = sh2.shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(sh2.cfg.drain_timeout, conn).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    // Drain: connections finish their in-flight requests up to the drain timeout.
+    let drain = sh.cfg.drain_timeout;
+    let _ = tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+}

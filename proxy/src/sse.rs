@@ -1,0 +1,85 @@
+//! `GET /v1/facts/stream?after=<seq>`: Server-Sent Events that first replay
+//! facts after the cursor, then follow new ones live. The live feed is
+//! subscribed before the replay, so nothing falls between the two; a slow
+//! reader that lags the live feed goes back to the store by cursor.
+
+use crate::control::{ApiError, Cursor};
+use crate::facts::{Fact, FactQuery};
+use crate::server::Shared;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast::{self, error::RecvError};
+
+struct Tail {
+    sh: Arc<Shared>,
+    rx: broadcast::Receiver<Fact>,
+    last: u64,
+    pending: VecDeque<Fact>,
+    catching_up: bool,
+}
+
+fn event(f: &Fact) -> Event {
+    let data = serde_json::to_string(f).unwrap_or_else(|_| "{}".into());
+    Event::default().id(f.seq.to_string()).event("fact").data(data)
+}
+
+pub async fn stream(
+    State(sh): State<Arc<Shared>>,
+    q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let rx = sh.facts.subscribe();
+    let tail = Tail {
+        sh,
+        rx,
+        last: c.after,
+        pending: VecDeque::new(),
+        catching_up: true,
+    };
+    let s = futures_util::stream::unfold(tail, |mut t| async move {
+        loop {
+            if let Some(f) = t.pending.pop_front() {
+                t.last = f.seq;
+                let ev = event(&f);
+                return Some((Ok(ev), t));
+            }
+            if t.catching_up {
+                let page =
+                    t.sh.facts
+                        .query(FactQuery {
+                            after: t.last,
+                            limit: 500,
+                            run_id: None,
+                        })
+                        .await;
+                match page {
+                    Ok(p) if !p.is_empty() => {
+                        t.pending.extend(p);
+                        continue;
+                    }
+                    Ok(_) => t.catching_up = false,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                r = t.rx.recv() => match r {
+                    Ok(f) if f.seq > t.last => t.pending.push_back(f),
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(_)) => t.catching_up = true,
+                    Err(RecvError::Closed) => return None,
+                },
+                _ = t.sh.shutdown.cancelled() => return None,
+            }
+        }
+    });
+    Ok(Sse::new(s).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}

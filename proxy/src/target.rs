@@ -1,0 +1,263 @@
+//! Parses and canonicalizes the target of one proxied request, once: CONNECT
+//! needs authority-form `host:port` (RFC 9110 §9.3.6); plain HTTP needs
+//! absolute-form `http://authority/...` (RFC 9112 §3.2.2) whose `Host` header
+//! names the same authority, closing the Host-header bypass. The canonical
+//! target is what matching, logging, facts and dialling all use.
+
+use egress_config::{host::AuthorityError, parse_authority, Host};
+use http::uri::{PathAndQuery, Uri};
+use http::{HeaderMap, Version};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Connect,
+    Http,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connect => "connect",
+            Kind::Http => "http",
+        }
+    }
+}
+
+/// A canonical request target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub kind: Kind,
+    pub host: Host,
+    pub port: u16,
+    /// Origin-form path and query for plain HTTP.
+    pub path_and_query: Option<PathAndQuery>,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+impl Target {
+    /// The `Host` header value to send upstream.
+    pub fn host_header(&self) -> String {
+        if self.port == 80 {
+            self.host.to_string()
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Why a target was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetError {
+    /// `bad_target`, with a message for the client.
+    Bad(String),
+    /// `host_mismatch`, with a message for the client.
+    HostMismatch(String),
+}
+
+fn bad(msg: impl Into<String>) -> TargetError {
+    TargetError::Bad(msg.into())
+}
+
+fn authority_error(raw: &str, e: AuthorityError) -> TargetError {
+    bad(format!("target {raw:?}: {e}"))
+}
+
+/// Splits an authority that may omit its port (plain HTTP), applying `default_port`.
+fn authority_with_default(raw: &str, default_port: u16) -> Result<(Host, u16), AuthorityError> {
+    let has_port = if raw.starts_with('[') {
+        raw.rfind(']').is_some_and(|i| raw[i + 1..].starts_with(':'))
+    } else {
+        raw.contains(':')
+    };
+    if has_port {
+        parse_authority(raw)
+    } else {
+        let host = egress_config::parse_host(raw).map_err(AuthorityError::Host)?;
+        Ok((host, default_port))
+    }
+}
+
+/// CONNECT target: authority-form only.
+pub fn parse_connect(uri: &Uri) -> Result<Target, TargetError> {
+    if uri.scheme().is_some()
+        || uri
+            .path_and_query()
+            .is_some_and(|p| !p.as_str().is_empty() && p.as_str() != "/")
+    {
+        return Err(bad("CONNECT needs an authority-form target (host:port)"));
+    }
+    let auth = uri
+        .authority()
+        .ok_or_else(|| bad("CONNECT needs an authority-form target (host:port)"))?;
+    let raw = auth.as_str();
+    let (host, port) = parse_authority(raw).map_err(|e| authority_error(raw, e))?;
+    Ok(Target {
+        kind: Kind::Connect,
+        host,
+        port,
+        path_and_query: None,
+    })
+}
+
+/// Plain-HTTP target: absolute-form `http://` URI, `Host` equal to its authority.
+pub fn parse_absolute(uri: &Uri, headers: &HeaderMap, version: Version) -> Result<Target, TargetError> {
+    let scheme = match uri.scheme_str() {
+        Some(s) => s,
+        None => return Err(bad("not a proxy request: use an absolute-form http:// URI or CONNECT")),
+    };
+    if !scheme.eq_ignore_ascii_case("http") {
+        return Err(bad(format!(
+            "scheme {scheme:?} is not forwarded; use CONNECT for https"
+        )));
+    }
+    let auth = uri
+        .authority()
+        .ok_or_else(|| bad("absolute-form URI without an authority"))?;
+    let raw = auth.as_str();
+    let (host, port) = authority_with_default(raw, 80).map_err(|e| authority_error(raw, e))?;
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => return Err(TargetError::HostMismatch("more than one Host header".into())),
+        (None, _) if version >= Version::HTTP_11 => {
+            return Err(TargetError::HostMismatch(
+                "HTTP/1.1 request without a Host header".into(),
+            ))
+        }
+        (None, _) => {}
+        (Some(v), None) => {
+            let hv = v
+                .to_str()
+                .map_err(|_| TargetError::HostMismatch("Host header is not ASCII".into()))?;
+            let same = authority_with_default(hv, 80).is_ok_and(|(h, p)| h == host && p == port);
+            if !same {
+                return Err(TargetError::HostMismatch(format!(
+                    "Host header {hv:?} does not name the request target {raw:?}"
+                )));
+            }
+        }
+    }
+    let pq = match uri.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
+        Some(pq) if pq.as_str().starts_with('?') => {
+            PathAndQuery::try_from(format!("/{}", pq.as_str())).map_err(|_| bad("invalid path"))?
+        }
+        _ => PathAndQuery::from_static("/"),
+    };
+    Ok(Target {
+        kind: Kind::Http,
+        host,
+        port,
+        path_and_query: Some(pq),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn connect(s: &str) -> Result<Target, TargetError> {
+        let uri: Uri = s.parse().map_err(|_| bad("unparsable"))?;
+        parse_connect(&uri)
+    }
+
+    fn absolute(s: &str, host: Option<&str>) -> Result<Target, TargetError> {
+        let uri: Uri = s.parse().map_err(|_| bad("unparsable"))?;
+        let mut h = HeaderMap::new();
+        if let Some(v) = host {
+            h.insert(http::header::HOST, HeaderValue::from_str(v).unwrap());
+        }
+        parse_absolute(&uri, &h, Version::HTTP_11)
+    }
+
+    #[test]
+    fn connect_targets() {
+        let t = connect("Example.COM.:443").unwrap();
+        assert_eq!(
+            (t.host.to_string(), t.port, t.kind),
+            ("example.com".into(), 443, Kind::Connect)
+        );
+        assert!(matches!(connect("127.1:80").unwrap().host, Host::Ip(_)));
+        assert!(matches!(connect("[::ffff:7f00:1]:80").unwrap().host, Host::Ip(_)));
+        for bad_one in [
+            "example.com",
+            "example.com:0",
+            "example.com:99999",
+            "http://example.com:80",
+            "ex%61mple.com:443",
+        ] {
+            assert!(matches!(connect(bad_one), Err(TargetError::Bad(_))), "{bad_one}");
+        }
+    }
+
+    #[test]
+    fn userinfo_in_connect_is_bad() {
+        // http::Uri accepts userinfo in an authority; the canonicalizer must not.
+        if let Ok(uri) = "user:pw@example.com:443".parse::<Uri>() {
+            assert!(matches!(parse_connect(&uri), Err(TargetError::Bad(_))));
+        }
+    }
+
+    #[test]
+    fn absolute_targets() {
+        let t = absolute("http://Example.com/a?b=1", Some("example.com")).unwrap();
+        assert_eq!((t.host.to_string(), t.port), ("example.com".into(), 80));
+        assert_eq!(t.path_and_query.unwrap().as_str(), "/a?b=1");
+        let t = absolute("http://example.com:8080", Some("EXAMPLE.com:8080")).unwrap();
+        assert_eq!((t.port, t.path_and_query.unwrap().as_str()), (8080, "/"));
+        assert_eq!(
+            absolute("http://example.com/", Some("example.com:80")).unwrap().port,
+            80
+        );
+    }
+
+    #[test]
+    fn absolute_rejections() {
+        assert!(matches!(
+            absolute("/relative", Some("example.com")),
+            Err(TargetError::Bad(_))
+        ));
+        assert!(matches!(
+            absolute("https://example.com/", Some("example.com")),
+            Err(TargetError::Bad(_))
+        ));
+        assert!(matches!(
+            absolute("http://user@example.com/", Some("example.com")),
+            Err(TargetError::Bad(_))
+        ));
+        assert!(matches!(
+            absolute("http://example.com:0/", Some("example.com:0")),
+            Err(TargetError::Bad(_))
+        ));
+        assert!(matches!(
+            absolute("http://allowed.example/", Some("evil.example")),
+            Err(TargetError::HostMismatch(_))
+        ));
+        assert!(matches!(
+            absolute("http://allowed.example/", Some("allowed.example:81")),
+            Err(TargetError::HostMismatch(_))
+        ));
+        assert!(matches!(
+            absolute("http://allowed.example/", None),
+            Err(TargetError::HostMismatch(_))
+        ));
+    }
+
+    #[test]
+    fn double_host_is_a_mismatch() {
+        let uri: Uri = "http://a.example/".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.append(http::header::HOST, HeaderValue::from_static("a.example"));
+        h.append(http::header::HOST, HeaderValue::from_static("b.example"));
+        assert!(matches!(
+            parse_absolute(&uri, &h, Version::HTTP_11),
+            Err(TargetError::HostMismatch(_))
+        ));
+    }
+}

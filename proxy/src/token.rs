@@ -1,0 +1,80 @@
+//! The control-plane bearer token. Taken from `EGRESS_CONTROL_TOKEN`; when
+//! unset, read from (or generated into) `egress-control.token` beside the
+//! facts store, created with mode 0600. The control API never runs without one.
+
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+pub const TOKEN_ENV: &str = "EGRESS_CONTROL_TOKEN";
+pub const TOKEN_FILE: &str = "egress-control.token";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} is readable by other users (mode {mode:o}); chmod 600 it")]
+    Permissive { path: PathBuf, mode: u32 },
+    #[error("{0} is set but empty or shorter than 16 characters")]
+    Weak(&'static str),
+    #[error("no randomness available: {0}")]
+    Random(String),
+}
+
+/// Where the token came from.
+pub enum TokenSource {
+    Env,
+    File(PathBuf),
+    Generated(PathBuf),
+}
+
+/// The token file path for a facts store path.
+pub fn token_path(facts: &Path) -> PathBuf {
+    facts.parent().unwrap_or(Path::new(".")).join(TOKEN_FILE)
+}
+
+/// Resolves the control token.
+pub fn resolve(env: Option<String>, facts: &Path) -> Result<(String, TokenSource), TokenError> {
+    if let Some(t) = env {
+        let t = t.trim().to_owned();
+        if t.len() < 16 {
+            return Err(TokenError::Weak(TOKEN_ENV));
+        }
+        return Ok((t, TokenSource::Env));
+    }
+    let path = token_path(facts);
+    let io = |source| TokenError::Io {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim().len() >= 16 => {
+            let mode = std::fs::metadata(&path).map_err(io)?.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(TokenError::Permissive { path, mode });
+            }
+            return Ok((t.trim().to_owned(), TokenSource::File(path)));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+    }
+    let token = crate::runs::random_hex(32).map_err(|e| TokenError::Random(e.to_string()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    f.write_all(token.as_bytes()).map_err(io)?;
+    f.write_all(b"\n").map_err(io)?;
+    f.sync_all().map_err(io)?;
+    Ok((token, TokenSource::Generated(path)))
+}
