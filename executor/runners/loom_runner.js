@@ -1,0 +1,150 @@
+'use strict';
+/*
+ * Loom Egress reference runner for Node.js tools (one file, no dependencies).
+ *
+ * Speaks the child side of the executor's protocol (docs/protocol.md):
+ * newline-delimited JSON on the fds named in LOOM_IPC_FDS ("3,4": read, write).
+ *
+ *   // As a launcher: the tool module exports run(input, ctx) (may be async).
+ *   command = ["node", "loom_runner.js", "tools/weather.js"]
+ *   command = ["node", "loom_runner.js", "tools/weather.js:handler"]
+ *
+ *   // As a library, from the tool's own main:
+ *   const loom = require('./loom_runner.js');
+ *   loom.main(async (input, ctx) => { ctx.emit({step: 'fetched'}); return {temp: 21}; });
+ *
+ * Requiring the tool module is the load phase: it runs before `ready`, while
+ * the run is not active, so load-time code gets no network. run() is called
+ * exactly once; its (awaited) return value is the result, and a thrown error
+ * becomes an `error` message (stack on stderr).
+ */
+
+const fs = require('fs');
+const path = require('path');
+
+function channel() {
+  const spec = process.env.LOOM_IPC_FDS;
+  if (!spec) throw new Error('LOOM_IPC_FDS is not set: not started by the executor');
+  const parts = spec.split(',').map((x) => parseInt(x, 10));
+  if (parts.length !== 2 || parts.some((x) => !Number.isInteger(x))) {
+    throw new Error('bad LOOM_IPC_FDS ' + JSON.stringify(spec));
+  }
+  const [rfd, wfd] = parts;
+  let buf = Buffer.alloc(0);
+  let waiting = null;
+  let ended = false;
+  const lines = [];
+  const stream = fs.createReadStream(null, { fd: rfd, autoClose: true });
+  stream.on('data', (chunk) => {
+    buf = Buffer.concat([buf, chunk]);
+    let i;
+    while ((i = buf.indexOf(10)) >= 0) {
+      lines.push(buf.subarray(0, i).toString('utf8'));
+      buf = buf.subarray(i + 1);
+    }
+    flush();
+  });
+  const finish = () => { ended = true; flush(); };
+  stream.on('end', finish);
+  stream.on('error', finish);
+  function flush() {
+    if (!waiting) return;
+    if (lines.length) {
+      const w = waiting; waiting = null;
+      let msg;
+      try { msg = JSON.parse(lines.shift()); } catch (e) { w.reject(e); return; }
+      w.resolve(msg);
+    } else if (ended) {
+      const w = waiting; waiting = null;
+      w.resolve(null);
+    }
+  }
+  return {
+    send(msg) {
+      // Synchronous writes keep messages ordered and complete before exit.
+      const data = Buffer.from(JSON.stringify(msg) + '\n', 'utf8');
+      let off = 0;
+      while (off < data.length) {
+        try {
+          off += fs.writeSync(wfd, data, off);
+        } catch (e) {
+          if (e.code !== 'EAGAIN') throw e;
+        }
+      }
+    },
+    recv() {
+      return new Promise((resolve, reject) => { waiting = { resolve, reject }; flush(); });
+    },
+    close() { stream.destroy(); },
+  };
+}
+
+class Context {
+  constructor(ch, msg) {
+    this._ch = ch;
+    this.runId = msg.run_id;
+    this.idempotencyKey = msg.idempotency_key;
+  }
+  /** Record a fact for this run; it lands before the result. */
+  emit(fact) { this._ch.send({ t: 'emit', fact }); }
+}
+
+function errorMessage(e) {
+  if (e && e.name && e.message !== undefined) return e.name + ': ' + e.message;
+  return String(e);
+}
+
+/**
+ * Serve one invocation with run(input, ctx); load() (optional) runs before
+ * `ready` and may return the run function. Exits the process.
+ */
+async function main(run, load) {
+  const ch = channel();
+  ch.send({ t: 'booted' });
+  try {
+    if (load) {
+      const loaded = await load();
+      if (!run) run = loaded;
+    }
+    if (typeof run !== 'function') throw new TypeError('the tool has no run(input, ctx) function');
+  } catch (e) {
+    process.stderr.write((e && e.stack ? e.stack : String(e)) + '\n');
+    ch.send({ t: 'error', message: 'load failed: ' + errorMessage(e) });
+    process.exit(1);
+  }
+  ch.send({ t: 'ready' });
+  const msg = await ch.recv();
+  if (!msg || msg.t !== 'invoke') process.exit(0);
+  let code = 0;
+  try {
+    const output = await run(msg.input, new Context(ch, msg));
+    ch.send({ t: 'result', output: output === undefined ? null : output });
+  } catch (e) {
+    process.stderr.write((e && e.stack ? e.stack : String(e)) + '\n');
+    ch.send({ t: 'error', message: errorMessage(e) });
+    code = 1;
+  }
+  ch.close();
+  process.exit(code);
+}
+
+/** `path/to/tool.js[:fn]` → the function (default export or `run`). */
+function loadTarget(target) {
+  const idx = target.lastIndexOf(':');
+  const file = idx > 0 ? target.slice(0, idx) : target;
+  const fn = idx > 0 ? target.slice(idx + 1) : 'run';
+  const mod = require(path.resolve(file));
+  if (typeof mod === 'function' && fn === 'run') return mod;
+  if (typeof mod[fn] !== 'function') throw new Error(file + ' exports no function ' + JSON.stringify(fn));
+  return mod[fn];
+}
+
+module.exports = { main, loadTarget, Context };
+
+if (require.main === module) {
+  if (process.argv.length !== 3) {
+    process.stderr.write('usage: loom_runner.js path/to/tool.js[:function]\n');
+    process.exit(2);
+  }
+  main(null, () => loadTarget(process.argv[2]));
+}

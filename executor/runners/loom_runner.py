@@ -1,0 +1,168 @@
+"""Loom Egress reference runner for Python tools (one file, standard library only).
+
+Speaks the child side of the executor's protocol (docs/protocol.md):
+newline-delimited JSON on the fds named in LOOM_IPC_FDS ("3,4": read, write).
+
+Two ways to use it:
+
+    # 1. As a launcher: the tool module defines run(input, ctx).
+    command = ["python3", "loom_runner.py", "tools/weather.py"]      # file path
+    command = ["python3", "loom_runner.py", "weather:handler"]      # module[:function]
+
+    # 2. As a library, from the tool's own main:
+    import loom_runner
+    def run(input, ctx):
+        ctx.emit({"step": "fetched"})
+        return {"temp": 21}
+    loom_runner.main(run)
+
+Importing the tool module is the load phase: it runs before `ready`, while the
+tool's run is not active yet, so load-time code gets no network. `run` is called
+exactly once; its return value (anything JSON-serialisable) is the result, and an
+exception becomes an `error` message (traceback on stderr).
+"""
+
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import traceback
+
+__all__ = ["Context", "main", "serve_module"]
+
+
+class ProtocolError(Exception):
+    """The executor sent something this runner does not understand."""
+
+
+class _Channel:
+    def __init__(self):
+        spec = os.environ.get("LOOM_IPC_FDS")
+        if not spec:
+            raise ProtocolError("LOOM_IPC_FDS is not set: not started by the executor")
+        try:
+            rfd, wfd = (int(x) for x in spec.split(","))
+        except ValueError:
+            raise ProtocolError("bad LOOM_IPC_FDS %r" % spec) from None
+        self._r = os.fdopen(rfd, "rb", buffering=0)
+        self._w = os.fdopen(wfd, "wb", buffering=0)
+        self._buf = b""
+
+    def send(self, msg):
+        line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False, default=str)
+        self._w.write(line.encode("utf-8") + b"\n")
+
+    def recv(self):
+        while b"\n" not in self._buf:
+            chunk = self._r.read(65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+
+class Context:
+    """What a tool's run() gets besides its input."""
+
+    def __init__(self, channel, msg):
+        self._channel = channel
+        self.run_id = msg.get("run_id")
+        self.idempotency_key = msg.get("idempotency_key")
+
+    def emit(self, fact):
+        """Record a fact for this run; it lands before the result."""
+        self._channel.send({"t": "emit", "fact": fact})
+
+
+def _call(fn, input, ctx):
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = None
+    if params is not None and len(params) == 1:
+        return fn(input)
+    return fn(input, ctx)
+
+
+def main(run=None, load=None):
+    """Serve one invocation with `run(input, ctx)`; `load()` (optional) runs
+    before `ready` and may return the run function. Exits the process."""
+    channel = _Channel()
+    channel.send({"t": "booted"})
+    try:
+        if load is not None:
+            loaded = load()
+            if run is None:
+                run = loaded
+        if not callable(run):
+            raise TypeError("the tool has no callable run(input, ctx)")
+    except BaseException as e:  # noqa: BLE001 - every load failure is reported
+        traceback.print_exc()
+        channel.send({"t": "error", "message": "load failed: %s: %s" % (type(e).__name__, e)})
+        sys.stderr.flush()
+        os._exit(1)
+    channel.send({"t": "ready"})
+    msg = channel.recv()
+    if msg is None:
+        os._exit(0)
+    if msg.get("t") != "invoke":
+        # `abort` (or anything else) before invoke: nothing to do.
+        os._exit(0)
+    ctx = Context(channel, msg)
+    try:
+        output = _call(run, msg.get("input"), ctx)
+        if inspect.isawaitable(output):
+            import asyncio
+
+            output = asyncio.run(_await(output))
+        channel.send({"t": "result", "output": output})
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - every tool failure is reported
+        traceback.print_exc()
+        channel.send({"t": "error", "message": "%s: %s" % (type(e).__name__, e)})
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+async def _await(x):
+    return await x
+
+
+def _load_target(target):
+    """`path/to/tool.py[:fn]` or `package.module[:fn]` → the function."""
+    name, _, fn = target.partition(":")
+    fn = fn or "run"
+    if name.endswith(".py") or os.sep in name:
+        path = os.path.abspath(name)
+        sys.path.insert(0, os.path.dirname(path))
+        modname = os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(modname, path)
+        if spec is None or spec.loader is None:
+            raise ImportError("cannot load %s" % path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = module
+        spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(name)
+    try:
+        return getattr(module, fn)
+    except AttributeError:
+        raise AttributeError("%s has no function %r" % (name, fn)) from None
+
+
+def serve_module(target):
+    """Load `target` during the load phase, then serve one invocation."""
+    main(load=lambda: _load_target(target))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: loom_runner.py path/to/tool.py[:function] | module[:function]\n")
+        sys.exit(2)
+    serve_module(sys.argv[1])

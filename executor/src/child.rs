@@ -1,0 +1,530 @@
+//! One child's life: start it under the cold-start clock (run created on the
+//! proxy with `activate:false`, scratch dir, scrubbed env, `booted` then
+//! `ready`), watch it while warm, dispatch exactly one invocation under the
+//! timeout clock, then kill its tree, end its run, read its facts, clean up.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ExecutorSection, ProcessConfig, Protocol};
+use crate::confine::Confinement;
+use crate::control::{ControlClient, RunCreds};
+use crate::error::{ErrorKind, InvocationResult, InvokeError, Phase};
+use crate::metrics::Metrics;
+use crate::process::{self, Capture, Launch, Process, Spawner};
+use crate::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
+
+/// How long to wait for output pipes to close after the tree was killed.
+/// Only a descendant that escaped the kill (process-group mode) makes this
+/// wait matter; it never delays a normal run.
+const PIPE_GRACE: Duration = Duration::from_millis(500);
+/// Most emits kept per run (bytes are bounded by `max_run_bytes`).
+const MAX_EMITS: usize = 10_000;
+
+/// What every child shares: the spawner thread, the proxy client, metrics.
+#[derive(Debug)]
+pub struct Shared {
+    pub spawner: Spawner,
+    pub control: ControlClient,
+    pub metrics: Metrics,
+    pub exec: ExecutorSection,
+    next_child: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(spawner: Spawner, control: ControlClient, metrics: Metrics, exec: ExecutorSection) -> Self {
+        Shared {
+            spawner,
+            control,
+            metrics,
+            exec,
+            next_child: AtomicU64::new(1),
+        }
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.next_child.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A tool as the executor runs it.
+#[derive(Debug, Clone)]
+pub struct ToolSpec {
+    pub id: String,
+    pub process: ProcessConfig,
+    pub confinement: Confinement,
+}
+
+/// One invocation handed to a ready child.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub input: Value,
+    pub idempotency_key: Option<String>,
+    pub timeout: Duration,
+    pub cancel: CancellationToken,
+}
+
+/// A started, ready child bound to its (not yet active) run.
+#[derive(Debug)]
+pub struct Warm {
+    pub id: u64,
+    tool: Arc<ToolSpec>,
+    shared: Arc<Shared>,
+    pub run: RunCreds,
+    process: Process,
+    ipc: Option<(pipe::Sender, LineReader<pipe::Receiver>)>,
+    stdin: Option<pipe::Sender>,
+    stdout: Option<Capture>,
+    stderr: Option<Capture>,
+    scratch: PathBuf,
+    cleaned: bool,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+/// Start a child for `tool`, bound to a new run (`run_id` if the kernel chose
+/// one). Bounded by `cold_start_ms`: spawn→`booted` is phase `spawn`,
+/// `booted`→`ready` is phase `load`.
+pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&str>) -> Result<Warm, InvokeError> {
+    let t0 = Instant::now();
+    let cold = Duration::from_millis(tool.process.cold_start_ms);
+    let deadline = tokio::time::Instant::now() + cold;
+    let id = shared.next_id();
+    let m = &shared.metrics;
+
+    let run = match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id)).await {
+        Ok(Ok(run)) => run,
+        Ok(Err(e)) => return Err(InvokeError::new(ErrorKind::Proxy, e.to_string())),
+        Err(_) => {
+            return Err(InvokeError::startup(
+                Phase::Spawn,
+                format!(
+                    "creating the run did not finish within cold_start_ms = {}",
+                    tool.process.cold_start_ms
+                ),
+            ))
+        }
+    };
+
+    let scratch = shared
+        .exec
+        .scratch_dir
+        .join(format!("{}-{}-{}", tool.id, std::process::id(), id));
+    let fail_early = |e: InvokeError| async {
+        let _ = shared.control.end(&run.run_id).await;
+        let _ = tokio::fs::remove_dir_all(&scratch).await;
+        Err(e)
+    };
+    if let Err(e) = make_scratch(&scratch) {
+        return fail_early(InvokeError::startup(
+            Phase::Spawn,
+            format!("cannot create scratch directory {}: {e}", scratch.display()),
+        ))
+        .await;
+    }
+    let p = &tool.process;
+    let mut env = process::child_env(&run.proxy_url, &scratch, &p.path, &p.lang, &p.env);
+    let plain = p.protocol == Protocol::Plain;
+    if plain {
+        env.retain(|(k, _)| k != protocol::IPC_FDS_VAR);
+    }
+    let launched = process::launch(
+        &shared.spawner,
+        Launch {
+            command: &p.command,
+            cwd: &p.cwd,
+            env,
+            path: &p.path,
+            stdin_pipe: plain,
+            pid_namespace: shared.exec.pid_namespace,
+            confinement: tool.confinement,
+            stdout_cap: shared.exec.stdout_cap_bytes,
+            stderr_cap: shared.exec.stderr_cap_bytes,
+        },
+    )
+    .await;
+    let launched = match launched {
+        Ok(l) => l,
+        Err(e) => {
+            return fail_early(InvokeError::startup(
+                Phase::Spawn,
+                format!("cannot start `{}`: {e}", p.command.join(" ")),
+            ))
+            .await
+        }
+    };
+    let mut warm = Warm {
+        id,
+        tool: tool.clone(),
+        shared: shared.clone(),
+        run,
+        process: launched.process,
+        ipc: None,
+        stdin: launched.stdin,
+        stdout: Some(launched.stdout),
+        stderr: Some(launched.stderr),
+        scratch,
+        cleaned: false,
+    };
+    if plain {
+        // Plain children are ready once spawned.
+        let dt = t0.elapsed().as_secs_f64();
+        m.cold_start(&tool.id, "spawn", dt);
+        m.cold_start(&tool.id, "total", dt);
+        return Ok(warm);
+    }
+    let mut reader = LineReader::new(
+        launched.ipc_rx,
+        shared.exec.max_message_bytes,
+        shared.exec.max_run_bytes,
+    );
+    let mut phase = Phase::Spawn;
+    let mut booted_at = None;
+    let failure: InvokeError = loop {
+        let next = tokio::select! {
+            r = reader.next() => r,
+            _ = tokio::time::sleep_until(deadline) => {
+                break InvokeError::startup(phase, format!(
+                    "no `{}` within cold_start_ms = {}",
+                    if phase == Phase::Spawn { "booted" } else { "ready" },
+                    p.cold_start_ms
+                ));
+            }
+        };
+        match next {
+            Read::Msg(ChildMsg::Booted) if phase == Phase::Spawn => {
+                phase = Phase::Load;
+                booted_at = Some(Instant::now());
+                m.cold_start(&tool.id, "spawn", t0.elapsed().as_secs_f64());
+            }
+            Read::Msg(ChildMsg::Ready) if phase == Phase::Load => {
+                if let Some(b) = booted_at {
+                    m.cold_start(&tool.id, "load", b.elapsed().as_secs_f64());
+                }
+                m.cold_start(&tool.id, "total", t0.elapsed().as_secs_f64());
+                warm.ipc = Some((launched.ipc_tx, reader));
+                return Ok(warm);
+            }
+            Read::Msg(ChildMsg::Error { message }) => {
+                break InvokeError::startup(phase, format!("the tool failed to start: {message}"))
+            }
+            Read::Msg(other) => {
+                break InvokeError::startup(phase, format!("protocol violation: `{}` before `ready`", other.kind()))
+            }
+            Read::Violation(v) => break InvokeError::startup(phase, format!("protocol violation: {v}")),
+            Read::Eof | Read::Failed(_) => {
+                break InvokeError::startup(phase, "the child closed its IPC pipe (exited?) before `ready`")
+            }
+        }
+    };
+    Err(warm.fail_start(failure).await)
+}
+
+fn make_scratch(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dir.parent() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent)?;
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(dir)
+}
+
+/// Why a warm child stopped being usable before dispatch.
+#[derive(Debug)]
+pub struct Unusable(pub String);
+
+impl Warm {
+    /// The child's pid (in the executor's namespace).
+    pub fn pid(&self) -> i32 {
+        self.process.pid()
+    }
+
+    async fn cleanup(&mut self, reason: &'static str) -> (String, String, Option<String>) {
+        let exit = match self.process.kill_and_reap().await {
+            Ok(s) => Some(s.to_string()),
+            Err(_) => None,
+        };
+        self.shared.metrics.kill(&self.tool.id, reason);
+        // Close our ends so nothing can block on them.
+        self.ipc = None;
+        self.stdin = None;
+        let finish = |c: Option<Capture>| async move {
+            match c {
+                Some(c) => c.finish(PIPE_GRACE).await,
+                None => crate::process::Captured::default(),
+            }
+        };
+        let (out, err) = tokio::join!(finish(self.stdout.take()), finish(self.stderr.take()));
+        let _ = tokio::fs::remove_dir_all(&self.scratch).await;
+        self.cleaned = true;
+        (out.head_text(), err.tail_text(), exit)
+    }
+
+    async fn fail_start(mut self, mut e: InvokeError) -> InvokeError {
+        let (_, tail, _) = self.cleanup("startup").await;
+        let _ = self.shared.control.end(&self.run.run_id).await;
+        e.stderr_tail = tail;
+        e
+    }
+
+    /// Wait, while warm, for the child to become unusable: it exited, closed
+    /// its IPC pipe, or sent anything at all (a violation before `invoke`).
+    /// Cancel-safe; never returns while the child is healthy.
+    pub async fn watch(&mut self) -> Unusable {
+        match &mut self.ipc {
+            Some((_, reader)) => {
+                tokio::select! {
+                    r = reader.next() => match r {
+                        Read::Msg(m) => Unusable(format!("sent `{}` while idle", m.kind())),
+                        Read::Violation(v) => Unusable(v),
+                        Read::Eof | Read::Failed(_) => Unusable("closed its IPC pipe while idle".into()),
+                    },
+                    s = self.process.wait() => Unusable(match s {
+                        Ok(s) => format!("exited while idle ({s})"),
+                        Err(e) => format!("lost while idle: {e}"),
+                    }),
+                }
+            }
+            None => Unusable(match self.process.wait().await {
+                Ok(s) => format!("exited while idle ({s})"),
+                Err(e) => format!("lost while idle: {e}"),
+            }),
+        }
+    }
+
+    /// Kill a child that will not be used; end its run.
+    pub async fn discard(mut self, reason: &'static str) {
+        self.cleanup(reason).await;
+        let _ = self.shared.control.end(&self.run.run_id).await;
+    }
+
+    /// Run exactly one invocation on this child, then kill it.
+    pub async fn dispatch(mut self, req: Request) -> InvocationResult {
+        let t0 = Instant::now();
+        let deadline = tokio::time::Instant::now() + req.timeout;
+        let outcome = self.converse(&req, deadline).await;
+        let kill_reason = match &outcome {
+            Ok(_) => "done",
+            Err(e) => match e.kind {
+                ErrorKind::Timeout => "timeout",
+                ErrorKind::Aborted => "abort",
+                ErrorKind::Protocol => "protocol",
+                ErrorKind::Disconnected => "disconnected",
+                _ => "done",
+            },
+        };
+        let (stdout, stderr_tail, exit) = self.cleanup(kill_reason).await;
+        let control = &self.shared.control;
+        let run_id = self.run.run_id.clone();
+        let ended = control.end(&run_id).await;
+        let (facts, facts_error) = match control.facts(&run_id).await {
+            Ok(f) => (f, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
+        let facts_error = match (facts_error, ended) {
+            (Some(e), _) => Some(e),
+            (None, Err(e)) => Some(format!("ending the run: {e}")),
+            (None, Ok(())) => None,
+        };
+        let (output, emits, error) = match outcome {
+            Ok((output, emits)) => (Some(output), emits, None),
+            Err(mut e) => {
+                e.stderr_tail = stderr_tail;
+                (None, Vec::new(), Some(e))
+            }
+        };
+        let output = match (output, self.tool.process.protocol) {
+            (Some(Value::Null), Protocol::Plain) => Some(json!({"exit_code": 0, "stdout": stdout})),
+            (o, _) => o,
+        };
+        InvocationResult {
+            ok: error.is_none(),
+            tool: self.tool.id.clone(),
+            output,
+            error,
+            emits,
+            run_id: Some(run_id),
+            facts,
+            facts_error,
+            stdout,
+            exit,
+            duration_ms: ms(t0.elapsed()),
+        }
+    }
+
+    /// The invocation itself, up to (not including) the kill.
+    async fn converse(
+        &mut self,
+        req: &Request,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Value, Vec<Value>), InvokeError> {
+        let timeout_err = || {
+            InvokeError::new(
+                ErrorKind::Timeout,
+                format!("no result within {} ms", req.timeout.as_millis()),
+            )
+        };
+        let aborted = || InvokeError::new(ErrorKind::Aborted, "aborted by the kernel");
+        let activate = self.shared.control.activate(&self.run.run_id);
+        tokio::select! {
+            r = activate => r.map_err(|e| InvokeError::new(ErrorKind::Proxy, e.to_string()))?,
+            _ = tokio::time::sleep_until(deadline) => return Err(timeout_err()),
+            _ = req.cancel.cancelled() => return Err(aborted()),
+        }
+        if self.tool.process.protocol == Protocol::Plain {
+            return self.converse_plain(req, deadline).await;
+        }
+        let Some((tx, reader)) = &mut self.ipc else {
+            return Err(InvokeError::new(ErrorKind::Disconnected, "no IPC pipe"));
+        };
+        let line = protocol::encode(&ParentMsg::Invoke {
+            run_id: self.run.run_id.clone(),
+            input: req.input.clone(),
+            idempotency_key: req.idempotency_key.clone(),
+        });
+        tokio::select! {
+            w = tx.write_all(&line) => w.map_err(|e| InvokeError::new(
+                ErrorKind::Disconnected, format!("cannot send invoke: {e}")))?,
+            _ = tokio::time::sleep_until(deadline) => return Err(timeout_err()),
+            _ = req.cancel.cancelled() => return Err(aborted()),
+        }
+        let mut emits = Vec::new();
+        loop {
+            let next = tokio::select! {
+                biased;
+                r = reader.next() => r,
+                _ = req.cancel.cancelled() => {
+                    // Advisory: the SIGKILL follows at once.
+                    let _ = tx.try_write(&protocol::encode(&ParentMsg::Abort));
+                    return Err(aborted());
+                }
+                _ = tokio::time::sleep_until(deadline) => return Err(timeout_err()),
+                s = self.process.wait() => {
+                    // The leader died. Lines it wrote before dying are still
+                    // in the pipe: kill the rest of the tree so every writer
+                    // is gone, then read what is left.
+                    self.process.kill_tree();
+                    let exit = s.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                    return drain_after_exit(reader, &mut emits, exit).await;
+                }
+            };
+            match handle(next, &mut emits) {
+                Step::Continue => {}
+                Step::Done(r) => return r,
+            }
+        }
+    }
+
+    async fn converse_plain(
+        &mut self,
+        req: &Request,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Value, Vec<Value>), InvokeError> {
+        if let Some(mut stdin) = self.stdin.take() {
+            let mut bytes = Vec::new();
+            if !req.input.is_null() {
+                bytes = serde_json::to_vec(&req.input).unwrap_or_default();
+                bytes.push(b'\n');
+            }
+            // Written by a task so a child that never reads stdin cannot
+            // block us; the task ends when the pipe closes.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&bytes).await;
+            });
+        }
+        let status = tokio::select! {
+            s = self.process.wait() => s,
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(InvokeError::new(
+                    ErrorKind::Timeout,
+                    format!("did not exit within {} ms", req.timeout.as_millis()),
+                ))
+            }
+            _ = req.cancel.cancelled() => return Err(InvokeError::new(ErrorKind::Aborted, "aborted by the kernel")),
+        };
+        match status {
+            Ok(process::ExitInfo::Code(0)) => Ok((Value::Null, Vec::new())),
+            Ok(s) => Err(InvokeError::new(ErrorKind::ToolError, format!("exited with {s}"))),
+            Err(e) => Err(InvokeError::new(
+                ErrorKind::Disconnected,
+                format!("lost the child: {e}"),
+            )),
+        }
+    }
+}
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        // Dropped without `dispatch`/`discard` (executor shutting down): the
+        // process handle kills the tree; remove the scratch directory here.
+        if !self.cleaned {
+            self.process.kill_tree();
+            let _ = std::fs::remove_dir_all(&self.scratch);
+        }
+    }
+}
+
+enum Step {
+    Continue,
+    Done(Result<(Value, Vec<Value>), InvokeError>),
+}
+
+fn handle(next: Read, emits: &mut Vec<Value>) -> Step {
+    let violation = |m: String| Step::Done(Err(InvokeError::new(ErrorKind::Protocol, m)));
+    match next {
+        Read::Msg(ChildMsg::Emit { fact }) => {
+            if emits.len() >= MAX_EMITS {
+                return violation(format!("more than {MAX_EMITS} emits in one run"));
+            }
+            emits.push(fact);
+            Step::Continue
+        }
+        Read::Msg(ChildMsg::Result { output }) => Step::Done(Ok((output, std::mem::take(emits)))),
+        Read::Msg(ChildMsg::Error { message }) => Step::Done(Err(InvokeError::new(ErrorKind::ToolError, message))),
+        Read::Msg(other) => violation(format!("`{}` after `invoke`", other.kind())),
+        Read::Violation(v) => violation(v),
+        Read::Eof => Step::Done(Err(InvokeError::new(
+            ErrorKind::Disconnected,
+            "the child closed its IPC pipe before a result",
+        ))),
+        Read::Failed(e) => Step::Done(Err(InvokeError::new(
+            ErrorKind::Disconnected,
+            format!("IPC read failed before a result: {e}"),
+        ))),
+    }
+}
+
+async fn drain_after_exit(
+    reader: &mut LineReader<pipe::Receiver>,
+    emits: &mut Vec<Value>,
+    exit: String,
+) -> Result<(Value, Vec<Value>), InvokeError> {
+    let drained = tokio::time::timeout(PIPE_GRACE, async {
+        loop {
+            match handle(reader.next().await, emits) {
+                Step::Continue => {}
+                Step::Done(r) => return r,
+            }
+        }
+    })
+    .await;
+    match drained {
+        Ok(Err(e)) if e.kind == ErrorKind::Disconnected => Err(InvokeError::new(
+            ErrorKind::Disconnected,
+            format!("the child exited ({exit}) before a result"),
+        )),
+        Ok(r) => r,
+        Err(_) => Err(InvokeError::new(
+            ErrorKind::Disconnected,
+            format!("the child exited ({exit}) before a result"),
+        )),
+    }
+}

@@ -1,0 +1,251 @@
+//! Client of the proxy's control API: create, activate and end runs, read a
+//! run's facts. Talks HTTP/1.1 to the `[proxy] control` socket address (never
+//! a name), one short connection per call, with a bounded deadline.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Largest control API response body the executor reads.
+const MAX_BODY: usize = 4 << 20;
+
+/// A control API failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("proxy control API at {addr} unreachable: {message}")]
+    Unreachable { addr: SocketAddr, message: String },
+    #[error("proxy control API answered {status} to {what}: {code}: {message}")]
+    Rejected {
+        what: String,
+        status: u16,
+        code: String,
+        message: String,
+    },
+    #[error("no control token: EGRESS_CONTROL_TOKEN is unset and {path} cannot be read: {message}")]
+    NoToken { path: String, message: String },
+    #[error("proxy control API sent an unexpected answer to {what}: {message}")]
+    BadAnswer { what: String, message: String },
+    #[error("proxy control API did not answer {what} within {ms} ms")]
+    Timeout { what: String, ms: u64 },
+}
+
+/// A run the proxy created for one child.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunCreds {
+    pub run_id: String,
+    pub proxy_url: String,
+}
+
+/// The control API client.
+#[derive(Debug)]
+pub struct ControlClient {
+    addr: SocketAddr,
+    token_env: Option<String>,
+    token_file: PathBuf,
+    token: Mutex<Option<String>>,
+    timeout: Duration,
+}
+
+impl ControlClient {
+    /// `token_env` is the value of `EGRESS_CONTROL_TOKEN` if set; otherwise the
+    /// token is read (once, lazily) from `egress-control.token` beside `facts`.
+    pub fn new(addr: SocketAddr, facts: &std::path::Path, token_env: Option<String>) -> Self {
+        let token_file = facts
+            .parent()
+            .map(|d| d.join("egress-control.token"))
+            .unwrap_or_else(|| PathBuf::from("egress-control.token"));
+        ControlClient {
+            addr,
+            token_env: token_env.filter(|t| !t.is_empty()),
+            token_file,
+            token: Mutex::new(None),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn token(&self) -> Result<String, ControlError> {
+        if let Some(t) = &self.token_env {
+            return Ok(t.clone());
+        }
+        if let Ok(guard) = self.token.lock() {
+            if let Some(t) = guard.as_ref() {
+                return Ok(t.clone());
+            }
+        }
+        let t = std::fs::read_to_string(&self.token_file)
+            .map_err(|e| ControlError::NoToken {
+                path: self.token_file.display().to_string(),
+                message: e.to_string(),
+            })?
+            .trim()
+            .to_string();
+        if let Ok(mut guard) = self.token.lock() {
+            *guard = Some(t.clone());
+        }
+        Ok(t)
+    }
+
+    /// `POST /v1/runs` with `activate: false`; `run_id` if the kernel chose it.
+    pub async fn create_run(&self, tool: &str, run_id: Option<&str>) -> Result<RunCreds, ControlError> {
+        let mut body = json!({"tool": tool, "activate": false, "labels": {"source": "executor"}});
+        if let Some(id) = run_id {
+            body["run_id"] = json!(id);
+        }
+        let v = self.call("POST", "/v1/runs", Some(body), "create run").await?;
+        serde_json::from_value(v).map_err(|e| ControlError::BadAnswer {
+            what: "create run".into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// `POST /v1/runs/{id}/activate`.
+    pub async fn activate(&self, run_id: &str) -> Result<(), ControlError> {
+        self.call(
+            "POST",
+            &format!("/v1/runs/{}/activate", path_segment(run_id)),
+            None,
+            "activate run",
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `DELETE /v1/runs/{id}`: revoke the credential, sever its connections.
+    pub async fn end(&self, run_id: &str) -> Result<(), ControlError> {
+        self.call("DELETE", &format!("/v1/runs/{}", path_segment(run_id)), None, "end run")
+            .await
+            .map(|_| ())
+    }
+
+    /// `GET /v1/runs/{id}/facts`.
+    pub async fn facts(&self, run_id: &str) -> Result<Vec<Value>, ControlError> {
+        let v = self
+            .call(
+                "GET",
+                &format!("/v1/runs/{}/facts", path_segment(run_id)),
+                None,
+                "read facts",
+            )
+            .await?;
+        match v.get("facts") {
+            Some(Value::Array(a)) => Ok(a.clone()),
+            _ => Err(ControlError::BadAnswer {
+                what: "read facts".into(),
+                message: "no `facts` array".into(),
+            }),
+        }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>, what: &str) -> Result<Value, ControlError> {
+        let token = self.token()?;
+        match tokio::time::timeout(self.timeout, self.call_inner(method, path, body, what, &token)).await {
+            Ok(r) => r,
+            Err(_) => Err(ControlError::Timeout {
+                what: what.to_string(),
+                ms: self.timeout.as_millis() as u64,
+            }),
+        }
+    }
+
+    async fn call_inner(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        what: &str,
+        token: &str,
+    ) -> Result<Value, ControlError> {
+        let unreachable = |m: String| ControlError::Unreachable {
+            addr: self.addr,
+            message: m,
+        };
+        let stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let conn_task = tokio::spawn(conn);
+        let bytes = match &body {
+            Some(b) => Bytes::from(serde_json::to_vec(b).unwrap_or_default()),
+            None => Bytes::new(),
+        };
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, self.addr.to_string())
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        if body.is_some() {
+            req = req.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(Full::new(bytes)).map_err(|e| unreachable(e.to_string()))?;
+        let resp = sender.send_request(req).await.map_err(|e| unreachable(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let collected = Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .to_bytes();
+        conn_task.abort();
+        let v: Value = serde_json::from_slice(&collected).unwrap_or(Value::Null);
+        if !(200..300).contains(&status) {
+            let err = v.get("error");
+            let field = |k: &str| {
+                err.and_then(|e| e.get(k))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            return Err(ControlError::Rejected {
+                what: what.to_string(),
+                status,
+                code: field("code"),
+                message: field("message"),
+            });
+        }
+        Ok(v)
+    }
+}
+
+/// Percent-encode everything but unreserved characters of a path segment.
+fn path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_encoded() {
+        assert_eq!(path_segment("run-1_a.b~"), "run-1_a.b~");
+        assert_eq!(path_segment("a/b c"), "a%2Fb%20c");
+    }
+
+    #[test]
+    fn token_file_beside_facts() {
+        let c = ControlClient::new(
+            "127.0.0.1:1".parse().unwrap(),
+            std::path::Path::new("/srv/var/egress-facts.db"),
+            None,
+        );
+        assert_eq!(c.token_file, PathBuf::from("/srv/var/egress-control.token"));
+    }
+}

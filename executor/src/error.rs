@@ -1,0 +1,149 @@
+//! What a kernel gets back from an invocation: the typed error kinds and the
+//! result body of `POST /v1/invocations` (also printed by `run`). Error kinds
+//! double as the `outcome` metric label, so the two cannot disagree.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// The kind of a failed invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The child did not reach `ready` (see `phase`).
+    Startup,
+    /// `timeout_ms` elapsed after dispatch.
+    Timeout,
+    /// Aborted by the kernel.
+    Aborted,
+    /// IPC EOF or error, or the child died, before a result.
+    Disconnected,
+    /// The child broke the protocol (malformed, oversized, out of order).
+    Protocol,
+    /// The tool reported an error (or a plain tool exited non-zero).
+    ToolError,
+    /// No child could be had within the pool's bounds.
+    Busy,
+    /// The proxy's control API failed (creating, activating or ending the run).
+    Proxy,
+    /// The request names no tool with a `[tools.<id>.process]` section.
+    UnknownTool,
+    /// The request is malformed.
+    BadRequest,
+}
+
+impl ErrorKind {
+    /// The metric `outcome` label and the word in the JSON body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Startup => "startup",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Aborted => "aborted",
+            ErrorKind::Disconnected => "disconnected",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::ToolError => "tool_error",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Proxy => "proxy",
+            ErrorKind::UnknownTool => "unknown_tool",
+            ErrorKind::BadRequest => "bad_request",
+        }
+    }
+
+    /// The HTTP status `POST /v1/invocations` answers with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::Busy => 503,
+            ErrorKind::UnknownTool => 404,
+            ErrorKind::BadRequest => 400,
+            _ => 200,
+        }
+    }
+}
+
+/// Startup phase: `spawn` (to `booted`: an environment fault) or `load`
+/// (`booted` to `ready`: a tool fault).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Spawn,
+    Load,
+}
+
+/// A typed invocation error.
+#[derive(Debug, Clone, Serialize, thiserror::Error)]
+#[error("{}{}: {message}", kind.as_str(), phase.map(|p| format!("({})", match p { Phase::Spawn => "spawn", Phase::Load => "load" })).unwrap_or_default())]
+pub struct InvokeError {
+    pub kind: ErrorKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    pub message: String,
+    pub stderr_tail: String,
+}
+
+impl InvokeError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        InvokeError {
+            kind,
+            phase: None,
+            message: message.into(),
+            stderr_tail: String::new(),
+        }
+    }
+
+    pub fn startup(phase: Phase, message: impl Into<String>) -> Self {
+        InvokeError {
+            phase: Some(phase),
+            ..InvokeError::new(ErrorKind::Startup, message)
+        }
+    }
+}
+
+/// The body of an invocation's answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct InvocationResult {
+    pub ok: bool,
+    pub tool: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<InvokeError>,
+    pub emits: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The proxy's facts for the run (its denials).
+    pub facts: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub facts_error: Option<String>,
+    /// The child's stdout (head, capped).
+    pub stdout: String,
+    /// How the child ended, when it was reaped (`exit code 0`, `signal 9`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit: Option<String>,
+    pub duration_ms: u64,
+}
+
+impl InvocationResult {
+    /// A failure before any child was involved.
+    pub fn failed(tool: &str, error: InvokeError) -> Self {
+        InvocationResult {
+            ok: false,
+            tool: tool.to_string(),
+            output: None,
+            error: Some(error),
+            emits: Vec::new(),
+            run_id: None,
+            facts: Vec::new(),
+            facts_error: None,
+            stdout: String::new(),
+            exit: None,
+            duration_ms: 0,
+        }
+    }
+
+    /// `ok` or the error kind: the metric outcome label.
+    pub fn outcome(&self) -> &'static str {
+        match &self.error {
+            None => "ok",
+            Some(e) => e.kind.as_str(),
+        }
+    }
+}

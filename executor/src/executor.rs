@@ -1,0 +1,267 @@
+//! The executor as a whole: one pool per tool with a process section, the
+//! registry of in-flight invocations (for abort), and ad-hoc single runs.
+//! `serve` and `run` are thin layers over this.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::{self, Request, Shared, ToolSpec};
+use crate::config::{Config, ProcessConfig};
+use crate::confine::Confinement;
+use crate::control::ControlClient;
+use crate::error::{ErrorKind, InvocationResult, InvokeError};
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::process::Spawner;
+
+/// Why the executor cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Confinement(#[from] crate::confine::Unavailable),
+    #[error("cannot start the spawner thread: {0}")]
+    Spawner(std::io::Error),
+}
+
+/// `POST /v1/invocations` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InvocationRequest {
+    pub tool: String,
+    #[serde(default)]
+    pub input: Value,
+    pub run_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub timeout_ms: Option<u64>,
+}
+
+/// The executor.
+#[derive(Debug)]
+pub struct Executor {
+    shared: Arc<Shared>,
+    pools: BTreeMap<String, Arc<Pool>>,
+    config: Config,
+    /// In-flight invocations by run id and idempotency key (for abort).
+    inflight: Mutex<HashMap<String, CancellationToken>>,
+}
+
+/// Removes an invocation from the abort registry when it ends.
+struct Registration<'a> {
+    exec: &'a Executor,
+    keys: Vec<String>,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.exec.inflight.lock() {
+            for k in &self.keys {
+                m.remove(k);
+            }
+        }
+    }
+}
+
+impl Executor {
+    /// Build the executor and start filling every pool. Fails loudly if a
+    /// tool asks for confinement that is not available.
+    pub fn new(config: Config, token_env: Option<String>) -> Result<Arc<Executor>, StartError> {
+        let mut specs = Vec::new();
+        for (id, process) in &config.tools {
+            if let Some(p) = process {
+                let confinement = Confinement::for_isolation(id, p.isolation)?;
+                specs.push(ToolSpec {
+                    id: id.clone(),
+                    process: p.clone(),
+                    confinement,
+                });
+            }
+        }
+        let shared = Arc::new(Shared::new(
+            Spawner::start().map_err(StartError::Spawner)?,
+            ControlClient::new(config.control, &config.facts, token_env),
+            Metrics::new(),
+            config.executor.clone(),
+        ));
+        let pools = specs
+            .into_iter()
+            .map(|s| (s.id.clone(), Pool::new(s, shared.clone())))
+            .collect();
+        Ok(Arc::new(Executor {
+            shared,
+            pools,
+            config,
+            inflight: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Start warming every pool (needs a tokio runtime).
+    pub fn warm_up(&self) {
+        for pool in self.pools.values() {
+            pool.fill();
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// The pool of `tool`, if it has a process section.
+    pub fn pool(&self, tool: &str) -> Option<&Arc<Pool>> {
+        self.pools.get(tool)
+    }
+
+    /// Run one invocation.
+    pub async fn invoke(&self, req: InvocationRequest) -> InvocationResult {
+        let t0 = Instant::now();
+        let result = self.invoke_inner(req.clone()).await;
+        let mut result = result;
+        result.duration_ms = t0.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+        if self.pools.contains_key(&req.tool) {
+            self.shared
+                .metrics
+                .outcome(&req.tool, result.outcome(), t0.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    async fn invoke_inner(&self, req: InvocationRequest) -> InvocationResult {
+        let Some(pool) = self.pools.get(&req.tool) else {
+            let msg = if self.config.tools.contains_key(&req.tool) {
+                format!("tool `{}` has no [tools.{}.process] section", req.tool, req.tool)
+            } else {
+                format!("no tool `{}` in {}", req.tool, self.config.file.display())
+            };
+            return InvocationResult::failed(&req.tool, InvokeError::new(ErrorKind::UnknownTool, msg));
+        };
+        let configured = pool.tool.process.timeout_ms;
+        let timeout_ms = match req.timeout_ms {
+            Some(0) => {
+                return InvocationResult::failed(
+                    &req.tool,
+                    InvokeError::new(ErrorKind::BadRequest, "timeout_ms must be positive"),
+                )
+            }
+            Some(t) => t.min(configured),
+            None => configured,
+        };
+        let cancel = CancellationToken::new();
+        let _registration = match self.register(&req, &cancel) {
+            Ok(r) => r,
+            Err(e) => return InvocationResult::failed(&req.tool, e),
+        };
+        let request = Request {
+            input: req.input,
+            idempotency_key: req.idempotency_key,
+            timeout: Duration::from_millis(timeout_ms),
+            cancel,
+        };
+        pool.invoke(request, req.run_id).await
+    }
+
+    fn register(&self, req: &InvocationRequest, cancel: &CancellationToken) -> Result<Registration<'_>, InvokeError> {
+        let keys: Vec<String> = [req.run_id.as_ref(), req.idempotency_key.as_ref()]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        let mut m = self
+            .inflight
+            .lock()
+            .map_err(|_| InvokeError::new(ErrorKind::BadRequest, "registry unavailable"))?;
+        if let Some(k) = keys.iter().find(|k| m.contains_key(*k)) {
+            return Err(InvokeError::new(
+                ErrorKind::BadRequest,
+                format!("an invocation with id `{k}` is already in flight"),
+            ));
+        }
+        for k in &keys {
+            m.insert(k.clone(), cancel.clone());
+        }
+        Ok(Registration { exec: self, keys })
+    }
+
+    /// Abort the in-flight invocation whose run id or idempotency key is `id`.
+    pub fn abort(&self, id: &str) -> bool {
+        let token = self.inflight.lock().ok().and_then(|m| m.get(id).cloned());
+        match token {
+            Some(t) => {
+                t.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Run `command` once, as a plain child under `tool`'s run policy (and its
+    /// process limits, if it has a process section). No pool involved.
+    pub async fn run_ad_hoc(
+        &self,
+        tool: &str,
+        command: Vec<String>,
+        input: Value,
+        cwd: PathBuf,
+        cancel: CancellationToken,
+    ) -> InvocationResult {
+        let Some(process) = self.config.tools.get(tool) else {
+            return InvocationResult::failed(
+                tool,
+                InvokeError::new(
+                    ErrorKind::UnknownTool,
+                    format!("no tool `{tool}` in {}", self.config.file.display()),
+                ),
+            );
+        };
+        let mut p = ProcessConfig::ad_hoc(command, cwd);
+        if let Some(base) = process {
+            p.env = base.env.clone();
+            p.path = base.path.clone();
+            p.lang = base.lang.clone();
+            p.cold_start_ms = base.cold_start_ms;
+            p.timeout_ms = base.timeout_ms;
+            p.isolation = base.isolation;
+        }
+        let confinement = match Confinement::for_isolation(tool, p.isolation) {
+            Ok(c) => c,
+            Err(e) => {
+                return InvocationResult::failed(tool, InvokeError::startup(crate::error::Phase::Spawn, e.to_string()))
+            }
+        };
+        let spec = Arc::new(ToolSpec {
+            id: tool.to_string(),
+            process: p,
+            confinement,
+        });
+        let t0 = Instant::now();
+        let mut result = match child::start(&self.shared, &spec, None).await {
+            Ok(warm) => {
+                warm.dispatch(Request {
+                    input,
+                    idempotency_key: None,
+                    timeout: Duration::from_millis(spec.process.timeout_ms),
+                    cancel,
+                })
+                .await
+            }
+            Err(e) => InvocationResult::failed(tool, e),
+        };
+        result.duration_ms = t0.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+        result
+    }
+
+    /// Stop refilling and kill idle children.
+    pub fn shutdown(&self) {
+        for pool in self.pools.values() {
+            pool.close();
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Loom Egress executor: runs tools as single-use warm children bound to
+//! proxy runs, speaks the child protocol, enforces the cold-start and timeout
+//! clocks, and guarantees that a killed child leaves no process behind.
+//! See `docs/executor.md` for the lifecycle and `docs/protocol.md` for the wire.
+
+pub mod api;
+pub mod child;
+pub mod config;
+pub mod confine;
+pub mod control;
+pub mod error;
+pub mod executor;
+pub mod metrics;
+pub mod pool;
+pub mod process;
+pub mod protocol;
+mod sys;
+pub mod tool;
+
+pub use config::Config;
+pub use error::{ErrorKind, InvocationResult, InvokeError, Phase};
+pub use executor::{Executor, InvocationRequest};

@@ -1,0 +1,253 @@
+//! `egress-executor`: `serve` runs the invocation API with warm pools;
+//! `run` runs one ad-hoc command under a tool's run policy from a shell.
+//! Exit codes of `run` are documented in `docs/executor.md`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use egress_executor::{Config, ErrorKind, Executor, InvocationResult};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "egress-executor",
+    version,
+    about = "Loom Egress executor: runs tools as single-use children bound to proxy runs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the invocation API on `[executor] listen`, keeping warm pools.
+    Serve {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run one command under a tool's run policy; print its output and the
+    /// run's denials.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        tool: String,
+        /// JSON written to the command's stdin (followed by a newline).
+        #[arg(long)]
+        input: Option<String>,
+        /// Print the whole result as JSON on stdout instead.
+        #[arg(long)]
+        json: bool,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let verbose = matches!(cli.command, Command::Serve { .. });
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" }));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("egress-executor: cannot start the runtime: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    let r = match cli.command {
+        Command::Serve { config } => rt.block_on(serve(config)).map(|()| 0),
+        Command::Run {
+            config,
+            tool,
+            input,
+            json,
+            command,
+        } => rt.block_on(run(config, tool, input, json, command)),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("egress-executor: {e:#}");
+            ExitCode::from(125)
+        }
+    }
+}
+
+fn token_env() -> Option<String> {
+    std::env::var("EGRESS_CONTROL_TOKEN").ok()
+}
+
+async fn serve(config: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(&config)?;
+    let listen = config.executor.listen;
+    let exec = Executor::new(config, token_env())?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "executor listening");
+    exec.warm_up();
+    let app = egress_executor::api::router(exec.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    exec.shutdown();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}
+
+async fn run(
+    config: PathBuf,
+    tool: String,
+    input: Option<String>,
+    json: bool,
+    command: Vec<String>,
+) -> anyhow::Result<u8> {
+    let config = Config::load(&config)?;
+    let input: Value = match input {
+        Some(s) => serde_json::from_str(&s).context("--input is not valid JSON")?,
+        None => Value::Null,
+    };
+    let exec = Executor::new(config, token_env())?;
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            c.cancel();
+        }
+    });
+    let result = exec.run_ad_hoc(&tool, command, input, cwd, cancel).await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print!("{}", result.stdout);
+        if let Some(e) = &result.error {
+            if !e.stderr_tail.is_empty() {
+                eprint!("{}", e.stderr_tail);
+                if !e.stderr_tail.ends_with('\n') {
+                    eprintln!();
+                }
+            }
+        }
+        eprint!("{}", summary(&result));
+    }
+    Ok(exit_code(&result))
+}
+
+/// The status line and the denials table printed by `run`.
+pub fn summary(r: &InvocationResult) -> String {
+    let mut s = String::new();
+    let run = r.run_id.as_deref().unwrap_or("-");
+    match &r.error {
+        None => s.push_str(&format!("run {run}: ok in {} ms\n", r.duration_ms)),
+        Some(e) => {
+            let phase = match e.phase {
+                Some(p) => format!(
+                    " (phase {})",
+                    serde_json::to_string(&p).unwrap_or_default().trim_matches('"')
+                ),
+                None => String::new(),
+            };
+            s.push_str(&format!(
+                "run {run}: {}{phase}: {} ({} ms)\n",
+                e.kind.as_str(),
+                e.message,
+                r.duration_ms
+            ));
+        }
+    }
+    if let Some(e) = &r.facts_error {
+        s.push_str(&format!("facts unavailable: {e}\n"));
+    }
+    if r.facts.is_empty() {
+        s.push_str("no denials\n");
+        return s;
+    }
+    let rows: Vec<[String; 4]> = r
+        .facts
+        .iter()
+        .map(|f| {
+            let get = |k: &str| {
+                f.get(k)
+                    .map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))
+                    .unwrap_or_default()
+            };
+            let t = f.get("target");
+            let host = t.and_then(|t| t.get("host")).and_then(Value::as_str).unwrap_or("?");
+            let port = t.and_then(|t| t.get("port")).map(|p| p.to_string()).unwrap_or_default();
+            let kind = t.and_then(|t| t.get("kind")).and_then(Value::as_str).unwrap_or("");
+            let count = f
+                .get("count")
+                .and_then(Value::as_u64)
+                .map(|c| format!(" x{c}"))
+                .unwrap_or_default();
+            [
+                get("seq"),
+                format!("{}{count}", get("reason")),
+                format!("{host}:{port} {kind}"),
+                get("detail"),
+            ]
+        })
+        .collect();
+    let headers = ["SEQ", "REASON", "TARGET", "DETAIL"];
+    let mut widths = headers.map(str::len);
+    for row in &rows {
+        for (i, c) in row.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: [&str; 4]| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i == 3 {
+                l.push_str(c);
+            } else {
+                l.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    s.push_str(&format!("{} denial(s):\n", rows.len()));
+    s.push_str(&line(headers));
+    for row in &rows {
+        s.push_str(&line([&row[0], &row[1], &row[2], &row[3]]));
+    }
+    s
+}
+
+/// 0 ok; the command's own code if it exited non-zero; 124 timeout;
+/// 130 aborted; 137 killed by a signal; 125 anything else (startup, proxy…).
+fn exit_code(r: &InvocationResult) -> u8 {
+    let Some(e) = &r.error else { return 0 };
+    match e.kind {
+        ErrorKind::ToolError => match r.exit.as_deref().and_then(|x| x.strip_prefix("exit code ")) {
+            Some(c) => c.parse::<u8>().ok().filter(|c| *c != 0).unwrap_or(1),
+            None => 137,
+        },
+        ErrorKind::Timeout => 124,
+        ErrorKind::Aborted => 130,
+        _ => 125,
+    }
+}

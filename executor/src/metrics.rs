@@ -1,0 +1,189 @@
+//! Prometheus metrics of the executor (`executor_*`), exposed on `/metrics`.
+//! Labels are bounded: `tool` comes from the config, `phase`, `outcome`,
+//! `reason` and `state` from fixed sets. Histograms are in seconds, 1 ms to 60 s.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets_range, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabel {
+    pub tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub tool: String,
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub tool: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub tool: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub tool: String,
+    pub state: &'static str,
+}
+
+type SecondsHistogram = Family<PhaseLabels, Histogram, fn() -> Histogram>;
+type ToolHistogram = Family<ToolLabel, Histogram, fn() -> Histogram>;
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets_range(0.001, 60.0, 17))
+}
+
+/// All executor metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub pool_ready: Family<ToolLabel, Gauge>,
+    pub cold_start: SecondsHistogram,
+    pub invocations: Family<OutcomeLabels, Counter>,
+    pub duration: ToolHistogram,
+    pub kills: Family<ReasonLabels, Counter>,
+    pub children: Family<StateLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let pool_ready = Family::<ToolLabel, Gauge>::default();
+        let cold_start: SecondsHistogram = Family::new_with_constructor(seconds_histogram);
+        let invocations = Family::<OutcomeLabels, Counter>::default();
+        let duration: ToolHistogram = Family::new_with_constructor(seconds_histogram);
+        let kills = Family::<ReasonLabels, Counter>::default();
+        let children = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "executor_pool_ready",
+            "Warm children loaded and waiting for an invocation",
+            pool_ready.clone(),
+        );
+        registry.register(
+            "executor_cold_start_seconds",
+            "Cold start duration by phase: spawn (to booted), load (booted to ready), total",
+            cold_start.clone(),
+        );
+        registry.register(
+            "executor_invocations",
+            "Invocations by outcome (ok or the error kind)",
+            invocations.clone(),
+        );
+        registry.register(
+            "executor_invocation_duration_seconds",
+            "Invocation duration from request to response",
+            duration.clone(),
+        );
+        registry.register("executor_kills", "Child trees killed, by reason", kills.clone());
+        registry.register(
+            "executor_children",
+            "Live children by state (starting, ready, busy)",
+            children.clone(),
+        );
+        Metrics {
+            registry,
+            pool_ready,
+            cold_start,
+            invocations,
+            duration,
+            kills,
+            children,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    pub fn kill(&self, tool: &str, reason: &'static str) {
+        self.kills
+            .get_or_create(&ReasonLabels {
+                tool: tool.to_string(),
+                reason,
+            })
+            .inc();
+    }
+
+    pub fn cold_start(&self, tool: &str, phase: &'static str, seconds: f64) {
+        self.cold_start
+            .get_or_create(&PhaseLabels {
+                tool: tool.to_string(),
+                phase,
+            })
+            .observe(seconds);
+    }
+
+    pub fn outcome(&self, tool: &str, outcome: &'static str, seconds: f64) {
+        self.invocations
+            .get_or_create(&OutcomeLabels {
+                tool: tool.to_string(),
+                outcome,
+            })
+            .inc();
+        self.duration
+            .get_or_create(&ToolLabel { tool: tool.to_string() })
+            .observe(seconds);
+    }
+
+    pub fn pool_state(&self, tool: &str, ready: usize, starting: usize, busy: usize) {
+        self.pool_ready
+            .get_or_create(&ToolLabel { tool: tool.to_string() })
+            .set(ready as i64);
+        for (state, n) in [("ready", ready), ("starting", starting), ("busy", busy)] {
+            self.children
+                .get_or_create(&StateLabels {
+                    tool: tool.to_string(),
+                    state,
+                })
+                .set(n as i64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_documented_ones() {
+        let m = Metrics::new();
+        m.pool_state("echo", 1, 0, 0);
+        m.cold_start("echo", "spawn", 0.01);
+        m.outcome("echo", "ok", 0.002);
+        m.kill("echo", "timeout");
+        let text = m.encode();
+        for needle in [
+            "executor_pool_ready{tool=\"echo\"} 1",
+            "executor_cold_start_seconds_bucket{le=\"0.001\",tool=\"echo\",phase=\"spawn\"}",
+            "executor_invocations_total{tool=\"echo\",outcome=\"ok\"} 1",
+            "executor_invocation_duration_seconds_count{tool=\"echo\"} 1",
+            "executor_kills_total{tool=\"echo\",reason=\"timeout\"} 1",
+            "executor_children{tool=\"echo\",state=\"ready\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+}

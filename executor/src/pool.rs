@@ -1,0 +1,395 @@
+//! Per-tool pools of single-use warm children. Keeps `pool.warm` children
+//! ready ahead of demand, never more than `pool.max` alive, hands ready
+//! children to waiting invocations in FIFO order (bounded queue, then
+//! `busy`), refills in the background with backoff after failures.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::child::{self, Request, Shared, ToolSpec, Warm};
+use crate::error::{ErrorKind, InvocationResult, InvokeError};
+
+/// A ready child as the pool holds it: the way to its task.
+#[derive(Debug)]
+struct Handle {
+    id: u64,
+    tx: mpsc::Sender<Dispatch>,
+}
+
+#[derive(Debug)]
+struct Dispatch {
+    req: Request,
+    reply: oneshot::Sender<InvocationResult>,
+}
+
+type Delivery = Result<Handle, InvokeError>;
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Delivery>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    ready: VecDeque<Handle>,
+    starting: usize,
+    busy: usize,
+    waiters: VecDeque<Waiter>,
+    next_waiter: u64,
+    /// Consecutive failed starts of warm (unrequested) children.
+    failures: u32,
+    backoff_until: Option<Instant>,
+    closed: bool,
+}
+
+/// One tool's pool.
+#[derive(Debug)]
+pub struct Pool {
+    pub tool: Arc<ToolSpec>,
+    shared: Arc<Shared>,
+    state: Mutex<State>,
+    me: Weak<Pool>,
+}
+
+/// How many times an invocation moves on to another child when the one it
+/// was handed died before the invoke reached it.
+const HANDOFF_RETRIES: usize = 3;
+
+impl Pool {
+    pub fn new(tool: ToolSpec, shared: Arc<Shared>) -> Arc<Pool> {
+        Arc::new_cyclic(|me| Pool {
+            tool: Arc::new(tool),
+            shared,
+            state: Mutex::new(State::default()),
+            me: me.clone(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic while holding it; the counts are
+        // still the best information we have.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start filling the pool to `pool.warm`.
+    pub fn fill(&self) {
+        let mut st = self.lock();
+        self.ensure(&mut st);
+    }
+
+    /// Ready, starting and busy children.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let st = self.lock();
+        (st.ready.len(), st.starting, st.busy)
+    }
+
+    /// Stop refilling and kill every idle child (busy ones finish their run).
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        st.ready.clear();
+        for w in st.waiters.drain(..) {
+            let _ =
+                w.tx.send(Err(InvokeError::new(ErrorKind::Busy, "the executor is shutting down")));
+        }
+        self.publish(&st);
+    }
+
+    fn publish(&self, st: &State) {
+        self.shared
+            .metrics
+            .pool_state(&self.tool.id, st.ready.len(), st.starting, st.busy);
+    }
+
+    /// Start children until ready + starting covers the warm target plus the
+    /// waiters, within `pool.max`. Called with the lock held.
+    fn ensure(&self, st: &mut State) {
+        if st.closed {
+            return;
+        }
+        let p = &self.tool.process;
+        let backing_off = st.backoff_until.is_some_and(|t| t > Instant::now());
+        let warm_target = if backing_off { 0 } else { p.warm };
+        let want = warm_target + st.waiters.len();
+        while st.ready.len() + st.starting < want && st.ready.len() + st.starting + st.busy < p.max {
+            st.starting += 1;
+            if let Some(me) = self.me.upgrade() {
+                tokio::spawn(child_task(me, None));
+            }
+        }
+        self.publish(st);
+    }
+
+    /// Run one invocation on a fresh child. `run_id` (chosen by the kernel)
+    /// needs a dedicated cold child bound to that run.
+    pub async fn invoke(&self, req: Request, run_id: Option<String>) -> InvocationResult {
+        let tool = self.tool.id.clone();
+        if let Some(run_id) = run_id {
+            return match self.dedicated(run_id, &req).await {
+                Ok(h) => self.send(h, req).await,
+                Err(e) => InvocationResult::failed(&tool, e),
+            };
+        }
+        let mut last = None;
+        for _ in 0..HANDOFF_RETRIES {
+            let h = match self.acquire(&req).await {
+                Ok(h) => h,
+                Err(e) => return InvocationResult::failed(&tool, e),
+            };
+            match self.try_send(h, req.clone()).await {
+                Ok(r) => return r,
+                Err(e) => last = Some(e),
+            }
+        }
+        InvocationResult::failed(
+            &tool,
+            last.unwrap_or_else(|| InvokeError::new(ErrorKind::Disconnected, "no child")),
+        )
+    }
+
+    async fn send(&self, h: Handle, req: Request) -> InvocationResult {
+        match self.try_send(h, req).await {
+            Ok(r) => r,
+            Err(e) => InvocationResult::failed(&self.tool.id, e),
+        }
+    }
+
+    /// Hand `req` to the child behind `h` (counted busy by the caller).
+    async fn try_send(&self, h: Handle, req: Request) -> Result<InvocationResult, InvokeError> {
+        let (reply, rx) = oneshot::channel();
+        let sent = h.tx.send(Dispatch { req, reply }).await;
+        let r = match sent {
+            Ok(()) => rx.await.map_err(|_| ()),
+            Err(_) => Err(()),
+        };
+        let mut st = self.lock();
+        st.busy = st.busy.saturating_sub(1);
+        self.ensure(&mut st);
+        drop(st);
+        r.map_err(|()| {
+            InvokeError::new(
+                ErrorKind::Disconnected,
+                "the child died before the invocation reached it",
+            )
+        })
+    }
+
+    /// A ready child for this invocation: an idle warm one, or the next one
+    /// to become ready (FIFO), waiting at most `cold_start_ms + timeout_ms`.
+    async fn acquire(&self, req: &Request) -> Result<Handle, InvokeError> {
+        let p = &self.tool.process;
+        let (id, rx) = {
+            let mut st = self.lock();
+            if st.closed {
+                return Err(InvokeError::new(ErrorKind::Busy, "the executor is shutting down"));
+            }
+            if let Some(h) = st.ready.pop_front() {
+                st.busy += 1;
+                self.ensure(&mut st);
+                return Ok(h);
+            }
+            let total = st.ready.len() + st.starting + st.busy;
+            let unserved = st.waiters.len().saturating_sub(st.starting);
+            if total >= p.max && unserved >= p.queue {
+                return Err(InvokeError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "all {} children of `{}` are busy and {} invocations already wait",
+                        p.max,
+                        self.tool.id,
+                        st.waiters.len()
+                    ),
+                ));
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = st.next_waiter;
+            st.next_waiter += 1;
+            st.waiters.push_back(Waiter { id, tx });
+            self.ensure(&mut st);
+            (id, rx)
+        };
+        let wait = Duration::from_millis(p.cold_start_ms.saturating_add(p.timeout_ms));
+        let mut rx = rx;
+        let gave_up = tokio::select! {
+            r = &mut rx => return r.unwrap_or_else(|_| Err(InvokeError::new(ErrorKind::Busy, "the pool closed"))),
+            _ = tokio::time::sleep(wait) => InvokeError::new(
+                ErrorKind::Busy,
+                format!("no child of `{}` became free within {} ms", self.tool.id, wait.as_millis()),
+            ),
+            _ = req.cancel.cancelled() => InvokeError::new(ErrorKind::Aborted, "aborted by the kernel while queued"),
+        };
+        let removed = {
+            let mut st = self.lock();
+            let before = st.waiters.len();
+            st.waiters.retain(|w| w.id != id);
+            let removed = st.waiters.len() != before;
+            self.ensure(&mut st);
+            removed
+        };
+        if removed {
+            return Err(gave_up);
+        }
+        // A child was handed to us just as we gave up: it is ours (counted
+        // busy); give it back by dropping it, which kills it.
+        if let Ok(Ok(h)) = rx.try_recv() {
+            drop(h);
+            let mut st = self.lock();
+            st.busy = st.busy.saturating_sub(1);
+            self.ensure(&mut st);
+        }
+        Err(gave_up)
+    }
+
+    /// A cold child bound to the kernel's `run_id`, used only by this
+    /// invocation. Needs a free slot under `pool.max` (an idle warm child
+    /// is evicted to make room); otherwise `busy`.
+    async fn dedicated(&self, run_id: String, req: &Request) -> Result<Handle, InvokeError> {
+        {
+            let mut st = self.lock();
+            let total = st.ready.len() + st.starting + st.busy;
+            if total >= self.tool.process.max && st.ready.pop_front().is_none() {
+                return Err(InvokeError::new(
+                    ErrorKind::Busy,
+                    format!("all {} children of `{}` are busy", self.tool.process.max, self.tool.id),
+                ));
+            }
+            st.starting += 1;
+            self.publish(&st);
+        }
+        let (tx, rx) = oneshot::channel();
+        let Some(me) = self.me.upgrade() else {
+            return Err(InvokeError::new(ErrorKind::Busy, "the pool closed"));
+        };
+        tokio::spawn(child_task(me, Some((run_id, tx))));
+        tokio::select! {
+            r = rx => r.unwrap_or_else(|_| Err(InvokeError::new(ErrorKind::Disconnected, "the child was lost while starting"))),
+            _ = req.cancel.cancelled() => Err(InvokeError::new(ErrorKind::Aborted, "aborted by the kernel while starting")),
+        }
+    }
+
+    /// A child became ready: hand it to the first waiter or keep it warm.
+    fn on_ready(&self, mut h: Handle, dedicated: Option<oneshot::Sender<Delivery>>) {
+        let mut st = self.lock();
+        st.starting = st.starting.saturating_sub(1);
+        if let Some(tx) = dedicated {
+            st.busy += 1;
+            if tx.send(Ok(h)).is_err() {
+                st.busy -= 1;
+            }
+            self.ensure(&mut st);
+            return;
+        }
+        st.failures = 0;
+        st.backoff_until = None;
+        if st.closed {
+            self.publish(&st);
+            return;
+        }
+        while let Some(w) = st.waiters.pop_front() {
+            st.busy += 1;
+            match w.tx.send(Ok(h)) {
+                Ok(()) => {
+                    self.ensure(&mut st);
+                    return;
+                }
+                Err(Ok(back)) => {
+                    st.busy -= 1;
+                    h = back;
+                }
+                Err(Err(_)) => {
+                    st.busy -= 1;
+                    self.ensure(&mut st);
+                    return;
+                }
+            }
+        }
+        st.ready.push_back(h);
+        self.ensure(&mut st);
+    }
+
+    /// A start failed: fail the first waiter with it, or back off.
+    fn on_start_failed(&self, e: InvokeError, dedicated: Option<oneshot::Sender<Delivery>>) {
+        let mut st = self.lock();
+        st.starting = st.starting.saturating_sub(1);
+        if let Some(tx) = dedicated {
+            let _ = tx.send(Err(e));
+            self.ensure(&mut st);
+            return;
+        }
+        tracing::warn!(tool = %self.tool.id, error = %e, stderr = %e.stderr_tail, "child failed to start");
+        let mut e = Some(e);
+        while let Some(w) = st.waiters.pop_front() {
+            if let Some(err) = e.take() {
+                match w.tx.send(Err(err)) {
+                    Ok(()) => break,
+                    Err(Err(back)) => e = Some(back),
+                    Err(Ok(_)) => break,
+                }
+            }
+        }
+        self.back_off(&mut st);
+        self.ensure(&mut st);
+    }
+
+    fn back_off(&self, st: &mut State) {
+        st.failures = st.failures.saturating_add(1);
+        let delay = Duration::from_millis(100u64.saturating_mul(1 << st.failures.min(9))).min(Duration::from_secs(30));
+        st.backoff_until = Some(Instant::now() + delay);
+        if let Some(me) = self.me.upgrade() {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                me.fill();
+            });
+        }
+    }
+
+    /// A warm child became unusable while idle; if still listed, drop it.
+    fn on_warm_death(&self, id: u64) {
+        let mut st = self.lock();
+        st.ready.retain(|h| h.id != id);
+        self.back_off(&mut st);
+        self.ensure(&mut st);
+    }
+}
+
+/// The task that owns one child from start to kill.
+async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<Delivery>)>) {
+    let (run_id, dedicated_tx) = match dedicated {
+        Some((r, tx)) => (Some(r), Some(tx)),
+        None => (None, None),
+    };
+    let mut warm: Warm = match child::start(&pool.shared, &pool.tool, run_id.as_deref()).await {
+        Ok(w) => w,
+        Err(e) => {
+            pool.on_start_failed(e, dedicated_tx);
+            return;
+        }
+    };
+    let (tx, mut rx) = mpsc::channel::<Dispatch>(1);
+    let id = warm.id;
+    pool.on_ready(Handle { id, tx }, dedicated_tx);
+    let unusable = tokio::select! {
+        d = rx.recv() => match d {
+            Some(d) => {
+                let result = warm.dispatch(d.req).await;
+                let _ = d.reply.send(result);
+                return;
+            }
+            None => {
+                // Every handle is gone: evicted, or the pool closed.
+                warm.discard("evicted").await;
+                return;
+            }
+        },
+        u = warm.watch() => u,
+    };
+    tracing::warn!(tool = %pool.tool.id, pid = warm.pid(), reason = %unusable.0, "warm child unusable; replacing it");
+    drop(rx);
+    warm.discard("warm_death").await;
+    pool.on_warm_death(id);
+}
