@@ -194,8 +194,8 @@ impl Pool {
                 return Ok(h);
             }
             let total = st.ready.len() + st.starting + st.busy;
-            let unserved = st.waiters.len().saturating_sub(st.starting);
-            if total >= p.max && unserved >= p.queue {
+            // Waiters beyond the children already starting are the queue.
+            if total >= p.max && st.waiters.len() >= st.starting + p.queue {
                 return Err(InvokeError::new(
                     ErrorKind::Busy,
                     format!(

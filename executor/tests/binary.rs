@@ -1,0 +1,281 @@
+//! The `egress-executor` binary: `serve` (HTTP API, metrics, and the death
+//! of the executor killing every child and grandchild) and `run` (scrubbed
+//! environment checked with a canary, exit codes, the denials table).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-executor");
+
+/// Start `serve` and return it with the address it listens on (read from its log).
+fn serve(config: &std::path::Path) -> (Child, SocketAddr) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent {
+                if let Some(rest) = line.split("addr=").nth(1) {
+                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                    if let Ok(a) = addr.parse::<SocketAddr>() {
+                        let _ = tx.send(a);
+                        sent = true;
+                    }
+                }
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("executor did not report its address");
+    (child, addr)
+}
+
+fn echo_config(dir: &TempDir, control: SocketAddr, marker: &str) -> std::path::PathBuf {
+    dir.write(
+        "echo.py",
+        "def run(input, ctx):\n    ctx.emit({'seen': input})\n    return {'echo': input}\n",
+    );
+    let runner = runners_dir().join("loom_runner.py");
+    write_config(
+        dir,
+        control,
+        true,
+        &format!(
+            r#"
+[tools.echo]
+egress = []
+[tools.echo.process]
+command = ["python3", "{}", "echo.py"]
+env = {{ LOOM_TEST_MARK = "{marker}" }}
+pool = {{ warm = 1, max = 1, queue = 0 }}
+"#,
+            runner.display()
+        ),
+    )
+}
+
+#[tokio::test]
+async fn serve_answers_invocations_metrics_and_health() {
+    if python().is_none() {
+        return;
+    }
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("serve");
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let cfg = echo_config(&dir, control.addr, &marker);
+    let (mut child, addr) = serve(&cfg);
+
+    let (status, body) = http(addr, "GET", "/healthz", None).await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+
+    let (status, body) = http(
+        addr,
+        "POST",
+        "/v1/invocations",
+        Some(json!({"tool": "echo", "input": {"city": "Oslo"}, "idempotency_key": "k1"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ok"], json!(true));
+    assert_eq!(v["output"], json!({"echo": {"city": "Oslo"}}));
+    assert_eq!(v["emits"], json!([{"seen": {"city": "Oslo"}}]));
+    assert!(v["run_id"].is_string());
+    assert_eq!(v["facts"], json!([]));
+
+    let (status, body) = http(addr, "POST", "/v1/invocations", Some(json!({"tool": "nope"}))).await;
+    assert_eq!(status, 404, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["kind"], json!("unknown_tool"));
+
+    let (status, body) = http(addr, "POST", "/v1/invocations", Some(json!({"input": 1}))).await;
+    assert_eq!(status, 400, "{body}");
+
+    let (status, _) = http(addr, "POST", "/v1/invocations/nothing/abort", None).await;
+    assert_eq!(status, 404);
+
+    let (status, body) = http(addr, "GET", "/metrics", None).await;
+    assert_eq!(status, 200);
+    for name in [
+        "executor_pool_ready{tool=\"echo\"}",
+        "executor_cold_start_seconds_bucket",
+        "executor_invocations_total{tool=\"echo\",outcome=\"ok\"} 1",
+        "executor_invocation_duration_seconds_count{tool=\"echo\"} 1",
+        "executor_kills_total{tool=\"echo\",reason=\"done\"} 1",
+        "executor_children{tool=\"echo\",state=\"busy\"}",
+    ] {
+        assert!(body.contains(name), "missing {name} in\n{body}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test]
+async fn executor_sigkill_kills_every_child_and_grandchild() {
+    if python().is_none() || !is_root() {
+        eprintln!("skipped: needs python3 and root for PID namespaces");
+        return;
+    }
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("sigkill");
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    // Load-time code (before `ready`) leaves a grandchild and a daemon behind.
+    dir.write(
+        "tree.py",
+        r#"
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    time.sleep(300); os._exit(0)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(300); os._exit(0)
+    os._exit(0)
+def run(input, ctx):
+    return 1
+"#,
+    );
+    let runner = runners_dir().join("loom_runner.py");
+    let cfg = write_config(
+        &dir,
+        control.addr,
+        true,
+        &format!(
+            r#"
+[tools.tree]
+egress = []
+[tools.tree.process]
+command = ["python3", "{}", "tree.py"]
+env = {{ LOOM_TEST_MARK = "{marker}" }}
+pool = {{ warm = 2, max = 2 }}
+"#,
+            runner.display()
+        ),
+    );
+    let (mut child, _addr) = serve(&cfg);
+    let needle = format!("LOOM_TEST_MARK={marker}");
+    // Two warm children, each with two descendants.
+    assert!(
+        eventually(Duration::from_secs(30), || marked_processes(&needle).len() >= 6).await,
+        "warm trees never came up: {:?}",
+        marked_processes(&needle)
+    );
+    Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let _ = child.wait();
+    assert!(
+        eventually(Duration::from_secs(15), || marked_processes(&needle).is_empty()).await,
+        "left behind: {:?}",
+        marked_processes(&needle)
+    );
+}
+
+fn run_cmd(cfg: &std::path::Path, tool: &str, extra: &[&str], cmd: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(cfg)
+        .args(["--tool", tool])
+        .args(extra)
+        .arg("--")
+        .args(cmd)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .env("LOOM_CANARY_SECRET", "canary-7f3a")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn run_scrubs_the_environment_and_reports_denials() {
+    if python().is_none() {
+        return;
+    }
+    let control = FakeControl::start().await;
+    control.set_facts(vec![
+        json!({"type": "EGRESS_DENIED", "seq": 4, "reason": "not_allowlisted",
+        "target": {"kind": "connect", "host": "evil.example", "port": 443}, "detail": "no rule matches"}),
+    ]);
+    let dir = TempDir::new("runcli");
+    let cfg = write_config(
+        &dir,
+        control.addr,
+        true,
+        "[tools.shell]\negress = []\n[tools.shell.process]\ncommand = [\"true\"]\nenv = { GREETING = \"hi\" }\n",
+    );
+    let cfg2 = cfg.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        run_cmd(
+            &cfg2,
+            "shell",
+            &["--json"],
+            &["python3", "-c", "import os, json; print(json.dumps(dict(os.environ)))"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let env: Value = serde_json::from_str(result["stdout"].as_str().unwrap()).unwrap();
+    let text = env.to_string();
+    assert!(!text.contains("canary-7f3a"), "the canary leaked: {text}");
+    assert!(env.get("LOOM_CANARY_SECRET").is_none());
+    assert!(env.get("EGRESS_CONTROL_TOKEN").is_none(), "the control token leaked");
+    assert_eq!(env["GREETING"], json!("hi"));
+    assert_eq!(env["NO_PROXY"], json!(""));
+    // Plain ad-hoc commands do not get the protocol variable.
+    assert!(env.get("LOOM_IPC_FDS").is_none());
+    assert!(env["HTTPS_PROXY"].as_str().unwrap().starts_with("http://run-"));
+
+    // Human output: the denials table on stderr, the command's exit code.
+    let out = tokio::task::spawn_blocking(move || run_cmd(&cfg, "shell", &[], &["sh", "-c", "echo out; exit 3"]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tool_error: exited with exit code 3"), "{err}");
+    assert!(err.contains("1 denial(s):"), "{err}");
+    assert!(err.contains("not_allowlisted"), "{err}");
+    assert!(err.contains("evil.example:443 connect"), "{err}");
+}
+
+#[tokio::test]
+async fn run_times_out_with_exit_124() {
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("runtimeout");
+    let cfg = write_config(
+        &dir,
+        control.addr,
+        true,
+        "[tools.shell]\negress = []\n[tools.shell.process]\ncommand = [\"true\"]\ntimeout_ms = 1000\n",
+    );
+    let out = tokio::task::spawn_blocking(move || run_cmd(&cfg, "shell", &[], &["sleep", "300"]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("timeout"), "{err}");
+}

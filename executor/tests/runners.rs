@@ -1,0 +1,118 @@
+//! The reference runners end to end through the executor: a real Node.js
+//! tool via `runners/loom_runner.js`, and the Python runner used as a
+//! library from the tool's own main. (The Rust helper: `tests/rust_tool.rs`.)
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use egress_executor::{Config, ErrorKind, Executor, InvocationRequest, Phase};
+use serde_json::json;
+use support::*;
+
+fn req(tool: &str, input: serde_json::Value) -> InvocationRequest {
+    InvocationRequest {
+        tool: tool.into(),
+        input,
+        run_id: None,
+        idempotency_key: None,
+        timeout_ms: None,
+    }
+}
+
+async fn executor(dir: &TempDir, tools: &str) -> (FakeControl, std::sync::Arc<Executor>) {
+    let control = FakeControl::start().await;
+    let cfg = write_config(dir, control.addr, true, tools);
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    (control, exec)
+}
+
+#[tokio::test]
+async fn node_tool_through_the_js_runner() {
+    let Some(_) = node() else {
+        eprintln!("skipped: node is not installed (apt-get install nodejs)");
+        return;
+    };
+    let dir = TempDir::new("node");
+    dir.write(
+        "weather.js",
+        r#"
+const loadedAt = Date.now();
+module.exports.run = async (input, ctx) => {
+  ctx.emit({ step: 'lookup', city: input.city });
+  await new Promise((r) => setTimeout(r, 1));
+  return { city: input.city, temp: 21, runId: ctx.runId, proxy: process.env.HTTPS_PROXY };
+};
+module.exports.fails = () => { throw new RangeError('city unknown'); };
+"#,
+    );
+    dir.write("broken.js", "throw new Error('cannot load model');\n");
+    let runner = runners_dir().join("loom_runner.js").display().to_string();
+    let tools = format!(
+        r#"
+[tools.weather]
+egress = []
+[tools.weather.process]
+command = ["node", "{runner}", "weather.js"]
+pool = {{ warm = 0, max = 1 }}
+[tools.fails]
+egress = []
+[tools.fails.process]
+command = ["node", "{runner}", "weather.js:fails"]
+pool = {{ warm = 0, max = 1 }}
+[tools.broken]
+egress = []
+[tools.broken.process]
+command = ["node", "{runner}", "broken.js"]
+pool = {{ warm = 0, max = 1 }}
+"#
+    );
+    let (_control, exec) = executor(&dir, &tools).await;
+    let res = exec.invoke(req("weather", json!({"city": "Oslo"}))).await;
+    assert!(res.ok, "{res:?}");
+    let out = res.output.unwrap();
+    assert_eq!(out["city"], json!("Oslo"));
+    assert_eq!(out["runId"], json!(res.run_id.unwrap()));
+    assert!(out["proxy"].as_str().unwrap().starts_with("http://run-"));
+    assert_eq!(res.emits, vec![json!({"step": "lookup", "city": "Oslo"})]);
+
+    let res = exec.invoke(req("fails", json!(null))).await;
+    let e = res.error.unwrap();
+    assert_eq!(e.kind, ErrorKind::ToolError);
+    assert_eq!(e.message, "RangeError: city unknown");
+    assert!(e.stderr_tail.contains("RangeError"), "{e:?}");
+
+    let res = exec.invoke(req("broken", json!(null))).await;
+    let e = res.error.unwrap();
+    assert_eq!((e.kind, e.phase), (ErrorKind::Startup, Some(Phase::Load)), "{e:?}");
+    assert!(e.message.contains("cannot load model"), "{e:?}");
+}
+
+#[tokio::test]
+async fn python_runner_as_a_library() {
+    let Some(_) = python() else { return };
+    let dir = TempDir::new("pylib");
+    let runners = runners_dir().display().to_string();
+    dir.write(
+        "main.py",
+        &format!(
+            r#"
+import sys
+sys.path.insert(0, {runners:?})
+import loom_runner
+
+async def run(input):
+    return {{"doubled": input * 2}}
+
+loom_runner.main(run)
+"#
+        ),
+    );
+    let (_control, exec) = executor(
+        &dir,
+        "[tools.lib]\negress = []\n[tools.lib.process]\ncommand = [\"python3\", \"main.py\"]\npool = { warm = 0, max = 1 }\n",
+    )
+    .await;
+    let res = exec.invoke(req("lib", json!(21))).await;
+    assert!(res.ok, "{res:?}");
+    assert_eq!(res.output.unwrap(), json!({"doubled": 42}));
+}
