@@ -1,0 +1,172 @@
+//! Starts a real proxy in-process on `127.0.0.1:0` with a fake DNS server,
+//! an in-memory (or given) fact sink and a fixed control token, and talks
+//! to its control API. The default config allows `127.0.0.2/32` so origins
+//! live there, while the rest of loopback stays denied for negative cases.
+
+use crate::dns::FakeDns;
+use crate::raw::{send, RawResponse};
+use base64::Engine;
+use egress_config::Config;
+use egress_proxy::facts::{Fact, FactQuery, FactSink, MemorySink};
+use egress_proxy::Handle;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub const TOKEN: &str = "test-control-token-0123456789";
+
+pub struct TestProxy {
+    pub handle: Option<Handle>,
+    pub proxy: SocketAddr,
+    pub control: SocketAddr,
+    pub dns: FakeDns,
+    pub facts: Arc<dyn FactSink>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TestRun {
+    pub id: String,
+    pub secret: String,
+    pub url: String,
+}
+
+impl TestRun {
+    /// `Basic base64(id:secret)`.
+    pub fn auth(&self) -> String {
+        basic(&self.id, &self.secret)
+    }
+}
+
+pub fn basic(user: &str, pass: &str) -> String {
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
+}
+
+/// The `[proxy]` section used by tests (`extra_proxy` lines are appended to it).
+pub fn proxy_section(dns: &FakeDns, extra_proxy: &str) -> String {
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\ncontrol = \"127.0.0.1:0\"\nfacts = \"/nonexistent/facts.db\"\n{}\n[proxy.dns]\nservers = [\"{}\"]\ntimeout_ms = 2000\n",
+        if extra_proxy.contains("allow_ranges") { extra_proxy.to_owned() } else { format!("allow_ranges = [\"127.0.0.2/32\"]\n{extra_proxy}") },
+        dns.addr
+    )
+}
+
+impl TestProxy {
+    /// Starts a proxy; `tools` is TOML for the `[tools.*]` tables.
+    pub async fn start(tools: &str) -> TestProxy {
+        Self::start_with("", tools, None).await
+    }
+
+    /// Starts a proxy with extra `[proxy]` keys and optionally a given fact sink.
+    pub async fn start_with(extra_proxy: &str, tools: &str, facts: Option<Arc<dyn FactSink>>) -> TestProxy {
+        let dns = FakeDns::start().await;
+        Self::start_full(dns, extra_proxy, tools, facts).await
+    }
+
+    pub async fn start_full(dns: FakeDns, extra_proxy: &str, tools: &str, facts: Option<Arc<dyn FactSink>>) -> TestProxy {
+        let text = format!("{}\n{tools}", proxy_section(&dns, extra_proxy));
+        let config = Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
+        let facts: Arc<dyn FactSink> = facts.unwrap_or_else(|| Arc::new(MemorySink::new(10_000)));
+        let handle = egress_proxy::start(egress_proxy::Options {
+            config,
+            config_path: None,
+            control_token: Some(TOKEN.into()),
+            facts: Some(facts.clone()),
+        })
+        .await
+        .unwrap();
+        TestProxy { proxy: handle.proxy_addr, control: handle.control_addr, handle: Some(handle), dns, facts }
+    }
+
+    /// A control API call; returns status and JSON body (or `null`).
+    pub async fn control(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let r = self.control_raw(method, path, body, Some(TOKEN)).await;
+        (r.status, serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+    }
+
+    pub async fn control_raw(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>) -> RawResponse {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: control\r\nConnection: close\r\n");
+        if let Some(t) = token {
+            req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        if !body.is_empty() {
+            req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+        }
+        req.push_str("\r\n");
+        req.push_str(&body);
+        send(self.control, req.as_bytes()).await
+    }
+
+    /// Creates an active run for `tool`.
+    pub async fn run(&self, tool: &str) -> TestRun {
+        self.run_with(json!({ "tool": tool })).await
+    }
+
+    pub async fn run_with(&self, body: Value) -> TestRun {
+        let (status, v) = self.control("POST", "/v1/runs", Some(body)).await;
+        assert_eq!(status, 201, "create run: {v}");
+        TestRun {
+            id: v["run_id"].as_str().unwrap().to_owned(),
+            secret: v["secret"].as_str().unwrap().to_owned(),
+            url: v["proxy_url"].as_str().unwrap().to_owned(),
+        }
+    }
+
+    pub async fn end(&self, run: &TestRun) {
+        let (status, v) = self.control("DELETE", &format!("/v1/runs/{}", run.id), None).await;
+        assert_eq!(status, 200, "end run: {v}");
+    }
+
+    /// Slots in use for a run, from the control API.
+    pub async fn slots_in_use(&self, run: &TestRun) -> u64 {
+        let (_, v) = self.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+        v["slots"]["in_use"].as_u64().unwrap()
+    }
+
+    /// Polls until the run's slots in use reach `n`; panics after 5 s.
+    pub async fn wait_slots(&self, run: &TestRun, n: u64) {
+        let t0 = std::time::Instant::now();
+        loop {
+            if self.slots_in_use(run).await == n {
+                return;
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "slots never reached {n}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// All facts recorded so far.
+    pub async fn facts(&self) -> Vec<Fact> {
+        self.facts.query(FactQuery { after: 0, limit: 100_000, run_id: None }).await.unwrap()
+    }
+
+    /// A plain-HTTP proxy request (absolute-form) with the run's credential.
+    pub async fn get(&self, run: &TestRun, url: &str, extra_headers: &str) -> RawResponse {
+        let host = url.trim_start_matches("http://").split('/').next().unwrap_or("");
+        let req = format!(
+            "GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {}\r\nConnection: close\r\n{extra_headers}\r\n",
+            run.auth()
+        );
+        send(self.proxy, req.as_bytes()).await
+    }
+
+    /// A CONNECT with the run's credential; returns the response and the stream.
+    pub async fn connect(&self, run: &TestRun, target: &str) -> (RawResponse, tokio::net::TcpStream) {
+        crate::raw::connect(self.proxy, target, Some(&run.auth())).await
+    }
+
+    /// Prometheus text from `/metrics`.
+    pub async fn metrics(&self) -> String {
+        self.control_raw("GET", "/metrics", None, None).await.text()
+    }
+}
+
+/// Reads one sample value from Prometheus text (`name{labels}` exactly as rendered).
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}

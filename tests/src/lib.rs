@@ -1,0 +1,16 @@
+//! Shared test support for Loom Egress: a fake DNS server on loopback with a
+//! query log, loopback origins (HTTP, TCP echo, connection-counting canary,
+//! black hole), a proxy harness that starts a real proxy on `127.0.0.1:0`,
+//! a raw HTTP/1.1 client, and a helper that re-runs a test inside a network
+//! namespace holding only `lo`. Tests never use the machine's resolver.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod dns;
+pub mod harness;
+pub mod netns;
+pub mod origin;
+pub mod raw;
+
+pub use dns::FakeDns;
+pub use harness::{TestProxy, TestRun};
+pub use raw::{RawResponse, send};

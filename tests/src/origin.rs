@@ -1,0 +1,190 @@
+//! Loopback origins for tests: an HTTP origin with a few behaviours chosen
+//! by path, a TCP echo server (CONNECT target), a canary that only counts
+//! the connections it receives, and a black hole whose accept queue is full
+//! so that connects to it hang.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// An HTTP/1.1 origin. Paths:
+/// `/` → `hello from origin`; `/headers` → the request head as received;
+/// `/slow-head?ms=N` → waits N ms before the head; `/slow-body?ms=N` → head at
+/// once, then one chunk every N ms, forever; `/bytes?n=N` → N bytes;
+/// `/hop` → a response carrying hop-by-hop headers.
+pub struct HttpOrigin {
+    pub addr: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+}
+
+fn param(req: &Request<Incoming>, key: &str) -> u64 {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn full(s: impl Into<Bytes>) -> Body {
+    Full::new(s.into()).map_err(|e| match e {}).boxed()
+}
+
+async fn serve_origin(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let resp = match path.as_str() {
+        "/headers" => {
+            let mut s = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
+            for (k, v) in req.headers() {
+                s.push_str(&format!("{}: {}\n", k, v.to_str().unwrap_or("?")));
+            }
+            Response::new(full(s))
+        }
+        "/slow-head" => {
+            tokio::time::sleep(Duration::from_millis(param(&req, "ms"))).await;
+            Response::new(full("slow head"))
+        }
+        "/slow-body" => {
+            let ms = param(&req, "ms").max(1);
+            let stream = futures_util::stream::unfold(0u64, move |i| async move {
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                Some((Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"tick\n"))), i + 1))
+            });
+            Response::new(BodyExt::boxed(StreamBody::new(stream)))
+        }
+        "/bytes" => Response::new(full(vec![b'x'; param(&req, "n") as usize])),
+        "/hop" => Response::builder()
+            .header("connection", "x-secret-hop")
+            .header("x-secret-hop", "leak")
+            .header("keep-alive", "timeout=5")
+            .header("proxy-authenticate", "Basic realm=origin")
+            .header("x-kept", "yes")
+            .body(full("hop"))
+            .unwrap(),
+        "/" => Response::new(full("hello from origin")),
+        _ => Response::builder().status(StatusCode::NOT_FOUND).body(full("not found")).unwrap(),
+    };
+    Ok(resp)
+}
+
+/// Starts an HTTP origin on `ip:port` (port 0 = any).
+pub async fn http_origin(addr: &str) -> HttpOrigin {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            h.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(serve_origin);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+            });
+        }
+    });
+    HttpOrigin { addr, hits }
+}
+
+/// A TCP server that echoes what it reads; counts connections.
+pub async fn echo_origin(addr: &str) -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    let n2 = n.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { return };
+            n2.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => {
+                            let _ = s.shutdown().await;
+                            return;
+                        }
+                        Ok(k) => {
+                            if s.write_all(&buf[..k]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, n)
+}
+
+/// A listener that accepts and counts connections, then closes them.
+pub struct Canary {
+    pub addr: SocketAddr,
+    pub count: Arc<AtomicUsize>,
+}
+
+impl Canary {
+    pub fn connections(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+pub async fn canary(addr: &str) -> Canary {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            c.fetch_add(1, Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    Canary { addr, count }
+}
+
+/// A listener whose accept queue is full: new connects hang (SYNs are dropped).
+pub struct BlackHole {
+    pub addr: SocketAddr,
+    _listener: TcpListener,
+    _fill: Vec<TcpStream>,
+}
+
+pub async fn black_hole(ip: &str) -> BlackHole {
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    let listener = sock.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fill = vec![];
+    // Fill the accept queue; once full, further SYNs are dropped.
+    for _ in 0..8 {
+        match tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => fill.push(s),
+            _ => break,
+        }
+    }
+    BlackHole { addr, _listener: listener, _fill: fill }
+}
+
+/// Binds `ip:port` for an HTTP origin on the same port as another address.
+pub async fn http_origin_on(ip: &str, port: u16) -> Option<HttpOrigin> {
+    let l = TcpListener::bind(format!("{ip}:{port}")).await.ok()?;
+    drop(l);
+    Some(http_origin(&format!("{ip}:{port}")).await)
+}
