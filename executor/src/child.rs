@@ -144,7 +144,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
             cwd: &p.cwd,
             env,
             path: &p.path,
-            stdin_pipe: plain,
+            plain,
             pid_namespace: shared.exec.pid_namespace,
             confinement: tool.confinement,
             stdout_cap: shared.exec.stdout_cap_bytes,
@@ -182,11 +182,12 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         m.cold_start(&tool.id, "total", dt);
         return Ok(warm);
     }
-    let mut reader = LineReader::new(
-        launched.ipc_rx,
-        shared.exec.max_message_bytes,
-        shared.exec.max_run_bytes,
-    );
+    let Some((ipc_tx, ipc_rx)) = launched.ipc else {
+        return Err(warm
+            .fail_start(InvokeError::startup(Phase::Spawn, "no IPC pipes"))
+            .await);
+    };
+    let mut reader = LineReader::new(ipc_rx, shared.exec.max_message_bytes, shared.exec.max_run_bytes);
     let mut phase = Phase::Spawn;
     let mut booted_at = None;
     let failure: InvokeError = loop {
@@ -211,7 +212,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
                     m.cold_start(&tool.id, "load", b.elapsed().as_secs_f64());
                 }
                 m.cold_start(&tool.id, "total", t0.elapsed().as_secs_f64());
-                warm.ipc = Some((launched.ipc_tx, reader));
+                warm.ipc = Some((ipc_tx, reader));
                 return Ok(warm);
             }
             Read::Msg(ChildMsg::Error { message }) => {
@@ -275,9 +276,10 @@ impl Warm {
         e
     }
 
-    /// Wait, while warm, for the child to become unusable: it exited, closed
-    /// its IPC pipe, or sent anything at all (a violation before `invoke`).
-    /// Cancel-safe; never returns while the child is healthy.
+    /// Wait, while warm, for a protocol child to become unusable: it exited,
+    /// closed its IPC pipe, or sent anything at all (a violation before
+    /// `invoke`). Cancel-safe; never returns while the child is healthy, nor
+    /// for plain children.
     pub async fn watch(&mut self) -> Unusable {
         match &mut self.ipc {
             Some((_, reader)) => {
@@ -293,10 +295,10 @@ impl Warm {
                     }),
                 }
             }
-            None => Unusable(match self.process.wait().await {
-                Ok(s) => format!("exited while idle ({s})"),
-                Err(e) => format!("lost while idle: {e}"),
-            }),
+            // A plain child runs from the moment it is spawned: its exit is
+            // its result, read at dispatch (its run is inactive until then,
+            // so work done before reading stdin gets no network).
+            None => std::future::pending().await,
         }
     }
 

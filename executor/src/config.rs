@@ -35,6 +35,9 @@ pub struct Config {
     pub dir: PathBuf,
     pub control: SocketAddr,
     pub facts: PathBuf,
+    /// `[proxy] max_run_ms`: runs expire this long after creation, so warm
+    /// children are recycled before their run could expire.
+    pub max_run_ms: u64,
     pub executor: ExecutorSection,
     /// Every tool id in `[tools]`, with its process section if it has one.
     pub tools: BTreeMap<String, Option<ProcessConfig>>,
@@ -146,6 +149,7 @@ struct RawFile {
 struct RawProxy {
     control: Option<String>,
     facts: Option<PathBuf>,
+    max_run_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -294,6 +298,7 @@ impl Config {
             dir,
             control,
             facts,
+            max_run_ms: raw.proxy.max_run_ms.unwrap_or(3_600_000),
             executor,
             tools,
         })

@@ -54,6 +54,8 @@ pub struct Pool {
     shared: Arc<Shared>,
     state: Mutex<State>,
     me: Weak<Pool>,
+    /// A warm child idle this long is replaced (its run would expire).
+    max_idle: Duration,
 }
 
 /// How many times an invocation moves on to another child when the one it
@@ -61,12 +63,13 @@ pub struct Pool {
 const HANDOFF_RETRIES: usize = 3;
 
 impl Pool {
-    pub fn new(tool: ToolSpec, shared: Arc<Shared>) -> Arc<Pool> {
+    pub fn new(tool: ToolSpec, shared: Arc<Shared>, max_idle: Duration) -> Arc<Pool> {
         Arc::new_cyclic(|me| Pool {
             tool: Arc::new(tool),
             shared,
             state: Mutex::new(State::default()),
             me: me.clone(),
+            max_idle,
         })
     }
 
@@ -348,11 +351,14 @@ impl Pool {
         }
     }
 
-    /// A warm child became unusable while idle; if still listed, drop it.
-    fn on_warm_death(&self, id: u64) {
+    /// A warm child became unusable while idle (or grew too old); if still
+    /// listed, drop it. Deaths back off the refill, recycling does not.
+    fn on_warm_gone(&self, id: u64, died: bool) {
         let mut st = self.lock();
         st.ready.retain(|h| h.id != id);
-        self.back_off(&mut st);
+        if died {
+            self.back_off(&mut st);
+        }
         self.ensure(&mut st);
     }
 }
@@ -386,10 +392,19 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
                 return;
             }
         },
-        u = warm.watch() => u,
+        u = warm.watch() => Some(u),
+        _ = tokio::time::sleep(pool.max_idle) => None,
     };
-    tracing::warn!(tool = %pool.tool.id, pid = warm.pid(), reason = %unusable.0, "warm child unusable; replacing it");
     drop(rx);
-    warm.discard("warm_death").await;
-    pool.on_warm_death(id);
+    match unusable {
+        Some(u) => {
+            tracing::warn!(tool = %pool.tool.id, pid = warm.pid(), reason = %u.0, "warm child unusable; replacing it");
+            warm.discard("warm_death").await;
+            pool.on_warm_gone(id, true);
+        }
+        None => {
+            warm.discard("recycled").await;
+            pool.on_warm_gone(id, false);
+        }
+    }
 }

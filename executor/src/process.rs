@@ -386,8 +386,8 @@ fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
 #[derive(Debug)]
 pub struct Launched {
     pub process: Process,
-    pub ipc_tx: pipe::Sender,
-    pub ipc_rx: pipe::Receiver,
+    /// The protocol pipes (absent in plain mode).
+    pub ipc: Option<(pipe::Sender, pipe::Receiver)>,
     pub stdin: Option<pipe::Sender>,
     pub stdout: Capture,
     pub stderr: Capture,
@@ -399,7 +399,8 @@ pub struct Launch<'a> {
     pub cwd: &'a Path,
     pub env: Vec<(String, String)>,
     pub path: &'a str,
-    pub stdin_pipe: bool,
+    /// Plain mode: input on a stdin pipe, `/dev/null` on fds 3 and 4.
+    pub plain: bool,
     pub pid_namespace: bool,
     pub confinement: Confinement,
     pub stdout_cap: usize,
@@ -423,11 +424,16 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         .iter()
         .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "an environment variable"))
         .collect::<io::Result<Vec<_>>>()?;
-    let (ipc_in, ipc_tx) = parent_to_child()?;
-    let (ipc_rx, ipc_out) = child_to_parent()?;
+    let (ipc_in, ipc_out, ipc) = if l.plain {
+        (dev_null()?, dev_null()?, None)
+    } else {
+        let (ipc_in, ipc_tx) = parent_to_child()?;
+        let (ipc_rx, ipc_out) = child_to_parent()?;
+        (ipc_in, ipc_out, Some((ipc_tx, ipc_rx)))
+    };
     let (out_rx, out_w) = child_to_parent()?;
     let (err_rx, err_w) = child_to_parent()?;
-    let (stdin, stdin_tx) = if l.stdin_pipe {
+    let (stdin, stdin_tx) = if l.plain {
         let (r, tx) = parent_to_child()?;
         (r, Some(tx))
     } else {
@@ -449,8 +455,7 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
     let process = spawner.spawn(spec).await?;
     Ok(Launched {
         process,
-        ipc_tx,
-        ipc_rx,
+        ipc,
         stdin: stdin_tx,
         stdout: Capture::start(out_rx, l.stdout_cap, 0),
         stderr: Capture::start(err_rx, 0, l.stderr_cap),

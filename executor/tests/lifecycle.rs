@@ -687,3 +687,73 @@ async fn proxy_down_is_a_proxy_error() {
     assert_eq!(e.kind, ErrorKind::Proxy, "{e:?}");
     assert!(e.message.contains("unreachable"), "{e:?}");
 }
+
+#[tokio::test]
+async fn warm_child_that_dies_is_replaced_and_never_handed_out() {
+    let Some(_) = python() else { return };
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let env = setup(
+        "warmdeath",
+        true,
+        &echo_tool(&format!(
+            "pool = {{ warm = 1, max = 1 }}\n[tools.echo.process.env]\nLOOM_TEST_MARK = \"{marker}\""
+        ))
+        .replace("env = { TOOL_MODE = \"test\" }\n", ""),
+        &[("echo.py", ECHO_PY)],
+    )
+    .await;
+    env.exec.warm_up();
+    let pool = env.exec.pool("echo").unwrap().clone();
+    let needle = format!("LOOM_TEST_MARK={marker}");
+    assert!(eventually(Duration::from_secs(20), || pool.counts().0 == 1).await);
+    let victims = marked_processes(&needle);
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    std::process::Command::new("kill")
+        .args(["-9", &victims[0].to_string()])
+        .status()
+        .unwrap();
+    let exec = env.exec.clone();
+    assert!(
+        eventually(Duration::from_secs(20), || exec
+            .metrics()
+            .encode()
+            .contains("executor_kills_total{tool=\"echo\",reason=\"warm_death\"} 1"))
+        .await
+    );
+    // The replacement serves the invocation.
+    let res = env.exec.invoke(req("echo", json!("after"))).await;
+    assert!(res.ok, "{res:?}");
+    assert!(!marked_processes(&needle).contains(&victims[0]));
+}
+
+#[tokio::test]
+async fn idle_warm_children_are_recycled_before_their_run_expires() {
+    let Some(_) = python() else { return };
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("recycle");
+    dir.write("echo.py", ECHO_PY);
+    let runner = runners_dir().join("loom_runner.py");
+    let cfg = write_config(
+        &dir,
+        control.addr,
+        true,
+        &echo_tool("pool = { warm = 1, max = 1 }").replace("@RUNNER@", &runner.display().to_string()),
+    );
+    // A proxy whose runs live 2 s: warm children must not idle past 1 s.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[proxy]\n", "[proxy]\nmax_run_ms = 2000\n");
+    std::fs::write(&cfg, text).unwrap();
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    exec.warm_up();
+    let e2 = exec.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || e2
+            .metrics()
+            .encode()
+            .contains("executor_kills_total{tool=\"echo\",reason=\"recycled\"}"))
+        .await
+    );
+    let res = exec.invoke(req("echo", json!(1))).await;
+    assert!(res.ok, "{res:?}");
+}

@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
-pub const TOKEN: &str = "test-token";
+pub const TOKEN: &str = "test-control-token-0123456789";
 
 /// One recorded control call: (method+path, body).
 #[derive(Debug, Clone)]

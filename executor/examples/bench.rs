@@ -1,0 +1,232 @@
+//! Executor benchmark (not a test): cold start of a trivial Python and Rust
+//! tool, warm dispatch round trip of an echo tool, and throughput of
+//! sequential and 8-way concurrent invocations with pool refill. Uses an
+//! in-process stand-in for the proxy's control API on 127.0.0.1:0 so the
+//! numbers are the executor's own. Run through `executor/bench/run.sh`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::Path;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use egress_executor::child::{self, Shared, ToolSpec};
+use egress_executor::config::ProcessConfig;
+use egress_executor::confine::Confinement;
+use egress_executor::{Config, Executor, InvocationRequest};
+use serde_json::{json, Value};
+
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+async fn fake_control() -> std::net::SocketAddr {
+    let app = Router::new()
+        .route(
+            "/v1/runs",
+            post(|Json(_b): Json<Value>| async {
+                let id = format!("run-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+                (
+                    axum::http::StatusCode::CREATED,
+                    Json(
+                        json!({"run_id": id, "secret": "s", "proxy_url": format!("http://{id}:s@127.0.0.1:9"),
+                        "state": "created", "tool": "t", "expires_at": ""}),
+                    ),
+                )
+            }),
+        )
+        .route(
+            "/v1/runs/{id}/activate",
+            post(|Path(id): Path<String>| async move { Json(json!({"run_id": id, "state": "active"})) }),
+        )
+        .route(
+            "/v1/runs/{id}",
+            axum::routing::delete(
+                |Path(id): Path<String>| async move { Json(json!({"run_id": id, "state": "ended"})) },
+            ),
+        )
+        .route("/v1/runs/{id}/facts", get(|| async { Json(json!({"facts": []})) }));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    addr
+}
+
+fn stats(name: &str, mut v: Vec<Duration>) -> String {
+    v.sort();
+    let pick = |q: f64| {
+        let i = ((v.len() as f64 - 1.0) * q).round() as usize;
+        v[i.min(v.len() - 1)].as_secs_f64() * 1000.0
+    };
+    let line = format!(
+        "| {name} | {} | {:.2} | {:.2} | {:.2} |",
+        v.len(),
+        pick(0.5),
+        pick(0.99),
+        v.last().map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+    );
+    println!("{line}");
+    line
+}
+
+fn config(dir: &std::path::Path, control: std::net::SocketAddr, tools: &str) -> Config {
+    let text = format!("[proxy]\ncontrol = \"{control}\"\n[executor]\nscratch_dir = \"scratch\"\n{tools}");
+    let path = dir.join("bench.toml");
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("write: {e}"));
+    Config::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn wait_ready(exec: &Executor, tool: &str, n: usize) {
+    let pool = exec.pool(tool).unwrap_or_else(|| panic!("no pool"));
+    while pool.counts().0 < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn req(tool: &str, i: u64) -> InvocationRequest {
+    InvocationRequest {
+        tool: tool.into(),
+        input: json!({"i": i}),
+        run_id: None,
+        idempotency_key: None,
+        timeout_ms: None,
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rust_tool = PathBuf::from(
+        args.get(1)
+            .cloned()
+            .unwrap_or_else(|| panic!("usage: bench RUST_ECHO_BIN [N]")),
+    );
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(200);
+    let runner = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("runners/loom_runner.py");
+    let dir = std::env::temp_dir().join(format!("loom-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("echo.py"), "def run(input, ctx):\n    return input\n").unwrap_or_else(|e| panic!("{e}"));
+    let control = fake_control().await;
+    let tools = format!(
+        r#"
+[tools.py.process]
+command = ["python3", "{runner}", "echo.py"]
+pool = {{ warm = 2, max = 8 }}
+[tools.rs.process]
+command = ["{rust}"]
+pool = {{ warm = 2, max = 8 }}
+[tools.py8.process]
+command = ["python3", "{runner}", "echo.py"]
+pool = {{ warm = 8, max = 8 }}
+[tools.rs8.process]
+command = ["{rust}"]
+pool = {{ warm = 8, max = 8 }}
+"#,
+        runner = runner.display(),
+        rust = rust_tool.display()
+    );
+    let cfg = config(&dir, control, &tools);
+    let exec = Executor::new(cfg.clone(), Some("t".into())).unwrap_or_else(|e| panic!("{e}"));
+    let mut out = Vec::new();
+    out.push("| measurement | n | median ms | p99 ms | max ms |".to_string());
+    out.push("|---|---|---|---|---|".to_string());
+
+    // Cold start spawn→ready, one child at a time, no pool involved.
+    let shared = Arc::new(Shared::new(
+        egress_executor::process::Spawner::start().unwrap_or_else(|e| panic!("{e}")),
+        egress_executor::control::ControlClient::new(control, &cfg.facts, Some("t".into())),
+        egress_executor::metrics::Metrics::new(),
+        cfg.executor.clone(),
+    ));
+    for (name, tool, count) in [
+        ("cold start, Python tool (spawn→ready)", "py", n / 4),
+        ("cold start, Rust tool (spawn→ready)", "rs", n),
+    ] {
+        let Some(Some(p)) = cfg.tools.get(tool).cloned() else {
+            panic!("no tool")
+        };
+        let spec = Arc::new(ToolSpec {
+            id: tool.into(),
+            process: ProcessConfig { ..p },
+            confinement: Confinement::Off,
+        });
+        let mut v = Vec::new();
+        for _ in 0..count.max(10) {
+            let t0 = Instant::now();
+            let w = child::start(&shared, &spec, None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            v.push(t0.elapsed());
+            w.discard("done").await;
+        }
+        out.push(stats(name, v));
+    }
+
+    exec.warm_up();
+    // Warm dispatch round trip: a ready child is waiting each time.
+    for (name, tool) in [
+        ("warm invocation round trip, Python echo", "py"),
+        ("warm invocation round trip, Rust echo", "rs"),
+    ] {
+        let mut v = Vec::new();
+        for i in 0..n as u64 {
+            wait_ready(&exec, tool, 2).await;
+            let t0 = Instant::now();
+            let r = exec.invoke(req(tool, i)).await;
+            v.push(t0.elapsed());
+            assert!(r.ok, "{r:?}");
+        }
+        out.push(stats(name, v));
+    }
+    // Throughput: back to back, the pool refilling behind.
+    let mut tput = Vec::new();
+    for (label, tool, conc) in [
+        ("sequential, Python echo (warm 2, max 8)", "py", 1usize),
+        ("sequential, Rust echo (warm 2, max 8)", "rs", 1),
+        ("8-way concurrent, Python echo (warm 8, max 8)", "py8", 8),
+        ("8-way concurrent, Rust echo (warm 8, max 8)", "rs8", 8),
+    ] {
+        wait_ready(&exec, tool, if conc == 1 { 2 } else { 8 }).await;
+        let t0 = Instant::now();
+        let mut handles = Vec::new();
+        let per = n / conc;
+        for w in 0..conc {
+            let exec = exec.clone();
+            let tool = tool.to_string();
+            handles.push(tokio::spawn(async move {
+                let mut v = Vec::new();
+                for i in 0..per as u64 {
+                    let t = Instant::now();
+                    let r = exec.invoke(req(&tool, w as u64 * 1000 + i)).await;
+                    assert!(r.ok, "{r:?}");
+                    v.push(t.elapsed());
+                }
+                v
+            }));
+        }
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(h.await.unwrap_or_default());
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let total = all.len();
+        out.push(stats(&format!("latency in: {label}"), all));
+        let line = format!(
+            "| {label} | {total} invocations | {:.1} invocations/s |",
+            total as f64 / secs
+        );
+        println!("{line}");
+        tput.push(line);
+    }
+    println!(
+        "\n{}\n\n| throughput | count | rate |\n|---|---|---|\n{}",
+        out.join("\n"),
+        tput.join("\n")
+    );
+    exec.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}

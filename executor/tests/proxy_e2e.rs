@@ -1,0 +1,230 @@
+//! End to end with the real `egress-proxy` binary: a Python tool run by the
+//! executor fetches through the proxy with the credential of its run. An
+//! allowlisted loopback origin (127.0.0.2) answers; a name that is not
+//! allowlisted is denied without DNS and shows up in the result's `facts`;
+//! load-time code is denied because the warm child's run is not active yet.
+//! Loopback only; the proxy's DNS servers point at a closed loopback port.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use egress_executor::{Config, Executor, InvocationRequest};
+use serde_json::{json, Value};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The proxy binary: `EGRESS_PROXY_BIN`, else beside this test's target dir
+/// (`cargo build -p egress-proxy` puts it there).
+fn proxy_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("EGRESS_PROXY_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("egress-proxy");
+    p.exists().then_some(p)
+}
+
+/// A one-response HTTP origin on 127.0.0.2:0.
+async fn origin() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = b"hello from the origin";
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body).await;
+            });
+        }
+    });
+    addr
+}
+
+struct Proxy {
+    child: Child,
+    control: SocketAddr,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start the proxy with `config` (ports 0) and read its control address
+/// from its JSON log.
+fn start_proxy(bin: &PathBuf, config: &std::path::Path) -> Proxy {
+    let mut child = Command::new(bin)
+        .args(["serve", "--log-format", "json", "--config"])
+        .arg(config)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sent {
+                continue;
+            }
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if let Some(c) = v.get("control").and_then(Value::as_str) {
+                    if let Ok(a) = c.parse::<SocketAddr>() {
+                        let _ = tx.send(Ok(a));
+                        sent = true;
+                    }
+                }
+            } else {
+                eprintln!("proxy: {line}");
+            }
+        }
+        if !sent {
+            let _ = tx.send(Err(()));
+        }
+    });
+    let control = rx
+        .recv_timeout(Duration::from_secs(60))
+        .ok()
+        .and_then(Result::ok)
+        .expect("the proxy did not report its control address");
+    Proxy { child, control }
+}
+
+const FETCH_PY: &str = r#"
+import json, os, urllib.request, urllib.error
+
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return {"status": r.status, "body": r.read().decode()}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason"), "body": e.read().decode()}
+
+# Load phase: the run exists but is not active, so this is denied.
+AT_LOAD = fetch(os.environ["ORIGIN"] + "/at-load")
+
+def run(input, ctx):
+    allowed = fetch(os.environ["ORIGIN"] + "/hello")
+    ctx.emit({"fetched": allowed["status"]})
+    denied = fetch("http://evil.example/steal")
+    return {"at_load": AT_LOAD, "allowed": allowed, "denied": denied}
+"#;
+
+#[tokio::test]
+async fn python_tool_fetches_through_the_real_proxy() {
+    let Some(bin) = proxy_bin() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "egress-proxy binary not found: run `cargo build -p egress-proxy` first (or set EGRESS_PROXY_BIN)"
+        );
+        eprintln!("skipped: egress-proxy binary not built (cargo build -p egress-proxy)");
+        return;
+    };
+    if python().is_none() {
+        return;
+    }
+    let origin = origin().await;
+    let dir = TempDir::new("e2e");
+    dir.write("fetch.py", FETCH_PY);
+    // A closed loopback port as the only DNS server: nothing may resolve.
+    let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dns_addr = dns.local_addr().unwrap();
+    let runner = runners_dir().join("loom_runner.py");
+    let tools = |control: &str| {
+        format!(
+            r#"
+[proxy]
+listen = "127.0.0.1:0"
+control = "{control}"
+facts = "var/egress-facts.db"
+allow_ranges = ["127.0.0.2/32"]
+
+[proxy.dns]
+servers = ["{dns_addr}"]
+
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+
+[tools.fetcher]
+egress = ["127.0.0.2:{port}"]
+
+[tools.fetcher.process]
+command = ["python3", "{runner}", "fetch.py"]
+env = {{ ORIGIN = "http://127.0.0.2:{port}" }}
+pool = {{ warm = 1, max = 2 }}
+timeout_ms = 20000
+"#,
+            port = origin.port(),
+            runner = runner.display()
+        )
+    };
+    let proxy_cfg = dir.write("proxy.toml", &tools("127.0.0.1:0"));
+    let proxy = start_proxy(&bin, &proxy_cfg);
+    let exec_cfg = dir.write("egress.toml", &tools(&proxy.control.to_string()));
+    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    exec.warm_up();
+    let pool = exec.pool("fetcher").unwrap().clone();
+    assert!(eventually(Duration::from_secs(30), || pool.counts().0 == 1).await);
+
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "fetcher".into(),
+            input: json!(null),
+            run_id: None,
+            idempotency_key: Some("e2e-1".into()),
+            timeout_ms: None,
+        })
+        .await;
+    assert!(res.ok, "{res:#?}");
+    let out = res.output.clone().unwrap();
+    assert_eq!(out["allowed"]["status"], json!(200), "{out}");
+    assert_eq!(out["allowed"]["body"], json!("hello from the origin"));
+    assert_eq!(out["denied"]["status"], json!(403), "{out}");
+    assert_eq!(out["denied"]["reason"], json!("not_allowlisted"));
+    assert_eq!(out["at_load"]["status"], json!(403), "{out}");
+    assert_eq!(out["at_load"]["reason"], json!("run_not_active"));
+    assert_eq!(res.emits, vec![json!({"fetched": 200})]);
+
+    // The proxy recorded the denials as facts of this run.
+    let run_id = res.run_id.clone().unwrap();
+    let reasons: Vec<&str> = res.facts.iter().filter_map(|f| f["reason"].as_str()).collect();
+    assert!(reasons.contains(&"not_allowlisted"), "{:#?}", res.facts);
+    assert!(reasons.contains(&"run_not_active"), "{:#?}", res.facts);
+    for f in &res.facts {
+        assert_eq!(f["run_id"], json!(run_id));
+        assert_eq!(f["tool"], json!("fetcher"));
+    }
+    let denied = res
+        .facts
+        .iter()
+        .find(|f| f["reason"] == json!("not_allowlisted"))
+        .unwrap();
+    assert_eq!(denied["target"]["host"], json!("evil.example"));
+    drop(dns);
+    drop(proxy);
+}
