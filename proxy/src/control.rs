@@ -234,7 +234,13 @@ async fn create_run(
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
     let mut v = run_view(&sh, &run);
     v["secret"] = json!(run.secret());
-    v["proxy_url"] = json!(format!("http://{}:{}@{}", run.id, run.secret(), sh.proxy_authority));
+    v["proxy_url"] = json!(format!(
+        "{}://{}:{}@{}",
+        sh.proxy_scheme,
+        run.id,
+        run.secret(),
+        sh.proxy_authority
+    ));
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 

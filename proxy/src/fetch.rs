@@ -31,6 +31,8 @@ use tokio::time::Instant;
 
 pub const DENY_HEADER: &str = "x-egress-deny-reason";
 pub const ERROR_HEADER: &str = "x-egress-error";
+/// The `seq` of the fact that records a denial.
+pub const FACT_HEADER: &str = "x-egress-fact-seq";
 
 /// Headers that never cross the proxy (RFC 9110 §7.6.1), plus the proxy's own.
 const HOP_BY_HOP: [&str; 9] = [
@@ -261,14 +263,14 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
     match kind {
         Kind::Connect => {
             let upgrade = hyper::upgrade::on(&mut req);
-            tokio::spawn(tunnel::run(tunnel::Tunnel {
+            sh.tasks.spawn(tunnel::run(tunnel::Tunnel {
                 upgrade,
                 upstream: stream,
                 slot,
                 deadline,
                 idle: sh.cfg.tunnel_idle_timeout,
                 cancel: run.cancel.clone(),
-                shutdown: sh.shutdown.clone(),
+                shutdown: sh.hard_stop.clone(),
                 finish,
             }));
             Ok(Response::new(ProxyBody::empty()))
@@ -356,7 +358,11 @@ impl<'a> Ctx<'a> {
             "fetch denied"
         );
         match recorded {
-            Ok(()) => deny_response(reason, &detail),
+            Ok(seq) => {
+                let mut r = deny_response(reason, &detail);
+                r.headers_mut().insert(FACT_HEADER, HeaderValue::from(seq));
+                r
+            }
             Err(e) => error_response(FetchError::FactsUnavailable, &e),
         }
     }
@@ -378,6 +384,7 @@ impl<'a> Ctx<'a> {
         );
         self.record(d.reason, d.detail.clone(), Some(target), resolved, Mode::Report)
             .await
+            .map(|_| ())
             .map_err(|e| error_response(FetchError::FactsUnavailable, &e))
     }
 
@@ -388,7 +395,7 @@ impl<'a> Ctx<'a> {
         target: Option<&Target>,
         resolved: &[IpAddr],
         mode: Mode,
-    ) -> Result<(), String> {
+    ) -> Result<u64, String> {
         let policy = self.sh.policy.load();
         let fact = Fact::denial(
             self.run.map(|r| &*r.id),
@@ -404,7 +411,7 @@ impl<'a> Ctx<'a> {
         let res = self.sh.facts.record(fact).await;
         self.sh.metrics.fact_write_duration.observe(t0.elapsed().as_secs_f64());
         match res {
-            Ok(_) => Ok(()),
+            Ok(seq) => Ok(seq),
             Err(e) => {
                 self.sh.metrics.fact_write_failures.inc();
                 tracing::error!(error = %e, "denial fact could not be recorded; failing the request closed");
@@ -571,7 +578,7 @@ async fn forward(
     };
     let mut sender = sender;
     let cancel = run.cancel.clone();
-    let shutdown = sh.shutdown.clone();
+    let shutdown = sh.hard_stop.clone();
     tokio::spawn(async move {
         tokio::select! {
             _ = conn => {}

@@ -20,8 +20,10 @@ pub mod runs;
 pub mod server;
 pub mod slots;
 pub mod sse;
+pub mod store;
 pub mod target;
 pub mod time;
+pub mod tls;
 pub mod token;
 pub mod tunnel;
 

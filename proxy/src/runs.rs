@@ -241,12 +241,14 @@ impl Runs {
         expired
     }
 
-    /// Ends every live run (shutdown).
-    pub fn end_all(&self, why: EndReason) {
-        let map = self.map.pin();
-        for (_, run) in map.iter() {
-            self.end(run, why);
-        }
+    /// Runs not yet ended.
+    pub fn live_runs(&self) -> Vec<Arc<Run>> {
+        self.map
+            .pin()
+            .iter()
+            .filter(|(_, r)| r.state.load(Ordering::Acquire) != ENDED)
+            .map(|(_, r)| r.clone())
+            .collect()
     }
 
     /// Live runs per tool.

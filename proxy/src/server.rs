@@ -19,7 +19,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// State shared by the data plane and the control API.
 pub struct Shared {
@@ -31,11 +33,20 @@ pub struct Shared {
     pub cfg: ProxyConfig,
     pub metrics: Metrics,
     tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
+    /// Stop accepting; connections finish their in-flight request.
     pub shutdown: CancellationToken,
+    /// The drain timeout expired: cut tunnels and streaming bodies.
+    pub hard_stop: CancellationToken,
+    /// Client connections and tunnels, so shutdown can wait for them.
+    pub tasks: TaskTracker,
     /// `host:port` clients use to reach the data listener.
     pub proxy_authority: String,
     pub control_token: String,
     pub config_path: Option<PathBuf>,
+    /// TLS for both listeners, when configured.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// `http` or `https`: how clients reach the data listener.
+    pub proxy_scheme: &'static str,
 }
 
 impl Shared {
@@ -108,6 +119,8 @@ pub enum StartError {
     Token(#[from] crate::token::TokenError),
     #[error("fact store: {0}")]
     Facts(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A running proxy.
@@ -124,14 +137,25 @@ impl Handle {
     /// Stops accepting, lets in-flight fetches finish up to the drain
     /// timeout, ends every run, then returns.
     pub async fn shutdown(mut self) {
-        self.shared.shutdown.cancel();
-        let drain = self.shared.cfg.drain_timeout;
-        let _ = tokio::time::timeout(drain + Duration::from_secs(1), async {
+        let sh = self.shared.clone();
+        sh.shutdown.cancel();
+        sh.tasks.close();
+        if tokio::time::timeout(sh.cfg.drain_timeout, sh.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("drain timeout expired; cutting the remaining fetches");
+        }
+        sh.hard_stop.cancel();
+        for run in sh.runs.live_runs() {
+            sh.end_run(&run, EndReason::Shutdown);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), sh.tasks.wait()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
             while self.tasks.join_next().await.is_some() {}
         })
         .await;
         self.tasks.abort_all();
-        self.shared.runs.end_all(EndReason::Shutdown);
     }
 
     /// Waits until the proxy stops by itself (it does not, unless shut down).
@@ -180,11 +204,24 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             (t, Some(s))
         }
     };
+    let metrics = Metrics::new();
     let facts: Arc<dyn FactSink> = match opts.facts {
         Some(f) => f,
-        None => Arc::new(MemorySink::new(100_000)),
+        None if pc.facts.as_os_str() == ":memory:" => {
+            tracing::warn!("facts = \":memory:\": denial facts are kept in memory only and lost on exit");
+            Arc::new(MemorySink::new(100_000))
+        }
+        None => Arc::new(crate::store::SqliteStore::open(
+            &pc.facts,
+            metrics.facts_coalesced.clone(),
+        )),
     };
     let dns = Dns::new(&pc.dns)?;
+    let tls = match &pc.tls {
+        Some(t) => Some(crate::tls::acceptor(t)?),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let shared = Arc::new(Shared {
         runs: Runs::new(pc.max_runs, pc.max_run),
         policy: ArcSwap::new(cfg.policy.clone()),
@@ -192,12 +229,16 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         dns,
         me: SelfAddrs(vec![proxy_addr, control_addr]),
         cfg: pc.clone(),
-        metrics: Metrics::new(),
+        metrics,
         tool_metrics: papaya::HashMap::new(),
         shutdown: CancellationToken::new(),
+        hard_stop: CancellationToken::new(),
+        tasks: TaskTracker::new(),
         proxy_authority: advertised(proxy_addr),
         control_token: token.clone(),
         config_path: opts.config_path,
+        tls,
+        proxy_scheme: scheme,
     });
     for tool in cfg.policy.tools.keys() {
         shared.tool_metrics(Some(tool));
@@ -252,45 +293,103 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
         .keep_alive(true)
         .half_close(false);
     let builder = Arc::new(builder);
-    let mut conns = JoinSet::new();
     loop {
         let permit = tokio::select! {
             p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = sh.shutdown.cancelled() => break,
         };
-        let (stream, _peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = sh.shutdown.cancelled() => break,
+        let Some(stream) = accept(&sh, &listener).await else {
+            break;
         };
-        let _ = stream.set_nodelay(true);
         let sh2 = sh.clone();
         let builder = builder.clone();
-        while conns.try_join_next().is_some() {}
-        conns.spawn(async move {
+        sh.tasks.spawn(async move {
             let _permit = permit;
             let svc_sh = sh2.clone();
             let svc = service_fn(move |req| crate::fetch::handle(svc_sh.clone(), req));
-            let conn = builder.serve_connection(TokioIo::new(stream), svc).with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = sh2.shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(sh2.cfg.drain_timeout, conn).await;
+            match &sh2.tls {
+                None => {
+                    serve_one(
+                        &sh2,
+                        builder.serve_connection(TokioIo::new(stream), svc).with_upgrades(),
+                    )
+                    .await
+                }
+                Some(acceptor) => {
+                    let hs = tokio::time::timeout(sh2.cfg.header_read_timeout, acceptor.accept(stream)).await;
+                    if let Ok(Ok(tls)) = hs {
+                        serve_one(&sh2, builder.serve_connection(TokioIo::new(tls), svc).with_upgrades()).await;
+                    }
                 }
             }
         });
     }
     drop(listener);
-    // Drain: connections finish their in-flight requests up to the drain timeout.
-    let drain = sh.cfg.drain_timeout;
-    let _ = tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+}
+
+/// Accepts one TCP connection, backing off on errors such as EMFILE.
+pub(crate) async fn accept(sh: &Shared, listener: &TcpListener) -> Option<TcpStream> {
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => {
+                    let _ = s.set_nodelay(true);
+                    return Some(s);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = sh.shutdown.cancelled() => return None,
+        }
+    }
+}
+
+/// Drives one hyper connection; on shutdown lets it finish its in-flight
+/// request (graceful), and drops it when the drain timeout expires.
+pub(crate) async fn serve_one<C>(sh: &Shared, conn: C)
+where
+    C: std::future::Future + GracefulConn,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = sh.shutdown.cancelled() => {
+            conn.as_mut().graceful();
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = sh.hard_stop.cancelled() => {}
+            }
+        }
+    }
+}
+
+/// hyper connections that can shut down gracefully.
+pub(crate) trait GracefulConn {
+    fn graceful(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S> GracefulConn for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: hyper::body::Body + 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S> GracefulConn for hyper::server::conn::http1::Connection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: hyper::body::Body + 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
 }

@@ -40,7 +40,9 @@ impl FakeDns {
         tokio::spawn(async move {
             let mut buf = [0u8; 1500];
             loop {
-                let Ok((n, peer)) = sock.recv_from(&mut buf).await else { return };
+                let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
+                    return;
+                };
                 let q = buf[..n].to_vec();
                 let st = st.clone();
                 let sock = sock.clone();
@@ -64,10 +66,21 @@ impl FakeDns {
 
     /// Answers cycle through `sets`, one per query of either type.
     pub fn rotate(&self, name: &str, sets: &[&[&str]], ttl: u32) {
-        let sets = sets.iter().map(|s| s.iter().map(|i| i.parse().unwrap()).collect()).collect();
+        let sets = sets
+            .iter()
+            .map(|s| s.iter().map(|i| i.parse().unwrap()).collect())
+            .collect();
         let mut st = self.state.lock().unwrap();
         let delay = st.names.get(name).map(|e| e.delay).unwrap_or_default();
-        st.names.insert(name.to_ascii_lowercase(), Entry { sets, next: 0, ttl, delay });
+        st.names.insert(
+            name.to_ascii_lowercase(),
+            Entry {
+                sets,
+                next: 0,
+                ttl,
+                delay,
+            },
+        );
     }
 
     /// Delays every answer for `name`.

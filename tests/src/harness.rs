@@ -38,7 +38,10 @@ impl TestRun {
 }
 
 pub fn basic(user: &str, pass: &str) -> String {
-    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+    )
 }
 
 /// The `[proxy]` section used by tests (`extra_proxy` lines are appended to it).
@@ -62,7 +65,12 @@ impl TestProxy {
         Self::start_full(dns, extra_proxy, tools, facts).await
     }
 
-    pub async fn start_full(dns: FakeDns, extra_proxy: &str, tools: &str, facts: Option<Arc<dyn FactSink>>) -> TestProxy {
+    pub async fn start_full(
+        dns: FakeDns,
+        extra_proxy: &str,
+        tools: &str,
+        facts: Option<Arc<dyn FactSink>>,
+    ) -> TestProxy {
         let text = format!("{}\n{tools}", proxy_section(&dns, extra_proxy));
         let config = Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
         let facts: Arc<dyn FactSink> = facts.unwrap_or_else(|| Arc::new(MemorySink::new(10_000)));
@@ -74,7 +82,13 @@ impl TestProxy {
         })
         .await
         .unwrap();
-        TestProxy { proxy: handle.proxy_addr, control: handle.control_addr, handle: Some(handle), dns, facts }
+        TestProxy {
+            proxy: handle.proxy_addr,
+            control: handle.control_addr,
+            handle: Some(handle),
+            dns,
+            facts,
+        }
     }
 
     /// A control API call; returns status and JSON body (or `null`).
@@ -90,7 +104,10 @@ impl TestProxy {
             req.push_str(&format!("Authorization: Bearer {t}\r\n"));
         }
         if !body.is_empty() {
-            req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+            req.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ));
         }
         req.push_str("\r\n");
         req.push_str(&body);
@@ -130,14 +147,24 @@ impl TestProxy {
             if self.slots_in_use(run).await == n {
                 return;
             }
-            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "slots never reached {n}");
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(5),
+                "slots never reached {n}"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 
     /// All facts recorded so far.
     pub async fn facts(&self) -> Vec<Fact> {
-        self.facts.query(FactQuery { after: 0, limit: 100_000, run_id: None }).await.unwrap()
+        self.facts
+            .query(FactQuery {
+                after: 0,
+                limit: 100_000,
+                run_id: None,
+            })
+            .await
+            .unwrap()
     }
 
     /// A plain-HTTP proxy request (absolute-form) with the run's credential.

@@ -13,4 +13,4 @@ pub mod raw;
 
 pub use dns::FakeDns;
 pub use harness::{TestProxy, TestRun};
-pub use raw::{RawResponse, send};
+pub use raw::{send, RawResponse};

@@ -24,7 +24,13 @@ pub fn isolated(test_name: &str) -> bool {
         .expect("unshare (util-linux) and ip (iproute2) are needed for namespace-isolated tests");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "isolated run of {test_name} failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("1 passed"), "isolated run of {test_name} ran no test:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "isolated run of {test_name} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "isolated run of {test_name} ran no test:\n{stdout}\n{stderr}"
+    );
     false
 }

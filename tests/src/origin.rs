@@ -77,7 +77,10 @@ async fn serve_origin(req: Request<Incoming>) -> Result<Response<Body>, Infallib
             .body(full("hop"))
             .unwrap(),
         "/" => Response::new(full("hello from origin")),
-        _ => Response::builder().status(StatusCode::NOT_FOUND).body(full("not found")).unwrap(),
+        _ => Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(full("not found"))
+            .unwrap(),
     };
     Ok(resp)
 }
@@ -94,7 +97,9 @@ pub async fn http_origin(addr: &str) -> HttpOrigin {
             h.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(serve_origin);
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
             });
         }
     });
@@ -179,7 +184,11 @@ pub async fn black_hole(ip: &str) -> BlackHole {
             _ => break,
         }
     }
-    BlackHole { addr, _listener: listener, _fill: fill }
+    BlackHole {
+        addr,
+        _listener: listener,
+        _fill: fill,
+    }
 }
 
 /// Binds `ip:port` for an HTTP origin on the same port as another address.

@@ -16,7 +16,10 @@ pub struct RawResponse {
 
 impl RawResponse {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn text(&self) -> String {
@@ -75,7 +78,11 @@ pub async fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Resul
             let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
             let body_start = end;
             if head_only || status == 204 || status == 304 {
-                return Ok(RawResponse { status, headers, body: buf[body_start..].to_vec() });
+                return Ok(RawResponse {
+                    status,
+                    headers,
+                    body: buf[body_start..].to_vec(),
+                });
             }
             if let Some(cl) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {
                 while buf.len() < body_start + cl {
@@ -95,7 +102,10 @@ pub async fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Resul
                     }
                     let n = s.read(&mut tmp).await?;
                     if n == 0 {
-                        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "chunked body cut"));
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "chunked body cut",
+                        ));
                     }
                     buf.extend_from_slice(&tmp[..n]);
                 }
@@ -107,11 +117,18 @@ pub async fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Resul
                 }
                 buf.extend_from_slice(&tmp[..n]);
             }
-            return Ok(RawResponse { status, headers, body: buf[body_start..].to_vec() });
+            return Ok(RawResponse {
+                status,
+                headers,
+                body: buf[body_start..].to_vec(),
+            });
         }
         let n = s.read(&mut tmp).await?;
         if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed before a response head"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed before a response head",
+            ));
         }
         buf.extend_from_slice(&tmp[..n]);
     }
@@ -141,7 +158,10 @@ pub async fn connect(proxy: SocketAddr, target: &str, auth: Option<&str>) -> (Ra
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(10), read_response(&mut s, true)).await.unwrap().unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), read_response(&mut s, true))
+        .await
+        .unwrap()
+        .unwrap();
     (r, s)
 }
 
@@ -149,7 +169,10 @@ pub async fn connect(proxy: SocketAddr, target: &str, auth: Option<&str>) -> (Ra
 pub async fn echo_through(s: &mut TcpStream, data: &[u8]) -> Vec<u8> {
     s.write_all(data).await.unwrap();
     let mut out = vec![0u8; data.len()];
-    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut out)).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
     out
 }
 

@@ -28,7 +28,10 @@ async fn slow_dns_ends_at_the_deadline_with_504() {
     let (r, _) = p.connect(&run, "slow.test:443").await;
     let took = t0.elapsed();
     assert_eq!((r.status, r.header("x-egress-error")), (504, Some("timeout")));
-    assert!(took >= Duration::from_millis(400) && took < Duration::from_millis(400) + MARGIN, "{took:?}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_millis(400) + MARGIN,
+        "{took:?}"
+    );
     assert!(p.facts().await.is_empty(), "timeouts are errors, not denials");
     p.wait_slots(&run, 0).await;
 }
@@ -43,10 +46,18 @@ async fn blackholed_connect_ends_at_the_deadline() {
     let t0 = Instant::now();
     let (r, _) = p.connect(&run, &format!("hole.test:{port}")).await;
     let took = t0.elapsed();
-    assert_eq!((r.status, r.header("x-egress-error")), (504, Some("timeout")), "{}", r.text());
+    assert_eq!(
+        (r.status, r.header("x-egress-error")),
+        (504, Some("timeout")),
+        "{}",
+        r.text()
+    );
     assert!(took < Duration::from_millis(500) + MARGIN, "{took:?}");
     let m = p.metrics().await;
-    assert!(m.contains("egress_timeouts_total{tool=\"web\",phase=\"connect\"} 1"), "{m}");
+    assert!(
+        m.contains("egress_timeouts_total{tool=\"web\",phase=\"connect\"} 1"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
@@ -57,7 +68,9 @@ async fn slow_origin_head_gets_504_and_slow_body_is_cut() {
     p.dns.set("slow.test", &["127.0.0.2"]);
     let run = p.run("web").await;
     let t0 = Instant::now();
-    let r = p.get(&run, &format!("http://slow.test:{port}/slow-head?ms=5000"), "").await;
+    let r = p
+        .get(&run, &format!("http://slow.test:{port}/slow-head?ms=5000"), "")
+        .await;
     assert_eq!((r.status, r.header("x-egress-error")), (504, Some("timeout")));
     assert!(t0.elapsed() < Duration::from_millis(600) + MARGIN);
 
@@ -71,7 +84,9 @@ async fn slow_origin_head_gets_504_and_slow_body_is_cut() {
     s.write_all(req.as_bytes()).await.unwrap();
     let head = read_response(&mut s, true).await.unwrap();
     assert_eq!(head.status, 200);
-    let closed = wait_closed(&mut s, Duration::from_secs(5)).await.expect("connection was not closed at the deadline");
+    let closed = wait_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("connection was not closed at the deadline");
     assert!(t0.elapsed() < Duration::from_millis(600) + MARGIN, "{closed:?}");
     p.wait_slots(&run, 0).await;
 }
@@ -87,9 +102,14 @@ async fn tunnels_live_no_longer_than_the_deadline() {
     let (r, mut s) = p.connect(&run, &format!("allowed.test:{port}")).await;
     assert_eq!(r.status, 200);
     assert_eq!(echo_through(&mut s, b"abc").await, b"abc");
-    wait_closed(&mut s, Duration::from_secs(5)).await.expect("tunnel outlived its deadline");
+    wait_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("tunnel outlived its deadline");
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(650) && took < Duration::from_millis(700) + MARGIN, "{took:?}");
+    assert!(
+        took >= Duration::from_millis(650) && took < Duration::from_millis(700) + MARGIN,
+        "{took:?}"
+    );
     p.wait_slots(&run, 0).await;
 }
 
@@ -109,7 +129,9 @@ async fn idle_tunnels_are_closed() {
     }
     // ...silence closes it.
     let t0 = Instant::now();
-    wait_closed(&mut s, Duration::from_secs(5)).await.expect("idle tunnel not closed");
+    wait_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("idle tunnel not closed");
     assert!(t0.elapsed() < Duration::from_millis(300) + MARGIN);
 }
 
@@ -158,7 +180,11 @@ async fn waiting_for_a_slot_is_fifo_and_bounded_by_the_deadline() {
     let t0 = Instant::now();
     let (r2, t2) = p.connect(&run, &target).await;
     assert_eq!(r2.status, 200);
-    assert!(t0.elapsed() >= Duration::from_millis(150), "the waiter did not wait: {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(150),
+        "the waiter did not wait: {:?}",
+        t0.elapsed()
+    );
     release.await.unwrap();
     // A holder that keeps its tunnel: the waiter's wait ends by its own deadline
     // (the holder's deadline, a little earlier, may hand the slot over just in time).
@@ -182,7 +208,10 @@ async fn slots_are_released_when_the_client_aborts_during_dns() {
     p.dns.set("allowed.test", &["127.0.0.2"]);
     let run = p.run("web").await;
     let mut s = TcpStream::connect(p.proxy).await.unwrap();
-    let req = format!("CONNECT slow.test:{port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {}\r\n\r\n", run.auth());
+    let req = format!(
+        "CONNECT slow.test:{port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {}\r\n\r\n",
+        run.auth()
+    );
     s.write_all(req.as_bytes()).await.unwrap();
     p.wait_slots(&run, 1).await;
     drop(s);
@@ -190,7 +219,10 @@ async fn slots_are_released_when_the_client_aborts_during_dns() {
     let t0 = Instant::now();
     let (r, _) = p.connect(&run, &format!("allowed.test:{port}")).await;
     assert_eq!(r.status, 200);
-    assert!(t0.elapsed() < Duration::from_secs(3), "the aborted fetch still held the slot");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "the aborted fetch still held the slot"
+    );
 }
 
 #[tokio::test]
@@ -207,7 +239,11 @@ async fn slots_are_released_when_the_client_aborts_during_connect_and_mid_body()
     p.dns.set("slow.test", &["127.0.0.2"]);
     let run = p.run("web").await;
     let mut s = TcpStream::connect(p.proxy).await.unwrap();
-    let req = format!("CONNECT hole.test:{} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {}\r\n\r\n", hole.addr.port(), run.auth());
+    let req = format!(
+        "CONNECT hole.test:{} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {}\r\n\r\n",
+        hole.addr.port(),
+        run.auth()
+    );
     s.write_all(req.as_bytes()).await.unwrap();
     p.wait_slots(&run, 1).await;
     drop(s);
@@ -255,9 +291,18 @@ async fn ending_a_run_severs_tunnels_and_in_flight_requests() {
 
     let t0 = Instant::now();
     p.end(&run).await;
-    wait_closed(&mut tunnel, Duration::from_secs(5)).await.expect("tunnel survived the end of its run");
-    let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut slow, false)).await.unwrap().unwrap();
+    wait_closed(&mut tunnel, Duration::from_secs(5))
+        .await
+        .expect("tunnel survived the end of its run");
+    let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut slow, false))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((r.status, r.header("x-egress-error")), (503, Some("run_ended")));
-    assert!(t0.elapsed() < Duration::from_secs(2), "severing took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "severing took {:?}",
+        t0.elapsed()
+    );
     p.wait_slots(&run, 0).await;
 }

@@ -5,9 +5,9 @@
 //! query or connection happened.
 
 use egress_e2e::harness::{basic, TestProxy};
+use egress_e2e::netns::isolated;
 use egress_e2e::origin::{canary, echo_origin, http_origin, http_origin_on};
 use egress_e2e::raw::{connect, echo_through, send};
-use egress_e2e::netns::isolated;
 use serde_json::json;
 
 fn tools(port: u16) -> String {
@@ -29,7 +29,11 @@ async fn missing_and_wrong_credentials_get_407_and_a_fact() {
     let host = format!("allowed.test:{}", origin.addr.port());
     let run = p.run("web").await;
 
-    let r = send(p.proxy, format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).await;
+    let r = send(
+        p.proxy,
+        format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 407);
     assert_eq!(r.deny_reason(), Some("auth_missing"));
     assert!(r.header("proxy-authenticate").unwrap().starts_with("Basic"));
@@ -44,7 +48,8 @@ async fn missing_and_wrong_credentials_get_407_and_a_fact() {
         basic(&format!("{}:{}", run.id, run.secret), ""),
     ];
     for auth in &cases {
-        let req = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n");
+        let req =
+            format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n");
         let r = send(p.proxy, req.as_bytes()).await;
         assert_eq!(r.status, 407, "{auth}");
         assert_eq!(r.deny_reason(), Some("auth_invalid"), "{auth}");
@@ -58,11 +63,19 @@ async fn missing_and_wrong_credentials_get_407_and_a_fact() {
     assert_eq!(facts.iter().filter(|f| f.reason == "auth_missing").count(), 2);
     assert_eq!(facts.iter().filter(|f| f.reason == "auth_invalid").count(), cases.len());
     // A wrong secret for a known run is attributed to that run.
-    assert!(facts.iter().any(|f| f.reason == "auth_invalid" && f.run_id.as_deref() == Some(&run.id)));
+    assert!(facts
+        .iter()
+        .any(|f| f.reason == "auth_invalid" && f.run_id.as_deref() == Some(&run.id)));
     // The right credential works and is never forwarded.
-    let r = p.get(&run, &format!("http://allowed.test:{}/headers", origin.addr.port()), "").await;
+    let r = p
+        .get(&run, &format!("http://allowed.test:{}/headers", origin.addr.port()), "")
+        .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(!r.text().to_ascii_lowercase().contains("proxy-authorization"), "{}", r.text());
+    assert!(
+        !r.text().to_ascii_lowercase().contains("proxy-authorization"),
+        "{}",
+        r.text()
+    );
 }
 
 #[tokio::test]
@@ -71,7 +84,9 @@ async fn run_lifecycle_gates_egress() {
     let p = TestProxy::start(&tools(origin.addr.port())).await;
     p.dns.set("allowed.test", &["127.0.0.2"]);
     let url = format!("http://allowed.test:{}/", origin.addr.port());
-    let run = p.run_with(json!({"tool": "web", "run_id": "kernel-run-1", "activate": false})).await;
+    let run = p
+        .run_with(json!({"tool": "web", "run_id": "kernel-run-1", "activate": false}))
+        .await;
     assert_eq!(run.id, "kernel-run-1");
 
     let r = p.get(&run, &url, "").await;
@@ -92,7 +107,9 @@ async fn run_lifecycle_gates_egress() {
     let facts = p.facts().await;
     let reasons: Vec<_> = facts.iter().map(|f| f.reason.as_str()).collect();
     assert_eq!(reasons, ["run_not_active", "run_ended"]);
-    assert!(facts.iter().all(|f| f.run_id.as_deref() == Some("kernel-run-1") && f.tool.as_deref() == Some("web")));
+    assert!(facts
+        .iter()
+        .all(|f| f.run_id.as_deref() == Some("kernel-run-1") && f.tool.as_deref() == Some("web")));
 }
 
 #[tokio::test]
@@ -122,9 +139,25 @@ async fn ip_literals_in_every_spelling_are_denied_without_dns() {
     let p = TestProxy::start(&tools(8080)).await;
     let run = p.run("web").await;
     let spellings = [
-        "10.0.0.1", "127.0.0.1", "127.1", "2130706433", "0x7f.1", "0x7f000001", "0177.0.0.1", "017700000001",
-        "127.0.0.1.", "[::1]", "[::ffff:7f00:1]", "[::ffff:127.0.0.1]", "[0:0:0:0:0:ffff:7f00:1]", "169.254.169.254",
-        "0xa9.0xfe.0xa9.0xfe", "[fe80::1]", "0", "127.0.0.3", "[64:ff9b::7f00:1]",
+        "10.0.0.1",
+        "127.0.0.1",
+        "127.1",
+        "2130706433",
+        "0x7f.1",
+        "0x7f000001",
+        "0177.0.0.1",
+        "017700000001",
+        "127.0.0.1.",
+        "[::1]",
+        "[::ffff:7f00:1]",
+        "[::ffff:127.0.0.1]",
+        "[0:0:0:0:0:ffff:7f00:1]",
+        "169.254.169.254",
+        "0xa9.0xfe.0xa9.0xfe",
+        "[fe80::1]",
+        "0",
+        "127.0.0.3",
+        "[64:ff9b::7f00:1]",
     ];
     for host in spellings {
         let (r, _) = p.connect(&run, &format!("{host}:8080")).await;
@@ -132,7 +165,11 @@ async fn ip_literals_in_every_spelling_are_denied_without_dns() {
         let r = p.get(&run, &format!("http://{host}:8080/"), "").await;
         assert_eq!((r.status, r.deny_reason()), (403, Some("ip_literal")), "GET {host}");
     }
-    assert!(p.dns.queries().is_empty(), "IP literals must not cause DNS: {:?}", p.dns.queries());
+    assert!(
+        p.dns.queries().is_empty(),
+        "IP literals must not cause DNS: {:?}",
+        p.dns.queries()
+    );
     let facts = p.facts().await;
     assert_eq!(facts.len(), spellings.len() * 2);
     assert!(facts.iter().all(|f| f.reason == "ip_literal" && f.resolved.is_empty()));
@@ -184,7 +221,10 @@ async fn malformed_targets_are_bad_target() {
     }
     assert!(p.dns.queries().is_empty());
     let facts = p.facts().await;
-    assert!(facts.len() >= cases.len() - 4, "most malformed targets reach the proxy and leave a fact");
+    assert!(
+        facts.len() >= cases.len() - 4,
+        "most malformed targets reach the proxy and leave a fact"
+    );
     assert!(facts.iter().all(|f| f.reason == "bad_target"));
 }
 
@@ -204,7 +244,11 @@ async fn host_header_must_name_the_target() {
         format!("GET http://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\nHost: evil.test:{port}\r\n"),
     ];
     for head in &cases {
-        let r = send(p.proxy, format!("{head}Proxy-Authorization: {a}\r\nConnection: close\r\n\r\n").as_bytes()).await;
+        let r = send(
+            p.proxy,
+            format!("{head}Proxy-Authorization: {a}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
         assert_eq!((r.status, r.deny_reason()), (400, Some("host_mismatch")), "{head}");
     }
     assert_eq!(origin.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
@@ -217,7 +261,11 @@ async fn host_header_must_name_the_target() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains(&format!("host: allowed.test:{port}")), "{}", r.text());
-    assert!(r.text().starts_with("GET /headers "), "origin-form upstream: {}", r.text());
+    assert!(
+        r.text().starts_with("GET /headers "),
+        "origin-form upstream: {}",
+        r.text()
+    );
 }
 
 #[tokio::test]
@@ -240,8 +288,16 @@ async fn allowlist_is_checked_before_any_dns_query() {
         let (r, _) = p.connect(&run, t).await;
         assert_eq!((r.status, r.deny_reason()), (403, Some("not_allowlisted")), "{t}");
     }
-    assert!(p.dns.queries().is_empty(), "denied names were looked up: {:?}", p.dns.queries());
-    for t in [format!("allowed.test:{port}"), format!("A.CDN.test:{port}"), format!("a.cdn.test.:{port}")] {
+    assert!(
+        p.dns.queries().is_empty(),
+        "denied names were looked up: {:?}",
+        p.dns.queries()
+    );
+    for t in [
+        format!("allowed.test:{port}"),
+        format!("A.CDN.test:{port}"),
+        format!("a.cdn.test.:{port}"),
+    ] {
         let (r, mut s) = p.connect(&run, &t).await;
         assert_eq!(r.status, 200, "{t}");
         assert_eq!(echo_through(&mut s, b"hello tunnel").await, b"hello tunnel");
@@ -317,7 +373,10 @@ async fn dns_rebinding_never_reaches_the_denied_address() {
     }
     assert_eq!(can.connections(), 0, "a rebinding answer was dialled");
     assert!(ok > 0 && denied > 0, "both answers were seen: ok={ok} denied={denied}");
-    assert!(p.dns.queries().len() >= 20, "TTL 0 answers are looked up again per fetch");
+    assert!(
+        p.dns.queries().len() >= 20,
+        "TTL 0 answers are looked up again per fetch"
+    );
 }
 
 #[tokio::test]
@@ -358,7 +417,11 @@ async fn the_proxy_never_connects_to_itself() {
     dns.set("loopy.test", &["127.0.0.1"]);
     dns.set("private.test", &["127.0.0.1"]);
     let run = p.run("web").await;
-    for t in [format!("loopy.test:{listen_port}"), format!("127.0.0.1:{listen_port}"), format!("private.test:{listen_port}")] {
+    for t in [
+        format!("loopy.test:{listen_port}"),
+        format!("127.0.0.1:{listen_port}"),
+        format!("private.test:{listen_port}"),
+    ] {
         let (r, _) = p.connect(&run, &t).await;
         assert_eq!((r.status, r.deny_reason()), (403, Some("self_loop")), "{t}");
     }
@@ -378,9 +441,16 @@ async fn report_mode_allows_and_records() {
     assert_eq!(r.status, 200, "report mode lets it through");
     let facts = p.facts().await;
     assert_eq!(facts.len(), 1);
-    assert_eq!((facts[0].reason.as_str(), facts[0].mode.as_str()), ("not_allowlisted", "report"));
+    assert_eq!(
+        (facts[0].reason.as_str(), facts[0].mode.as_str()),
+        ("not_allowlisted", "report")
+    );
     // Authentication is never waived.
-    let r = send(p.proxy, format!("GET http://other.test:{port}/ HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n").as_bytes()).await;
+    let r = send(
+        p.proxy,
+        format!("GET http://other.test:{port}/ HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n").as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 407);
 }
 
@@ -430,6 +500,8 @@ async fn non_loopback_private_answers_are_denied_in_an_isolated_netns() {
     }
     let facts = p.facts().await;
     assert_eq!(facts.len(), answers.len());
-    assert!(facts.iter().all(|f| f.reason == "private_address" && !f.resolved.is_empty()));
+    assert!(facts
+        .iter()
+        .all(|f| f.reason == "private_address" && !f.resolved.is_empty()));
     let _ = http_origin_on;
 }

@@ -36,7 +36,14 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
         .await;
     assert_eq!(r.status, 200);
     let seen = r.text().to_ascii_lowercase();
-    for gone in ["x-drop-me", "keep-alive", "te:", "proxy-connection", "upgrade", "proxy-authorization"] {
+    for gone in [
+        "x-drop-me",
+        "keep-alive",
+        "te:",
+        "proxy-connection",
+        "upgrade",
+        "proxy-authorization",
+    ] {
         assert!(!seen.contains(gone), "{gone} reached the origin:\n{seen}");
     }
     assert!(seen.contains("x-keep: 1"));
@@ -57,24 +64,35 @@ async fn oversized_heads_get_431_and_the_proxy_survives() {
     let big = format!("X-Big: {}\r\n", "a".repeat(20_000));
     let r = p.get(&run, &format!("http://allowed.test:{port}/"), &big).await;
     assert_eq!(r.status, 431);
-    assert_eq!(p.get(&run, &format!("http://allowed.test:{port}/"), "").await.status, 200);
+    assert_eq!(
+        p.get(&run, &format!("http://allowed.test:{port}/"), "").await.status,
+        200
+    );
 }
 
 #[tokio::test]
 async fn slow_heads_are_cut_by_the_header_read_timeout() {
     let p = TestProxy::start_with("header_read_timeout_ms = 300", &tool(80), None).await;
     let mut s = TcpStream::connect(p.proxy).await.unwrap();
-    s.write_all(b"GET http://allowed.test/ HTTP/1.1\r\nHost: allo").await.unwrap();
+    s.write_all(b"GET http://allowed.test/ HTTP/1.1\r\nHost: allo")
+        .await
+        .unwrap();
     let t0 = Instant::now();
-    wait_closed(&mut s, Duration::from_secs(5)).await.expect("slowloris connection stayed open");
+    wait_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("slowloris connection stayed open");
     assert!(t0.elapsed() < Duration::from_millis(300) + Duration::from_millis(1500));
     // Blank lines only (allowed before a request line by RFC 9112 §2.2): closed at the timeout.
     let mut s = TcpStream::connect(p.proxy).await.unwrap();
     s.write_all(b"\r\n\r\n\r\n").await.unwrap();
-    wait_closed(&mut s, Duration::from_secs(5)).await.expect("blank-line connection stayed open");
+    wait_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("blank-line connection stayed open");
     // An idle connection that never sends anything is closed too.
     let mut s = TcpStream::connect(p.proxy).await.unwrap();
-    wait_closed(&mut s, Duration::from_secs(5)).await.expect("idle connection stayed open");
+    wait_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("idle connection stayed open");
 }
 
 #[tokio::test]
@@ -84,7 +102,11 @@ async fn garbage_truncated_and_pipelined_input() {
     let p = TestProxy::start(&tool(port)).await;
     p.dns.set("allowed.test", &["127.0.0.2"]);
     let run = p.run("web").await;
-    for garbage in [&b"\x00\x01\x02\xff\xfe garbage\r\n\r\n"[..], b"GET\r\n\r\n", b"HELLO WORLD HTTP/9.9\r\n\r\n"] {
+    for garbage in [
+        &b"\x00\x01\x02\xff\xfe garbage\r\n\r\n"[..],
+        b"GET\r\n\r\n",
+        b"HELLO WORLD HTTP/9.9\r\n\r\n",
+    ] {
         let r = send(p.proxy, garbage).await;
         assert_eq!(r.status, 400, "{garbage:?}");
     }
@@ -95,11 +117,19 @@ async fn garbage_truncated_and_pipelined_input() {
         drop(s);
     }
     // Non-UTF-8 in a header value must not panic.
-    let r = p.get(&run, &format!("http://allowed.test:{port}/"), "X-Bin: \u{fffd}\u{1}\r\n").await;
+    let r = p
+        .get(
+            &run,
+            &format!("http://allowed.test:{port}/"),
+            "X-Bin: \u{fffd}\u{1}\r\n",
+        )
+        .await;
     assert!(r.status == 200 || r.status == 400);
     // Two pipelined requests in one write get two answers, in order.
     let a = run.auth();
-    let one = format!("GET http://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Authorization: {a}\r\n\r\n");
+    let one = format!(
+        "GET http://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Authorization: {a}\r\n\r\n"
+    );
     let two = format!("GET http://allowed.test:{port}/headers HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Authorization: {a}\r\nConnection: close\r\n\r\n");
     let mut s = TcpStream::connect(p.proxy).await.unwrap();
     s.write_all(format!("{one}{two}").as_bytes()).await.unwrap();
@@ -109,7 +139,10 @@ async fn garbage_truncated_and_pipelined_input() {
     assert_eq!(r2.status, 200);
     assert!(r2.text().starts_with("GET /headers"));
     // Still serving.
-    assert_eq!(p.get(&run, &format!("http://allowed.test:{port}/"), "").await.status, 200);
+    assert_eq!(
+        p.get(&run, &format!("http://allowed.test:{port}/"), "").await.status,
+        200
+    );
 }
 
 #[tokio::test]
@@ -117,7 +150,11 @@ async fn request_bodies_are_forwarded() {
     let (echo, _) = echo_origin("127.0.0.2:0").await;
     let origin = http_origin("127.0.0.2:0").await;
     let port = origin.addr.port();
-    let p = TestProxy::start(&format!("[tools.web]\negress = [\"allowed.test:{port}\", \"allowed.test:{}\"]\n", echo.port())).await;
+    let p = TestProxy::start(&format!(
+        "[tools.web]\negress = [\"allowed.test:{port}\", \"allowed.test:{}\"]\n",
+        echo.port()
+    ))
+    .await;
     p.dns.set("allowed.test", &["127.0.0.2"]);
     let run = p.run("web").await;
     let body = "x".repeat(100_000);
@@ -129,12 +166,18 @@ async fn request_bodies_are_forwarded() {
     let r = send(p.proxy, req.as_bytes()).await;
     assert_eq!(r.status, 200);
     assert!(r.text().contains("content-length: 100000"), "{}", r.text());
-    let r = p.get(&run, &format!("http://allowed.test:{port}/bytes?n=3000000"), "").await;
+    let r = p
+        .get(&run, &format!("http://allowed.test:{port}/bytes?n=3000000"), "")
+        .await;
     assert_eq!((r.status, r.body.len()), (200, 3_000_000));
 }
 
 fn have(cmd: &str) -> bool {
-    Command::new("sh").args(["-c", &format!("command -v {cmd}")]).output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 #[tokio::test]
@@ -149,22 +192,60 @@ async fn curl_works_unchanged_for_http_and_connect() {
     let url = run.url.clone();
     let target = format!("http://allowed.test:{port}/");
     let out = tokio::task::spawn_blocking(move || {
-        let plain = Command::new("curl").args(["-sS", "-m", "10", "-x", &url, &target]).output().unwrap();
-        let tunnel = Command::new("curl").args(["-sS", "-m", "10", "-p", "-x", &url, &target]).output().unwrap();
+        let plain = Command::new("curl")
+            .args(["-sS", "-m", "10", "-x", &url, &target])
+            .output()
+            .unwrap();
+        let tunnel = Command::new("curl")
+            .args(["-sS", "-m", "10", "-p", "-x", &url, &target])
+            .output()
+            .unwrap();
         let denied = Command::new("curl")
-            .args(["-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "-x", &url, "http://evil.test/"])
+            .args([
+                "-sS",
+                "-m",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-x",
+                &url,
+                "http://evil.test/",
+            ])
             .output()
             .unwrap();
         let denied_tunnel = Command::new("curl")
-            .args(["-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_connect}", "-x", &url, "https://evil.test/"])
+            .args([
+                "-sS",
+                "-m",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_connect}",
+                "-x",
+                &url,
+                "https://evil.test/",
+            ])
             .output()
             .unwrap();
         (plain, tunnel, denied, denied_tunnel)
     })
     .await
     .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.0.stdout), "hello from origin", "{}", String::from_utf8_lossy(&out.0.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.1.stdout), "hello from origin", "{}", String::from_utf8_lossy(&out.1.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.0.stdout),
+        "hello from origin",
+        "{}",
+        String::from_utf8_lossy(&out.0.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.1.stdout),
+        "hello from origin",
+        "{}",
+        String::from_utf8_lossy(&out.1.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.2.stdout), "403");
     assert_eq!(String::from_utf8_lossy(&out.3.stdout), "403");
     let reasons: Vec<String> = p.facts().await.into_iter().map(|f| f.reason).collect();
@@ -173,8 +254,15 @@ async fn curl_works_unchanged_for_http_and_connect() {
 
 #[tokio::test]
 async fn python_requests_works_unchanged() {
-    let ok = Command::new("python3").args(["-c", "import requests"]).output().map(|o| o.status.success()).unwrap_or(false);
-    assert!(ok, "python3 with requests is required for this test (pip install requests)");
+    let ok = Command::new("python3")
+        .args(["-c", "import requests"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "python3 with requests is required for this test (pip install requests)"
+    );
     let origin = http_origin("127.0.0.2:0").await;
     let port = origin.addr.port();
     let p = TestProxy::start(&tool(port)).await;
@@ -212,16 +300,30 @@ except requests.exceptions.ProxyError as e:
     .await
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(stdout, "200 hello from origin\n403 not_allowlisted\nproxy refused tunnel\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        stdout,
+        "200 hello from origin\n403 not_allowlisted\nproxy refused tunnel\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
 async fn control_api_errors_are_clear_json() {
     let p = TestProxy::start(&tool(80)).await;
-    let r = p.control_raw("POST", "/v1/runs", Some(json!({"tool": "web"})), None).await;
+    let r = p
+        .control_raw("POST", "/v1/runs", Some(json!({"tool": "web"})), None)
+        .await;
     assert_eq!(r.status, 401);
     assert_eq!(r.header("www-authenticate"), Some("Bearer"));
-    let r = p.control_raw("POST", "/v1/runs", Some(json!({"tool": "web"})), Some("wrong-token-wrong-token")).await;
+    let r = p
+        .control_raw(
+            "POST",
+            "/v1/runs",
+            Some(json!({"tool": "web"})),
+            Some("wrong-token-wrong-token"),
+        )
+        .await;
     assert_eq!(r.status, 401);
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "unauthorized");
@@ -236,7 +338,9 @@ async fn control_api_errors_are_clear_json() {
         assert_eq!((s, v["error"]["code"].as_str()), (status, Some(code)), "{body}: {v}");
     }
     p.run_with(json!({"tool": "web", "run_id": "dup"})).await;
-    let (s, v) = p.control("POST", "/v1/runs", Some(json!({"tool": "web", "run_id": "dup"}))).await;
+    let (s, v) = p
+        .control("POST", "/v1/runs", Some(json!({"tool": "web", "run_id": "dup"})))
+        .await;
     assert_eq!((s, v["error"]["code"].as_str()), (409, Some("run_exists")));
     let (s, v) = p.control("GET", "/v1/runs/missing", None).await;
     assert_eq!((s, v["error"]["code"].as_str()), (404, Some("run_not_found")));
@@ -309,7 +413,10 @@ async fn the_fact_is_recorded_before_the_denial_is_answered() {
     let t0 = Instant::now();
     let r = p.get(&run, "http://evil.test/", "").await;
     assert_eq!(r.deny_reason(), Some("not_allowlisted"));
-    assert!(t0.elapsed() >= Duration::from_millis(400), "answered before the fact was stored");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "answered before the fact was stored"
+    );
     assert_eq!(p.facts().await.len(), 1);
 }
 
@@ -334,5 +441,8 @@ async fn a_broken_fact_store_fails_closed() {
     assert_eq!(origin.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert_eq!(p.control_raw("GET", "/readyz", None, None).await.status, 503);
     let m = p.metrics().await;
-    assert!(egress_e2e::harness::sample(&m, "egress_fact_write_failures_total") >= 2.0, "{m}");
+    assert!(
+        egress_e2e::harness::sample(&m, "egress_fact_write_failures_total") >= 2.0,
+        "{m}"
+    );
 }
