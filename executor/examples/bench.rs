@@ -222,6 +222,48 @@ pool = {{ warm = 8, max = 8 }}
         println!("{line}");
         tput.push(line);
     }
+    // The same Rust echo without PID namespaces (process-group mode).
+    let pg_cfg = {
+        let text = std::fs::read_to_string(dir.join("bench.toml")).unwrap_or_default();
+        let text = text.replace("[executor]\n", "[executor]\npid_namespace = false\n");
+        std::fs::write(dir.join("bench-pg.toml"), text).unwrap_or_else(|e| panic!("{e}"));
+        Config::load(&dir.join("bench-pg.toml")).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let pg = Executor::new(pg_cfg, Some("t".into())).unwrap_or_else(|e| panic!("{e}"));
+    pg.warm_up();
+    let mut v = Vec::new();
+    for i in 0..n as u64 {
+        wait_ready(&pg, "rs", 2).await;
+        let t0 = Instant::now();
+        let r = pg.invoke(req("rs", i)).await;
+        v.push(t0.elapsed());
+        assert!(r.ok, "{r:?}");
+    }
+    out.push(stats("warm invocation round trip, Rust echo, process-group mode", v));
+    wait_ready(&pg, "rs8", 8).await;
+    let t0 = Instant::now();
+    let mut handles = Vec::new();
+    for w in 0..8u64 {
+        let pg = pg.clone();
+        handles.push(tokio::spawn(async move {
+            for i in 0..(n / 8) as u64 {
+                let r = pg.invoke(req("rs8", w * 1000 + i)).await;
+                assert!(r.ok, "{r:?}");
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    let line = format!(
+        "| 8-way concurrent, Rust echo, process-group mode | {} invocations | {:.1} invocations/s |",
+        n / 8 * 8,
+        (n / 8 * 8) as f64 / t0.elapsed().as_secs_f64()
+    );
+    println!("{line}");
+    tput.push(line);
+    pg.shutdown();
+
     println!(
         "\n{}\n\n| throughput | count | rate |\n|---|---|---|\n{}",
         out.join("\n"),

@@ -16,6 +16,10 @@ use serde_json::{json, Value};
 
 /// Largest control API response body the executor reads.
 const MAX_BODY: usize = 4 << 20;
+/// Idle keep-alive connections kept to the control API.
+const MAX_IDLE: usize = 16;
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 /// A control API failure.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +56,8 @@ pub struct ControlClient {
     token_file: PathBuf,
     token: Mutex<Option<String>>,
     timeout: Duration,
+    /// Idle keep-alive connections (bounded by `MAX_IDLE`).
+    idle: Mutex<Vec<Sender>>,
 }
 
 impl ControlClient {
@@ -68,6 +74,7 @@ impl ControlClient {
             token_file,
             token: Mutex::new(None),
             timeout: Duration::from_secs(5),
+            idle: Mutex::new(Vec::new()),
         }
     }
 
@@ -144,6 +151,38 @@ impl ControlClient {
         }
     }
 
+    /// A new connection to the control API.
+    async fn connect(&self) -> Result<Sender, ControlError> {
+        let unreachable = |m: String| ControlError::Unreachable {
+            addr: self.addr,
+            message: m,
+        };
+        let stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        // The connection task ends when the connection closes or its last
+        // sender is dropped.
+        tokio::spawn(conn);
+        Ok(sender)
+    }
+
+    /// A kept-alive connection that is still open and ready, if any.
+    async fn idle_sender(&self) -> Option<Sender> {
+        loop {
+            let mut s = self.idle.lock().ok()?.pop()?;
+            if s.is_closed() {
+                continue;
+            }
+            if s.ready().await.is_ok() {
+                return Some(s);
+            }
+        }
+    }
+
     async fn call(&self, method: &str, path: &str, body: Option<Value>, what: &str) -> Result<Value, ControlError> {
         let token = self.token()?;
         match tokio::time::timeout(self.timeout, self.call_inner(method, path, body, what, &token)).await {
@@ -167,35 +206,50 @@ impl ControlClient {
             addr: self.addr,
             message: m,
         };
-        let stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let conn_task = tokio::spawn(conn);
+        let (mut sender, reused) = match self.idle_sender().await {
+            Some(s) => (s, true),
+            None => (self.connect().await?, false),
+        };
         let bytes = match &body {
             Some(b) => Bytes::from(serde_json::to_vec(b).unwrap_or_default()),
             None => Bytes::new(),
         };
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(http::header::HOST, self.addr.to_string())
-            .header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-        if body.is_some() {
-            req = req.header(http::header::CONTENT_TYPE, "application/json");
-        }
-        let req = req.body(Full::new(bytes)).map_err(|e| unreachable(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| unreachable(e.to_string()))?;
+        let build = || {
+            let mut req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(http::header::HOST, self.addr.to_string())
+                .header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+            if body.is_some() {
+                req = req.header(http::header::CONTENT_TYPE, "application/json");
+            }
+            req.body(Full::new(bytes.clone()))
+                .map_err(|e| unreachable(e.to_string()))
+        };
+        let resp = match sender.send_request(build()?).await {
+            Ok(r) => r,
+            // A kept-alive connection the server closed while idle: the
+            // request was not processed, so it is safe to send it again.
+            Err(e) if reused && (e.is_incomplete_message() || e.is_canceled() || e.is_closed()) => {
+                sender = self.connect().await?;
+                sender
+                    .send_request(build()?)
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?
+            }
+            Err(e) => return Err(unreachable(e.to_string())),
+        };
         let status = resp.status().as_u16();
         let collected = Limited::new(resp.into_body(), MAX_BODY)
             .collect()
             .await
             .map_err(|e| unreachable(e.to_string()))?
             .to_bytes();
-        conn_task.abort();
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE && !sender.is_closed() {
+                idle.push(sender);
+            }
+        }
         let v: Value = serde_json::from_slice(&collected).unwrap_or(Value::Null);
         if !(200..300).contains(&status) {
             let err = v.get("error");

@@ -453,6 +453,16 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         confinement: l.confinement,
     };
     let process = spawner.spawn(spec).await?;
+    if l.pid_namespace && !process.in_pid_namespace() {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "cannot create PID namespaces here (needs root or CAP_SYS_ADMIN): children run in \
+                 process groups, so a descendant that calls setsid can outlive a kill and the \
+                 executor's death; see docs/executor.md"
+            );
+        }
+    }
     Ok(Launched {
         process,
         ipc,

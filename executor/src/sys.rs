@@ -222,7 +222,12 @@ fn clone_child(prepared: &Prepared, pid_namespace: bool) -> io::Result<(Pid, Own
         )
     };
     if ret < 0 {
-        return Err(io::Error::last_os_error());
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOSYS) && !pid_namespace {
+            // Kernels before 5.3, or seccomp profiles that hide clone3.
+            return fork_child(prepared);
+        }
+        return Err(err);
     }
     if ret == 0 {
         child_after_clone(prepared, pid_namespace);
@@ -231,6 +236,29 @@ fn clone_child(prepared: &Prepared, pid_namespace: bool) -> io::Result<(Pid, Own
     // SAFETY: the kernel stored a fresh pidfd owned by nobody else in `pidfd`.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     Ok((pid, pidfd))
+}
+
+/// Fallback without clone3: plain fork, then a pidfd for the child (race-free:
+/// the child cannot be reaped, so its pid cannot be reused, before we open it).
+fn fork_child(prepared: &Prepared) -> io::Result<(Pid, OwnedFd)> {
+    // SAFETY: the child only runs `child_after_clone`, which makes nothing but
+    // async-signal-safe system calls before exec or _exit.
+    let ret = unsafe { libc::fork() };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if ret == 0 {
+        child_after_clone(prepared, false);
+    }
+    let pid = Pid::from_raw(ret).ok_or_else(|| io::Error::other("fork returned pid 0"))?;
+    match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => Ok((pid, fd)),
+        Err(e) => {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+            Err(e.into())
+        }
+    }
 }
 
 /// Report `stage` and errno through the error pipe and exit. Never returns.
