@@ -22,6 +22,14 @@ pub enum ProxyBody {
 }
 
 impl ProxyBody {
+    /// A guarded upstream body; one that is already complete is marked so.
+    pub fn stream(mut g: Guarded) -> ProxyBody {
+        if g.inner.is_end_stream() {
+            g.finish.complete();
+        }
+        ProxyBody::Stream(Box::new(g))
+    }
+
     pub fn text(s: impl Into<Bytes>) -> ProxyBody {
         ProxyBody::Full(Some(s.into()))
     }
@@ -68,6 +76,10 @@ impl Body for ProxyBody {
                     Poll::Ready(Some(Ok(frame))) => {
                         if let Some(d) = frame.data_ref() {
                             g.finish.down += d.len() as u64;
+                        }
+                        // hyper stops polling once the body says it has ended.
+                        if g.inner.is_end_stream() {
+                            g.finish.complete();
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }

@@ -94,14 +94,42 @@ pub fn router(sh: Arc<Shared>) -> Router {
         .with_state(sh)
 }
 
+/// Serves the control API (HTTP/1.1, or HTTPS when TLS is configured).
 pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
-    let shutdown = sh.shutdown.clone();
-    let app = router(sh);
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-    {
-        tracing::error!(error = %e, "control listener failed");
+    let app = router(sh.clone());
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(sh.cfg.header_read_timeout);
+    let builder = Arc::new(builder);
+    // Control connections are few; bound them anyway.
+    let limit = Arc::new(tokio::sync::Semaphore::new(256));
+    loop {
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(stream) = crate::server::accept(&sh, &listener).await else {
+            return;
+        };
+        let sh2 = sh.clone();
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match &sh2.tls {
+                None => {
+                    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                    crate::server::serve_one(&sh2, conn).await
+                }
+                Some(acceptor) => {
+                    let hs = tokio::time::timeout(sh2.cfg.header_read_timeout, acceptor.accept(stream)).await;
+                    if let Ok(Ok(tls)) = hs {
+                        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                        crate::server::serve_one(&sh2, conn).await;
+                    }
+                }
+            }
+        });
     }
 }
 

@@ -350,7 +350,7 @@ impl<'a> Ctx<'a> {
             run = self.run.map(|r| &*r.id).unwrap_or("-"),
             tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
             kind = self.kind.as_str(),
-            target = %target.map(|t| t.to_string()).or(raw).unwrap_or_default(),
+            dest = %target.map(|t| t.to_string()).or(raw).unwrap_or_default(),
             decision = "denied",
             reason = reason.code(),
             duration_ms = self.started.elapsed().as_millis() as u64,
@@ -376,7 +376,7 @@ impl<'a> Ctx<'a> {
             run = self.run.map(|r| &*r.id).unwrap_or("-"),
             tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
             kind = self.kind.as_str(),
-            target = %target,
+            dest = %target,
             decision = "reported",
             reason = d.reason.code(),
             detail = %d.detail,
@@ -627,5 +627,5 @@ async fn forward(
         finish,
         _slot: slot,
     };
-    Response::from_parts(parts, ProxyBody::Stream(Box::new(guarded)))
+    Response::from_parts(parts, ProxyBody::stream(guarded))
 }

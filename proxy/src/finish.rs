@@ -117,7 +117,7 @@ impl Drop for Finish {
             run = %self.run_id,
             tool = %self.tool,
             kind = self.kind.as_str(),
-            target = %self.target,
+            dest = %self.target,
             decision = "allowed",
             outcome,
             reason = self.reason,

@@ -67,17 +67,21 @@ fn next_seq(c: &Connection) -> rusqlite::Result<u64> {
         .map(|v| v as u64 + 1)
 }
 
-/// Key under which identical denials of one batch are folded.
-fn fold_key(
-    f: &Fact,
-) -> (
+/// Key under which identical denials of one batch are folded: everything
+/// but the fact's id, time and detail.
+type FoldKey = (
     Option<String>,
     Option<String>,
     String,
     String,
     Option<(String, String, u16)>,
     Vec<String>,
-) {
+);
+
+/// One folded fact and the requests waiting for it.
+type Group = (Fact, Vec<oneshot::Sender<Result<u64, FactError>>>);
+
+fn fold_key(f: &Fact) -> FoldKey {
     (
         f.run_id.clone(),
         f.tool.clone(),
@@ -216,13 +220,13 @@ impl Writer {
 
     fn commit(&mut self, batch: &mut Vec<Pending>) {
         // Fold identical denials of this batch into one fact with a count.
-        let mut groups: Vec<(Fact, Vec<oneshot::Sender<Result<u64, FactError>>>)> = Vec::new();
+        let mut groups: Vec<Group> = Vec::new();
         let mut index = HashMap::new();
         for p in batch.drain(..) {
             let key = fold_key(&p.fact);
             match index.get(&key) {
                 Some(&i) => {
-                    let g: &mut (Fact, Vec<_>) = &mut groups[i];
+                    let g: &mut Group = &mut groups[i];
                     g.0.count += p.fact.count;
                     g.1.push(p.reply);
                 }
@@ -258,7 +262,7 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, groups: &mut [(Fact, Vec<oneshot::Sender<Result<u64, FactError>>>)]) -> rusqlite::Result<()> {
+    fn write(&mut self, groups: &mut [Group]) -> rusqlite::Result<()> {
         if self.conn.is_none() {
             let c = open(&self.path)?;
             self.next = next_seq(&c)?;

@@ -98,20 +98,7 @@ impl TestProxy {
     }
 
     pub async fn control_raw(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>) -> RawResponse {
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: control\r\nConnection: close\r\n");
-        if let Some(t) = token {
-            req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-        }
-        if !body.is_empty() {
-            req.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                body.len()
-            ));
-        }
-        req.push_str("\r\n");
-        req.push_str(&body);
-        send(self.control, req.as_bytes()).await
+        control_call(self.control, method, path, body, token).await
     }
 
     /// Creates an active run for `tool`.
@@ -186,6 +173,30 @@ impl TestProxy {
     pub async fn metrics(&self) -> String {
         self.control_raw("GET", "/metrics", None, None).await.text()
     }
+}
+
+/// One control API call on `addr`.
+pub async fn control_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> RawResponse {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: control\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    send(addr, req.as_bytes()).await
 }
 
 /// Reads one sample value from Prometheus text (`name{labels}` exactly as rendered).

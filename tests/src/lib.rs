@@ -9,6 +9,7 @@ pub mod dns;
 pub mod harness;
 pub mod netns;
 pub mod origin;
+pub mod process;
 pub mod raw;
 
 pub use dns::FakeDns;

@@ -2,6 +2,7 @@
 //! and a slow origin each end within the fetch deadline plus a margin; slots
 //! are held for a fetch's whole life and released on every exit path; ending
 //! a run severs its tunnels and in-flight requests at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::TestProxy;
 use egress_e2e::origin::{black_hole, echo_origin, http_origin};

@@ -3,6 +3,7 @@
 //! denied ranges, DNS rebinding, self-loops and report mode. Each test
 //! asserts status, reason header, fact, and (where it matters) that no DNS
 //! query or connection happened.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::{basic, TestProxy};
 use egress_e2e::netns::isolated;

@@ -3,6 +3,7 @@
 //! input, real clients (curl, Python requests), the control API's errors,
 //! and the fact-before-response rule (a slow sink delays the answer; a
 //! failing sink fails closed).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::{TestProxy, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};

@@ -1,0 +1,121 @@
+//! Runs the real `egress-proxy` binary for tests that need a process: crash
+//! durability (`kill -9`), signals (SIGHUP reload, SIGTERM drain), the CLI.
+//! The binary is the one cargo built beside the test executable.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary built by cargo for this test run.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} not built; run `cargo build -p egress-proxy` (cargo test --workspace builds it)",
+        p.display()
+    );
+    p
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct ProxyProcess {
+    pub child: Child,
+    pub proxy: SocketAddr,
+    pub control: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl ProxyProcess {
+    /// Starts `egress-proxy serve --config <path>` and waits until `/healthz` answers.
+    pub fn start(
+        config: &Path,
+        proxy: SocketAddr,
+        control: SocketAddr,
+        token: &str,
+        extra_args: &[&str],
+    ) -> ProxyProcess {
+        let log = config.with_extension("log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin("egress-proxy"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(extra_args)
+            .env("EGRESS_CONTROL_TOKEN", token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap();
+        let p = ProxyProcess {
+            child,
+            proxy,
+            control,
+            log,
+        };
+        p.wait_healthy();
+        p
+    }
+
+    pub fn wait_healthy(&self) {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(mut s) = std::net::TcpStream::connect(self.control) {
+                use std::io::{Read, Write};
+                let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n");
+                let mut buf = String::new();
+                let _ = s.read_to_string(&mut buf);
+                if buf.starts_with("HTTP/1.1 200") {
+                    return;
+                }
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "proxy did not become healthy: {}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    /// Waits for exit; returns the exit code (None if killed by a signal).
+    pub fn wait_exit(&mut self, cap: Duration) -> Option<i32> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code();
+            }
+            assert!(t0.elapsed() < cap, "proxy did not exit within {cap:?}: {}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
