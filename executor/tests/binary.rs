@@ -279,3 +279,50 @@ async fn run_times_out_with_exit_124() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("timeout"), "{err}");
 }
+
+#[tokio::test]
+async fn serve_aborts_an_invocation_over_http() {
+    if python().is_none() {
+        return;
+    }
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("httpabort");
+    dir.write("slow.py", "import time\ndef run(input, ctx):\n    time.sleep(300)\n");
+    let runner = runners_dir().join("loom_runner.py");
+    let cfg = write_config(
+        &dir,
+        control.addr,
+        true,
+        &format!(
+            "[tools.slow]\negress = []\n[tools.slow.process]\ncommand = [\"python3\", \"{}\", \"slow.py\"]\npool = {{ warm = 1, max = 1, queue = 0 }}\n",
+            runner.display()
+        ),
+    );
+    let (mut child, addr) = serve(&cfg);
+    let activated = control.activated.clone();
+    let notified = activated.notified();
+    let call = tokio::spawn(async move {
+        http(
+            addr,
+            "POST",
+            "/v1/invocations",
+            Some(json!({"tool": "slow", "input": null, "idempotency_key": "stop-me"})),
+        )
+        .await
+    });
+    // The run is activated just before `invoke` is written: it is in flight.
+    notified.await;
+    // A second invocation finds the only child busy and no queue.
+    let (status, body) = http(addr, "POST", "/v1/invocations", Some(json!({"tool": "slow"}))).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"kind\":\"busy\""), "{body}");
+    let (status, body) = http(addr, "POST", "/v1/invocations/stop-me/abort", None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ok"], json!(false));
+    assert_eq!(v["error"]["kind"], json!("aborted"), "{body}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
