@@ -89,6 +89,13 @@ class Context {
   emit(fact) { this._ch.send({ t: 'emit', fact }); }
 }
 
+/** Resolve once everything written to stdout/stderr so far is flushed. */
+function flushStdio() {
+  return Promise.all([process.stdout, process.stderr].map((s) => new Promise((resolve) => {
+    try { s.write('', () => resolve()); } catch (_) { resolve(); }
+  })));
+}
+
 function errorMessage(e) {
   if (e && e.name && e.message !== undefined) return e.name + ': ' + e.message;
   return String(e);
@@ -109,6 +116,7 @@ async function main(run, load) {
     if (typeof run !== 'function') throw new TypeError('the tool has no run(input, ctx) function');
   } catch (e) {
     process.stderr.write((e && e.stack ? e.stack : String(e)) + '\n');
+    await flushStdio();
     ch.send({ t: 'error', message: 'load failed: ' + errorMessage(e) });
     process.exit(1);
   }
@@ -116,14 +124,20 @@ async function main(run, load) {
   const msg = await ch.recv();
   if (!msg || msg.t !== 'invoke') process.exit(0);
   let code = 0;
+  let reply;
   try {
     const output = await run(msg.input, new Context(ch, msg));
-    ch.send({ t: 'result', output: output === undefined ? null : output });
+    reply = { t: 'result', output: output === undefined ? null : output };
+    JSON.stringify(reply);
   } catch (e) {
     process.stderr.write((e && e.stack ? e.stack : String(e)) + '\n');
-    ch.send({ t: 'error', message: errorMessage(e) });
+    reply = { t: 'error', message: errorMessage(e) };
     code = 1;
   }
+  // The executor kills the child as soon as the result arrives: flush the
+  // tool's own output first so none of it is lost.
+  await flushStdio();
+  ch.send(reply);
   ch.close();
   process.exit(code);
 }

@@ -101,8 +101,8 @@ def main(run=None, load=None):
             raise TypeError("the tool has no callable run(input, ctx)")
     except BaseException as e:  # noqa: BLE001 - every load failure is reported
         traceback.print_exc()
+        _flush()
         channel.send({"t": "error", "message": "load failed: %s: %s" % (type(e).__name__, e)})
-        sys.stderr.flush()
         os._exit(1)
     channel.send({"t": "ready"})
     msg = channel.recv()
@@ -118,15 +118,24 @@ def main(run=None, load=None):
             import asyncio
 
             output = asyncio.run(_await(output))
-        channel.send({"t": "result", "output": output})
-        code = 0
+        msg, code = {"t": "result", "output": output}, 0
+        json.dumps(msg, default=str)
     except BaseException as e:  # noqa: BLE001 - every tool failure is reported
         traceback.print_exc()
-        channel.send({"t": "error", "message": "%s: %s" % (type(e).__name__, e)})
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
+        msg, code = {"t": "error", "message": "%s: %s" % (type(e).__name__, e)}, 1
+    # The executor kills the child as soon as the result arrives: flush the
+    # tool's own output first so none of it is lost.
+    _flush()
+    channel.send(msg)
     os._exit(code)
+
+
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not fail the run
+            pass
 
 
 async def _await(x):

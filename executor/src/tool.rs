@@ -78,13 +78,16 @@ impl Channel {
         self.send(&ChildMsg::Emit { fact })
     }
 
-    /// Finish with a result.
+    /// Finish with a result. Flushes stdout/stderr first: the executor kills
+    /// the child as soon as the result arrives.
     pub fn result(mut self, output: Value) -> io::Result<()> {
+        flush_stdio();
         self.send(&ChildMsg::Result { output })
     }
 
-    /// Finish with an error.
+    /// Finish with an error (stdout/stderr flushed first).
     pub fn error(mut self, message: impl Into<String>) -> io::Result<()> {
+        flush_stdio();
         self.send(&ChildMsg::Error {
             message: message.into(),
         })
@@ -112,4 +115,9 @@ where
         Ok(v) => ch.result(v),
         Err(e) => ch.error(e),
     }
+}
+
+fn flush_stdio() {
+    let _ = io::stdout().flush();
+    let _ = io::stderr().flush();
 }

@@ -39,6 +39,7 @@ async fn node_tool_through_the_js_runner() {
 const loadedAt = Date.now();
 module.exports.run = async (input, ctx) => {
   ctx.emit({ step: 'lookup', city: input.city });
+  console.log('looking up ' + input.city);
   await new Promise((r) => setTimeout(r, 1));
   return { city: input.city, temp: 21, runId: ctx.runId, proxy: process.env.HTTPS_PROXY };
 };
@@ -74,6 +75,7 @@ pool = {{ warm = 0, max = 1 }}
     assert_eq!(out["runId"], json!(res.run_id.unwrap()));
     assert!(out["proxy"].as_str().unwrap().starts_with("http://run-"));
     assert_eq!(res.emits, vec![json!({"step": "lookup", "city": "Oslo"})]);
+    assert_eq!(res.stdout, "looking up Oslo\n");
 
     let res = exec.invoke(req("fails", json!(null))).await;
     let e = res.error.unwrap();
