@@ -132,6 +132,16 @@ impl ControlClient {
             .map(|_| ())
     }
 
+    /// Check reachability and the token: `GET /v1/runs/{id}` of a run that
+    /// does not exist must answer 404 (401/403 mean the token is wrong).
+    pub async fn probe(&self) -> Result<(), ControlError> {
+        match self.call("GET", "/v1/runs/loom-doctor-probe", None, "probe").await {
+            Ok(_) => Ok(()),
+            Err(ControlError::Rejected { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// `GET /v1/runs/{id}/facts`.
     pub async fn facts(&self, run_id: &str) -> Result<Vec<Value>, ControlError> {
         let v = self

@@ -24,6 +24,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Report which process-lifecycle guarantees this host provides, and
+    /// whether the proxy's control API is reachable with the configured token.
+    Doctor {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Serve the invocation API on `[executor] listen`, keeping warm pools.
     Serve {
         #[arg(long, short)]
@@ -67,6 +73,7 @@ fn main() -> ExitCode {
     };
     let r = match cli.command {
         Command::Serve { config } => rt.block_on(serve(config)).map(|()| 0),
+        Command::Doctor { config } => rt.block_on(doctor(config)),
         Command::Run {
             config,
             tool,
@@ -103,6 +110,90 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
         .await?;
     exec.shutdown();
     Ok(())
+}
+
+/// One line per guarantee; exit 1 if a configured requirement is unmet.
+async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
+    use egress_executor::confine::Confinement;
+    use egress_executor::process::{launch, Launch, Spawner};
+    let config = Config::load(&config)?;
+    let mut failed = false;
+    let mut line = |what: &str, ok: bool, detail: String| {
+        println!("{:<28} {:<4} {detail}", what, if ok { "ok" } else { "FAIL" });
+        failed |= !ok;
+    };
+    let spawner = Spawner::start().context("cannot start the spawner thread")?;
+    let want_ns = config.executor.pid_namespace;
+    let probe = launch(
+        &spawner,
+        Launch {
+            command: &["true".to_string()],
+            cwd: std::path::Path::new("/"),
+            env: vec![("PATH".into(), egress_executor::config::DEFAULT_PATH.into())],
+            path: egress_executor::config::DEFAULT_PATH,
+            plain: true,
+            pid_namespace: want_ns,
+            confinement: Confinement::Off,
+            stdout_cap: 0,
+            stderr_cap: 0,
+        },
+    )
+    .await;
+    match probe {
+        Ok(mut l) => {
+            let ns = l.process.in_pid_namespace();
+            let _ = l.process.kill_and_reap().await;
+            line(
+                "spawn (clone3/fork+pidfd)",
+                true,
+                "children start from the dedicated spawner thread".into(),
+            );
+            line(
+                "parent-death signal",
+                true,
+                "PR_SET_PDEATHSIG=SIGKILL, executor liveness re-checked by pidfd".into(),
+            );
+            if want_ns {
+                line(
+                    "PID namespace per child",
+                    ns,
+                    if ns {
+                        "whole-tree kills, also on the executor's death".into()
+                    } else {
+                        "not permitted (needs root or CAP_SYS_ADMIN): process groups only, setsid escapes".into()
+                    },
+                );
+            } else {
+                line(
+                    "PID namespace per child",
+                    true,
+                    "disabled by [executor] pid_namespace = false: process groups only".into(),
+                );
+            }
+        }
+        Err(e) => line("spawn (clone3/fork+pidfd)", false, e.to_string()),
+    }
+    for (tool, process) in &config.tools {
+        if let Some(p) = process {
+            if let Err(e) = Confinement::for_isolation(tool, p.isolation) {
+                line(&format!("isolation of `{tool}`"), false, e.to_string());
+            }
+        }
+    }
+    println!(
+        "{:<28} {:<4} not built yet (network namespace, Landlock, seccomp): isolation = \"strict\" is refused",
+        "strict confinement", "no"
+    );
+    let control = egress_executor::control::ControlClient::new(config.control, &config.facts, token_env());
+    match control.probe().await {
+        Ok(()) => line(
+            "proxy control API",
+            true,
+            format!("{} answers, token accepted", config.control),
+        ),
+        Err(e) => line("proxy control API", false, e.to_string()),
+    }
+    Ok(u8::from(failed))
 }
 
 async fn shutdown_signal() {

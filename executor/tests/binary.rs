@@ -326,3 +326,40 @@ async fn serve_aborts_an_invocation_over_http() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test]
+async fn doctor_reports_layers_and_reads_the_token_file() {
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("doctor");
+    let cfg = write_config(&dir, control.addr, true, "");
+    // No EGRESS_CONTROL_TOKEN: the token comes from beside [proxy] facts.
+    dir.write("var/egress-control.token", &format!("{TOKEN}\n"));
+    let run = |cfg: std::path::PathBuf| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(BIN)
+                .args(["doctor", "--config"])
+                .arg(cfg)
+                .env_remove("EGRESS_CONTROL_TOKEN")
+                .output()
+                .unwrap()
+        })
+    };
+    let out = run(cfg.clone()).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("proxy control API"), "{text}");
+    assert!(text.contains("token accepted"), "{text}");
+    if is_root() {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("PID namespace per child") && l.contains(" ok ")),
+            "{text}"
+        );
+    }
+    // A wrong token is reported, and fails the doctor.
+    dir.write("var/egress-control.token", "not-the-token-at-all\n");
+    let out = run(cfg).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("FAIL") && text.contains("401"), "{text}");
+}

@@ -118,6 +118,19 @@ async fn end(State((st, _)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<String
     (StatusCode::OK, Json(json!({"run_id": id, "state": "ended"})))
 }
 
+async fn show(State((st, _)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<String>) -> (StatusCode, Json<Value>) {
+    if !authorized(&h) {
+        return unauthorized();
+    }
+    match st.lock().unwrap().runs.get(&id) {
+        Some(state) => (StatusCode::OK, Json(json!({"run_id": id, "state": state}))),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": {"code": "unknown_run", "message": "no such run"}})),
+        ),
+    }
+}
+
 async fn facts(State((st, _)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<String>) -> (StatusCode, Json<Value>) {
     if !authorized(&h) {
         return unauthorized();
@@ -142,7 +155,7 @@ impl FakeControl {
         let app = Router::new()
             .route("/v1/runs", post(create))
             .route("/v1/runs/{id}/activate", post(activate))
-            .route("/v1/runs/{id}", axum::routing::delete(end))
+            .route("/v1/runs/{id}", axum::routing::delete(end).get(show))
             .route("/v1/runs/{id}/facts", get(facts))
             .with_state((state.clone(), activated.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
