@@ -166,6 +166,9 @@ impl Executor {
             None => configured,
         };
         let cancel = CancellationToken::new();
+        // If the caller goes away (its HTTP connection closes and this future
+        // is dropped), the invocation is aborted and its child killed.
+        let _abort_if_dropped = cancel.clone().drop_guard();
         let _registration = match self.register(&req, &cancel) {
             Ok(r) => r,
             Err(e) => return InvocationResult::failed(&req.tool, e),

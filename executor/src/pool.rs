@@ -4,6 +4,7 @@
 //! `busy`), refills in the background with backoff after failures.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -13,17 +14,41 @@ use tokio::time::Instant;
 use crate::child::{self, Request, Shared, ToolSpec, Warm};
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
 
-/// A ready child as the pool holds it: the way to its task.
+/// A ready child as the pool holds it: the way to its task. Once handed to
+/// an invocation it carries the busy count.
 #[derive(Debug)]
 struct Handle {
     id: u64,
     tx: mpsc::Sender<Dispatch>,
+    busy: Option<Busy>,
 }
 
 #[derive(Debug)]
 struct Dispatch {
     req: Request,
     reply: oneshot::Sender<InvocationResult>,
+    /// Held by the child's task until the child is dead.
+    busy: Option<Busy>,
+}
+
+/// One child counted busy; dropping it (wherever that happens: the child's
+/// task when done, a dropped hand-off, a cancelled invocation) frees the slot
+/// and lets the pool refill. Never takes the state lock, so it may drop while
+/// the lock is held.
+#[derive(Debug)]
+struct Busy {
+    pool: Weak<Pool>,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.busy.fetch_sub(1, Ordering::AcqRel);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { pool.fill() });
+            }
+        }
+    }
 }
 
 type Delivery = Result<Handle, InvokeError>;
@@ -38,7 +63,6 @@ struct Waiter {
 struct State {
     ready: VecDeque<Handle>,
     starting: usize,
-    busy: usize,
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
     /// Consecutive failed starts of warm (unrequested) children.
@@ -56,6 +80,8 @@ pub struct Pool {
     me: Weak<Pool>,
     /// A warm child idle this long is replaced (its run would expire).
     max_idle: Duration,
+    /// Children handed to invocations and not yet dead (see `Busy`).
+    busy: AtomicUsize,
 }
 
 /// How many times an invocation moves on to another child when the one it
@@ -70,6 +96,7 @@ impl Pool {
             state: Mutex::new(State::default()),
             me: me.clone(),
             max_idle,
+            busy: AtomicUsize::new(0),
         })
     }
 
@@ -88,7 +115,7 @@ impl Pool {
     /// Ready, starting and busy children.
     pub fn counts(&self) -> (usize, usize, usize) {
         let st = self.lock();
-        (st.ready.len(), st.starting, st.busy)
+        (st.ready.len(), st.starting, self.busy())
     }
 
     /// Stop refilling and kill every idle child (busy ones finish their run).
@@ -106,7 +133,17 @@ impl Pool {
     fn publish(&self, st: &State) {
         self.shared
             .metrics
-            .pool_state(&self.tool.id, st.ready.len(), st.starting, st.busy);
+            .pool_state(&self.tool.id, st.ready.len(), st.starting, self.busy());
+    }
+
+    fn busy(&self) -> usize {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// Count one more child busy.
+    fn mark_busy(&self) -> Busy {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        Busy { pool: self.me.clone() }
     }
 
     /// Start children until ready + starting covers the warm target plus the
@@ -119,7 +156,7 @@ impl Pool {
         let backing_off = st.backoff_until.is_some_and(|t| t > Instant::now());
         let warm_target = if backing_off { 0 } else { p.warm };
         let want = warm_target + st.waiters.len();
-        while st.ready.len() + st.starting < want && st.ready.len() + st.starting + st.busy < p.max {
+        while st.ready.len() + st.starting < want && st.ready.len() + st.starting + self.busy() < p.max {
             st.starting += 1;
             if let Some(me) = self.me.upgrade() {
                 tokio::spawn(child_task(me, None));
@@ -162,18 +199,15 @@ impl Pool {
         }
     }
 
-    /// Hand `req` to the child behind `h` (counted busy by the caller).
-    async fn try_send(&self, h: Handle, req: Request) -> Result<InvocationResult, InvokeError> {
+    /// Hand `req` to the child behind `h` (which carries its busy count).
+    async fn try_send(&self, mut h: Handle, req: Request) -> Result<InvocationResult, InvokeError> {
         let (reply, rx) = oneshot::channel();
-        let sent = h.tx.send(Dispatch { req, reply }).await;
+        let busy = h.busy.take();
+        let sent = h.tx.send(Dispatch { req, reply, busy }).await;
         let r = match sent {
             Ok(()) => rx.await.map_err(|_| ()),
             Err(_) => Err(()),
         };
-        let mut st = self.lock();
-        st.busy = st.busy.saturating_sub(1);
-        self.ensure(&mut st);
-        drop(st);
         r.map_err(|()| {
             InvokeError::new(
                 ErrorKind::Disconnected,
@@ -191,12 +225,12 @@ impl Pool {
             if st.closed {
                 return Err(InvokeError::new(ErrorKind::Busy, "the executor is shutting down"));
             }
-            if let Some(h) = st.ready.pop_front() {
-                st.busy += 1;
+            if let Some(mut h) = st.ready.pop_front() {
+                h.busy = Some(self.mark_busy());
                 self.ensure(&mut st);
                 return Ok(h);
             }
-            let total = st.ready.len() + st.starting + st.busy;
+            let total = st.ready.len() + st.starting + self.busy();
             // Waiters beyond the children already starting are the queue.
             if total >= p.max && st.waiters.len() >= st.starting + p.queue {
                 return Err(InvokeError::new(
@@ -237,14 +271,9 @@ impl Pool {
         if removed {
             return Err(gave_up);
         }
-        // A child was handed to us just as we gave up: it is ours (counted
-        // busy); give it back by dropping it, which kills it.
-        if let Ok(Ok(h)) = rx.try_recv() {
-            drop(h);
-            let mut st = self.lock();
-            st.busy = st.busy.saturating_sub(1);
-            self.ensure(&mut st);
-        }
+        // A child was handed to us just as we gave up: dropping it kills it
+        // and frees its slot.
+        drop(rx.try_recv());
         Err(gave_up)
     }
 
@@ -254,7 +283,7 @@ impl Pool {
     async fn dedicated(&self, run_id: String, req: &Request) -> Result<Handle, InvokeError> {
         {
             let mut st = self.lock();
-            let total = st.ready.len() + st.starting + st.busy;
+            let total = st.ready.len() + st.starting + self.busy();
             if total >= self.tool.process.max && st.ready.pop_front().is_none() {
                 return Err(InvokeError::new(
                     ErrorKind::Busy,
@@ -280,10 +309,10 @@ impl Pool {
         let mut st = self.lock();
         st.starting = st.starting.saturating_sub(1);
         if let Some(tx) = dedicated {
-            st.busy += 1;
-            if tx.send(Ok(h)).is_err() {
-                st.busy -= 1;
-            }
+            h.busy = Some(self.mark_busy());
+            // If the invocation is gone, the handle drops here: the child is
+            // discarded and its slot freed.
+            drop(tx.send(Ok(h)));
             self.ensure(&mut st);
             return;
         }
@@ -294,18 +323,18 @@ impl Pool {
             return;
         }
         while let Some(w) = st.waiters.pop_front() {
-            st.busy += 1;
+            h.busy = Some(self.mark_busy());
             match w.tx.send(Ok(h)) {
                 Ok(()) => {
                     self.ensure(&mut st);
                     return;
                 }
-                Err(Ok(back)) => {
-                    st.busy -= 1;
+                Err(Ok(mut back)) => {
+                    // That waiter gave up; try the next one.
+                    back.busy = None;
                     h = back;
                 }
                 Err(Err(_)) => {
-                    st.busy -= 1;
                     self.ensure(&mut st);
                     return;
                 }
@@ -378,12 +407,14 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
     };
     let (tx, mut rx) = mpsc::channel::<Dispatch>(1);
     let id = warm.id;
-    pool.on_ready(Handle { id, tx }, dedicated_tx);
+    pool.on_ready(Handle { id, tx, busy: None }, dedicated_tx);
     let unusable = tokio::select! {
         d = rx.recv() => match d {
-            Some(d) => {
-                let result = warm.dispatch(d.req).await;
-                let _ = d.reply.send(result);
+            Some(Dispatch { req, reply, busy }) => {
+                let result = warm.dispatch(req).await;
+                // The child is dead: free its slot, then answer.
+                drop(busy);
+                let _ = reply.send(result);
                 return;
             }
             None => {

@@ -757,3 +757,46 @@ async fn idle_warm_children_are_recycled_before_their_run_expires() {
     let res = exec.invoke(req("echo", json!(1))).await;
     assert!(res.ok, "{res:?}");
 }
+
+#[tokio::test]
+async fn a_caller_that_goes_away_aborts_its_invocation_and_frees_the_slot() {
+    let Some(_) = python() else { return };
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let tools = format!(
+        r#"
+[tools.slow]
+egress = []
+[tools.slow.process]
+command = ["python3", "@RUNNER@", "slow.py"]
+env = {{ LOOM_TEST_MARK = "{marker}" }}
+timeout_ms = 60000
+pool = {{ warm = 0, max = 1, queue = 0 }}
+"#
+    );
+    let body = "import sys, time\ndef run(input, ctx):\n    if input == 'wait':\n        time.sleep(300)\n    return 'quick'\n";
+    let env = setup("goaway", true, &tools, &[("slow.py", body)]).await;
+    let exec = env.exec.clone();
+    let activated = env.control.activated.notified();
+    // Like an HTTP client that disconnects: the invocation future is dropped.
+    let task = tokio::spawn(async move { exec.invoke(req("slow", json!("wait"))).await });
+    activated.await;
+    task.abort();
+    let pool = env.exec.pool("slow").unwrap().clone();
+    let needle = format!("LOOM_TEST_MARK={marker}");
+    assert!(
+        eventually(Duration::from_secs(20), || pool.counts() == (0, 0, 0)
+            && marked_processes(&needle).is_empty())
+        .await,
+        "slot or child leaked: {:?} {:?}",
+        pool.counts(),
+        marked_processes(&needle)
+    );
+    let m = env.exec.metrics().encode();
+    assert!(
+        m.contains("executor_kills_total{tool=\"slow\",reason=\"abort\"} 1"),
+        "{m}"
+    );
+    // The single slot is free again.
+    let res = env.exec.invoke(req("slow", json!("now"))).await;
+    assert_eq!(res.output, Some(json!("quick")), "{res:?}");
+}
