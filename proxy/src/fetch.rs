@@ -242,6 +242,7 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
         Err(Prepared::Timeout) => {
             finish.timed_out(ctx.phase());
             tm.kind(kind).request(Decision::Error);
+            sh.count_error(&run.tool, FetchError::Timeout);
             return Ok(error_response(
                 FetchError::Timeout,
                 &format!("fetch deadline of {} ms expired", timeout.as_millis()),
@@ -250,6 +251,7 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
         Err(Prepared::Error(e, detail, why)) => {
             finish.failed(why);
             tm.kind(kind).request(Decision::Error);
+            sh.count_error(&run.tool, e);
             return Ok(error_response(e, &detail));
         }
     };

@@ -74,6 +74,17 @@ impl Shared {
         }
     }
 
+    /// Counts a non-policy fetch error (error paths only: takes the family lock).
+    pub fn count_error(&self, tool: &str, e: crate::deny::FetchError) {
+        self.metrics
+            .errors
+            .get_or_create(&crate::metrics::ToolReason {
+                tool: tool.to_owned(),
+                reason: e.code(),
+            })
+            .inc();
+    }
+
     /// Ends a run and keeps the run gauges in step.
     pub fn end_run(&self, run: &Run, why: EndReason) -> bool {
         if self.runs.end(run, why) {

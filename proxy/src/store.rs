@@ -29,7 +29,7 @@ struct Pending {
 /// The SQLite fact store.
 pub struct SqliteStore {
     tx: mpsc::Sender<Pending>,
-    reader: Mutex<Option<Connection>>,
+    reader: Arc<Mutex<Option<Connection>>>,
     path: PathBuf,
     ready: Arc<AtomicBool>,
     live: broadcast::Sender<Fact>,
@@ -122,20 +122,19 @@ impl SqliteStore {
         }
         SqliteStore {
             tx,
-            reader: Mutex::new(reader),
+            reader: Arc::new(Mutex::new(reader)),
             path: path.to_owned(),
             ready,
             live,
         }
     }
 
-    fn read(&self, q: &FactQuery) -> Result<Vec<Fact>, FactError> {
-        let mut guard = self
-            .reader
+    fn read(reader: &Mutex<Option<Connection>>, path: &Path, q: &FactQuery) -> Result<Vec<Fact>, FactError> {
+        let mut guard = reader
             .lock()
             .map_err(|_| FactError::Unavailable("reader poisoned".into()))?;
         if guard.is_none() {
-            *guard = Some(open(&self.path).map_err(|e| FactError::Unavailable(e.to_string()))?);
+            *guard = Some(open(path).map_err(|e| FactError::Unavailable(e.to_string()))?);
         }
         let c = guard
             .as_ref()
@@ -176,7 +175,12 @@ impl FactSink for SqliteStore {
     }
 
     fn query(&self, q: FactQuery) -> BoxFuture<'_, Result<Vec<Fact>, FactError>> {
-        Box::pin(async move { tokio::task::block_in_place(|| self.read(&q)) })
+        let (reader, path) = (self.reader.clone(), self.path.clone());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || SqliteStore::read(&reader, &path, &q))
+                .await
+                .map_err(|e| FactError::Unavailable(e.to_string()))?
+        })
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Fact> {

@@ -260,4 +260,29 @@ mod tests {
             Err(TargetError::HostMismatch(_))
         ));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn connect_parsing_never_panics_and_is_canonical(host in "[a-zA-Z0-9.:\\[\\]%@_-]{0,40}", port in proptest::option::of(0u32..70000)) {
+            let raw = match port { Some(p) => format!("{host}:{p}"), None => host.clone() };
+            if let Ok(uri) = raw.parse::<Uri>() {
+                if let Ok(t) = parse_connect(&uri) {
+                    // A canonical target re-parses to itself.
+                    let again: Uri = t.to_string().parse().unwrap();
+                    proptest::prop_assert_eq!(parse_connect(&again).unwrap(), t);
+                }
+            }
+        }
+
+        #[test]
+        fn absolute_parsing_never_panics(s in "\\PC{0,60}", h in "\\PC{0,30}") {
+            if let Ok(uri) = format!("http://{s}").parse::<Uri>() {
+                let mut hm = HeaderMap::new();
+                if let Ok(v) = HeaderValue::from_str(&h) {
+                    hm.insert(http::header::HOST, v);
+                }
+                let _ = parse_absolute(&uri, &hm, Version::HTTP_11);
+            }
+        }
+    }
 }

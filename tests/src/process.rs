@@ -45,14 +45,30 @@ impl ProxyProcess {
         token: &str,
         extra_args: &[&str],
     ) -> ProxyProcess {
+        Self::start_with_bin(&bin("egress-proxy"), config, proxy, control, token, extra_args)
+    }
+
+    /// Like [`ProxyProcess::start`] with a given binary (e.g. the release build).
+    pub fn start_with_bin(
+        binary: &Path,
+        config: &Path,
+        proxy: SocketAddr,
+        control: SocketAddr,
+        token: &str,
+        extra_args: &[&str],
+    ) -> ProxyProcess {
         let log = config.with_extension("log");
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin("egress-proxy"))
+        let child = Command::new(binary)
             .arg("serve")
             .arg("--config")
             .arg(config)
             .args(extra_args)
             .env("EGRESS_CONTROL_TOKEN", token)
+            .env(
+                "EGRESS_LOG",
+                std::env::var("EGRESS_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::from(out))
             .spawn()

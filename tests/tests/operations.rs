@@ -690,3 +690,47 @@ async fn read_until(n: usize, seen: &mut String, s: &mut TcpStream) -> Result<()
     })
     .await
 }
+
+#[tokio::test]
+async fn an_unusable_sqlite_store_fails_closed_and_unready() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("facts.db");
+    std::fs::write(&db, vec![0x42u8; 16384]).unwrap();
+    let dns = egress_e2e::FakeDns::start().await;
+    let text = format!(
+        "{}[tools.web]\negress = []\n",
+        egress_e2e::harness::proxy_section(&dns, "").replace("/nonexistent/facts.db", db.to_str().unwrap())
+    );
+    let config = egress_config::Config::parse(&text, "t").unwrap();
+    let h = egress_proxy::start(egress_proxy::Options {
+        config,
+        config_path: None,
+        control_token: Some(TOKEN.into()),
+        facts: None,
+    })
+    .await
+    .unwrap();
+    let r = control_call(h.control_addr, "GET", "/readyz", None, None).await;
+    assert_eq!(r.status, 503);
+    let r = control_call(
+        h.control_addr,
+        "POST",
+        "/v1/runs",
+        Some(json!({"tool": "web"})),
+        Some(TOKEN),
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let auth = basic(v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
+    let r = send(
+        h.proxy_addr,
+        format!("CONNECT evil.test:443 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!((r.status, r.header("x-egress-error")), (503, Some("facts_unavailable")));
+    let r = control_call(h.control_addr, "GET", "/v1/facts", None, Some(TOKEN)).await;
+    assert_eq!(r.status, 503);
+    let m = control_call(h.control_addr, "GET", "/metrics", None, None).await.text();
+    assert_eq!(sample(&m, "egress_fact_write_failures_total"), 1.0);
+    h.shutdown().await;
+}
