@@ -192,7 +192,13 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     let mut booted_at = None;
     let failure: InvokeError = loop {
         let next = tokio::select! {
+            // Lines written before an exit are read before the exit is seen.
+            biased;
             r = reader.next() => r,
+            s = warm.process.wait() => {
+                let how = s.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                break InvokeError::startup(phase, format!("the child exited ({how}) before `ready`"));
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 break InvokeError::startup(phase, format!(
                     "no `{}` within cold_start_ms = {}",

@@ -800,3 +800,37 @@ pool = {{ warm = 0, max = 1, queue = 0 }}
     let res = env.exec.invoke(req("slow", json!("now"))).await;
     assert_eq!(res.output, Some(json!("quick")), "{res:?}");
 }
+
+#[tokio::test]
+async fn exit_after_booted_is_startup_load() {
+    let Some(_) = python() else { return };
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let env = setup(
+        "bootexit",
+        false,
+        &r#"
+[tools.quitter]
+egress = []
+[tools.quitter.process]
+command = ["python3", "-c", "import os, time\nos.write(4, b'{\"t\":\"booted\"}\\n')\nif os.fork() == 0:\n    os.setsid(); time.sleep(30); os._exit(0)\nos._exit(3)"]
+cold_start_ms = 20000
+env = { LOOM_TEST_MARK = "@MARK@" }
+pool = { warm = 0, max = 1 }
+"#
+        .replace("@MARK@", &marker),
+        &[],
+    )
+    .await;
+    // Process-group mode with a daemon that keeps fd 4 open: the exit itself
+    // must end the start, not the cold-start clock.
+    let res = env.exec.invoke(req("quitter", json!(null))).await;
+    let e = res.error.unwrap();
+    assert_eq!((e.kind, e.phase), (ErrorKind::Startup, Some(Phase::Load)), "{e:?}");
+    assert!(e.message.contains("exit code 3"), "{e:?}");
+    assert!(res.duration_ms < 15_000, "{}", res.duration_ms);
+    for pid in marked_processes(&format!("LOOM_TEST_MARK={marker}")) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+}
