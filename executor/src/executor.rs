@@ -272,6 +272,43 @@ impl Executor {
         result
     }
 
+    /// Make this process the subreaper of its children's descendants and
+    /// sweep escapees (see `reaper`) after every kill and twice a second.
+    /// Only for a process whose children all come from this executor.
+    pub fn enable_subreaper(&self) -> std::io::Result<()> {
+        let reaper = self.shared.spawner.reaper().clone();
+        reaper.enable()?;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                reaper.sweep();
+            }
+        });
+        Ok(())
+    }
+
+    /// Sweep escaped descendants until none turn up (bounded: a second at
+    /// most). For `run`, before the process exits.
+    pub async fn settle(&self) {
+        let reaper = self.shared.spawner.reaper();
+        if !reaper.enabled() {
+            return;
+        }
+        let mut quiet = 0;
+        for _ in 0..50 {
+            if reaper.sweep() == 0 {
+                quiet += 1;
+                if quiet >= 3 {
+                    return;
+                }
+            } else {
+                quiet = 0;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Stop refilling and kill idle children.
     pub fn shutdown(&self) {
         for pool in self.pools.values() {

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod pool;
 pub mod process;
 pub mod protocol;
+pub mod reaper;
 mod sys;
 pub mod tool;
 

@@ -99,6 +99,7 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&config)?;
     let listen = config.executor.listen;
     let exec = Executor::new(config, token_env())?;
+    subreaper(&exec);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -160,7 +161,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
                     if ns {
                         "whole-tree kills, also on the executor's death".into()
                     } else {
-                        "not permitted (needs root or CAP_SYS_ADMIN): process groups only, setsid escapes".into()
+                        "not permitted (needs root or CAP_SYS_ADMIN): process groups + subreaper sweeps; grandchildren can outlive the executor's death".into()
                     },
                 );
             } else {
@@ -196,6 +197,14 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     Ok(u8::from(failed))
 }
 
+/// Every child of this process comes from the executor, so it can adopt and
+/// kill descendants that leave their process group.
+fn subreaper(exec: &Executor) {
+    if let Err(e) = exec.enable_subreaper() {
+        tracing::warn!(error = %e, "cannot become a child subreaper: in process-group mode, descendants that call setsid can outlive a kill");
+    }
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {
@@ -222,6 +231,7 @@ async fn run(
         None => Value::Null,
     };
     let exec = Executor::new(config, token_env())?;
+    subreaper(&exec);
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let cancel = CancellationToken::new();
     let c = cancel.clone();
@@ -231,6 +241,7 @@ async fn run(
         }
     });
     let result = exec.run_ad_hoc(&tool, command, input, cwd, cancel).await;
+    exec.settle().await;
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {

@@ -17,6 +17,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 
 use crate::confine::Confinement;
+use crate::reaper::Reaper;
 use crate::sys::{self, ChildSpec, Started};
 
 type Job = (ChildSpec, tokio::sync::oneshot::Sender<io::Result<Started>>);
@@ -27,23 +28,43 @@ type Job = (ChildSpec, tokio::sync::oneshot::Sender<io::Result<Started>>);
 #[derive(Debug)]
 pub struct Spawner {
     tx: Mutex<std::sync::mpsc::Sender<Job>>,
+    reaper: Arc<Reaper>,
 }
 
 impl Spawner {
     pub fn start() -> io::Result<Spawner> {
         let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())?;
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let reaper = Reaper::new();
+        let known = reaper.clone();
         std::thread::Builder::new().name("loom-spawner".into()).spawn(move || {
             for (spec, reply) in rx {
-                let r = sys::start(spec, &me);
+                let r = {
+                    // Registered before any sweep can look at it.
+                    let mut k = known.known();
+                    let r = sys::start(spec, &me);
+                    if let Ok(s) = &r {
+                        k.insert(s.pid.as_raw_nonzero().get());
+                    }
+                    r
+                };
                 if let Err(Ok(started)) = reply.send(r) {
                     // Nobody waits for this child any more: kill and reap.
                     let _ = rustix::process::pidfd_send_signal(&started.pidfd, Signal::KILL);
                     let _ = rustix::process::waitid(WaitId::PidFd(started.pidfd.as_fd()), WaitIdOptions::EXITED);
+                    known.forget(started.pid.as_raw_nonzero().get());
                 }
             }
         })?;
-        Ok(Spawner { tx: Mutex::new(tx) })
+        Ok(Spawner {
+            tx: Mutex::new(tx),
+            reaper,
+        })
+    }
+
+    /// The registry of this spawner's children (for subreaper sweeps).
+    pub fn reaper(&self) -> &Arc<Reaper> {
+        &self.reaper
     }
 
     /// Create a child on the spawner thread.
@@ -55,7 +76,7 @@ impl Spawner {
                 .map_err(|_| io::Error::other("spawner thread is gone"))?;
         }
         let started = rx.await.map_err(|_| io::Error::other("spawner thread is gone"))??;
-        Process::new(started)
+        Process::new(started, self.reaper.clone())
     }
 }
 
@@ -82,15 +103,27 @@ pub struct Process {
     pidfd: Option<AsyncFd<OwnedFd>>,
     pid_namespace: bool,
     status: Option<ExitInfo>,
+    reaper: Arc<Reaper>,
 }
 
 impl Process {
-    fn new(s: Started) -> io::Result<Process> {
+    fn new(s: Started, reaper: Arc<Reaper>) -> io::Result<Process> {
+        let pid = s.pid;
+        let pidfd = match sys::async_pidfd(s.pidfd) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
+                let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                reaper.forget(pid.as_raw_nonzero().get());
+                return Err(e);
+            }
+        };
         Ok(Process {
-            pid: s.pid,
-            pidfd: Some(sys::async_pidfd(s.pidfd)?),
+            pid,
+            pidfd: Some(pidfd),
             pid_namespace: s.pid_namespace,
             status: None,
+            reaper,
         })
     }
 
@@ -136,6 +169,7 @@ impl Process {
             (None, None) => return Ok(None),
         };
         self.status = Some(info);
+        self.reaper.forget(self.pid());
         Ok(Some(info))
     }
 
@@ -158,8 +192,10 @@ impl Process {
     pub async fn kill_and_reap(&mut self) -> io::Result<ExitInfo> {
         self.kill_tree();
         let s = self.wait().await?;
-        // Members of the group that outlived the leader (process-group mode).
+        // Members of the group that outlived the leader (process-group mode),
+        // and descendants that left the group and were re-parented to us.
         let _ = rustix::process::kill_process_group(self.pid, Signal::KILL);
+        self.reaper.sweep();
         Ok(s)
     }
 }
@@ -175,13 +211,17 @@ impl Drop for Process {
         }
         // Reap in the background so the killed child leaves no zombie.
         let Some(fd) = self.pidfd.take() else { return };
+        let reaper = self.reaper.clone();
+        let pid = self.pid();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 let _ = fd.readable().await;
                 let _ = rustix::process::waitid(WaitId::PidFd(fd.get_ref().as_fd()), WaitIdOptions::EXITED);
+                reaper.forget(pid);
             });
         } else {
             let _ = rustix::process::waitid(WaitId::PidFd(fd.get_ref().as_fd()), WaitIdOptions::EXITED);
+            reaper.forget(pid);
         }
     }
 }
@@ -458,8 +498,8 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 "cannot create PID namespaces here (needs root or CAP_SYS_ADMIN): children run in \
-                 process groups, so a descendant that calls setsid can outlive a kill and the \
-                 executor's death; see docs/executor.md"
+                 process groups (escapees are swept only by the subreaper of the binary), and \
+                 grandchildren can outlive the executor's death; see docs/executor.md"
             );
         }
     }

@@ -363,3 +363,38 @@ async fn doctor_reports_layers_and_reads_the_token_file() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("FAIL") && text.contains("401"), "{text}");
 }
+
+#[tokio::test]
+async fn run_kills_descendants_that_escape_the_process_group() {
+    // Process-group mode on purpose: the binary is a child subreaper, so a
+    // daemon that left the group is re-parented to it and swept.
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("escape");
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let cfg = write_config(
+        &dir,
+        control.addr,
+        false,
+        &format!("[tools.shell]\negress = []\n[tools.shell.process]\ncommand = [\"true\"]\nenv = {{ LOOM_TEST_MARK = \"{marker}\" }}\n"),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        run_cmd(
+            &cfg,
+            "shell",
+            &[],
+            // A double-forked daemon in its own session, and a setsid'd child.
+            &["sh", "-c", "(setsid sleep 300 &) ; setsid sleep 301 & echo started"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "started\n");
+    let needle = format!("LOOM_TEST_MARK={marker}");
+    let gone = eventually(Duration::from_secs(10), || marked_processes(&needle).is_empty()).await;
+    let left = marked_processes(&needle);
+    for pid in &left {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(gone, "escaped descendants survived: {left:?}");
+}
