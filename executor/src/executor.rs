@@ -315,4 +315,13 @@ impl Executor {
             pool.close();
         }
     }
+
+    /// After `shutdown`: wait (at most `within`) until every child is gone,
+    /// so idle children's runs are ended on the proxy before the process exits.
+    pub async fn drain(&self, within: Duration) {
+        let end = tokio::time::Instant::now() + within;
+        while self.pools.values().any(|p| p.live() > 0) && tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

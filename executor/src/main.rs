@@ -110,6 +110,7 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     exec.shutdown();
+    exec.drain(std::time::Duration::from_secs(5)).await;
     Ok(())
 }
 

@@ -82,6 +82,8 @@ pub struct Pool {
     max_idle: Duration,
     /// Children handed to invocations and not yet dead (see `Busy`).
     busy: AtomicUsize,
+    /// Child tasks alive (starting, warm, busy, or being cleaned up).
+    live: AtomicUsize,
 }
 
 /// How many times an invocation moves on to another child when the one it
@@ -97,6 +99,7 @@ impl Pool {
             me: me.clone(),
             max_idle,
             busy: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
         })
     }
 
@@ -116,6 +119,11 @@ impl Pool {
     pub fn counts(&self) -> (usize, usize, usize) {
         let st = self.lock();
         (st.ready.len(), st.starting, self.busy())
+    }
+
+    /// Child tasks still alive, including ones cleaning up after a kill.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
     }
 
     /// Stop refilling and kill every idle child (busy ones finish their run).
@@ -159,7 +167,7 @@ impl Pool {
         while st.ready.len() + st.starting < want && st.ready.len() + st.starting + self.busy() < p.max {
             st.starting += 1;
             if let Some(me) = self.me.upgrade() {
-                tokio::spawn(child_task(me, None));
+                spawn_child(me, None);
             }
         }
         self.publish(st);
@@ -297,7 +305,7 @@ impl Pool {
         let Some(me) = self.me.upgrade() else {
             return Err(InvokeError::new(ErrorKind::Busy, "the pool closed"));
         };
-        tokio::spawn(child_task(me, Some((run_id, tx))));
+        spawn_child(me, Some((run_id, tx)));
         tokio::select! {
             r = rx => r.unwrap_or_else(|_| Err(InvokeError::new(ErrorKind::Disconnected, "the child was lost while starting"))),
             _ = req.cancel.cancelled() => Err(InvokeError::new(ErrorKind::Aborted, "aborted by the kernel while starting")),
@@ -393,7 +401,23 @@ impl Pool {
 }
 
 /// The task that owns one child from start to kill.
+/// Counts a child task as live until it ends.
+struct Live(Arc<Pool>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Start the task of a new child, counted live from now.
+fn spawn_child(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<Delivery>)>) {
+    pool.live.fetch_add(1, Ordering::AcqRel);
+    tokio::spawn(child_task(pool, dedicated));
+}
+
 async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<Delivery>)>) {
+    let _live = Live(pool.clone());
     let (run_id, dedicated_tx) = match dedicated {
         Some((r, tx)) => (Some(r), Some(tx)),
         None => (None, None),

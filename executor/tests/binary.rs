@@ -398,3 +398,26 @@ async fn run_kills_descendants_that_escape_the_process_group() {
     }
     assert!(gone, "escaped descendants survived: {left:?}");
 }
+
+#[tokio::test]
+async fn sigterm_ends_warm_runs_and_leaves_no_child() {
+    if python().is_none() {
+        return;
+    }
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("sigterm");
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let cfg = echo_config(&dir, control.addr, &marker);
+    let (mut child, _addr) = serve(&cfg);
+    let needle = format!("LOOM_TEST_MARK={marker}");
+    assert!(eventually(Duration::from_secs(30), || marked_processes(&needle).len() == 1).await);
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(marked_processes(&needle).is_empty());
+    let calls = control.calls();
+    let created: Vec<&String> = calls.iter().filter(|c| c.starts_with("create ")).collect();
+    assert_eq!(created.len(), 1, "{calls:?}");
+    let run = created[0].trim_start_matches("create ");
+    assert!(calls.contains(&format!("end {run}")), "warm run not ended: {calls:?}");
+}
