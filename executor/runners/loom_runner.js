@@ -142,15 +142,31 @@ async function main(run, load) {
   process.exit(code);
 }
 
-/** `path/to/tool.js[:fn]` → the function (default export or `run`). */
-function loadTarget(target) {
+/**
+ * `path/to/tool.js[:fn]` → the function (`run` by default, or a module that is
+ * itself a function). CommonJS modules are required; ES modules (`.mjs`, or
+ * `"type": "module"` packages) are imported.
+ */
+async function loadTarget(target) {
   const idx = target.lastIndexOf(':');
-  const file = idx > 0 ? target.slice(0, idx) : target;
+  const file = path.resolve(idx > 0 ? target.slice(0, idx) : target);
   const fn = idx > 0 ? target.slice(idx + 1) : 'run';
-  const mod = require(path.resolve(file));
+  let mod;
+  if (file.endsWith('.mjs')) {
+    mod = await import(require('url').pathToFileURL(file).href);
+  } else {
+    try {
+      mod = require(file);
+    } catch (e) {
+      if (!e || e.code !== 'ERR_REQUIRE_ESM') throw e;
+      mod = await import(require('url').pathToFileURL(file).href);
+    }
+  }
   if (typeof mod === 'function' && fn === 'run') return mod;
-  if (typeof mod[fn] !== 'function') throw new Error(file + ' exports no function ' + JSON.stringify(fn));
-  return mod[fn];
+  if (mod && typeof mod[fn] === 'function') return mod[fn];
+  if (mod && mod.default && typeof mod.default[fn] === 'function') return mod.default[fn];
+  if (mod && typeof mod.default === 'function' && fn === 'run') return mod.default;
+  throw new Error(file + ' exports no function ' + JSON.stringify(fn));
 }
 
 module.exports = { main, loadTarget, Context };

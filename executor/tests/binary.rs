@@ -411,8 +411,13 @@ async fn sigterm_ends_warm_runs_and_leaves_no_child() {
     let (mut child, _addr) = serve(&cfg);
     let needle = format!("LOOM_TEST_MARK={marker}");
     assert!(eventually(Duration::from_secs(30), || marked_processes(&needle).len() == 1).await);
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
     assert!(status.success(), "{status:?}");
     assert!(marked_processes(&needle).is_empty());
     let calls = control.calls();

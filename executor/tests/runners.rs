@@ -47,6 +47,10 @@ module.exports.fails = () => { throw new RangeError('city unknown'); };
 "#,
     );
     dir.write("broken.js", "throw new Error('cannot load model');\n");
+    dir.write(
+        "esm.mjs",
+        "export async function run(input) { return { esm: input }; }\n",
+    );
     let runner = runners_dir().join("loom_runner.js").display().to_string();
     let tools = format!(
         r#"
@@ -59,6 +63,11 @@ pool = {{ warm = 0, max = 1 }}
 egress = []
 [tools.fails.process]
 command = ["node", "{runner}", "weather.js:fails"]
+pool = {{ warm = 0, max = 1 }}
+[tools.esm]
+egress = []
+[tools.esm.process]
+command = ["node", "{runner}", "esm.mjs"]
 pool = {{ warm = 0, max = 1 }}
 [tools.broken]
 egress = []
@@ -82,6 +91,9 @@ pool = {{ warm = 0, max = 1 }}
     assert_eq!(e.kind, ErrorKind::ToolError);
     assert_eq!(e.message, "RangeError: city unknown");
     assert!(e.stderr_tail.contains("RangeError"), "{e:?}");
+
+    let res = exec.invoke(req("esm", json!(7))).await;
+    assert_eq!(res.output, Some(json!({"esm": 7})), "{res:?}");
 
     let res = exec.invoke(req("broken", json!(null))).await;
     let e = res.error.unwrap();
