@@ -138,7 +138,7 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
         if let Err(e) = &result {
             if matches!(
                 e.raw_os_error(),
-                Some(libc::EPERM) | Some(libc::EINVAL) | Some(libc::ENOSPC)
+                Some(libc::EPERM) | Some(libc::EINVAL) | Some(libc::ENOSPC) | Some(libc::ENOSYS)
             ) {
                 used_ns = false;
                 result = clone_child(&prepared, false);
@@ -163,7 +163,15 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
                 }
             }
             Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                // Cannot tell whether exec succeeded: do not keep the child.
+                let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(std::os::fd::AsFd::as_fd(&pidfd)),
+                    rustix::process::WaitIdOptions::EXITED,
+                );
+                return Err(e.into());
+            }
         }
     }
     if got == 0 {
