@@ -305,6 +305,7 @@ pub fn summary(r: &InvocationResult) -> String {
             let count = f
                 .get("count")
                 .and_then(Value::as_u64)
+                .filter(|c| *c > 1)
                 .map(|c| format!(" x{c}"))
                 .unwrap_or_default();
             [
