@@ -5,8 +5,9 @@
 //!   * one CONNECT tunnel per client streaming bulk bytes (MB/s),
 //!
 //! each first direct to the origin, then through the proxy. Other proxies
-//! (squid, tinyproxy) can be compared with `EXTRA_PROXY=host:port` (plain
-//! HTTP forward proxy without authentication) when they are installed.
+//! (squid, tinyproxy) can be compared with `EXTRA_PROXY=name=ip:port,…`
+//! (unauthenticated forward proxies) when they are installed; see
+//! `bench/proxies.sh`.
 //!
 //! Usage: `cargo build --release -p egress-proxy && cargo run --release -p egress-e2e --example throughput_bench [seconds] [clients]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -49,10 +50,26 @@ async fn http_load(via: SocketAddr, req: Arc<Vec<u8>>, secs: u64, clients: usize
             let mut lat = Vec::with_capacity(100_000);
             while !stop.load(Ordering::Relaxed) {
                 let t0 = Instant::now();
-                s.write_all(&req).await.unwrap();
-                let r = read_response(&mut s, false).await.unwrap();
+                // A proxy that closes after each response (no keep-alive) pays a reconnect.
+                let r = match s.write_all(&req).await {
+                    Ok(()) => read_response(&mut s, false).await,
+                    Err(e) => Err(e),
+                };
+                let r = match r {
+                    Ok(r) => r,
+                    Err(_) => {
+                        s = TcpStream::connect(via).await.unwrap();
+                        s.set_nodelay(true).unwrap();
+                        s.write_all(&req).await.unwrap();
+                        read_response(&mut s, false).await.unwrap()
+                    }
+                };
                 assert_eq!(r.status, 200, "{}", r.text());
                 lat.push(t0.elapsed());
+                if r.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
+                    s = TcpStream::connect(via).await.unwrap();
+                    s.set_nodelay(true).unwrap();
+                }
             }
             lat
         }));
@@ -112,6 +129,20 @@ async fn bulk_load(connect: impl Fn() -> tokio::task::JoinHandle<TcpStream>, sec
     (moved as f64 / el / 1e6 * 10.0).round() / 10.0
 }
 
+/// `EXTRA_PROXY="squid=127.0.0.1:3180,tinyproxy=127.0.0.1:8888"`: unauthenticated
+/// forward proxies to measure in the same run.
+fn extra_proxies() -> Vec<(String, SocketAddr)> {
+    std::env::var("EXTRA_PROXY")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or(("extra", kv));
+            (k.to_owned(), v.parse().unwrap())
+        })
+        .collect()
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -152,17 +183,17 @@ async fn main() {
         )
         .into_bytes(),
     );
-    let mut rows = vec![];
+    let mut rows: Vec<(&str, (f64, f64, f64))> = vec![];
     let d = http_load(origin.addr, direct_req, secs, clients).await;
     rows.push(("direct", d));
     let e = http_load(proxy, proxy_req, secs, clients).await;
     rows.push(("egress-proxy", e));
-    if let Ok(extra) = std::env::var("EXTRA_PROXY") {
-        let addr: SocketAddr = extra.parse().unwrap();
+    let extras = extra_proxies();
+    for (name, addr) in &extras {
         let req = Arc::new(
             format!("GET http://127.0.0.2:{port}/bytes?n=1024 HTTP/1.1\r\nHost: 127.0.0.2:{port}\r\n\r\n").into_bytes(),
         );
-        rows.push(("EXTRA_PROXY", http_load(addr, req, secs, clients).await));
+        rows.push((name.as_str(), http_load(*addr, req, secs, clients).await));
     }
     println!("\nHTTP GET 1 KiB, {clients} keep-alive clients, {secs} s each:\n");
     println!("| path | requests/s | p50 ms | p99 ms | vs direct |");
@@ -198,6 +229,22 @@ async fn main() {
     println!("|---|---|---|");
     println!("| direct | {direct_mb} | 1.00 |");
     println!("| egress-proxy tunnel | {tunnel_mb} | {:.2} |", tunnel_mb / direct_mb);
+    for (name, addr) in &extras {
+        let addr = *addr;
+        let mb = bulk_load(
+            move || {
+                tokio::spawn(async move {
+                    let (r, s) = egress_e2e::raw::connect(addr, &echo_addr.to_string(), None).await;
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    s
+                })
+            },
+            secs,
+            clients,
+        )
+        .await;
+        println!("| {name} tunnel | {mb} | {:.2} |", mb / direct_mb);
+    }
     p.signal("TERM");
     let _ = p.wait_exit(Duration::from_secs(15));
 }

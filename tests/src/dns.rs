@@ -140,7 +140,9 @@ fn answer(st: &Mutex<State>, q: &[u8]) -> Option<(Vec<u8>, Duration)> {
     r.push(if found { 0x80 } else { 0x83 }); // RA; NXDOMAIN when unknown
     r.extend_from_slice(&[0, 1]);
     r.extend_from_slice(&(records.len() as u16).to_be_bytes());
-    r.extend_from_slice(&[0, 0, 0, 0]);
+    // Negative answers carry an SOA (RFC 2308) so resolvers may cache them, as real servers do.
+    let negative = records.is_empty();
+    r.extend_from_slice(&[0, u8::from(negative), 0, 0]);
     r.extend_from_slice(&q[12..question_end]);
     for ip in records {
         r.extend_from_slice(&[0xc0, 0x0c]);
@@ -153,6 +155,15 @@ fn answer(st: &Mutex<State>, q: &[u8]) -> Option<(Vec<u8>, Duration)> {
         r.extend_from_slice(&ttl.to_be_bytes());
         r.extend_from_slice(&(data.len() as u16).to_be_bytes());
         r.extend_from_slice(&data);
+    }
+    if negative {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 6, 0, 1]);
+        r.extend_from_slice(&60u32.to_be_bytes());
+        r.extend_from_slice(&22u16.to_be_bytes());
+        r.extend_from_slice(&[0, 0]); // mname, rname: root
+        for v in [1u32, 3600, 600, 86400, if found { ttl.max(1) } else { 60 }] {
+            r.extend_from_slice(&v.to_be_bytes());
+        }
     }
     Some((r, delay))
 }
