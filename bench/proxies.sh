@@ -34,6 +34,7 @@ CONF
 squid -N -f "$work/squid.conf" >"$work/squid.out" 2>&1 & echo $! > "$work/squid-main.pid"
 tinyproxy -d -c "$work/tinyproxy.conf" >"$work/tinyproxy.out" 2>&1 & echo $! > "$work/tinyproxy-main.pid"
 sleep 2
-cargo build --release -q -p egress-proxy -p egress-e2e --example throughput_bench
+cargo build --release -q -p egress-proxy --bin egress-proxy
+cargo build --release -q -p egress-e2e --example throughput_bench
 EXTRA_PROXY="squid=127.0.0.1:13180,tinyproxy=127.0.0.1:13181" \
   EGRESS_LOG=warn target/release/examples/throughput_bench "$secs" "$clients"

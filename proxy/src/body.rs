@@ -4,11 +4,14 @@
 //! fetch deadline expires or the run ends. Dropping it releases everything.
 
 use crate::finish::Finish;
+use crate::runs::Run;
 use crate::slots::Slot;
+use crate::upstream::{Conn, UpstreamPool};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Sleep;
 use tokio_util::sync::WaitForCancellationFutureOwned;
@@ -25,7 +28,7 @@ impl ProxyBody {
     /// A guarded upstream body; one that is already complete is marked so.
     pub fn stream(mut g: Guarded) -> ProxyBody {
         if g.inner.is_end_stream() {
-            g.finish.complete();
+            g.completed();
         }
         ProxyBody::Stream(Box::new(g))
     }
@@ -46,6 +49,18 @@ pub struct Guarded {
     pub cancel: Pin<Box<WaitForCancellationFutureOwned>>,
     pub finish: Finish,
     pub _slot: Slot,
+    /// The upstream connection, handed back to the run's pool when the
+    /// exchange completes; dropped (closed) on any other end.
+    pub reuse: Option<(Arc<Run>, Conn)>,
+}
+
+impl Guarded {
+    fn completed(&mut self) {
+        self.finish.complete();
+        if let Some((run, conn)) = self.reuse.take() {
+            UpstreamPool::give_back(run, conn);
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +94,7 @@ impl Body for ProxyBody {
                         }
                         // hyper stops polling once the body says it has ended.
                         if g.inner.is_end_stream() {
-                            g.finish.complete();
+                            g.completed();
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }
@@ -88,7 +103,7 @@ impl Body for ProxyBody {
                         Poll::Ready(Some(Err(Box::new(e))))
                     }
                     Poll::Ready(None) => {
-                        g.finish.complete();
+                        g.completed();
                         Poll::Ready(None)
                     }
                     Poll::Pending => Poll::Pending,

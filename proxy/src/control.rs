@@ -199,6 +199,7 @@ pub fn run_view(sh: &Shared, run: &Run) -> Value {
         "expires_at": crate::time::rfc3339(run.expires_at),
         "labels": run.labels,
         "slots": {"max": run.max_slots, "in_use": run.max_slots - run.slots.available_permits()},
+        "upstream_idle": run.upstream.len(),
     });
     if let Some((at, why)) = run.ended() {
         v["ended_at"] = json!(crate::time::rfc3339(at));

@@ -16,11 +16,11 @@ use crate::server::Shared;
 use crate::slots::{self, SlotError};
 use crate::target::{self, Kind, Target, TargetError};
 use crate::tunnel;
+use crate::upstream;
 use egress_config::{Host, Mode, ToolPolicy};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -233,7 +233,7 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
         _ = tokio::time::sleep_until(deadline) => Err(Prepared::Timeout),
         _ = run.cancel.cancelled() => Err(Prepared::Error(FetchError::RunEnded, format!("run {} ended", run.id), "run_ended")),
     };
-    let (slot, stream) = match prepared {
+    let (slot, upstream) = match prepared {
         Ok(ok) => ok,
         Err(Prepared::Response(r)) => {
             finish.discard();
@@ -264,6 +264,12 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
 
     match kind {
         Kind::Connect => {
+            let Upstream::Stream(stream, _) = upstream else {
+                return Ok(error_response(
+                    FetchError::UpstreamFailed,
+                    "tunnels never use pooled connections",
+                ));
+            };
             let upgrade = hyper::upgrade::on(&mut req);
             sh.tasks.spawn(tunnel::run(tunnel::Tunnel {
                 upgrade,
@@ -277,8 +283,16 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
             }));
             Ok(Response::new(ProxyBody::empty()))
         }
-        Kind::Http => Ok(forward(&sh, &run, req, target, stream, slot, deadline, finish).await),
+        Kind::Http => Ok(forward(&sh, &run, req, target, upstream, slot, deadline, finish).await),
     }
+}
+
+/// The upstream connection a fetch goes out on.
+enum Upstream {
+    /// Freshly dialled to a vetted address.
+    Stream(TcpStream, SocketAddr),
+    /// An idle connection of the same run to an address in this fetch's vetted set.
+    Pooled(upstream::Conn),
 }
 
 /// Why preparation (steps 5-7) did not give a connection.
@@ -429,7 +443,7 @@ impl<'a> Ctx<'a> {
         target: &Target,
         private: bool,
         pol: &egress_config::Policy,
-    ) -> Result<(slots::Slot, TcpStream), Prepared> {
+    ) -> Result<(slots::Slot, Upstream), Prepared> {
         let Some(run) = self.run else {
             return Err(Prepared::Error(FetchError::RunEnded, "no run".into(), "run_ended"));
         };
@@ -515,8 +529,15 @@ impl<'a> Ctx<'a> {
             }
         }
 
-        // 7. Dial only vetted addresses, in order.
+        // 7. Dial only vetted addresses, in order — or reuse this run's idle
+        // connection to one of them (plain HTTP only).
         self.set_phase(2);
+        if self.kind == Kind::Http {
+            if let Some(conn) = run.upstream.take(&dial, target.port) {
+                self.sh.metrics.upstream_reused.inc();
+                return Ok((slot, Upstream::Pooled(conn)));
+            }
+        }
         let mut last_err = None;
         for ip in dial {
             let addr = SocketAddr::new(ip, target.port);
@@ -540,7 +561,7 @@ impl<'a> Ctx<'a> {
                         ));
                     }
                     let _ = s.set_nodelay(true);
-                    return Ok((slot, s));
+                    return Ok((slot, Upstream::Stream(s, addr)));
                 }
                 Err(e) => last_err = Some(format!("{addr}: {e}")),
             }
@@ -560,35 +581,14 @@ impl<'a> Ctx<'a> {
 #[allow(clippy::too_many_arguments)]
 async fn forward(
     sh: &Shared,
-    run: &Run,
+    run: &Arc<Run>,
     req: Request<Incoming>,
     target: Target,
-    stream: TcpStream,
+    upstream: Upstream,
     slot: slots::Slot,
     deadline: Instant,
     mut finish: Finish,
 ) -> Response<ProxyBody> {
-    let (sender, conn) = match hyper::client::conn::http1::Builder::new()
-        .handshake(TokioIo::new(stream))
-        .await
-    {
-        Ok(x) => x,
-        Err(e) => {
-            finish.failed("upstream_failed");
-            return error_response(FetchError::UpstreamFailed, &format!("{target}: {e}"));
-        }
-    };
-    let mut sender = sender;
-    let cancel = run.cancel.clone();
-    let shutdown = sh.hard_stop.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = conn => {}
-            _ = cancel.cancelled() => {}
-            _ = shutdown.cancelled() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-        }
-    });
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
@@ -602,22 +602,50 @@ async fn forward(
     if let Some(pq) = target.path_and_query.clone() {
         *up.uri_mut() = http::Uri::from(pq);
     }
-    let resp = tokio::select! {
-        r = sender.send_request(up) => r,
+    let exchange = async {
+        let mut conn = match upstream {
+            Upstream::Pooled(c) => c,
+            Upstream::Stream(s, addr) => upstream::handshake(s, addr, run.cancel.clone(), sh.hard_stop.clone())
+                .await
+                .map_err(|e| e.to_string())?,
+        };
+        match conn.sender.try_send_request(up).await {
+            Ok(resp) => Ok((resp, conn)),
+            Err(mut e) => {
+                // A pooled connection that closed before our request went out:
+                // dial the same vetted address afresh and send it there.
+                let Some(req) = e.take_message().filter(|_| conn.reused) else {
+                    return Err(e.into_error().to_string());
+                };
+                let addr = conn.addr;
+                drop(conn);
+                let s = TcpStream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+                let _ = s.set_nodelay(true);
+                let mut fresh = upstream::handshake(s, addr, run.cancel.clone(), sh.hard_stop.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let resp = fresh.sender.send_request(req).await.map_err(|e| e.to_string())?;
+                Ok((resp, fresh))
+            }
+        }
+    };
+    let (resp, conn) = tokio::select! {
+        r = exchange => match r {
+            Ok(x) => x,
+            Err(e) => {
+                finish.failed("upstream_failed");
+                sh.count_error(&run.tool, FetchError::UpstreamFailed);
+                return error_response(FetchError::UpstreamFailed, &format!("{target}: {e}"));
+            }
+        },
         _ = tokio::time::sleep_until(deadline) => {
             finish.timed_out("response");
+            sh.count_error(&run.tool, FetchError::Timeout);
             return error_response(FetchError::Timeout, &format!("{target} did not answer before the fetch deadline"));
         }
         _ = run.cancel.cancelled() => {
             finish.severed("run_ended");
             return error_response(FetchError::RunEnded, &format!("run {} ended", run.id));
-        }
-    };
-    let resp = match resp {
-        Ok(r) => r,
-        Err(e) => {
-            finish.failed("upstream_failed");
-            return error_response(FetchError::UpstreamFailed, &format!("{target}: {e}"));
         }
     };
     let (mut parts, body) = resp.into_parts();
@@ -628,6 +656,7 @@ async fn forward(
         cancel: Box::pin(run.cancel.clone().cancelled_owned()),
         finish,
         _slot: slot,
+        reuse: Some((run.clone(), conn)),
     };
     Response::from_parts(parts, ProxyBody::stream(guarded))
 }

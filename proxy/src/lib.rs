@@ -26,5 +26,6 @@ pub mod time;
 pub mod tls;
 pub mod token;
 pub mod tunnel;
+pub mod upstream;
 
 pub use server::{start, Handle, Options, Shared, StartError};

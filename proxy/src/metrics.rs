@@ -104,6 +104,7 @@ pub struct Metrics {
     pub fact_write_failures: Counter,
     pub facts_coalesced: Counter,
     pub errors: Family<ToolReason, Counter>,
+    pub upstream_reused: Counter,
 }
 
 impl Metrics {
@@ -127,6 +128,7 @@ impl Metrics {
         let fact_write_failures = Counter::default();
         let facts_coalesced = Counter::default();
         let errors = Family::<ToolReason, Counter>::default();
+        let upstream_reused = Counter::default();
         registry.register(
             "egress_requests",
             "Fetches by decision (allowed, denied, reported, error)",
@@ -193,6 +195,11 @@ impl Metrics {
             "Fetches that failed for non-policy reasons (dns, connect, upstream, timeout)",
             errors.clone(),
         );
+        registry.register(
+            "egress_upstream_reused",
+            "Plain-HTTP fetches that reused an idle upstream connection of their run",
+            upstream_reused.clone(),
+        );
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
             registry,
@@ -214,6 +221,7 @@ impl Metrics {
             fact_write_failures,
             facts_coalesced,
             errors,
+            upstream_reused,
         }
     }
 

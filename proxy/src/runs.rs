@@ -52,6 +52,8 @@ pub struct Run {
     /// Fetches currently waiting for a slot.
     pub waiting: AtomicUsize,
     pub max_waiting: usize,
+    /// Idle upstream connections of this run (plain HTTP), for reuse by this run only.
+    pub upstream: crate::upstream::UpstreamPool,
 }
 
 const CREATED: u8 = 0;
@@ -181,6 +183,7 @@ impl Runs {
             max_slots: new.max_slots,
             waiting: AtomicUsize::new(0),
             max_waiting: new.max_waiting,
+            upstream: crate::upstream::UpstreamPool::new(new.max_slots),
         });
         let map = self.map.pin();
         match map.try_insert(run.id.clone(), run.clone()) {
@@ -212,6 +215,7 @@ impl Runs {
         }
         let _ = run.ended.set((Instant::now(), SystemTime::now(), why));
         run.cancel.cancel();
+        run.upstream.clear();
         self.live.fetch_sub(1, Ordering::AcqRel);
         true
     }
@@ -225,6 +229,8 @@ impl Runs {
             for (id, run) in map.iter() {
                 if run.state.load(Ordering::Acquire) != ENDED && now >= run.expires {
                     expired.push(run.clone());
+                } else if run.state.load(Ordering::Acquire) != ENDED {
+                    run.upstream.prune();
                 } else if let Some((at, _, _)) = run.ended.get() {
                     if now.saturating_duration_since(*at) >= TOMBSTONE_RETENTION
                         || map.len() > self.max_runs.saturating_mul(2)

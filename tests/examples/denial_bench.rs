@@ -7,7 +7,7 @@
 //!   3. fairness: while one run floods identical denials, another run's
 //!      denial latency p50/p99.
 //!
-//! Usage: `cargo build --release -p egress-proxy && cargo run --release -p egress-e2e --example denial_bench [seconds] [clients]`
+//! Usage: `cargo build --release -p egress-proxy --bin egress-proxy && cargo run --release -p egress-e2e --example denial_bench [seconds] [clients]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::{basic, control_call, TOKEN};

@@ -9,7 +9,7 @@
 //! (unauthenticated forward proxies) when they are installed; see
 //! `bench/proxies.sh`.
 //!
-//! Usage: `cargo build --release -p egress-proxy && cargo run --release -p egress-e2e --example throughput_bench [seconds] [clients]`
+//! Usage: `cargo build --release -p egress-proxy --bin egress-proxy && cargo run --release -p egress-e2e --example throughput_bench [seconds] [clients]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::{basic, control_call, TOKEN};
@@ -195,6 +195,10 @@ async fn main() {
         );
         rows.push((name.as_str(), http_load(*addr, req, secs, clients).await));
     }
+    let m = control_call(control, "GET", "/metrics", None, None).await.text();
+    let reused = egress_e2e::harness::sample(&m, "egress_upstream_reused_total");
+    let dialled = egress_e2e::harness::sample(&m, "egress_connect_duration_seconds_count");
+    println!("\negress-proxy upstream connections: {dialled} dialled, {reused} fetches reused an idle one");
     println!("\nHTTP GET 1 KiB, {clients} keep-alive clients, {secs} s each:\n");
     println!("| path | requests/s | p50 ms | p99 ms | vs direct |");
     println!("|---|---|---|---|---|");

@@ -307,3 +307,66 @@ async fn ending_a_run_severs_tunnels_and_in_flight_requests() {
     );
     p.wait_slots(&run, 0).await;
 }
+
+async fn wait_idle(p: &TestProxy, run: &egress_e2e::TestRun, n: u64) {
+    let t0 = Instant::now();
+    loop {
+        let (_, v) = p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+        if v["upstream_idle"].as_u64() == Some(n) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "upstream_idle never reached {n}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn upstream_connections_are_reused_only_by_their_run_and_only_to_vetted_addresses() {
+    // Two origins on the same port: 127.0.0.2 and 127.0.0.4, both allowed.
+    let (a, b) = loop {
+        let a = http_origin("127.0.0.2:0").await;
+        if let Ok(l) = tokio::net::TcpListener::bind(format!("127.0.0.4:{}", a.addr.port())).await {
+            drop(l);
+            let b = http_origin(&format!("127.0.0.4:{}", a.addr.port())).await;
+            break (a, b);
+        }
+    };
+    let port = a.addr.port();
+    let p = TestProxy::start_with(
+        "allow_ranges = [\"127.0.0.2/32\", \"127.0.0.4/32\"]",
+        &format!("[tools.web]\negress = [\"allowed.test:{port}\", \"other.test:{port}\"]\n"),
+        None,
+    )
+    .await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let url = format!("http://allowed.test:{port}/");
+    let conns = |o: &egress_e2e::origin::HttpOrigin| o.hits.load(std::sync::atomic::Ordering::SeqCst);
+    let run1 = p.run("web").await;
+    assert_eq!(p.get(&run1, &url, "").await.status, 200);
+    wait_idle(&p, &run1, 1).await;
+    assert_eq!(p.get(&run1, &url, "").await.status, 200);
+    assert_eq!(conns(&a), 1, "the second fetch of the run reused the connection");
+    wait_idle(&p, &run1, 1).await;
+
+    // Another run never gets run1's connection.
+    let run2 = p.run("web").await;
+    assert_eq!(p.get(&run2, &url, "").await.status, 200);
+    assert_eq!(conns(&a), 2);
+
+    // A name resolving elsewhere: the idle connection to 127.0.0.2 is not in this
+    // fetch's vetted set, so the fetch dials the new address.
+    // (a second name, so no resolver cache can answer with the old address)
+    p.dns.set("other.test", &["127.0.0.4"]);
+    let r = p.get(&run1, &format!("http://other.test:{port}/"), "").await;
+    assert_eq!(r.status, 200);
+    assert_eq!((conns(&a), conns(&b)), (2, 1));
+    let m = p.metrics().await;
+    assert_eq!(egress_e2e::harness::sample(&m, "egress_upstream_reused_total"), 1.0);
+    // Ending the run closes its idle connections.
+    p.end(&run1).await;
+    let (_, v) = p.control("GET", &format!("/v1/runs/{}", run1.id), None).await;
+    assert_eq!(v["upstream_idle"], 0);
+}
