@@ -14,14 +14,52 @@ use serde_json::json;
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
 use crate::executor::{Executor, InvocationRequest};
 
-/// The router, ready for `axum::serve`.
+/// The router, ready for `axum::serve`. `/v1` needs the same bearer token as
+/// the proxy's control API: tools share the host's loopback unless confined,
+/// and must not be able to invoke other tools.
 pub fn router(exec: Arc<Executor>) -> Router {
-    Router::new()
+    let v1 = Router::new()
         .route("/v1/invocations", post(invoke))
         .route("/v1/invocations/{id}/abort", post(abort))
+        .route_layer(axum::middleware::from_fn_with_state(exec.clone(), require_token));
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .merge(v1)
         .with_state(exec)
+}
+
+async fn require_token(
+    State(exec): State<Arc<Executor>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use subtle::ConstantTimeEq;
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let expected = exec.control_token();
+    match (presented, expected) {
+        (Some(p), Some(e)) if bool::from(p.as_bytes().ct_eq(e.as_bytes())) => next.run(req).await,
+        (_, None) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(
+                json!({"error": {"code": "no_token", "message": "the executor has no control token to check against"}}),
+            ),
+        )
+            .into_response(),
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            Json(
+                json!({"error": {"code": "unauthorized", "message": "Authorization: Bearer <control token> required"}}),
+            ),
+        )
+            .into_response(),
+    }
 }
 
 async fn invoke(

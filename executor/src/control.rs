@@ -78,7 +78,8 @@ impl ControlClient {
         }
     }
 
-    fn token(&self) -> Result<String, ControlError> {
+    /// The control token (also required by the executor's own `/v1` API).
+    pub fn token(&self) -> Result<String, ControlError> {
         if let Some(t) = &self.token_env {
             return Ok(t.clone());
         }

@@ -76,6 +76,11 @@ impl Drop for Registration<'_> {
 }
 
 impl Executor {
+    /// The control token, as the proxy's control API expects it.
+    pub fn control_token(&self) -> Option<String> {
+        self.shared.control.token().ok()
+    }
+
     /// Build the executor and start filling every pool. Fails loudly if a
     /// tool asks for confinement that is not available.
     pub fn new(config: Config, token_env: Option<String>) -> Result<Arc<Executor>, StartError> {

@@ -114,6 +114,21 @@ async fn serve_answers_invocations_metrics_and_health() {
     let (status, _) = http(addr, "POST", "/v1/invocations/nothing/abort", None).await;
     assert_eq!(status, 404);
 
+    // Without the control token nobody (a tool on the host's loopback, say) may invoke tools.
+    for auth in ["", "Authorization: Bearer wrong-token-wrong-token\r\n"] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let body = r#"{"tool":"echo","input":1}"#;
+        let req = format!(
+            "POST /v1/invocations HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 401"), "{auth:?}: {out}");
+    }
+
     let (status, body) = http(addr, "GET", "/metrics", None).await;
     assert_eq!(status, 200);
     for name in [

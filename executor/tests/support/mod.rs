@@ -312,6 +312,7 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value
         .uri(path)
         .header("host", addr.to_string())
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {TOKEN}"))
         .body(Full::new(bytes::Bytes::from(bytes)))
         .unwrap();
     let resp = tx.send_request(req).await.unwrap();
