@@ -201,9 +201,17 @@ pub fn run_view(sh: &Shared, run: &Run) -> Value {
         "slots": {"max": run.max_slots, "in_use": run.max_slots - run.slots.available_permits()},
         "upstream_idle": run.upstream.len(),
     });
-    if let Some((at, why)) = run.ended() {
-        v["ended_at"] = json!(crate::time::rfc3339(at));
-        v["end_reason"] = json!(why.as_str());
+    match run.ended() {
+        Some((at, why)) => {
+            v["ended_at"] = json!(crate::time::rfc3339(at));
+            v["end_reason"] = json!(why.as_str());
+        }
+        // Past its expiry but not yet swept: it is already ended for every fetch.
+        None if run.state() == crate::policy::RunState::Ended => {
+            v["ended_at"] = json!(crate::time::rfc3339(run.expires_at));
+            v["end_reason"] = json!("expired");
+        }
+        None => {}
     }
     let _ = sh;
     v

@@ -79,6 +79,18 @@ struct Idle {
     since: Instant,
 }
 
+/// Drops (and closes) idle connections that closed or outlived `IDLE_TIMEOUT`.
+fn retain_live(idle: &mut Vec<Idle>) {
+    let now = Instant::now();
+    idle.retain(|i| {
+        let keep = !i.sender.is_closed() && now.duration_since(i.since) < IDLE_TIMEOUT;
+        if !keep {
+            i.token.cancel();
+        }
+        keep
+    });
+}
+
 /// A run's idle upstream connections (at most `cap`, each at most `IDLE_TIMEOUT` old).
 pub struct UpstreamPool {
     idle: Mutex<Vec<Idle>>,
@@ -96,14 +108,7 @@ impl UpstreamPool {
     /// Takes an idle connection to one of `vetted` on `port`, if any.
     pub fn take(&self, vetted: &[IpAddr], port: u16) -> Option<Conn> {
         let mut idle = self.idle.lock().ok()?;
-        let now = Instant::now();
-        idle.retain(|i| {
-            let keep = !i.sender.is_closed() && now.duration_since(i.since) < IDLE_TIMEOUT;
-            if !keep {
-                i.token.cancel();
-            }
-            keep
-        });
+        retain_live(&mut idle);
         let pos = idle
             .iter()
             .position(|i| i.addr.port() == port && vetted.contains(&i.addr.ip()) && i.sender.is_ready())?;
@@ -145,14 +150,7 @@ impl UpstreamPool {
     /// Drops expired idle connections.
     pub fn prune(&self) {
         if let Ok(mut idle) = self.idle.lock() {
-            let now = Instant::now();
-            idle.retain(|i| {
-                let keep = !i.sender.is_closed() && now.duration_since(i.since) < IDLE_TIMEOUT;
-                if !keep {
-                    i.token.cancel();
-                }
-                keep
-            });
+            retain_live(&mut idle);
         }
     }
 

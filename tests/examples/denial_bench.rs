@@ -10,33 +10,20 @@
 //! Usage: `cargo build --release -p egress-proxy --bin egress-proxy && cargo run --release -p egress-e2e --example denial_bench [seconds] [clients]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use egress_e2e::harness::{basic, control_call, TOKEN};
-use egress_e2e::process::{free_port, ProxyProcess};
+use egress_e2e::harness::{basic, control_call, create_run_at, percentile_ms, TOKEN};
+use egress_e2e::process::{free_port, release_bin, ProxyProcess};
 use egress_e2e::raw::read_response;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-fn release_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/release/examples/denial_bench → target/release/egress-proxy
-    exe.parent().unwrap().parent().unwrap().join("egress-proxy")
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
 async fn run_for(control: SocketAddr) -> String {
-    let r = control_call(control, "POST", "/v1/runs", Some(json!({"tool": "web"})), Some(TOKEN)).await;
-    let v: Value = serde_json::from_slice(&r.body).unwrap();
-    basic(v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap())
+    let (id, secret) = create_run_at(control, "web").await;
+    basic(&id, &secret)
 }
 
 async fn deny_once(s: &mut TcpStream, req: &[u8]) -> Duration {
@@ -91,7 +78,7 @@ async fn measure(label: &str, facts: &str, secs: u64, clients: usize) -> Value {
     for i in 0..2000u32 {
         lat.push(deny_once(&mut s, &req(&format!("seq{}.test", i % 50), &auth)).await);
     }
-    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    let (p50, p99) = (percentile_ms(&mut lat, 0.5), percentile_ms(&mut lat, 0.99));
 
     // 2. Flood: C clients, each its own run and targets (little coalescing).
     let rows0 = fact_rows(control).await;
@@ -149,15 +136,14 @@ async fn measure(label: &str, facts: &str, secs: u64, clients: usize) -> Value {
     for f in flooders {
         f.await.unwrap();
     }
-    let (v50, v99) = (pct(&mut vl, 0.5), pct(&mut vl, 0.99));
+    let (v50, v99) = (percentile_ms(&mut vl, 0.5), percentile_ms(&mut vl, 0.99));
     p.signal("TERM");
     let _ = p.wait_exit(Duration::from_secs(15));
-    let ms = |d: Duration| (d.as_secs_f64() * 1e5).round() / 100.0;
     let out = json!({
         "sink": label,
-        "unloaded_p50_ms": ms(p50), "unloaded_p99_ms": ms(p99),
+        "unloaded_p50_ms": p50, "unloaded_p99_ms": p99,
         "flood_clients": clients, "flood_denials_per_s": flood_rate.round(), "flood_fact_rows_per_s": rows_rate.round(),
-        "victim_p50_ms_under_flood": ms(v50), "victim_p99_ms_under_flood": ms(v99),
+        "victim_p50_ms_under_flood": v50, "victim_p99_ms_under_flood": v99,
     });
     println!("{out}");
     out

@@ -12,31 +12,17 @@
 //! Usage: `cargo build --release -p egress-proxy --bin egress-proxy && cargo run --release -p egress-e2e --example throughput_bench [seconds] [clients]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use egress_e2e::harness::{basic, control_call, TOKEN};
+use egress_e2e::harness::{basic, control_call, percentile_ms, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};
-use egress_e2e::process::{free_port, ProxyProcess};
+use egress_e2e::process::{free_port, release_bin, ProxyProcess};
 use egress_e2e::raw::read_response;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn release_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("egress-proxy")
-}
-
-fn pct(v: &mut [Duration], p: f64) -> f64 {
-    v.sort();
-    if v.is_empty() {
-        return 0.0;
-    }
-    (v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e5).round() / 100.0
-}
 
 /// C clients, each on one keep-alive connection to `via`, sending `req` in a loop.
 async fn http_load(via: SocketAddr, req: Arc<Vec<u8>>, secs: u64, clients: usize) -> (f64, f64, f64) {
@@ -82,7 +68,11 @@ async fn http_load(via: SocketAddr, req: Arc<Vec<u8>>, secs: u64, clients: usize
         all.extend(t.await.unwrap());
     }
     let rate = all.len() as f64 / t0.elapsed().as_secs_f64();
-    (rate.round(), pct(&mut all, 0.5), pct(&mut all, 0.99))
+    (
+        rate.round(),
+        percentile_ms(&mut all, 0.5),
+        percentile_ms(&mut all, 0.99),
+    )
 }
 
 /// C tunnels (or direct connections) to an echo origin, each pushing 64 KiB

@@ -175,6 +175,26 @@ impl TestProxy {
     }
 }
 
+/// Creates an active run for `tool` on the control API at `addr`; returns (run id, secret).
+pub async fn create_run_at(control: SocketAddr, tool: &str) -> (String, String) {
+    let r = control_call(control, "POST", "/v1/runs", Some(json!({ "tool": tool })), Some(TOKEN)).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    (
+        v["run_id"].as_str().unwrap().into(),
+        v["secret"].as_str().unwrap().into(),
+    )
+}
+
+/// The `p` quantile of `v` (sorted in place), in milliseconds with two decimals.
+pub fn percentile_ms(v: &mut [std::time::Duration], p: f64) -> f64 {
+    v.sort();
+    if v.is_empty() {
+        return 0.0;
+    }
+    (v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e5).round() / 100.0
+}
+
 /// One control API call on `addr`.
 pub async fn control_call(
     addr: SocketAddr,

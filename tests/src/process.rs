@@ -20,6 +20,13 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// The release `egress-proxy` beside a release example (`target/release/examples/x`).
+pub fn release_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    dir.join("egress-proxy")
+}
+
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

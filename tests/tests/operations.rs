@@ -25,13 +25,7 @@ fn addrs() -> (SocketAddr, SocketAddr) {
 }
 
 async fn create_run(control: SocketAddr, tool: &str) -> (String, String) {
-    let r = control_call(control, "POST", "/v1/runs", Some(json!({"tool": tool})), Some(TOKEN)).await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    let v: Value = serde_json::from_slice(&r.body).unwrap();
-    (
-        v["run_id"].as_str().unwrap().into(),
-        v["secret"].as_str().unwrap().into(),
-    )
+    egress_e2e::harness::create_run_at(control, tool).await
 }
 
 async fn all_facts(control: SocketAddr) -> Vec<Value> {
