@@ -190,7 +190,7 @@ struct CreateRun {
     activate: Option<bool>,
 }
 
-pub fn run_view(sh: &Shared, run: &Run) -> Value {
+pub fn run_view(run: &Run) -> Value {
     let mut v = json!({
         "run_id": &*run.id,
         "tool": &*run.tool,
@@ -213,7 +213,6 @@ pub fn run_view(sh: &Shared, run: &Run) -> Value {
         }
         None => {}
     }
-    let _ = sh;
     v
 }
 
@@ -269,7 +268,7 @@ async fn create_run(
     )?;
     sh.tool_metrics(Some(&run.tool)).runs_active.inc();
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
-    let mut v = run_view(&sh, &run);
+    let mut v = run_view(&run);
     v["secret"] = json!(run.secret());
     v["proxy_url"] = json!(format!(
         "{}://{}:{}@{}",
@@ -287,19 +286,19 @@ fn find(sh: &Shared, id: &str) -> ApiResult<Arc<Run>> {
 
 async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let run = find(&sh, &id)?;
-    Ok(Json(run_view(&sh, &run)))
+    Ok(Json(run_view(&run)))
 }
 
 async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let run = sh.runs.activate(&id)?;
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");
-    Ok(Json(run_view(&sh, &run)))
+    Ok(Json(run_view(&run)))
 }
 
 async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let run = find(&sh, &id)?;
     sh.end_run(&run, EndReason::Ended);
-    Ok(Json(run_view(&sh, &run)))
+    Ok(Json(run_view(&run)))
 }
 
 #[derive(Deserialize)]

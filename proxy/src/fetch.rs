@@ -131,6 +131,8 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return Ok(r);
     }
+    // One policy snapshot decides the whole fetch and is the digest its facts carry.
+    let pol = sh.policy.load_full();
     // 1. Authenticate.
     let run = match auth::authenticate(&sh.runs, req.headers()) {
         Ok(run) => run,
@@ -150,16 +152,15 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
                 }
                 (None, _) => "credential does not name a known run".to_owned(),
             };
-            let ctx = Ctx::new(&sh, f.claimed.as_deref(), &tm, kind, started);
+            let ctx = Ctx::new(&sh, &pol, f.claimed.as_deref(), &tm, kind, started);
             return Ok(ctx
                 .deny(f.reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
                 .await);
         }
     };
-    let pol = sh.policy.load_full();
     let tool_policy = pol.tool(&run.tool).cloned();
     let tm = sh.tool_metrics(Some(&run.tool));
-    let ctx = Ctx::new(&sh, Some(&run), &tm, kind, started);
+    let ctx = Ctx::new(&sh, &pol, Some(&run), &tm, kind, started);
     // The fetch deadline opens now that the head is authenticated.
     let timeout = tool_policy.as_ref().map(|t| t.fetch_timeout).unwrap_or_default();
     let deadline = Instant::from_std(started) + timeout;
@@ -229,7 +230,7 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
         target.to_string(),
     );
     let prepared = tokio::select! {
-        r = ctx.prepare(&tool, &target, private, &pol) => r,
+        r = ctx.prepare(&tool, &target, private) => r,
         _ = tokio::time::sleep_until(deadline) => Err(Prepared::Timeout),
         _ = run.cancel.cancelled() => Err(Prepared::Error(FetchError::RunEnded, format!("run {} ended", run.id), "run_ended")),
     };
@@ -305,6 +306,7 @@ enum Prepared {
 /// Per-request context for decisions that need the shared state.
 struct Ctx<'a> {
     sh: &'a Shared,
+    policy: &'a egress_config::Policy,
     run: Option<&'a Run>,
     tm: &'a Arc<ToolMetrics>,
     kind: Kind,
@@ -316,9 +318,17 @@ struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    fn new(sh: &'a Shared, run: Option<&'a Run>, tm: &'a Arc<ToolMetrics>, kind: Kind, started: StdInstant) -> Self {
+    fn new(
+        sh: &'a Shared,
+        policy: &'a egress_config::Policy,
+        run: Option<&'a Run>,
+        tm: &'a Arc<ToolMetrics>,
+        kind: Kind,
+        started: StdInstant,
+    ) -> Self {
         Ctx {
             sh,
+            policy,
             run,
             tm,
             kind,
@@ -412,7 +422,6 @@ impl<'a> Ctx<'a> {
         resolved: &[IpAddr],
         mode: Mode,
     ) -> Result<u64, String> {
-        let policy = self.sh.policy.load();
         let fact = Fact::denial(
             self.run.map(|r| &*r.id),
             self.run.map(|r| &*r.tool),
@@ -420,7 +429,7 @@ impl<'a> Ctx<'a> {
             mode.as_str(),
             target.map(fact_target),
             resolved.iter().map(|i| i.to_string()).collect(),
-            &policy.digest,
+            &self.policy.digest,
             detail,
         );
         let t0 = StdInstant::now();
@@ -442,7 +451,6 @@ impl<'a> Ctx<'a> {
         tool: &ToolPolicy,
         target: &Target,
         private: bool,
-        pol: &egress_config::Policy,
     ) -> Result<(slots::Slot, Upstream), Prepared> {
         let Some(run) = self.run else {
             return Err(Prepared::Error(FetchError::RunEnded, "no run".into(), "run_ended"));
@@ -515,9 +523,10 @@ impl<'a> Ctx<'a> {
                 }
             }
         };
-        let vetted = policy::vet(&resolved, target.port, &pol.ranges, private, &self.sh.me);
-        let mut dial = vetted.allowed.clone();
-        if let Some(d) = vetted.denial(target) {
+        let vetted = policy::vet(&resolved, target.port, &self.policy.ranges, private, &self.sh.me);
+        let denial = vetted.denial(target);
+        let mut dial = vetted.allowed;
+        if let Some(d) = denial {
             if tool.mode == Mode::Report && d.reason.reportable() {
                 self.report(&d, target, &resolved).await.map_err(Prepared::Response)?;
                 dial.extend(vetted.private.iter().copied());

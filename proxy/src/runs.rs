@@ -82,10 +82,6 @@ impl Run {
     pub fn ended(&self) -> Option<(SystemTime, EndReason)> {
         self.ended.get().map(|(_, t, r)| (*t, *r))
     }
-
-    pub fn expires_instant(&self) -> Instant {
-        self.expires
-    }
 }
 
 /// Errors the control API maps to HTTP answers.
@@ -255,17 +251,6 @@ impl Runs {
             .filter(|(_, r)| r.state.load(Ordering::Acquire) != ENDED)
             .map(|(_, r)| r.clone())
             .collect()
-    }
-
-    /// Live runs per tool.
-    pub fn live_by_tool(&self) -> std::collections::BTreeMap<Arc<str>, usize> {
-        let mut out = std::collections::BTreeMap::new();
-        for (_, run) in self.map.pin().iter() {
-            if run.state.load(Ordering::Acquire) != ENDED {
-                *out.entry(run.tool.clone()).or_insert(0) += 1;
-            }
-        }
-        out
     }
 }
 

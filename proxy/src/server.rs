@@ -50,17 +50,18 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Per-tool metric handles; tools unknown to the policy share `_unknown`.
+    /// Per-tool metric handles: one lock-free lookup on the data path. A tool
+    /// gets its own handles once it is in the policy (so the label set stays
+    /// bounded by the config); anything else shares `_unknown`.
     pub fn tool_metrics(&self, tool: Option<&str>) -> Arc<ToolMetrics> {
-        let name = match tool {
-            Some(t) if self.policy.load().tools.contains_key(t) => t,
-            Some(t) if self.tool_metrics.pin().contains_key(t) => t,
-            _ => "_unknown",
-        };
         let map = self.tool_metrics.pin();
-        if let Some(m) = map.get(name) {
+        if let Some(m) = tool.and_then(|t| map.get(t)) {
             return m.clone();
         }
+        let name = match tool {
+            Some(t) if self.policy.load().tools.contains_key(t) => t,
+            _ => "_unknown",
+        };
         map.get_or_insert_with(Arc::from(name), || self.metrics.tool(name))
             .clone()
     }
@@ -87,21 +88,24 @@ impl Shared {
 
     /// Ends a run and keeps the run gauges in step.
     pub fn end_run(&self, run: &Run, why: EndReason) -> bool {
-        if self.runs.end(run, why) {
-            let tm = self.tool_metrics(Some(&run.tool));
-            tm.runs_active.dec();
-            self.metrics
-                .runs_ended
-                .get_or_create(&crate::metrics::ToolWhy {
-                    tool: run.tool.to_string(),
-                    why: why.as_str(),
-                })
-                .inc();
-            tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, why = why.as_str(), "run ended");
-            true
-        } else {
-            false
+        let ended = self.runs.end(run, why);
+        if ended {
+            self.run_ended(run, why);
         }
+        ended
+    }
+
+    /// Accounts for a run that has just ended (by its kernel, expiry or shutdown).
+    fn run_ended(&self, run: &Run, why: EndReason) {
+        self.tool_metrics(Some(&run.tool)).runs_active.dec();
+        self.metrics
+            .runs_ended
+            .get_or_create(&crate::metrics::ToolWhy {
+                tool: run.tool.to_string(),
+                why: why.as_str(),
+            })
+            .inc();
+        tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, why = why.as_str(), "run ended");
     }
 }
 
@@ -128,8 +132,6 @@ pub enum StartError {
     Dns(#[from] crate::dns::DnsInitError),
     #[error("control token: {0}")]
     Token(#[from] crate::token::TokenError),
-    #[error("fact store: {0}")]
-    Facts(String),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
 }
@@ -167,11 +169,6 @@ impl Handle {
         })
         .await;
         self.tasks.abort_all();
-    }
-
-    /// Waits until the proxy stops by itself (it does not, unless shut down).
-    pub async fn wait(&mut self) {
-        while self.tasks.join_next().await.is_some() {}
     }
 }
 
@@ -278,16 +275,7 @@ async fn sweeper(sh: Arc<Shared>) {
             _ = sh.shutdown.cancelled() => return,
         }
         for run in sh.runs.sweep(std::time::Instant::now()) {
-            let tm = sh.tool_metrics(Some(&run.tool));
-            tm.runs_active.dec();
-            sh.metrics
-                .runs_ended
-                .get_or_create(&crate::metrics::ToolWhy {
-                    tool: run.tool.to_string(),
-                    why: "expired",
-                })
-                .inc();
-            tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, why = "expired", "run expired");
+            sh.run_ended(&run, EndReason::Expired);
         }
     }
 }

@@ -123,18 +123,18 @@ impl UpstreamPool {
 
     /// Returns a connection whose exchange completed; waits (briefly) until
     /// hyper has finished the message, and drops it if it cannot be reused.
-    pub fn give_back(pool: std::sync::Arc<crate::runs::Run>, mut conn: Conn) {
+    pub fn give_back(run: std::sync::Arc<crate::runs::Run>, mut conn: Conn) {
         tokio::spawn(async move {
             let ready = tokio::time::timeout(Duration::from_secs(1), conn.sender.ready()).await;
-            if !matches!(ready, Ok(Ok(()))) || pool.cancel.is_cancelled() {
+            if !matches!(ready, Ok(Ok(()))) || run.cancel.is_cancelled() {
                 return;
             }
             let Some(token) = conn.guard.disarm() else { return };
-            let Ok(mut idle) = pool.upstream.idle.lock() else {
+            let Ok(mut idle) = run.upstream.idle.lock() else {
                 token.cancel();
                 return;
             };
-            if idle.len() >= pool.upstream.cap {
+            if idle.len() >= run.upstream.cap {
                 token.cancel();
                 return;
             }
