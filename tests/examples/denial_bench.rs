@@ -10,8 +10,8 @@
 //! Usage: `cargo build --release -p egress-proxy --bin egress-proxy && cargo run --release -p egress-e2e --example denial_bench [seconds] [clients]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use egress_e2e::harness::{basic, control_call, create_run_at, percentile_ms, TOKEN};
-use egress_e2e::process::{free_port, release_bin, ProxyProcess};
+use egress_e2e::harness::{basic, create_run_at, percentile_ms, TOKEN};
+use egress_e2e::process::{bench_args, free_addr, release_bin, ProxyProcess};
 use egress_e2e::raw::read_response;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -39,30 +39,12 @@ fn req(target: &str, auth: &str) -> Vec<u8> {
 }
 
 async fn fact_rows(control: SocketAddr) -> u64 {
-    // The newest seq is the number of rows (seq is gap-free from 1).
-    let mut after = 0;
-    loop {
-        let r = control_call(
-            control,
-            "GET",
-            &format!("/v1/facts?after={after}&limit=1000"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
-        let v: Value = serde_json::from_slice(&r.body).unwrap();
-        let n = v["next"].as_u64().unwrap();
-        if n == after {
-            return n;
-        }
-        after = n;
-    }
+    egress_e2e::harness::all_facts_at(control).await.len() as u64
 }
 
 async fn measure(label: &str, facts: &str, secs: u64, clients: usize) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let control: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (proxy, control) = (free_addr(), free_addr());
     let cfg = dir.path().join("egress.toml");
     std::fs::write(
         &cfg,
@@ -151,13 +133,7 @@ async fn measure(label: &str, facts: &str, secs: u64, clients: usize) -> Value {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let secs = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
-    let clients = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(32);
-    assert!(
-        release_bin().exists(),
-        "build it first: cargo build --release -p egress-proxy"
-    );
+    let (secs, clients) = bench_args(32);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("facts.db");
     let sqlite = measure("sqlite (WAL, synchronous=FULL)", db.to_str().unwrap(), secs, clients).await;

@@ -14,7 +14,7 @@
 
 use egress_e2e::harness::{basic, control_call, percentile_ms, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};
-use egress_e2e::process::{free_port, release_bin, ProxyProcess};
+use egress_e2e::process::{bench_args, free_addr, release_bin, ProxyProcess};
 use egress_e2e::raw::read_response;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -135,20 +135,13 @@ fn extra_proxies() -> Vec<(String, SocketAddr)> {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let secs = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
-    let clients = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16);
-    assert!(
-        release_bin().exists(),
-        "build it first: cargo build --release -p egress-proxy"
-    );
+    let (secs, clients) = bench_args(16);
     let origin = http_origin("127.0.0.2:0").await;
     let (echo, _) = echo_origin("127.0.0.2:0").await;
     let dns = egress_e2e::FakeDns::start().await;
     dns.set("origin.test", &["127.0.0.2"]);
     let dir = tempfile::tempdir().unwrap();
-    let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let control: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (proxy, control) = (free_addr(), free_addr());
     let cfg = dir.path().join("egress.toml");
     std::fs::write(
         &cfg,

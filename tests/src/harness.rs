@@ -11,6 +11,7 @@ use egress_proxy::facts::{Fact, FactQuery, FactSink, MemorySink};
 use egress_proxy::Handle;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub const TOKEN: &str = "test-control-token-0123456789";
@@ -65,6 +66,8 @@ impl TestProxy {
         Self::start_full(dns, extra_proxy, tools, facts).await
     }
 
+    /// Starts a proxy with the test `[proxy]` section plus `extra_proxy`, and `tools`;
+    /// without a given sink, facts go to an in-memory sink the test can read.
     pub async fn start_full(
         dns: FakeDns,
         extra_proxy: &str,
@@ -72,22 +75,40 @@ impl TestProxy {
         facts: Option<Arc<dyn FactSink>>,
     ) -> TestProxy {
         let text = format!("{}\n{tools}", proxy_section(&dns, extra_proxy));
-        let config = Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
-        let facts: Arc<dyn FactSink> = facts.unwrap_or_else(|| Arc::new(MemorySink::new(10_000)));
+        let facts = facts.unwrap_or_else(|| Arc::new(MemorySink::new(10_000)));
+        Self::start_config(dns, &text, None, Some(facts)).await
+    }
+
+    /// Starts a proxy on a complete config text. `config_path` enables reloads;
+    /// `facts: None` uses the fact store the config names.
+    pub async fn start_config(
+        dns: FakeDns,
+        text: &str,
+        config_path: Option<PathBuf>,
+        facts: Option<Arc<dyn FactSink>>,
+    ) -> TestProxy {
+        let config = Config::parse(text, "test.toml").unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
         let handle = egress_proxy::start(egress_proxy::Options {
             config,
-            config_path: None,
+            config_path,
             control_token: Some(TOKEN.into()),
-            facts: Some(facts.clone()),
+            facts,
         })
         .await
         .unwrap();
         TestProxy {
             proxy: handle.proxy_addr,
             control: handle.control_addr,
+            facts: handle.shared.facts.clone(),
             handle: Some(handle),
             dns,
-            facts,
+        }
+    }
+
+    /// Graceful shutdown, as SIGTERM does it.
+    pub async fn shutdown(mut self) {
+        if let Some(h) = self.handle.take() {
+            h.shutdown().await;
         }
     }
 
@@ -184,6 +205,24 @@ pub async fn create_run_at(control: SocketAddr, tool: &str) -> (String, String) 
         v["run_id"].as_str().unwrap().into(),
         v["secret"].as_str().unwrap().into(),
     )
+}
+
+/// Every fact on the control API at `addr`, paging by cursor.
+pub async fn all_facts_at(control: SocketAddr) -> Vec<Value> {
+    let mut out = vec![];
+    let mut after = 0;
+    loop {
+        let path = format!("/v1/facts?after={after}&limit=1000");
+        let r = control_call(control, "GET", &path, None, Some(TOKEN)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        let page = v["facts"].as_array().unwrap().clone();
+        if page.is_empty() {
+            return out;
+        }
+        after = v["next"].as_u64().unwrap();
+        out.extend(page);
+    }
 }
 
 /// The `p` quantile of `v` (sorted in place), in milliseconds with two decimals.

@@ -191,9 +191,18 @@ pub async fn black_hole(ip: &str) -> BlackHole {
     }
 }
 
-/// Binds `ip:port` for an HTTP origin on the same port as another address.
-pub async fn http_origin_on(ip: &str, port: u16) -> Option<HttpOrigin> {
-    let l = TcpListener::bind(format!("{ip}:{port}")).await.ok()?;
-    drop(l);
-    Some(http_origin(&format!("{ip}:{port}")).await)
+/// A port that is free on every one of `ips` (for servers that must share a
+/// port across loopback addresses, e.g. an origin and a canary).
+pub fn port_free_on(ips: &[&str]) -> u16 {
+    loop {
+        let first = std::net::TcpListener::bind(format!("{}:0", ips[0])).unwrap();
+        let port = first.local_addr().unwrap().port();
+        let rest: Vec<_> = ips[1..]
+            .iter()
+            .map(|ip| std::net::TcpListener::bind(format!("{ip}:{port}")))
+            .collect();
+        if rest.iter().all(Result::is_ok) {
+            return port;
+        }
+    }
 }

@@ -24,7 +24,25 @@ pub fn bin(name: &str) -> PathBuf {
 pub fn release_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("executable");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    dir.join("egress-proxy")
+    let p = dir.join("egress-proxy");
+    assert!(
+        p.exists(),
+        "build it first: cargo build --release -p egress-proxy --bin egress-proxy"
+    );
+    p
+}
+
+/// `[seconds] [clients]` from a benchmark's command line.
+pub fn bench_args(default_clients: usize) -> (u64, usize) {
+    let args: Vec<String> = std::env::args().collect();
+    let secs = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let clients = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(default_clients);
+    (secs, clients)
+}
+
+/// A free loopback socket address (bound, then released).
+pub fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// A free loopback port (bound, then released).

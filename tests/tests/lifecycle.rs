@@ -326,15 +326,9 @@ async fn wait_idle(p: &TestProxy, run: &egress_e2e::TestRun, n: u64) {
 #[tokio::test]
 async fn upstream_connections_are_reused_only_by_their_run_and_only_to_vetted_addresses() {
     // Two origins on the same port: 127.0.0.2 and 127.0.0.4, both allowed.
-    let (a, b) = loop {
-        let a = http_origin("127.0.0.2:0").await;
-        if let Ok(l) = tokio::net::TcpListener::bind(format!("127.0.0.4:{}", a.addr.port())).await {
-            drop(l);
-            let b = http_origin(&format!("127.0.0.4:{}", a.addr.port())).await;
-            break (a, b);
-        }
-    };
-    let port = a.addr.port();
+    let port = egress_e2e::origin::port_free_on(&["127.0.0.2", "127.0.0.4"]);
+    let a = http_origin(&format!("127.0.0.2:{port}")).await;
+    let b = http_origin(&format!("127.0.0.4:{port}")).await;
     let p = TestProxy::start_with(
         "allow_ranges = [\"127.0.0.2/32\", \"127.0.0.4/32\"]",
         &format!("[tools.web]\negress = [\"allowed.test:{port}\", \"other.test:{port}\"]\n"),

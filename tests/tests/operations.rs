@@ -6,7 +6,7 @@
 
 use egress_e2e::harness::{basic, control_call, sample, TestProxy, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};
-use egress_e2e::process::{bin, free_port, ProxyProcess};
+use egress_e2e::process::{bin, free_addr, ProxyProcess};
 use egress_e2e::raw::{read_response, send};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -18,10 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 fn addrs() -> (SocketAddr, SocketAddr) {
-    (
-        format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-    )
+    (free_addr(), free_addr())
 }
 
 async fn create_run(control: SocketAddr, tool: &str) -> (String, String) {
@@ -29,26 +26,7 @@ async fn create_run(control: SocketAddr, tool: &str) -> (String, String) {
 }
 
 async fn all_facts(control: SocketAddr) -> Vec<Value> {
-    let mut out = vec![];
-    let mut after = 0;
-    loop {
-        let r = control_call(
-            control,
-            "GET",
-            &format!("/v1/facts?after={after}&limit=1000"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
-        let v: Value = serde_json::from_slice(&r.body).unwrap();
-        let page = v["facts"].as_array().unwrap().clone();
-        if page.is_empty() {
-            return out;
-        }
-        after = v["next"].as_u64().unwrap();
-        out.extend(page);
-    }
+    egress_e2e::harness::all_facts_at(control).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,17 +216,11 @@ async fn reload_over_the_api() {
     let cfg_path = dir.path().join("egress.toml");
     let section = egress_e2e::harness::proxy_section(&dns, "");
     std::fs::write(&cfg_path, format!("{section}[tools.web]\negress = [\"a.test:443\"]\n")).unwrap();
-    let config = egress_config::Config::load(&cfg_path).unwrap();
-    let h = egress_proxy::start(egress_proxy::Options {
-        config,
-        config_path: Some(cfg_path.clone()),
-        control_token: Some(TOKEN.into()),
-        facts: Some(Arc::new(egress_proxy::facts::MemorySink::new(100))),
-    })
-    .await
-    .unwrap();
+    let text = std::fs::read_to_string(&cfg_path).unwrap();
+    let sink = Arc::new(egress_proxy::facts::MemorySink::new(100));
+    let p = TestProxy::start_config(dns, &text, Some(cfg_path.clone()), Some(sink)).await;
     std::fs::write(&cfg_path, format!("{section}[tools.web]\negress = [\"a.test\"]\n")).unwrap();
-    let r = control_call(h.control_addr, "POST", "/v1/policy/reload", None, Some(TOKEN)).await;
+    let r = control_call(p.control, "POST", "/v1/policy/reload", None, Some(TOKEN)).await;
     assert_eq!(r.status, 422, "{}", r.text());
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "invalid_config");
@@ -258,20 +230,13 @@ async fn reload_over_the_api() {
         format!("{section}[tools.web]\negress = [\"b.test:443\"]\n[tools.new]\negress = []\n"),
     )
     .unwrap();
-    let r = control_call(h.control_addr, "POST", "/v1/policy/reload", None, Some(TOKEN)).await;
+    let r = control_call(p.control, "POST", "/v1/policy/reload", None, Some(TOKEN)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["tools"], json!(["new", "web"]));
-    let r = control_call(
-        h.control_addr,
-        "POST",
-        "/v1/runs",
-        Some(json!({"tool": "new"})),
-        Some(TOKEN),
-    )
-    .await;
+    let r = control_call(p.control, "POST", "/v1/runs", Some(json!({"tool": "new"})), Some(TOKEN)).await;
     assert_eq!(r.status, 201);
-    h.shutdown().await;
+    p.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,16 +315,9 @@ async fn tls_on_both_listeners() {
         "{}{extra}[tools.web]\negress = [\"allowed.test:{port}\"]\n",
         egress_e2e::harness::proxy_section(&dns, "")
     );
-    let config = egress_config::Config::parse(&text, "t").unwrap();
-    let h = egress_proxy::start(egress_proxy::Options {
-        config,
-        config_path: None,
-        control_token: Some(TOKEN.into()),
-        facts: Some(Arc::new(egress_proxy::facts::MemorySink::new(100))),
-    })
-    .await
-    .unwrap();
-    let control = format!("https://127.0.0.1:{}", h.control_addr.port());
+    let sink = Arc::new(egress_proxy::facts::MemorySink::new(100));
+    let p = TestProxy::start_config(dns, &text, None, Some(sink)).await;
+    let control = format!("https://127.0.0.1:{}", p.control.port());
     let cacert = cert.display().to_string();
     let out = tokio::task::block_in_place(|| {
         Command::new("curl")
@@ -416,7 +374,7 @@ async fn tls_on_both_listeners() {
             .unwrap()
     });
     assert_ne!(String::from_utf8_lossy(&plain_to_tls.stdout), "hello from origin");
-    h.shutdown().await;
+    p.shutdown().await;
 }
 
 #[tokio::test]
@@ -430,7 +388,6 @@ async fn metrics_move_by_exactly_what_happened() {
     ))
     .await;
     p.dns.set("allowed.test", &["127.0.0.2"]);
-    p.dns.set("private.test", &["10.0.0.1"]);
     let before = p.metrics().await;
     let run = p.run("web").await;
     // 3 allowed plain fetches, 2 allowed tunnels, 4 not_allowlisted, 1 ip_literal, 2 auth failures.
@@ -645,36 +602,22 @@ async fn an_unusable_sqlite_store_fails_closed_and_unready() {
         "{}[tools.web]\negress = []\n",
         egress_e2e::harness::proxy_section(&dns, "").replace("/nonexistent/facts.db", db.to_str().unwrap())
     );
-    let config = egress_config::Config::parse(&text, "t").unwrap();
-    let h = egress_proxy::start(egress_proxy::Options {
-        config,
-        config_path: None,
-        control_token: Some(TOKEN.into()),
-        facts: None,
-    })
-    .await
-    .unwrap();
-    let r = control_call(h.control_addr, "GET", "/readyz", None, None).await;
+    // No sink given: the proxy opens the (unusable) store the config names.
+    let p = TestProxy::start_config(dns, &text, None, None).await;
+    let r = control_call(p.control, "GET", "/readyz", None, None).await;
     assert_eq!(r.status, 503);
-    let r = control_call(
-        h.control_addr,
-        "POST",
-        "/v1/runs",
-        Some(json!({"tool": "web"})),
-        Some(TOKEN),
-    )
-    .await;
+    let r = control_call(p.control, "POST", "/v1/runs", Some(json!({"tool": "web"})), Some(TOKEN)).await;
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     let auth = basic(v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
     let r = send(
-        h.proxy_addr,
+        p.proxy,
         format!("CONNECT evil.test:443 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes(),
     )
     .await;
     assert_eq!((r.status, r.header("x-egress-error")), (503, Some("facts_unavailable")));
-    let r = control_call(h.control_addr, "GET", "/v1/facts", None, Some(TOKEN)).await;
+    let r = control_call(p.control, "GET", "/v1/facts", None, Some(TOKEN)).await;
     assert_eq!(r.status, 503);
-    let m = control_call(h.control_addr, "GET", "/metrics", None, None).await.text();
+    let m = control_call(p.control, "GET", "/metrics", None, None).await.text();
     assert_eq!(sample(&m, "egress_fact_write_failures_total"), 1.0);
-    h.shutdown().await;
+    p.shutdown().await;
 }

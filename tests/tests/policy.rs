@@ -7,7 +7,7 @@
 
 use egress_e2e::harness::{basic, TestProxy};
 use egress_e2e::netns::isolated;
-use egress_e2e::origin::{canary, echo_origin, http_origin, http_origin_on};
+use egress_e2e::origin::{canary, echo_origin, http_origin, port_free_on};
 use egress_e2e::raw::{connect, echo_through, send};
 use serde_json::json;
 
@@ -329,8 +329,8 @@ async fn names_resolving_to_denied_loopback_are_private_address() {
 #[tokio::test]
 async fn mixed_answers_dial_only_vetted_addresses() {
     // allowed.test answers a denied address first, then an allowed one.
-    let origin = http_origin("127.0.0.2:0").await;
-    let port = origin.addr.port();
+    let port = port_free_on(&["127.0.0.2", "127.0.0.1"]);
+    let _origin = http_origin(&format!("127.0.0.2:{port}")).await;
     let can = canary(&format!("127.0.0.1:{port}")).await;
     let p = TestProxy::start(&tools(port)).await;
     p.dns.set("allowed.test", &["127.0.0.1", "127.0.0.2"]);
@@ -346,15 +346,9 @@ async fn mixed_answers_dial_only_vetted_addresses() {
 async fn dns_rebinding_never_reaches_the_denied_address() {
     // Same port on an allowed (127.0.0.2) and a denied (127.0.0.3) address;
     // the name alternates between them with TTL 0.
-    let (origin, can) = loop {
-        let o = http_origin("127.0.0.2:0").await;
-        let port = o.addr.port();
-        if let Ok(l) = tokio::net::TcpListener::bind(format!("127.0.0.3:{port}")).await {
-            drop(l);
-            break (o, canary(&format!("127.0.0.3:{port}")).await);
-        }
-    };
-    let port = origin.addr.port();
+    let port = port_free_on(&["127.0.0.2", "127.0.0.3"]);
+    let _origin = http_origin(&format!("127.0.0.2:{port}")).await;
+    let can = canary(&format!("127.0.0.3:{port}")).await;
     let p = TestProxy::start(&tools(port)).await;
     p.dns.rotate("allowed.test", &[&["127.0.0.2"], &["127.0.0.3"]], 0);
     let run = p.run("web").await;
@@ -390,31 +384,12 @@ async fn the_proxy_never_connects_to_itself() {
     let tools = format!(
         "[tools.web]\negress = [\"loopy.test:{listen_port}\", \"127.0.0.1:{listen_port}\", {{ host = \"private.test\", port = {listen_port}, private = true }}]\n"
     );
-    let extra = format!("allow_ranges = [\"127.0.0.0/8\"]\nlisten = \"127.0.0.1:{listen_port}\"");
-    // `listen` appears after the default one; build the section by hand.
     let text = format!(
         "[proxy]\nlisten = \"127.0.0.1:{listen_port}\"\ncontrol = \"127.0.0.1:0\"\nallow_ranges = [\"127.0.0.0/8\"]\n[proxy.dns]\nservers = [\"{}\"]\n{tools}",
         dns.addr
     );
-    let _ = extra;
-    let config = egress_config::Config::parse(&text, "t").unwrap();
-    let facts: std::sync::Arc<dyn egress_proxy::facts::FactSink> =
-        std::sync::Arc::new(egress_proxy::facts::MemorySink::new(100));
-    let h = egress_proxy::start(egress_proxy::Options {
-        config,
-        config_path: None,
-        control_token: Some(egress_e2e::harness::TOKEN.into()),
-        facts: Some(facts),
-    })
-    .await
-    .unwrap();
-    let p = TestProxy {
-        proxy: h.proxy_addr,
-        control: h.control_addr,
-        handle: Some(h),
-        dns: dns.clone(),
-        facts: std::sync::Arc::new(egress_proxy::facts::MemorySink::new(1)),
-    };
+    let facts = std::sync::Arc::new(egress_proxy::facts::MemorySink::new(100));
+    let p = TestProxy::start_config(dns.clone(), &text, None, Some(facts)).await;
     dns.set("loopy.test", &["127.0.0.1"]);
     dns.set("private.test", &["127.0.0.1"]);
     let run = p.run("web").await;
@@ -504,5 +479,4 @@ async fn non_loopback_private_answers_are_denied_in_an_isolated_netns() {
     assert!(facts
         .iter()
         .all(|f| f.reason == "private_address" && !f.resolved.is_empty()));
-    let _ = http_origin_on;
 }
