@@ -78,3 +78,42 @@ pub fn resolve(env: Option<String>, facts: &Path) -> Result<(String, TokenSource
     f.sync_all().map_err(io)?;
     Ok((token, TokenSource::Generated(path)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_token_is_private_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let facts = dir.path().join("var/facts.db");
+        let (t1, s1) = resolve(None, &facts).unwrap();
+        assert!(matches!(s1, TokenSource::Generated(_)));
+        let mode = std::fs::metadata(token_path(&facts)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let (t2, s2) = resolve(None, &facts).unwrap();
+        assert!(matches!(s2, TokenSource::File(_)));
+        assert_eq!(t1, t2);
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let facts = dir.path().join("facts.db");
+        std::fs::write(token_path(&facts), "0123456789abcdef0123456789abcdef\n").unwrap();
+        std::fs::set_permissions(token_path(&facts), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(resolve(None, &facts), Err(TokenError::Permissive { .. })));
+    }
+
+    #[test]
+    fn a_weak_environment_token_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            resolve(Some("short".into()), dir.path()),
+            Err(TokenError::Weak(_))
+        ));
+        let (t, s) = resolve(Some("  long-enough-token-value  ".into()), dir.path()).unwrap();
+        assert_eq!(t, "long-enough-token-value");
+        assert!(matches!(s, TokenSource::Env));
+    }
+}

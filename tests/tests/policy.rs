@@ -480,3 +480,30 @@ async fn non_loopback_private_answers_are_denied_in_an_isolated_netns() {
         .iter()
         .all(|f| f.reason == "private_address" && !f.resolved.is_empty()));
 }
+
+/// A listener on the unspecified address is reachable through every local
+/// address, not only loopback: the post-connect check must catch it. Runs in
+/// an isolated namespace, where `lo` is given a private address of its own.
+#[tokio::test]
+async fn self_loop_through_a_non_loopback_local_address_is_caught_in_an_isolated_netns() {
+    if !isolated("self_loop_through_a_non_loopback_local_address_is_caught_in_an_isolated_netns") {
+        return;
+    }
+    let ok = std::process::Command::new("ip")
+        .args(["addr", "add", "10.9.9.9/32", "dev", "lo"])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cannot add an address to lo inside the namespace");
+    let port = port_free_on(&["0.0.0.0"]);
+    let dns = egress_e2e::FakeDns::start().await;
+    let text = format!(
+        "[proxy]\nlisten = \"0.0.0.0:{port}\"\ncontrol = \"127.0.0.1:0\"\nallow_ranges = [\"10.9.9.9/32\"]\n[proxy.dns]\nservers = [\"{}\"]\n[tools.web]\negress = [\"me.test:{port}\"]\n",
+        dns.addr
+    );
+    dns.set("me.test", &["10.9.9.9"]);
+    let facts = std::sync::Arc::new(egress_proxy::facts::MemorySink::new(100));
+    let p = TestProxy::start_config(dns, &text, None, Some(facts)).await;
+    let run = p.run("web").await;
+    let (r, _) = p.connect(&run, &format!("me.test:{port}")).await;
+    assert_eq!((r.status, r.deny_reason()), (403, Some("self_loop")));
+}
