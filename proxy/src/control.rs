@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 /// A control API error.
 pub struct ApiError {
@@ -72,7 +73,7 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 pub fn router(sh: Arc<Shared>) -> Router {
     let api = Router::new()
@@ -119,13 +120,13 @@ pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
             match &sh2.tls {
                 None => {
                     let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                    crate::server::serve_one(&sh2, conn).await
+                    crate::server::serve_one(&sh2, &CancellationToken::new(), conn).await
                 }
                 Some(acceptor) => {
                     let hs = tokio::time::timeout(sh2.cfg.header_read_timeout, acceptor.accept(stream)).await;
                     if let Ok(Ok(tls)) = hs {
                         let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-                        crate::server::serve_one(&sh2, conn).await;
+                        crate::server::serve_one(&sh2, &CancellationToken::new(), conn).await;
                     }
                 }
             }
@@ -200,6 +201,7 @@ pub fn run_view(run: &Run) -> Value {
         "labels": run.labels,
         "slots": {"max": run.max_slots, "in_use": run.max_slots - run.slots.available_permits()},
         "upstream_idle": run.upstream.len(),
+        "bytes": {"up": run.bytes().0, "down": run.bytes().1},
     });
     match run.ended() {
         Some((at, why)) => {
@@ -310,12 +312,30 @@ pub struct Cursor {
     pub limit: Option<usize>,
 }
 
+impl Cursor {
+    /// The largest cursor the store can hold: `seq` is a signed 64-bit
+    /// SQLite integer, so anything above is refused rather than wrapped.
+    pub const MAX_AFTER: u64 = i64::MAX as u64;
+
+    /// A cursor from the query string, or `400 bad_request` naming what is wrong.
+    pub fn from_query(q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>) -> ApiResult<Cursor> {
+        let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+        if c.after > Self::MAX_AFTER {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("after must be at most {}", Self::MAX_AFTER),
+            ));
+        }
+        Ok(c)
+    }
+}
+
 async fn list_facts(
     State(sh): State<Arc<Shared>>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
-    let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    query_facts(&sh, c, None).await
+    query_facts(&sh, Cursor::from_query(q)?, None).await
 }
 
 async fn run_facts(
@@ -323,8 +343,7 @@ async fn run_facts(
     Path(id): Path<String>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
-    let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    query_facts(&sh, c, Some(id)).await
+    query_facts(&sh, Cursor::from_query(q)?, Some(id)).await
 }
 
 async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResult<Json<Value>> {

@@ -5,7 +5,7 @@
 //! denial is recorded as a fact before its response is written.
 
 use crate::auth::{self, CHALLENGE};
-use crate::body::{Guarded, ProxyBody};
+use crate::body::{self, Exchange, Guarded, ProxyBody, Upload};
 use crate::deny::{DenyReason, FetchError};
 use crate::facts::{Fact, FactTarget};
 use crate::finish::Finish;
@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 pub const DENY_HEADER: &str = "x-egress-deny-reason";
 pub const ERROR_HEADER: &str = "x-egress-error";
@@ -118,7 +119,12 @@ fn raw_target(uri: &http::Uri) -> String {
 }
 
 /// Entry point: hyper service function for the data listener.
-pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+/// `client_cut` closes the client connection the request arrived on.
+pub async fn handle(
+    sh: Arc<Shared>,
+    mut req: Request<Incoming>,
+    client_cut: CancellationToken,
+) -> Result<Response<ProxyBody>, Infallible> {
     let started = StdInstant::now();
     let kind = if req.method() == Method::CONNECT {
         Kind::Connect
@@ -221,14 +227,7 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
     };
 
     // 5-7: slot, resolve, vet, connect — bounded by the deadline and the run.
-    let mut finish = Finish::new(
-        tm.clone(),
-        kind,
-        started,
-        run.id.clone(),
-        run.tool.clone(),
-        target.to_string(),
-    );
+    let finish = Finish::new(tm.clone(), kind, started, run.clone(), target.to_string());
     let prepared = tokio::select! {
         r = ctx.prepare(&tool, &target, private) => r,
         _ = tokio::time::sleep_until(deadline) => Err(Prepared::Timeout),
@@ -284,7 +283,17 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
             }));
             Ok(Response::new(ProxyBody::empty()))
         }
-        Kind::Http => Ok(forward(&sh, &run, req, target, upstream, slot, deadline, finish).await),
+        Kind::Http => Ok(forward(
+            &sh,
+            &run,
+            req,
+            &target,
+            upstream,
+            Exchange::new(finish, slot, run.clone()),
+            deadline,
+            client_cut,
+        )
+        .await),
     }
 }
 
@@ -587,16 +596,19 @@ impl<'a> Ctx<'a> {
 }
 
 /// Step 8 for plain HTTP: origin-form request over the pinned connection.
+/// The request body streams upstream while the response comes back; the
+/// exchange (slot, accounting) lasts until both are finished, and a watchdog
+/// bounds both directions by the deadline and the run's end.
 #[allow(clippy::too_many_arguments)]
 async fn forward(
     sh: &Shared,
     run: &Arc<Run>,
     req: Request<Incoming>,
-    target: Target,
+    target: &Target,
     upstream: Upstream,
-    slot: slots::Slot,
+    (exchange, over): (Arc<Exchange>, tokio::sync::oneshot::Receiver<()>),
     deadline: Instant,
-    mut finish: Finish,
+    client_cut: CancellationToken,
 ) -> Response<ProxyBody> {
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
@@ -604,20 +616,35 @@ async fn forward(
     if let Ok(v) = HeaderValue::from_str(&target.host_header()) {
         headers.insert(header::HOST, v);
     }
-    let mut up = Request::new(body);
+    let pq = target
+        .path_and_query
+        .clone()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    exchange.finish.add_up(body::head_len(
+        parts.method.as_str().len() + pq.as_str().len() + 10,
+        &headers,
+    ));
+    let mut up = Request::new(Upload::new(body, exchange.clone()));
     *up.method_mut() = parts.method;
     *up.version_mut() = Version::HTTP_11;
     *up.headers_mut() = headers;
-    if let Some(pq) = target.path_and_query.clone() {
-        *up.uri_mut() = http::Uri::from(pq);
-    }
-    let exchange = async {
+    *up.uri_mut() = http::Uri::from(pq);
+    let fx = &exchange.finish;
+    let exchange_fut = async {
         let mut conn = match upstream {
             Upstream::Pooled(c) => c,
             Upstream::Stream(s, addr) => upstream::handshake(s, addr, run.cancel.clone(), sh.hard_stop.clone())
                 .await
                 .map_err(|e| e.to_string())?,
         };
+        sh.tasks.spawn(body::watchdog(
+            Arc::downgrade(&exchange),
+            over,
+            deadline,
+            run.cancel.clone(),
+            conn.cut_token(),
+            client_cut,
+        ));
         match conn.sender.try_send_request(up).await {
             Ok(resp) => Ok((resp, conn)),
             Err(mut e) => {
@@ -639,33 +666,30 @@ async fn forward(
         }
     };
     let (resp, conn) = tokio::select! {
-        r = exchange => match r {
+        r = exchange_fut => match r {
             Ok(x) => x,
             Err(e) => {
-                finish.failed("upstream_failed");
+                fx.failed("upstream_failed");
                 sh.count_error(&run.tool, FetchError::UpstreamFailed);
                 return error_response(FetchError::UpstreamFailed, &format!("{target}: {e}"));
             }
         },
         _ = tokio::time::sleep_until(deadline) => {
-            finish.timed_out("response");
+            fx.timed_out("response");
             sh.count_error(&run.tool, FetchError::Timeout);
             return error_response(FetchError::Timeout, &format!("{target} did not answer before the fetch deadline"));
         }
         _ = run.cancel.cancelled() => {
-            finish.severed("run_ended");
+            fx.severed("run_ended");
             return error_response(FetchError::RunEnded, &format!("run {} ended", run.id));
         }
     };
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let guarded = Guarded {
-        inner: body,
-        deadline: Box::pin(tokio::time::sleep_until(deadline)),
-        cancel: Box::pin(run.cancel.clone().cancelled_owned()),
-        finish,
-        _slot: slot,
-        reuse: Some((run.clone(), conn)),
-    };
-    Response::from_parts(parts, ProxyBody::stream(guarded))
+    fx.add_down(body::head_len(
+        parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
+        &parts.headers,
+    ));
+    exchange.attach(conn);
+    Response::from_parts(parts, ProxyBody::stream(Guarded { inner: body, exchange }))
 }

@@ -288,7 +288,7 @@ impl Default for Metrics {
 }
 
 /// Deadline phases, for `egress_timeouts_total{phase}`.
-pub const PHASES: [&str; 5] = ["slot", "dns", "connect", "response", "tunnel"];
+pub const PHASES: [&str; 6] = ["slot", "dns", "connect", "response", "tunnel", "upload"];
 
 /// Per-kind handles.
 pub struct KindMetrics {
@@ -316,6 +316,18 @@ pub enum Outcome {
     Severed = 4,
 }
 
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Denied => "denied",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::Severed => "severed",
+        }
+    }
+}
+
 impl KindMetrics {
     pub fn request(&self, d: Decision) {
         self.requests[d as usize].inc();
@@ -335,7 +347,7 @@ pub struct ToolMetrics {
     pub slots_in_use: Gauge,
     pub slot_wait: Histogram,
     pub runs_active: Gauge,
-    timeouts: [Counter; 5],
+    timeouts: [Counter; 6],
 }
 
 impl ToolMetrics {

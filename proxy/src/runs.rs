@@ -5,7 +5,7 @@
 //! set of tombstones so that late requests of an ended run read `run_ended`.
 
 use crate::policy::RunState;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use subtle::ConstantTimeEq;
@@ -54,6 +54,9 @@ pub struct Run {
     pub max_waiting: usize,
     /// Idle upstream connections of this run (plain HTTP), for reuse by this run only.
     pub upstream: crate::upstream::UpstreamPool,
+    /// Bytes relayed by the run's finished fetches (see `Finish`).
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
 }
 
 const CREATED: u8 = 0;
@@ -77,6 +80,20 @@ impl Run {
 
     pub fn secret(&self) -> &str {
         &self.secret
+    }
+
+    /// Adds a finished fetch's bytes to the run's totals.
+    pub fn count_bytes(&self, up: u64, down: u64) {
+        self.bytes_up.fetch_add(up, Ordering::Relaxed);
+        self.bytes_down.fetch_add(down, Ordering::Relaxed);
+    }
+
+    /// Bytes relayed by the run's finished fetches: (up, down).
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.bytes_up.load(Ordering::Relaxed),
+            self.bytes_down.load(Ordering::Relaxed),
+        )
     }
 
     pub fn ended(&self) -> Option<(SystemTime, EndReason)> {
@@ -180,6 +197,8 @@ impl Runs {
             waiting: AtomicUsize::new(0),
             max_waiting: new.max_waiting,
             upstream: crate::upstream::UpstreamPool::new(new.max_slots),
+            bytes_up: AtomicU64::new(0),
+            bytes_down: AtomicU64::new(0),
         });
         let map = self.map.pin();
         match map.try_insert(run.id.clone(), run.clone()) {

@@ -304,12 +304,16 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
         let builder = builder.clone();
         sh.tasks.spawn(async move {
             let _permit = permit;
+            // Cancelled by a fetch whose deadline or run end must close this connection.
+            let cut = CancellationToken::new();
             let svc_sh = sh2.clone();
-            let svc = service_fn(move |req| crate::fetch::handle(svc_sh.clone(), req));
+            let svc_cut = cut.clone();
+            let svc = service_fn(move |req| crate::fetch::handle(svc_sh.clone(), req, svc_cut.clone()));
             match &sh2.tls {
                 None => {
                     serve_one(
                         &sh2,
+                        &cut,
                         builder.serve_connection(TokioIo::new(stream), svc).with_upgrades(),
                     )
                     .await
@@ -317,7 +321,12 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
                 Some(acceptor) => {
                     let hs = tokio::time::timeout(sh2.cfg.header_read_timeout, acceptor.accept(stream)).await;
                     if let Ok(Ok(tls)) = hs {
-                        serve_one(&sh2, builder.serve_connection(TokioIo::new(tls), svc).with_upgrades()).await;
+                        serve_one(
+                            &sh2,
+                            &cut,
+                            builder.serve_connection(TokioIo::new(tls), svc).with_upgrades(),
+                        )
+                        .await;
                     }
                 }
             }
@@ -345,19 +354,22 @@ pub(crate) async fn accept(sh: &Shared, listener: &TcpListener) -> Option<TcpStr
     }
 }
 
-/// Drives one hyper connection; on shutdown lets it finish its in-flight
-/// request (graceful), and drops it when the drain timeout expires.
-pub(crate) async fn serve_one<C>(sh: &Shared, conn: C)
+/// Drives one hyper connection; drops it at once when `cut` fires; on
+/// shutdown lets it finish its in-flight request (graceful), and drops it
+/// when the drain timeout expires.
+pub(crate) async fn serve_one<C>(sh: &Shared, cut: &CancellationToken, conn: C)
 where
     C: std::future::Future + GracefulConn,
 {
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}
+        _ = cut.cancelled() => {}
         _ = sh.shutdown.cancelled() => {
             conn.as_mut().graceful();
             tokio::select! {
                 _ = conn.as_mut() => {}
+                _ = cut.cancelled() => {}
                 _ = sh.hard_stop.cancelled() => {}
             }
         }

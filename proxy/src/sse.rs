@@ -7,7 +7,6 @@ use crate::control::{ApiError, Cursor};
 use crate::facts::{Fact, FactQuery};
 use crate::server::Shared;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use std::collections::VecDeque;
@@ -33,7 +32,7 @@ pub async fn stream(
     State(sh): State<Arc<Shared>>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let c = Cursor::from_query(q)?;
     let rx = sh.facts.subscribe();
     let tail = Tail {
         sh,

@@ -471,10 +471,16 @@ async fn metrics_move_by_exactly_what_happened() {
     );
     assert_eq!(d("egress_auth_failures_total{reason=\"auth_missing\"}"), 1.0);
     assert_eq!(d("egress_auth_failures_total{reason=\"auth_invalid\"}"), 1.0);
+    // Up: the 3 forwarded request heads (start line, Host, blank line; the
+    // proxy's hop-by-hop headers are not forwarded) plus the tunnel bytes.
+    let head = format!(
+        "GET /bytes?n=1000 HTTP/1.1\r\nhost: allowed.test:{}\r\n\r\n",
+        origin.addr.port()
+    );
     assert_eq!(
         d("egress_bytes_total{tool=\"web\",direction=\"up\"}"),
-        20.0,
-        "tunnel bytes client→origin"
+        (3 * head.len() + 20) as f64,
+        "request heads and tunnel bytes client→origin"
     );
     assert!(d("egress_bytes_total{tool=\"web\",direction=\"down\"}") >= 3000.0 + 20.0);
     assert_eq!(

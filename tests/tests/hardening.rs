@@ -1,0 +1,233 @@
+//! The second attack round on the proxy: uploads bounded by the deadline and
+//! by their slot, request bodies counted, no run-id oracle in 407 answers,
+//! valid origin-form targets, bounded facts, cursors that never wrap,
+//! connection budgets on both listeners, the host's own addresses, and a
+//! denial identifier that says nothing about other runs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use egress_e2e::harness::{sample, TestProxy};
+use egress_e2e::origin::upload_origin;
+use egress_e2e::raw::send;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+fn tool(port: u16, extra: &str) -> String {
+    format!("[tools.web]\negress = [\"allowed.test:{port}\"]\n{extra}\n")
+}
+
+/// Opens a POST through the proxy and dribbles `chunk` bytes every `every`
+/// until `total` bytes went out, the write fails, or `cap` passes; never
+/// reads the response. Returns when it stops writing.
+async fn dribble_post(
+    proxy: std::net::SocketAddr,
+    auth: &str,
+    url: &str,
+    total: u64,
+    chunk: usize,
+    every: Duration,
+    cap: Duration,
+) -> TcpStream {
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let head = format!(
+        "POST {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\nContent-Length: {total}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let t0 = Instant::now();
+    let data = vec![b'u'; chunk];
+    let mut sent = 0u64;
+    while sent < total && t0.elapsed() < cap {
+        match tokio::time::timeout(Duration::from_secs(1), s.write_all(&data)).await {
+            Ok(Ok(())) => sent += chunk as u64,
+            Ok(Err(_)) => break,
+            Err(_) => {} // socket buffer full: keep trying until the cap
+        }
+        tokio::time::sleep(every).await;
+    }
+    s
+}
+
+#[tokio::test]
+async fn a_plain_http_upload_is_bounded_by_the_deadline_when_the_client_stops_reading() {
+    let origin = upload_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let p = TestProxy::start(&tool(port, "fetch_timeout_ms = 1500")).await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    let auth = run.auth();
+    let proxy = p.proxy;
+    let url = format!("http://allowed.test:{port}/early");
+    let t0 = Instant::now();
+    let client = tokio::spawn(async move {
+        dribble_post(
+            proxy,
+            &auth,
+            &url,
+            100_000_000,
+            16 * 1024,
+            Duration::from_millis(20),
+            Duration::from_secs(8),
+        )
+        .await
+    });
+    // The origin answered at once and is reading the upload.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(origin.received.load(Ordering::SeqCst) > 0, "the upload never started");
+    tokio::time::sleep_until((t0 + Duration::from_millis(3500)).into()).await;
+    let r1 = origin.received.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let r2 = origin.received.load(Ordering::SeqCst);
+    assert_eq!(r1, r2, "upload bytes kept reaching the origin after the 1.5 s deadline");
+    assert_eq!(
+        origin.active.load(Ordering::SeqCst),
+        0,
+        "the upstream connection outlived the deadline"
+    );
+    p.wait_slots(&run, 0).await;
+    let m = p.metrics().await;
+    assert!(
+        sample(&m, "egress_timeouts_total{tool=\"web\",phase=\"response\"}") >= 1.0
+            || sample(&m, "egress_timeouts_total{tool=\"web\",phase=\"upload\"}") >= 1.0,
+        "the cut was not counted as a timeout:\n{m}"
+    );
+    client.abort();
+}
+
+#[tokio::test]
+async fn an_upload_holds_its_slot_until_the_request_body_is_done() {
+    let origin = upload_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let p = TestProxy::start(&tool(port, "fetch_timeout_ms = 20000\nmax_concurrent_fetches = 2")).await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    let mut clients = vec![];
+    for _ in 0..5 {
+        let (auth, proxy) = (run.auth(), p.proxy);
+        let url = format!("http://allowed.test:{port}/early-small");
+        clients.push(tokio::spawn(async move {
+            dribble_post(
+                proxy,
+                &auth,
+                &url,
+                400_000,
+                2000,
+                Duration::from_millis(20),
+                Duration::from_secs(3),
+            )
+            .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(origin.received.load(Ordering::SeqCst) > 0, "no upload started");
+    let (_, v) = p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+    assert_eq!(v["slots"]["in_use"], 2, "answered uploads released their slots: {v}");
+    assert!(
+        origin.peak.load(Ordering::SeqCst) <= 2,
+        "{} uploads of one run reached the origin at once with max_concurrent_fetches = 2",
+        origin.peak.load(Ordering::SeqCst)
+    );
+    for c in clients {
+        c.abort();
+    }
+}
+
+#[tokio::test]
+async fn request_bodies_and_heads_are_counted_in_metrics_the_run_view_and_the_log() {
+    let origin = upload_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let p = TestProxy::start(&tool(port, "fetch_timeout_ms = 5000")).await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    let body = vec![b'x'; 200_000];
+    let mut req = format!(
+        "POST http://allowed.test:{port}/sink HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        run.auth(),
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let r = send(p.proxy, &req).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "got 200000");
+    let t0 = Instant::now();
+    loop {
+        let (_, v) = p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+        let up = v["bytes"]["up"].as_u64().unwrap_or(0);
+        if up > 200_000 {
+            assert!(up < 201_000, "head bytes overcounted: {up}");
+            let down = v["bytes"]["down"].as_u64().unwrap();
+            assert!((10..200).contains(&down), "response head + body: {down}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "run view never counted the upload: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = p.metrics().await;
+    assert!(
+        sample(&m, "egress_bytes_total{tool=\"web\",direction=\"up\"}") > 200_000.0,
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_target_with_only_a_fragment_goes_upstream_as_slash() {
+    let origin = upload_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let p = TestProxy::start(&tool(port, "fetch_timeout_ms = 5000")).await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    for (target, want) in [
+        (format!("http://allowed.test:{port}#frag"), "GET / HTTP/1.1"),
+        (format!("http://allowed.test:{port}/a#frag"), "GET /a HTTP/1.1"),
+        (format!("http://allowed.test:{port}?q=1#frag"), "GET /?q=1 HTTP/1.1"),
+        (format!("http://allowed.test:{port}"), "GET / HTTP/1.1"),
+    ] {
+        origin.request_lines.lock().unwrap().clear();
+        let req = format!(
+            "GET {target} HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+            run.auth()
+        );
+        let r = send(p.proxy, req.as_bytes()).await;
+        assert_eq!(r.status, 200, "{target}: {}", r.text());
+        let lines = origin.request_lines.lock().unwrap().clone();
+        assert_eq!(lines, vec![want.to_owned()], "{target}");
+    }
+}
+
+#[tokio::test]
+async fn fact_cursors_beyond_the_store_range_are_refused_never_replayed() {
+    let p = TestProxy::start("[tools.web]\negress = []\n").await;
+    let run = p.run("web").await;
+    assert_eq!(
+        p.get(&run, "http://evil.test/", "").await.deny_reason(),
+        Some("not_allowlisted")
+    );
+    for path in ["/v1/facts", "/v1/facts/stream", &format!("/v1/runs/{}/facts", run.id)] {
+        for after in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "99999999999999999999",
+            "-1",
+        ] {
+            let r = p
+                .control_raw(
+                    "GET",
+                    &format!("{path}?after={after}"),
+                    None,
+                    Some(egress_e2e::harness::TOKEN),
+                )
+                .await;
+            assert_eq!(r.status, 400, "{path}?after={after}: {}", r.text());
+        }
+    }
+    let (status, v) = p.control("GET", "/v1/facts?after=9223372036854775807", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["facts"].as_array().unwrap().len(), 0, "{v}");
+    let (_, v) = p.control("GET", "/v1/facts?after=0", None).await;
+    assert_eq!(v["facts"].as_array().unwrap().len(), 1);
+}
