@@ -32,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 pub const DENY_HEADER: &str = "x-egress-deny-reason";
 pub const ERROR_HEADER: &str = "x-egress-error";
-/// The `seq` of the fact that records a denial.
-pub const FACT_HEADER: &str = "x-egress-fact-seq";
+/// The `id` of the fact that records a denial (never the global `seq`,
+/// which would let a tool watch other runs' denials).
+pub const FACT_HEADER: &str = "x-egress-fact-id";
 
 /// Headers that never cross the proxy (RFC 9110 §7.6.1), plus the proxy's own.
 const HOP_BY_HOP: [&str; 9] = [
@@ -151,16 +152,9 @@ pub async fn handle(
                 .inc();
             let tool = f.claimed.as_ref().map(|r| r.tool.clone());
             let tm = sh.tool_metrics(tool.as_deref());
-            let detail = match (&f.claimed, f.reason) {
-                (Some(r), _) => format!("wrong secret for run {}", r.id),
-                (None, DenyReason::AuthMissing) => {
-                    "Proxy-Authorization with the run's credential is required".to_owned()
-                }
-                (None, _) => "credential does not name a known run".to_owned(),
-            };
             let ctx = Ctx::new(&sh, &pol, f.claimed.as_deref(), &tm, kind, started);
             return Ok(ctx
-                .deny(f.reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
+                .deny_auth(f.reason, f.claimed.is_some(), raw_target(req.uri()))
                 .await);
         }
     };
@@ -174,9 +168,7 @@ pub async fn handle(
     // 2. Run state.
     if let Err(reason) = policy::check_run(run.state()) {
         let detail = format!("run {} is {}", run.id, run.state().as_str());
-        return Ok(ctx
-            .deny(reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
-            .await);
+        return Ok(ctx.deny(reason, detail, None, Some(raw_target(req.uri())), &[]).await);
     }
     let Some(tool) = tool_policy else {
         let detail = format!("tool {} is no longer configured", run.tool);
@@ -187,7 +179,6 @@ pub async fn handle(
                 None,
                 Some(raw_target(req.uri())),
                 &[],
-                Mode::Enforce,
             )
             .await);
     };
@@ -204,20 +195,14 @@ pub async fn handle(
                 TargetError::Bad(m) => (DenyReason::BadTarget, m),
                 TargetError::HostMismatch(m) => (DenyReason::HostMismatch, m),
             };
-            return Ok(ctx
-                .deny(reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
-                .await);
+            return Ok(ctx.deny(reason, detail, None, Some(raw_target(req.uri())), &[]).await);
         }
     };
 
     // 4. Allowlist (and methods) before any DNS.
     let private = match policy::admit(&tool, &target, req.method().as_str()) {
         Admission::Allow { private } => private,
-        Admission::Deny(d) => {
-            return Ok(ctx
-                .deny(d.reason, d.detail, Some(&target), None, &[], Mode::Enforce)
-                .await)
-        }
+        Admission::Deny(d) => return Ok(ctx.deny(d.reason, d.detail, Some(&target), None, &[]).await),
         Admission::Report { denial, private } => {
             if let Err(r) = ctx.report(&denial, &target, &[]).await {
                 return Ok(r);
@@ -361,7 +346,6 @@ impl<'a> Ctx<'a> {
 
     /// Records a denial fact, then builds the denial response. A fact that
     /// cannot be recorded fails the request closed (503 facts_unavailable).
-    #[allow(clippy::too_many_arguments)]
     async fn deny(
         &self,
         reason: DenyReason,
@@ -369,16 +353,31 @@ impl<'a> Ctx<'a> {
         target: Option<&Target>,
         raw: Option<String>,
         resolved: &[IpAddr],
-        mode: Mode,
+    ) -> Response<ProxyBody> {
+        self.deny_with(reason, detail.clone(), detail, target, raw, resolved)
+            .await
+    }
+
+    /// [`Ctx::deny`] with an answer to the client that differs from the
+    /// fact's detail. `raw` (an unparsed target) is quoted in the fact.
+    async fn deny_with(
+        &self,
+        reason: DenyReason,
+        answer: String,
+        detail: String,
+        target: Option<&Target>,
+        raw: Option<String>,
+        resolved: &[IpAddr],
     ) -> Response<ProxyBody> {
         let km = self.tm.kind(self.kind);
         self.tm.denial(reason);
         km.request(Decision::Denied);
-        let fact_detail = match &raw {
+        let detail = match &raw {
             Some(r) => format!("{detail} (target {r})"),
-            None => detail.clone(),
+            None => detail,
         };
-        let recorded = self.record(reason, fact_detail, target, resolved, mode).await;
+        let detail = crate::facts::bounded(detail);
+        let recorded = self.record(reason, detail.clone(), target, resolved, Mode::Enforce).await;
         km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
         tracing::info!(
             target: "egress::fetch",
@@ -393,13 +392,35 @@ impl<'a> Ctx<'a> {
             "fetch denied"
         );
         match recorded {
-            Ok(seq) => {
-                let mut r = deny_response(reason, &detail);
-                r.headers_mut().insert(FACT_HEADER, HeaderValue::from(seq));
+            Ok(recorded) => {
+                let mut r = deny_response(reason, &crate::facts::bounded(answer));
+                if let Ok(v) = HeaderValue::from_str(&recorded.id) {
+                    r.headers_mut().insert(FACT_HEADER, v);
+                }
                 r
             }
             Err(e) => error_response(FetchError::FactsUnavailable, &e),
         }
+    }
+
+    /// An authentication failure. The client gets the same answer whether
+    /// the credential named an existing run with a wrong secret or a run
+    /// that does not exist, so no run id can be probed. The fact of a wrong
+    /// secret goes to the named run's facts with a fixed text and no target,
+    /// so a tool cannot write its own text into another run's facts (and a
+    /// flood of them folds into counted facts).
+    async fn deny_auth(&self, reason: DenyReason, wrong_secret: bool, raw: String) -> Response<ProxyBody> {
+        let answer = match reason {
+            DenyReason::AuthMissing => "Proxy-Authorization with the run's credential is required",
+            _ => "the credential is not valid for any live run",
+        };
+        let (fact_detail, raw) = match (reason, wrong_secret) {
+            (DenyReason::AuthMissing, _) => (answer.to_owned(), Some(raw)),
+            (_, true) => ("a wrong secret was presented for this run".to_owned(), None),
+            (_, false) => ("the credential names no known run".to_owned(), Some(raw)),
+        };
+        self.deny_with(reason, answer.to_owned(), fact_detail, None, raw, &[])
+            .await
     }
 
     /// Report mode: record what enforce would have denied, then go on.
@@ -430,7 +451,7 @@ impl<'a> Ctx<'a> {
         target: Option<&Target>,
         resolved: &[IpAddr],
         mode: Mode,
-    ) -> Result<u64, String> {
+    ) -> Result<crate::facts::Recorded, String> {
         let fact = Fact::denial(
             self.run.map(|r| &*r.id),
             self.run.map(|r| &*r.tool),
@@ -445,7 +466,7 @@ impl<'a> Ctx<'a> {
         let res = self.sh.facts.record(fact).await;
         self.sh.metrics.fact_write_duration.observe(t0.elapsed().as_secs_f64());
         match res {
-            Ok(seq) => Ok(seq),
+            Ok(recorded) => Ok(recorded),
             Err(e) => {
                 self.sh.metrics.fact_write_failures.inc();
                 tracing::error!(error = %e, "denial fact could not be recorded; failing the request closed");
@@ -474,15 +495,8 @@ impl<'a> Ctx<'a> {
                     run.id, run.max_slots, run.max_waiting
                 );
                 return Err(Prepared::Response(
-                    self.deny(
-                        DenyReason::ConcurrencyLimit,
-                        detail,
-                        Some(target),
-                        None,
-                        &[],
-                        Mode::Enforce,
-                    )
-                    .await,
+                    self.deny(DenyReason::ConcurrencyLimit, detail, Some(target), None, &[])
+                        .await,
                 ));
             }
             Err(SlotError::Closed) => {
@@ -541,8 +555,7 @@ impl<'a> Ctx<'a> {
                 dial.extend(vetted.private.iter().copied());
             } else {
                 return Err(Prepared::Response(
-                    self.deny(d.reason, d.detail, Some(target), None, &resolved, Mode::Enforce)
-                        .await,
+                    self.deny(d.reason, d.detail, Some(target), None, &resolved).await,
                 ));
             }
         }
@@ -567,15 +580,8 @@ impl<'a> Ctx<'a> {
                         drop(s);
                         let detail = format!("{target} ({addr}) is the proxy's own listener");
                         return Err(Prepared::Response(
-                            self.deny(
-                                DenyReason::SelfLoop,
-                                detail,
-                                Some(target),
-                                None,
-                                &resolved,
-                                Mode::Enforce,
-                            )
-                            .await,
+                            self.deny(DenyReason::SelfLoop, detail, Some(target), None, &resolved)
+                                .await,
                         ));
                     }
                     let _ = s.set_nodelay(true);

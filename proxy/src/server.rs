@@ -221,7 +221,11 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         }
         None => Arc::new(crate::store::SqliteStore::open(
             &pc.facts,
-            metrics.facts_coalesced.clone(),
+            crate::store::Limits {
+                max_bytes: pc.facts_max_bytes,
+                retention: pc.facts_retention,
+            },
+            metrics.store.clone(),
         )),
     };
     let dns = Dns::new(&pc.dns)?;

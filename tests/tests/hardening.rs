@@ -231,3 +231,101 @@ async fn fact_cursors_beyond_the_store_range_are_refused_never_replayed() {
     let (_, v) = p.control("GET", "/v1/facts?after=0", None).await;
     assert_eq!(v["facts"].as_array().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_407_does_not_tell_whether_a_run_exists_and_wrong_secrets_cannot_write_into_a_run() {
+    let p = TestProxy::start("[tools.web]\negress = []\n").await;
+    let victim = p.run("web").await;
+    let long_path = "x".repeat(4000);
+    let ask = |user: String| {
+        let proxy = p.proxy;
+        let long_path = long_path.clone();
+        async move {
+            let req = format!(
+                "GET http://evil.test/{long_path} HTTP/1.1\r\nHost: evil.test\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+                egress_e2e::harness::basic(&user, "wrong-secret")
+            );
+            send(proxy, req.as_bytes()).await
+        }
+    };
+    let existing = ask(victim.id.clone()).await;
+    let unknown = ask("no-such-run".into()).await;
+    assert_eq!((existing.status, unknown.status), (407, 407));
+    assert_eq!(existing.text(), unknown.text(), "the body tells the two apart");
+    let names = |r: &egress_e2e::raw::RawResponse| {
+        let mut n: Vec<String> = r.headers.iter().map(|(k, _)| k.to_ascii_lowercase()).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&existing), names(&unknown), "the headers tell the two apart");
+    for h in ["x-egress-deny-reason", "proxy-authenticate", "content-type"] {
+        assert_eq!(existing.header(h), unknown.header(h), "{h}");
+    }
+    // A flood of wrong secrets against the victim run.
+    for _ in 0..50 {
+        assert_eq!(ask(victim.id.clone()).await.status, 407);
+    }
+    let (_, v) = p
+        .control("GET", &format!("/v1/runs/{}/facts?limit=1000", victim.id), None)
+        .await;
+    let facts = v["facts"].as_array().unwrap();
+    assert!(!facts.is_empty(), "the wrong secret was not recorded for the run");
+    for f in facts {
+        assert_eq!(f["reason"], "auth_invalid");
+        let d = f["detail"].as_str().unwrap();
+        assert!(
+            !d.contains("xxxx") && !d.contains("evil.test"),
+            "attacker text in the run's facts: {d}"
+        );
+    }
+    let all = p.facts().await;
+    let unknown_fact = all
+        .iter()
+        .find(|f| f.run_id.is_none() && f.reason == "auth_invalid")
+        .unwrap();
+    assert!(unknown_fact.detail.len() <= egress_proxy::facts::MAX_DETAIL + 3);
+}
+
+#[tokio::test]
+async fn facts_and_answers_quoting_attacker_text_are_bounded() {
+    let p = TestProxy::start("[tools.web]\negress = [\"allowed.test:80\"]\n").await;
+    let run = p.run("web").await;
+    let big = "h".repeat(30_000);
+    // host_mismatch quoting a 30 KB Host value.
+    let req = format!(
+        "GET http://allowed.test/ HTTP/1.1\r\nHost: {big}.test\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+        run.auth()
+    );
+    let r = send(p.proxy, req.as_bytes()).await;
+    assert_eq!(r.deny_reason(), Some("host_mismatch"));
+    assert!(r.body.len() < 1024, "answer of {} bytes", r.body.len());
+    // bad_target quoting a huge authority.
+    let req = format!(
+        "CONNECT {big}.test:443 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {}\r\n\r\n",
+        run.auth()
+    );
+    let r = send(p.proxy, req.as_bytes()).await;
+    assert_eq!(r.deny_reason(), Some("bad_target"));
+    let facts = p.facts().await;
+    assert!(facts.len() >= 2);
+    for f in &facts {
+        let size = serde_json::to_string(f).unwrap().len();
+        assert!(size < 2048, "a fact of {size} bytes: {}", f.detail);
+    }
+}
+
+#[tokio::test]
+async fn a_denial_names_its_fact_by_id_not_by_global_seq() {
+    let p = TestProxy::start("[tools.web]\negress = []\n").await;
+    let other = p.run("web").await;
+    let me = p.run("web").await;
+    for _ in 0..3 {
+        p.get(&other, "http://evil.test/", "").await;
+    }
+    let r = p.get(&me, "http://evil.test/", "").await;
+    assert_eq!(r.deny_reason(), Some("not_allowlisted"));
+    assert!(r.header("x-egress-fact-seq").is_none(), "the global seq leaks to tools");
+    let id = r.header("x-egress-fact-id").expect("fact id header");
+    let (_, v) = p.control("GET", &format!("/v1/runs/{}/facts", me.id), None).await;
+    assert_eq!(v["facts"][0]["id"], id);
+}
