@@ -120,11 +120,12 @@ fn raw_target(uri: &http::Uri) -> String {
 }
 
 /// Entry point: hyper service function for the data listener.
-/// `client_cut` closes the client connection the request arrived on.
+/// `conn` is the client connection the request arrived on (its admission,
+/// and the token that closes it).
 pub async fn handle(
     sh: Arc<Shared>,
     mut req: Request<Incoming>,
-    client_cut: CancellationToken,
+    conn: Arc<crate::admission::Conn>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = StdInstant::now();
     let kind = if req.method() == Method::CONNECT {
@@ -158,6 +159,26 @@ pub async fn handle(
                 .await);
         }
     };
+    if let Err(refused) = conn.establish(Some(&run)) {
+        sh.count_closed("data", refused.label());
+        let (e, detail) = match refused {
+            crate::admission::Refused::RunLimit => (
+                FetchError::RunConnectionLimit,
+                format!(
+                    "run {} already holds {} connections (proxy.max_connections_per_run)",
+                    run.id, sh.cfg.max_connections_per_run
+                ),
+            ),
+            crate::admission::Refused::Limit => (
+                FetchError::ConnectionLimit,
+                "every connection place of the proxy is taken (proxy.max_connections)".to_owned(),
+            ),
+        };
+        let mut r = error_response(e, &detail);
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(r);
+    }
     let tool_policy = pol.tool(&run.tool).cloned();
     let tm = sh.tool_metrics(Some(&run.tool));
     let ctx = Ctx::new(&sh, &pol, Some(&run), &tm, kind, started);
@@ -276,7 +297,7 @@ pub async fn handle(
             upstream,
             Exchange::new(finish, slot, run.clone()),
             deadline,
-            client_cut,
+            conn.cut.clone(),
         )
         .await),
     }
@@ -377,7 +398,9 @@ impl<'a> Ctx<'a> {
             None => detail,
         };
         let detail = crate::facts::bounded(detail);
-        let recorded = self.record(reason, detail.clone(), target, resolved, Mode::Enforce).await;
+        let recorded = self
+            .record(reason, detail.clone(), target, resolved, Mode::Enforce)
+            .await;
         km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
         tracing::info!(
             target: "egress::fetch",

@@ -54,6 +54,8 @@ pub struct Run {
     pub max_waiting: usize,
     /// Idle upstream connections of this run (plain HTTP), for reuse by this run only.
     pub upstream: crate::upstream::UpstreamPool,
+    /// Places for the run's established client connections.
+    pub conns: Arc<Semaphore>,
     /// Bytes relayed by the run's finished fetches (see `Finish`).
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
@@ -122,6 +124,7 @@ pub struct NewRun {
     pub activate: bool,
     pub max_slots: usize,
     pub max_waiting: usize,
+    pub max_conns: usize,
 }
 
 /// The registry.
@@ -197,6 +200,7 @@ impl Runs {
             waiting: AtomicUsize::new(0),
             max_waiting: new.max_waiting,
             upstream: crate::upstream::UpstreamPool::new(new.max_slots),
+            conns: Arc::new(Semaphore::new(new.max_conns)),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
         });
@@ -285,6 +289,7 @@ mod tests {
             activate,
             max_slots: 2,
             max_waiting: 4,
+            max_conns: 8,
         }
     }
 

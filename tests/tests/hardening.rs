@@ -329,3 +329,186 @@ async fn a_denial_names_its_fact_by_id_not_by_global_seq() {
     let (_, v) = p.control("GET", &format!("/v1/runs/{}/facts", me.id), None).await;
     assert_eq!(v["facts"][0]["id"], id);
 }
+
+/// One keep-alive request on `s` (the connection stays open).
+async fn keep_alive_get(s: &mut TcpStream, auth: &str, url: &str) -> egress_e2e::raw::RawResponse {
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let req = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), egress_e2e::raw::read_response(s, false))
+        .await
+        .expect("no answer within 5 s")
+        .unwrap()
+}
+
+async fn idle_sockets(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut v = vec![];
+    for _ in 0..n {
+        v.push(TcpStream::connect(addr).await.unwrap());
+    }
+    v
+}
+
+async fn count_closed(socks: &mut [TcpStream]) -> usize {
+    let mut closed = 0;
+    for s in socks.iter_mut() {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(5), tokio::io::AsyncReadExt::read(s, &mut b)).await
+        {
+            closed += 1;
+        }
+    }
+    closed
+}
+
+#[tokio::test]
+async fn idle_unauthenticated_sockets_cannot_lock_runs_out_of_the_data_listener() {
+    let origin = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let p = TestProxy::start_with(
+        "max_connections = 32\nmax_pending_connections = 16\npending_head_timeout_ms = 1000",
+        &tool(port, "fetch_timeout_ms = 5000"),
+        None,
+    )
+    .await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    let mut idle = idle_sockets(p.proxy, 100).await;
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(p.proxy).await.unwrap();
+    let r = keep_alive_get(&mut s, &run.auth(), &format!("http://allowed.test:{port}/")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "the run waited {:?} behind idle sockets",
+        t0.elapsed()
+    );
+    let closed = count_closed(&mut idle).await;
+    assert!(
+        closed >= 84,
+        "only {closed} of 100 idle sockets were pushed out by newer ones"
+    );
+    // The rest are closed by the head deadline; the established one is not.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(count_closed(&mut idle).await, 100);
+    let r = keep_alive_get(&mut s, &run.auth(), &format!("http://allowed.test:{port}/")).await;
+    assert_eq!(
+        r.status, 200,
+        "the authenticated connection was closed with the pending ones"
+    );
+    let m = p.metrics().await;
+    assert!(
+        sample(
+            &m,
+            "egress_connections_closed_total{listener=\"data\",reason=\"evicted\"}"
+        ) >= 84.0,
+        "{m}"
+    );
+    assert!(
+        sample(
+            &m,
+            "egress_connections_closed_total{listener=\"data\",reason=\"head_timeout\"}"
+        ) >= 1.0
+    );
+}
+
+#[tokio::test]
+async fn per_run_connection_caps_keep_runs_from_taking_every_place() {
+    let origin = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let p = TestProxy::start_with(
+        "max_connections = 5\nmax_connections_per_run = 3",
+        &tool(port, "fetch_timeout_ms = 5000"),
+        None,
+    )
+    .await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let (a, b) = (p.run("web").await, p.run("web").await);
+    let url = format!("http://allowed.test:{port}/");
+    let mut held = vec![];
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(p.proxy).await.unwrap();
+        assert_eq!(keep_alive_get(&mut s, &a.auth(), &url).await.status, 200);
+        held.push(s);
+    }
+    let mut s = TcpStream::connect(p.proxy).await.unwrap();
+    let r = keep_alive_get(&mut s, &a.auth(), &url).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-egress-error"), Some("run_connection_limit"));
+    // The other run still gets in.
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(p.proxy).await.unwrap();
+        assert_eq!(keep_alive_get(&mut s, &b.auth(), &url).await.status, 200);
+        held.push(s);
+    }
+    let mut s = TcpStream::connect(p.proxy).await.unwrap();
+    let r = keep_alive_get(&mut s, &b.auth(), &url).await;
+    assert_eq!((r.status, r.header("x-egress-error")), (503, Some("connection_limit")));
+    // A closed connection gives its place back.
+    drop(held.remove(0));
+    let t0 = Instant::now();
+    loop {
+        let mut s = TcpStream::connect(p.proxy).await.unwrap();
+        if keep_alive_get(&mut s, &b.auth(), &url).await.status == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3), "the place was never given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn idle_sockets_cannot_lock_kernels_out_of_the_control_api() {
+    let p = TestProxy::start_with(
+        "max_pending_connections = 32\npending_head_timeout_ms = 1000\nmax_control_connections = 8",
+        "[tools.web]\negress = []\n",
+        None,
+    )
+    .await;
+    let mut idle = idle_sockets(p.control, 300).await;
+    let t0 = Instant::now();
+    let r = p.control_raw("GET", "/healthz", None, None).await;
+    assert_eq!(r.status, 200);
+    let run = p.run("web").await;
+    p.end(&run).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "kernels waited {:?} behind idle sockets",
+        t0.elapsed()
+    );
+    assert!(count_closed(&mut idle).await >= 268);
+    let m = p.metrics().await;
+    assert!(
+        sample(
+            &m,
+            "egress_connections_closed_total{listener=\"control\",reason=\"evicted\"}"
+        ) >= 268.0
+    );
+}
+
+#[tokio::test]
+async fn event_streams_have_their_own_cap() {
+    let p = TestProxy::start_with("max_event_streams = 2", "[tools.web]\negress = []\n", None).await;
+    let mut streams = vec![];
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(p.control).await.unwrap();
+        let req = format!(
+            "GET /v1/facts/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
+            egress_e2e::harness::TOKEN
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let r = egress_e2e::raw::read_response(&mut s, true).await.unwrap();
+        assert_eq!(r.status, 200);
+        streams.push(s);
+    }
+    let r = p
+        .control_raw("GET", "/v1/facts/stream", None, Some(egress_e2e::harness::TOKEN))
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("too_many_streams"));
+    // Request handling is unaffected.
+    let run = p.run("web").await;
+    p.end(&run).await;
+    drop(streams);
+}
