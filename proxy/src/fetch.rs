@@ -569,7 +569,14 @@ impl<'a> Ctx<'a> {
                 }
             }
         };
-        let vetted = policy::vet(&resolved, target.port, &self.policy.ranges, private, &self.sh.me);
+        let vetted = policy::vet(
+            &resolved,
+            target.port,
+            &self.policy.ranges,
+            private,
+            &self.sh.me,
+            &self.sh.host_addrs.load(),
+        );
         let denial = vetted.denial(target);
         let mut dial = vetted.allowed;
         if let Some(d) = denial {

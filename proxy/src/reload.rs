@@ -29,6 +29,7 @@ pub fn reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
         tracing::warn!("listener or facts changes in the [proxy] section need a restart; applying the policy only");
     }
     let old = sh.policy.swap(cfg.policy.clone());
+    sh.refresh_host_addrs();
     for tool in cfg.policy.tools.keys() {
         sh.tool_metrics(Some(tool));
     }

@@ -7,7 +7,7 @@ use crate::admission::{Admission, Conn};
 use crate::dns::Dns;
 use crate::facts::{FactSink, MemorySink};
 use crate::metrics::{Metrics, ToolMetrics};
-use crate::policy::SelfAddrs;
+use crate::policy::{HostAddrs, SelfAddrs};
 use crate::runs::{EndReason, Run, Runs};
 use arc_swap::ArcSwap;
 use egress_config::{Config, Policy, ProxyConfig};
@@ -31,6 +31,8 @@ pub struct Shared {
     pub facts: Arc<dyn FactSink>,
     pub dns: Dns,
     pub me: SelfAddrs,
+    /// This host's interface addresses, refreshed on reload and by the sweeper.
+    pub host_addrs: ArcSwap<HostAddrs>,
     pub cfg: ProxyConfig,
     pub metrics: Metrics,
     tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
@@ -78,6 +80,15 @@ impl Shared {
         match (s.local_addr(), s.peer_addr()) {
             (Ok(l), Ok(p)) => l.ip() == p.ip() && self.me.0.iter().any(|m| m.port() == p.port()),
             _ => false,
+        }
+    }
+
+    /// Re-reads this host's interface addresses (start, reload, sweeper).
+    pub fn refresh_host_addrs(&self) {
+        let now = read_host_addrs();
+        if **self.host_addrs.load() != now {
+            tracing::info!(addresses = ?now.0, "host interface addresses changed");
+            self.host_addrs.store(Arc::new(now));
         }
     }
 
@@ -269,6 +280,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         facts,
         dns,
         me: SelfAddrs(vec![proxy_addr, control_addr]),
+        host_addrs: ArcSwap::from_pointee(read_host_addrs()),
         cfg: pc.clone(),
         metrics,
         tool_metrics: papaya::HashMap::new(),
@@ -302,9 +314,31 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     })
 }
 
+/// This host's interface addresses (every interface, every family). On
+/// failure the previous answer is kept by the caller's comparison, and an
+/// empty set only means nothing extra is denied beyond the range table.
+fn read_host_addrs() -> HostAddrs {
+    match if_addrs::get_if_addrs() {
+        Ok(list) => {
+            let mut v: Vec<std::net::IpAddr> = list.iter().map(|i| i.ip().to_canonical()).collect();
+            v.sort();
+            v.dedup();
+            HostAddrs(v)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the host's interface addresses");
+            HostAddrs::default()
+        }
+    }
+}
+
+/// How often the host's interface addresses are re-read.
+const HOST_ADDRS_EVERY: Duration = Duration::from_secs(10);
+
 async fn sweeper(sh: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_addrs = std::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -312,6 +346,11 @@ async fn sweeper(sh: Arc<Shared>) {
         }
         for run in sh.runs.sweep(std::time::Instant::now()) {
             sh.run_ended(&run, EndReason::Expired);
+        }
+        if last_addrs.elapsed() >= HOST_ADDRS_EVERY {
+            last_addrs = std::time::Instant::now();
+            let sh = sh.clone();
+            let _ = tokio::task::spawn_blocking(move || sh.refresh_host_addrs()).await;
         }
     }
 }
