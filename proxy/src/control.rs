@@ -77,13 +77,18 @@ pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 pub fn router(sh: Arc<Shared>) -> Router {
     let api = Router::new()
-        .route("/v1/runs", post(create_run))
+        .route("/v1/runs", post(create_run).get(list_runs))
         .route("/v1/runs/{id}", get(get_run).delete(end_run))
         .route("/v1/runs/{id}/activate", post(activate_run))
         .route("/v1/runs/{id}/facts", get(run_facts))
         .route("/v1/facts", get(list_facts))
         .route("/v1/facts/stream", get(crate::sse::stream))
         .route("/v1/policy/reload", post(crate::reload::reload_handler))
+        .route("/v1/owners", get(list_owners))
+        .route(
+            "/v1/owners/{owner}",
+            axum::routing::put(renew_owner).delete(release_owner),
+        )
         .route_layer(middleware::from_fn_with_state(sh.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -106,7 +111,7 @@ pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(sh.cfg.header_read_timeout);
     let builder = Arc::new(builder);
-    while let Some(stream) = crate::server::accept(&sh, &listener).await {
+    while let Some(stream) = crate::server::accept(&sh.control_stop, &listener).await {
         let sh2 = sh.clone();
         let inner = hyper_util::service::TowerToHyperService::new(app.clone());
         let builder = builder.clone();
@@ -137,13 +142,13 @@ pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
                 match &sh2.tls {
                     None => {
                         let c = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                        crate::server::serve_one(&sh2, &conn.cut, c).await
+                        crate::server::serve_one(&sh2.control_stop, &sh2.control_stop, &conn.cut, c).await
                     }
                     Some(acceptor) => {
                         let hs = tokio::time::timeout(sh2.cfg.pending_head_timeout, acceptor.accept(stream)).await;
                         if let Ok(Ok(tls)) = hs {
                             let c = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-                            crate::server::serve_one(&sh2, &conn.cut, c).await;
+                            crate::server::serve_one(&sh2.control_stop, &sh2.control_stop, &conn.cut, c).await;
                         }
                     }
                 }
@@ -220,6 +225,9 @@ struct CreateRun {
     labels: Option<serde_json::Map<String, Value>>,
     #[serde(default)]
     activate: Option<bool>,
+    /// Who creates the run; it must hold a lease (`PUT /v1/owners/{owner}`).
+    #[serde(default)]
+    owner: Option<String>,
 }
 
 pub fn run_view(run: &Run) -> Value {
@@ -230,6 +238,7 @@ pub fn run_view(run: &Run) -> Value {
         "created_at": crate::time::rfc3339(run.created_at),
         "expires_at": crate::time::rfc3339(run.expires_at),
         "labels": run.labels,
+        "owner": run.owner.as_deref(),
         "slots": {"max": run.max_slots, "in_use": run.max_slots - run.slots.available_permits()},
         "upstream_idle": run.upstream.len(),
         "bytes": {"up": run.bytes().0, "down": run.bytes().1},
@@ -281,6 +290,23 @@ async fn create_run(
             "at most 64 labels",
         ));
     }
+    let owner = match req.owner {
+        Some(o) if !valid_run_id(&o) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~",
+            ))
+        }
+        Some(o) if sh.owners.lease(&o).is_none() => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "owner_not_leased",
+                format!("owner {o:?} holds no live lease: PUT /v1/owners/{o} first"),
+            ))
+        }
+        o => o.map(|o| Arc::<str>::from(o.as_str())),
+    };
     let secret = crate::runs::random_hex(24).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -293,6 +319,7 @@ async fn create_run(
             id,
             tool: tool.id.clone(),
             labels,
+            owner,
             activate: req.activate.unwrap_or(true),
             max_slots: tool.max_concurrent_fetches,
             max_waiting: tool.max_queued_fetches,
@@ -329,10 +356,169 @@ async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> 
     Ok(Json(run_view(&run)))
 }
 
+/// Ends the run and answers with its final view, its facts (up to
+/// [`END_FACTS`]) and a summary of its denials, so ending a run and
+/// collecting what it was denied is one call.
 async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let run = find(&sh, &id)?;
     sh.end_run(&run, EndReason::Ended);
-    Ok(Json(run_view(&run)))
+    let mut v = run_view(&run);
+    let facts = sh
+        .facts
+        .query(FactQuery {
+            after: 0,
+            limit: END_FACTS + 1,
+            run_id: Some(id),
+        })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e.to_string()))?;
+    let truncated = facts.len() > END_FACTS;
+    let facts = &facts[..facts.len().min(END_FACTS)];
+    let mut by_reason = serde_json::Map::new();
+    let mut total = 0u64;
+    for f in facts {
+        total += f.count;
+        let n = by_reason.get(&f.reason).and_then(Value::as_u64).unwrap_or(0);
+        by_reason.insert(f.reason.clone(), json!(n + f.count));
+    }
+    v["facts"] = json!(facts);
+    v["facts_truncated"] = json!(truncated);
+    v["denials"] = json!({"total": total, "by_reason": by_reason});
+    Ok(Json(v))
+}
+
+/// Facts returned with an ended run (the rest by `GET /v1/runs/{id}/facts`).
+pub const END_FACTS: usize = 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunFilter {
+    #[serde(default)]
+    tool: Option<String>,
+    /// `created`, `active` or `ended`.
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    owner: Option<String>,
+    /// `key=value`: runs whose label `key` is the string `value`.
+    #[serde(default)]
+    label: Option<String>,
+    /// Paging: runs whose id sorts after this one.
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /v1/runs`: live runs and recently ended ones, by id, filtered and paged.
+async fn list_runs(
+    State(sh): State<Arc<Shared>>,
+    q: Result<Query<RunFilter>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(f) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    if let Some(s) = &f.state {
+        if !matches!(s.as_str(), "created" | "active" | "ended") {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "state must be created, active or ended",
+            ));
+        }
+    }
+    let label = match &f.label {
+        Some(l) => Some(
+            l.split_once('=')
+                .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "label must be key=value"))?,
+        ),
+        None => None,
+    };
+    let limit = f.limit.unwrap_or(100).clamp(1, 1000);
+    let mut runs: Vec<Arc<Run>> = sh
+        .runs
+        .all()
+        .into_iter()
+        .filter(|r| f.tool.as_deref().is_none_or(|t| *r.tool == *t))
+        .filter(|r| f.state.as_deref().is_none_or(|s| r.state().as_str() == s))
+        .filter(|r| f.owner.as_deref().is_none_or(|o| r.owner.as_deref() == Some(o)))
+        .filter(|r| label.is_none_or(|(k, v)| r.labels.get(k).and_then(Value::as_str) == Some(v)))
+        .filter(|r| f.after.as_deref().is_none_or(|a| &*r.id > a))
+        .collect();
+    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    let more = runs.len() > limit;
+    runs.truncate(limit);
+    let next = if more {
+        runs.last().map(|r| r.id.to_string())
+    } else {
+        None
+    };
+    let views: Vec<Value> = runs.iter().map(|r| run_view(r)).collect();
+    Ok(Json(json!({"runs": views, "next": next})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewOwner {
+    lease_ms: u64,
+}
+
+fn owner_view(owner: &str, lease: &crate::owners::Lease, runs: usize) -> Value {
+    json!({
+        "owner": owner,
+        "lease_ms": lease.lease.as_millis() as u64,
+        "expires_at": crate::time::rfc3339(lease.expires_at),
+        "live_runs": runs,
+    })
+}
+
+/// `PUT /v1/owners/{owner}` `{lease_ms}`: creates or renews a lease (the heartbeat).
+async fn renew_owner(
+    State(sh): State<Arc<Shared>>,
+    Path(owner): Path<String>,
+    body: Result<Json<RenewOwner>, JsonRejection>,
+) -> ApiResult<Json<Value>> {
+    let Json(req) = body?;
+    if !valid_run_id(&owner) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~",
+        ));
+    }
+    let lease = sh
+        .owners
+        .renew(&owner, std::time::Duration::from_millis(req.lease_ms))
+        .map_err(|e| {
+            let status = match e {
+                crate::owners::OwnerError::BadLease => StatusCode::BAD_REQUEST,
+                crate::owners::OwnerError::TooMany => StatusCode::TOO_MANY_REQUESTS,
+            };
+            ApiError::new(status, "bad_lease", e.to_string())
+        })?;
+    Ok(Json(owner_view(&owner, &lease, sh.runs.live_runs_of(&owner).len())))
+}
+
+/// `DELETE /v1/owners/{owner}`: ends every live run of the owner and forgets it.
+async fn release_owner(State(sh): State<Arc<Shared>>, Path(owner): Path<String>) -> ApiResult<Json<Value>> {
+    let known = sh.owners.release(&owner);
+    let runs = sh.runs.live_runs_of(&owner);
+    let n = runs.len();
+    for run in runs {
+        sh.end_run(&run, EndReason::OwnerReleased);
+    }
+    if n > 0 || known {
+        tracing::info!(owner = %owner, runs = n, "owner released; its runs ended");
+    }
+    Ok(Json(json!({"owner": owner, "ended": n})))
+}
+
+async fn list_owners(State(sh): State<Arc<Shared>>) -> Json<Value> {
+    let owners: Vec<Value> = sh
+        .owners
+        .list()
+        .iter()
+        .map(|(o, l)| owner_view(o, l, sh.runs.live_runs_of(o).len()))
+        .collect();
+    Json(json!({ "owners": owners }))
 }
 
 #[derive(Deserialize)]

@@ -676,8 +676,11 @@ async fn forward(
         sh.tasks.spawn(body::watchdog(
             Arc::downgrade(&exchange),
             over,
-            deadline,
-            run.cancel.clone(),
+            body::Bounds {
+                deadline,
+                run_end: run.cancel.clone(),
+                hard_stop: sh.hard_stop.clone(),
+            },
             conn.cut_token(),
             client_cut,
         ));

@@ -16,6 +16,7 @@ pub mod facts;
 pub mod fetch;
 pub mod finish;
 pub mod metrics;
+pub mod owners;
 pub mod policy;
 pub mod reload;
 pub mod runs;

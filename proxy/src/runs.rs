@@ -21,6 +21,10 @@ pub enum EndReason {
     Ended,
     Expired,
     Shutdown,
+    /// The run's owner let its lease expire (crashed or hung).
+    LeaseExpired,
+    /// The run's owner released itself (e.g. a restarted instance).
+    OwnerReleased,
 }
 
 impl EndReason {
@@ -29,6 +33,8 @@ impl EndReason {
             EndReason::Ended => "ended",
             EndReason::Expired => "expired",
             EndReason::Shutdown => "shutdown",
+            EndReason::LeaseExpired => "lease_expired",
+            EndReason::OwnerReleased => "owner_released",
         }
     }
 }
@@ -40,6 +46,8 @@ pub struct Run {
     secret: String,
     state: AtomicU8,
     pub labels: serde_json::Map<String, serde_json::Value>,
+    /// Who created the run and holds a lease for it, if anyone.
+    pub owner: Option<Arc<str>>,
     pub created_at: SystemTime,
     pub expires_at: SystemTime,
     expires: Instant,
@@ -121,6 +129,7 @@ pub struct NewRun {
     pub id: String,
     pub tool: Arc<str>,
     pub labels: serde_json::Map<String, serde_json::Value>,
+    pub owner: Option<Arc<str>>,
     pub activate: bool,
     pub max_slots: usize,
     pub max_waiting: usize,
@@ -190,6 +199,7 @@ impl Runs {
             secret,
             state: AtomicU8::new(if new.activate { ACTIVE } else { CREATED }),
             labels: new.labels,
+            owner: new.owner,
             created_at: wall,
             expires_at: wall + self.max_run,
             expires: now + self.max_run,
@@ -267,6 +277,21 @@ impl Runs {
     }
 
     /// Runs not yet ended.
+    /// Every run the registry holds (live runs and recent tombstones).
+    pub fn all(&self) -> Vec<Arc<Run>> {
+        self.map.pin().iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// Live runs owned by `owner`.
+    pub fn live_runs_of(&self, owner: &str) -> Vec<Arc<Run>> {
+        self.map
+            .pin()
+            .iter()
+            .filter(|(_, r)| r.state.load(Ordering::Acquire) != ENDED && r.owner.as_deref() == Some(owner))
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
     pub fn live_runs(&self) -> Vec<Arc<Run>> {
         self.map
             .pin()
@@ -286,6 +311,7 @@ mod tests {
             id: id.into(),
             tool: Arc::from("t"),
             labels: Default::default(),
+            owner: None,
             activate,
             max_slots: 2,
             max_waiting: 4,

@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 /// State shared by the data plane and the control API.
 pub struct Shared {
     pub runs: Runs,
+    pub owners: crate::owners::Owners,
     pub policy: ArcSwap<Policy>,
     pub facts: Arc<dyn FactSink>,
     pub dns: Dns,
@@ -36,8 +37,12 @@ pub struct Shared {
     pub cfg: ProxyConfig,
     pub metrics: Metrics,
     tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
-    /// Stop accepting; connections finish their in-flight request.
+    /// Stop accepting data connections; they finish their in-flight request,
+    /// and `/readyz` answers 503 from now on.
     pub shutdown: CancellationToken,
+    /// Close the control listener: the last step of a graceful stop, so that
+    /// kernels and load balancers can watch the drain.
+    pub control_stop: CancellationToken,
     /// The drain timeout expired: cut tunnels and streaming bodies.
     pub hard_stop: CancellationToken,
     /// Client connections and tunnels, so shutdown can wait for them.
@@ -172,10 +177,15 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Stops accepting, lets in-flight fetches finish up to the drain
-    /// timeout, ends every run, then returns.
+    /// Stops accepting data connections (`/readyz` turns 503 while the
+    /// control listener stays up), lets in-flight fetches finish up to the
+    /// drain timeout, ends every run, closes the control listener, returns.
     pub async fn shutdown(mut self) {
         let sh = self.shared.clone();
+        tracing::info!(
+            drain_ms = sh.cfg.drain_timeout.as_millis() as u64,
+            "stopping: no new data connections, draining"
+        );
         sh.shutdown.cancel();
         sh.tasks.close();
         if tokio::time::timeout(sh.cfg.drain_timeout, sh.tasks.wait())
@@ -189,6 +199,7 @@ impl Handle {
             sh.end_run(&run, EndReason::Shutdown);
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), sh.tasks.wait()).await;
+        sh.control_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
             while self.tasks.join_next().await.is_some() {}
         })
@@ -276,6 +287,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     );
     let shared = Arc::new(Shared {
         runs: Runs::new(pc.max_runs, pc.max_run),
+        owners: crate::owners::Owners::default(),
         policy: ArcSwap::new(cfg.policy.clone()),
         facts,
         dns,
@@ -285,6 +297,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         metrics,
         tool_metrics: papaya::HashMap::new(),
         shutdown: CancellationToken::new(),
+        control_stop: CancellationToken::new(),
         hard_stop: CancellationToken::new(),
         tasks: TaskTracker::new(),
         proxy_authority: advertised(proxy_addr),
@@ -344,8 +357,16 @@ async fn sweeper(sh: Arc<Shared>) {
             _ = tick.tick() => {}
             _ = sh.shutdown.cancelled() => return,
         }
-        for run in sh.runs.sweep(std::time::Instant::now()) {
+        let now = std::time::Instant::now();
+        for run in sh.runs.sweep(now) {
             sh.run_ended(&run, EndReason::Expired);
+        }
+        for owner in sh.owners.take_expired(now) {
+            let runs = sh.runs.live_runs_of(&owner);
+            tracing::warn!(owner = %owner, runs = runs.len(), "owner's lease expired; ending its runs");
+            for run in runs {
+                sh.end_run(&run, EndReason::LeaseExpired);
+            }
         }
         if last_addrs.elapsed() >= HOST_ADDRS_EVERY {
             last_addrs = std::time::Instant::now();
@@ -367,7 +388,7 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
         .half_close(false);
     let builder = Arc::new(builder);
     // Accepting never waits for a place: admission decides per connection.
-    while let Some(stream) = accept(&sh, &listener).await {
+    while let Some(stream) = accept(&sh.shutdown, &listener).await {
         let sh2 = sh.clone();
         let builder = builder.clone();
         let conn = Arc::new(sh.data_admission.admit(CancellationToken::new()));
@@ -379,7 +400,8 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
                 match &sh2.tls {
                     None => {
                         serve_one(
-                            &sh2,
+                            &sh2.shutdown,
+                            &sh2.hard_stop,
                             &conn.cut,
                             builder.serve_connection(TokioIo::new(stream), svc).with_upgrades(),
                         )
@@ -389,7 +411,8 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
                         let hs = tokio::time::timeout(sh2.cfg.pending_head_timeout, acceptor.accept(stream)).await;
                         if let Ok(Ok(tls)) = hs {
                             serve_one(
-                                &sh2,
+                                &sh2.shutdown,
+                                &sh2.hard_stop,
                                 &conn.cut,
                                 builder.serve_connection(TokioIo::new(tls), svc).with_upgrades(),
                             )
@@ -417,7 +440,7 @@ pub(crate) async fn pending_deadline(conn: &Conn, timeout: Duration) {
 }
 
 /// Accepts one TCP connection, backing off on errors such as EMFILE.
-pub(crate) async fn accept(sh: &Shared, listener: &TcpListener) -> Option<TcpStream> {
+pub(crate) async fn accept(stop: &CancellationToken, listener: &TcpListener) -> Option<TcpStream> {
     loop {
         tokio::select! {
             r = listener.accept() => match r {
@@ -430,15 +453,15 @@ pub(crate) async fn accept(sh: &Shared, listener: &TcpListener) -> Option<TcpStr
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            _ = sh.shutdown.cancelled() => return None,
+            _ = stop.cancelled() => return None,
         }
     }
 }
 
-/// Drives one hyper connection; drops it at once when `cut` fires; on
-/// shutdown lets it finish its in-flight request (graceful), and drops it
-/// when the drain timeout expires.
-pub(crate) async fn serve_one<C>(sh: &Shared, cut: &CancellationToken, conn: C)
+/// Drives one hyper connection; drops it at once when `cut` fires; when
+/// `stop` fires lets it finish its in-flight request (graceful), and drops
+/// it when `hard` fires.
+pub(crate) async fn serve_one<C>(stop: &CancellationToken, hard: &CancellationToken, cut: &CancellationToken, conn: C)
 where
     C: std::future::Future + GracefulConn,
 {
@@ -446,12 +469,12 @@ where
     tokio::select! {
         _ = conn.as_mut() => {}
         _ = cut.cancelled() => {}
-        _ = sh.shutdown.cancelled() => {
+        _ = stop.cancelled() => {
             conn.as_mut().graceful();
             tokio::select! {
                 _ = conn.as_mut() => {}
                 _ = cut.cancelled() => {}
-                _ = sh.hard_stop.cancelled() => {}
+                _ = hard.cancelled() => {}
             }
         }
     }

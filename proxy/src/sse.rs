@@ -89,7 +89,7 @@ pub async fn stream(
                     Err(RecvError::Lagged(_)) => t.catching_up = true,
                     Err(RecvError::Closed) => return None,
                 },
-                _ = t.sh.shutdown.cancelled() => return None,
+                _ = t.sh.control_stop.cancelled() => return None,
             }
         }
     });

@@ -1,0 +1,187 @@
+//! The kernel-facing control API: listing runs by filter with paging, ending
+//! a run and collecting its denials in one call, run owners whose lease ends
+//! their runs when it expires, and a graceful stop a load balancer can watch.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use egress_e2e::harness::TestProxy;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const TOOLS: &str = "[tools.web]\negress = []\n[tools.other]\negress = []\n";
+
+#[tokio::test]
+async fn runs_are_listed_by_tool_state_owner_and_label_with_paging() {
+    let p = TestProxy::start(TOOLS).await;
+    let (s, _) = p
+        .control("PUT", "/v1/owners/kernel-a", Some(json!({"lease_ms": 60000})))
+        .await;
+    assert_eq!(s, 200);
+    for i in 0..5 {
+        p.run_with(json!({"tool": "web", "run_id": format!("w{i}"), "labels": {"kernel": "k1"}, "owner": "kernel-a"}))
+            .await;
+    }
+    p.run_with(json!({"tool": "other", "run_id": "o1", "activate": false, "labels": {"kernel": "k2"}}))
+        .await;
+    let (_, v) = p.control("DELETE", "/v1/runs/w4", None).await;
+    assert_eq!(v["state"], "ended");
+    let ids = |v: &Value| -> Vec<String> {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (_, v) = p.control("GET", "/v1/runs", None).await;
+    assert_eq!(ids(&v), ["o1", "w0", "w1", "w2", "w3", "w4"]);
+    let (_, v) = p.control("GET", "/v1/runs?tool=web&state=active", None).await;
+    assert_eq!(ids(&v), ["w0", "w1", "w2", "w3"]);
+    let (_, v) = p.control("GET", "/v1/runs?state=created", None).await;
+    assert_eq!(ids(&v), ["o1"]);
+    let (_, v) = p.control("GET", "/v1/runs?owner=kernel-a&state=ended", None).await;
+    assert_eq!(ids(&v), ["w4"]);
+    let (_, v) = p.control("GET", "/v1/runs?label=kernel=k2", None).await;
+    assert_eq!(ids(&v), ["o1"]);
+    // Paging: two at a time until `next` is null.
+    let mut all = vec![];
+    let mut after = String::new();
+    loop {
+        let (_, v) = p.control("GET", &format!("/v1/runs?limit=2&after={after}"), None).await;
+        all.extend(ids(&v));
+        match v["next"].as_str() {
+            Some(n) => after = n.to_owned(),
+            None => break,
+        }
+    }
+    assert_eq!(all, ["o1", "w0", "w1", "w2", "w3", "w4"]);
+    for bad in ["state=sleeping", "label=nokey", "limit=x", "color=red"] {
+        let (s, v) = p.control("GET", &format!("/v1/runs?{bad}"), None).await;
+        assert_eq!(s, 400, "{bad}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn ending_a_run_answers_with_its_facts_and_a_denial_summary() {
+    let p = TestProxy::start(TOOLS).await;
+    let run = p.run("web").await;
+    for _ in 0..3 {
+        p.get(&run, "http://evil.test/", "").await;
+    }
+    p.get(&run, "http://10.0.0.1/", "").await;
+    let (s, v) = p.control("DELETE", &format!("/v1/runs/{}", run.id), None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["state"], "ended");
+    assert_eq!(v["denials"]["total"], 4, "{v}");
+    assert_eq!(v["denials"]["by_reason"]["not_allowlisted"], 3);
+    assert_eq!(v["denials"]["by_reason"]["ip_literal"], 1);
+    let facts = v["facts"].as_array().unwrap();
+    assert!(facts.iter().all(|f| f["run_id"] == run.id.as_str()));
+    assert_eq!(facts.iter().map(|f| f["count"].as_u64().unwrap()).sum::<u64>(), 4);
+    assert_eq!(v["facts_truncated"], false);
+}
+
+#[tokio::test]
+async fn an_owner_whose_lease_expires_has_its_runs_ended() {
+    let p = TestProxy::start(TOOLS).await;
+    // A run cannot name an owner without a lease.
+    let (s, v) = p
+        .control("POST", "/v1/runs", Some(json!({"tool": "web", "owner": "ghost"})))
+        .await;
+    assert_eq!((s, v["error"]["code"].as_str()), (409, Some("owner_not_leased")));
+    let (s, _) = p
+        .control("PUT", "/v1/owners/crashy", Some(json!({"lease_ms": 1000})))
+        .await;
+    assert_eq!(s, 200);
+    let (s, _) = p
+        .control("PUT", "/v1/owners/alive", Some(json!({"lease_ms": 1000})))
+        .await;
+    assert_eq!(s, 200);
+    let doomed = p.run_with(json!({"tool": "web", "owner": "crashy"})).await;
+    let warm = p
+        .run_with(json!({"tool": "web", "owner": "crashy", "activate": false}))
+        .await;
+    let kept = p.run_with(json!({"tool": "web", "owner": "alive"})).await;
+    let free = p.run("web").await;
+    let t0 = Instant::now();
+    // "alive" heartbeats, "crashy" does not.
+    while t0.elapsed() < Duration::from_millis(2000) {
+        let (s, _) = p
+            .control("PUT", "/v1/owners/alive", Some(json!({"lease_ms": 1000})))
+            .await;
+        assert_eq!(s, 200);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for (run, state) in [
+        (&doomed, "ended"),
+        (&warm, "ended"),
+        (&kept, "active"),
+        (&free, "active"),
+    ] {
+        let (_, v) = p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+        assert_eq!(v["state"], state, "{v}");
+        if state == "ended" {
+            assert_eq!(v["end_reason"], "lease_expired");
+        }
+    }
+    assert_eq!(
+        p.get(&doomed, "http://evil.test/", "").await.deny_reason(),
+        Some("run_ended")
+    );
+    let m = p.metrics().await;
+    assert_eq!(
+        egress_e2e::harness::sample(&m, "egress_runs_ended_total{tool=\"web\",why=\"lease_expired\"}"),
+        2.0
+    );
+    // Releasing an owner ends its runs at once.
+    let (s, v) = p.control("DELETE", "/v1/owners/alive", None).await;
+    assert_eq!((s, v["ended"].as_u64()), (200, Some(1)));
+    let (_, v) = p.control("GET", &format!("/v1/runs/{}", kept.id), None).await;
+    assert_eq!(
+        (v["state"].as_str(), v["end_reason"].as_str()),
+        (Some("ended"), Some("owner_released"))
+    );
+    let (s, _) = p.control("PUT", "/v1/owners/x", Some(json!({"lease_ms": 5}))).await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn a_graceful_stop_answers_readyz_503_while_it_drains() {
+    let origin = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let mut p = TestProxy::start_with(
+        "drain_timeout_ms = 3000",
+        &format!("[tools.web]\negress = [\"allowed.test:{port}\"]\nfetch_timeout_ms = 10000\n"),
+        None,
+    )
+    .await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    // An in-flight fetch that takes 1.5 s.
+    let (proxy, auth) = (p.proxy, run.auth());
+    let inflight = tokio::spawn(async move {
+        let req = format!(
+            "GET http://allowed.test:{port}/slow-head?ms=1500 HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n"
+        );
+        egress_e2e::raw::send(proxy, req.as_bytes()).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let handle = p.handle.take().unwrap();
+    let stop = tokio::spawn(handle.shutdown());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Draining: not ready, but the control API still answers; no new data connections.
+    let r = p.control_raw("GET", "/readyz", None, None).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let (s, _) = p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+    assert_eq!(s, 200);
+    assert!(
+        tokio::net::TcpStream::connect(p.proxy).await.is_err(),
+        "the data listener still accepts during the drain"
+    );
+    let r = inflight.await.unwrap();
+    assert_eq!(r.status, 200, "the in-flight fetch was not allowed to finish");
+    stop.await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(p.control).await.is_err(),
+        "control still open after the stop"
+    );
+}
