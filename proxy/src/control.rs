@@ -327,7 +327,7 @@ async fn create_run(
         },
         secret,
     )?;
-    sh.tool_metrics(Some(&run.tool)).runs_active.inc();
+    sh.run_created(&run);
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
     let mut v = run_view(&run);
     v["secret"] = json!(run.secret());
@@ -351,7 +351,7 @@ async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiRe
 }
 
 async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
-    let run = sh.runs.activate(&id)?;
+    let run = sh.activate_run(&id)?;
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");
     Ok(Json(run_view(&run)))
 }

@@ -23,12 +23,23 @@ pub enum ReloadError {
 
 /// Re-reads the config file and swaps the policy in. Returns the new digest.
 pub fn reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
+    let r = try_reload(sh);
+    let outcome = if r.is_ok() { "ok" } else { "error" };
+    sh.metrics
+        .reloads
+        .get_or_create(&crate::metrics::OutcomeLabel { outcome })
+        .inc();
+    r
+}
+
+fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     let path = sh.config_path.as_ref().ok_or(ReloadError::NoFile)?;
     let cfg = Config::load(path)?;
     if cfg.proxy.listen != sh.cfg.listen || cfg.proxy.control != sh.cfg.control || cfg.proxy.facts != sh.cfg.facts {
         tracing::warn!("listener or facts changes in the [proxy] section need a restart; applying the policy only");
     }
     let old = sh.policy.swap(cfg.policy.clone());
+    sh.metrics.set_config(Some(&old.digest), &cfg.policy.digest);
     sh.refresh_host_addrs();
     for tool in cfg.policy.tools.keys() {
         sh.tool_metrics(Some(tool));

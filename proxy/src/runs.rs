@@ -28,6 +28,14 @@ pub enum EndReason {
 }
 
 impl EndReason {
+    pub const ALL: [EndReason; 5] = [
+        EndReason::Ended,
+        EndReason::Expired,
+        EndReason::Shutdown,
+        EndReason::LeaseExpired,
+        EndReason::OwnerReleased,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             EndReason::Ended => "ended",
@@ -62,6 +70,8 @@ pub struct Run {
     pub max_waiting: usize,
     /// Idle upstream connections of this run (plain HTTP), for reuse by this run only.
     pub upstream: crate::upstream::UpstreamPool,
+    /// Which `egress_runs_active{state}` gauge counts the run (see [`Gauged`]).
+    pub gauged: AtomicU8,
     /// Places for the run's established client connections.
     pub conns: Arc<Semaphore>,
     /// Bytes relayed by the run's finished fetches (see `Finish`).
@@ -109,6 +119,16 @@ impl Run {
     pub fn ended(&self) -> Option<(SystemTime, EndReason)> {
         self.ended.get().map(|(_, t, r)| (*t, *r))
     }
+}
+
+/// Values of [`Run::gauged`]: moved with atomic swaps so that a run counted
+/// as created or active is uncounted exactly once, whatever races.
+pub struct Gauged;
+
+impl Gauged {
+    pub const NONE: u8 = 0;
+    pub const CREATED: u8 = 1;
+    pub const ACTIVE: u8 = 2;
 }
 
 /// Errors the control API maps to HTTP answers.
@@ -210,6 +230,7 @@ impl Runs {
             waiting: AtomicUsize::new(0),
             max_waiting: new.max_waiting,
             upstream: crate::upstream::UpstreamPool::new(new.max_slots),
+            gauged: AtomicU8::new(if new.activate { Gauged::ACTIVE } else { Gauged::CREATED }),
             conns: Arc::new(Semaphore::new(new.max_conns)),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),

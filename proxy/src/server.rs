@@ -8,13 +8,14 @@ use crate::dns::Dns;
 use crate::facts::{FactSink, MemorySink};
 use crate::metrics::{Metrics, ToolMetrics};
 use crate::policy::{HostAddrs, SelfAddrs};
-use crate::runs::{EndReason, Run, Runs};
+use crate::runs::{EndReason, Gauged, Run, Runs};
 use arc_swap::ArcSwap;
 use egress_config::{Config, Policy, ProxyConfig};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -125,9 +126,47 @@ impl Shared {
         ended
     }
 
+    /// Activates a run and moves it from the created to the active gauge.
+    pub fn activate_run(&self, id: &str) -> Result<Arc<Run>, crate::runs::RunError> {
+        let run = self.runs.activate(id)?;
+        if run
+            .gauged
+            .compare_exchange(Gauged::CREATED, Gauged::ACTIVE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let tm = self.tool_metrics(Some(&run.tool));
+            tm.runs_created.dec();
+            tm.runs_active.inc();
+        }
+        Ok(run)
+    }
+
+    /// Counts a new run in the gauge of its state.
+    pub fn run_created(&self, run: &Run) {
+        let tm = self.tool_metrics(Some(&run.tool));
+        match run.gauged.load(Ordering::Acquire) {
+            Gauged::CREATED => {
+                tm.runs_created.inc();
+            }
+            Gauged::ACTIVE => {
+                tm.runs_active.inc();
+            }
+            _ => {}
+        }
+    }
+
     /// Accounts for a run that has just ended (by its kernel, expiry or shutdown).
     fn run_ended(&self, run: &Run, why: EndReason) {
-        self.tool_metrics(Some(&run.tool)).runs_active.dec();
+        let tm = self.tool_metrics(Some(&run.tool));
+        match run.gauged.swap(Gauged::NONE, Ordering::AcqRel) {
+            Gauged::CREATED => {
+                tm.runs_created.dec();
+            }
+            Gauged::ACTIVE => {
+                tm.runs_active.dec();
+            }
+            _ => {}
+        }
         self.metrics
             .runs_ended
             .get_or_create(&crate::metrics::ToolWhy {
@@ -312,6 +351,8 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     for tool in cfg.policy.tools.keys() {
         shared.tool_metrics(Some(tool));
     }
+    shared.tool_metrics(None);
+    shared.metrics.set_config(None, &cfg.policy.digest);
     let mut tasks = JoinSet::new();
     tasks.spawn(accept_loop(shared.clone(), proxy_l));
     tasks.spawn(crate::control::serve(shared.clone(), control_l));

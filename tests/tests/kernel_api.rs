@@ -185,3 +185,75 @@ async fn a_graceful_stop_answers_readyz_503_while_it_drains() {
         "control still open after the stop"
     );
 }
+
+#[tokio::test]
+async fn every_bounded_series_exists_at_zero_and_runs_are_gauged_by_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("egress.toml");
+    let dns = egress_e2e::FakeDns::start().await;
+    let text = format!("{}\n{TOOLS}", egress_e2e::harness::proxy_section(&dns, ""));
+    std::fs::write(&path, &text).unwrap();
+    let p = TestProxy::start_config(dns, &text, Some(path.clone()), None).await;
+    let m = p.metrics().await;
+    for series in [
+        "egress_fetch_errors_total{tool=\"web\",reason=\"dns_failed\"}",
+        "egress_fetch_errors_total{tool=\"_unknown\",reason=\"timeout\"}",
+        "egress_dns_failures_total{kind=\"not_found\"}",
+        "egress_auth_failures_total{reason=\"auth_invalid\"}",
+        "egress_runs_ended_total{tool=\"other\",why=\"lease_expired\"}",
+        "egress_denials_total{tool=\"_unknown\",reason=\"auth_missing\"}",
+        "egress_runs_active{tool=\"web\",state=\"created\"}",
+        "egress_reloads_total{outcome=\"error\"}",
+        "egress_connections_closed_total{listener=\"control\",reason=\"evicted\"}",
+    ] {
+        assert!(
+            m.lines().any(|l| l.starts_with(&format!("{series} 0"))),
+            "{series} missing at start:\n{m}"
+        );
+    }
+    let digest = |m: &str| {
+        m.lines()
+            .filter(|l| l.starts_with("egress_config_info{"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let before = digest(&m);
+    assert_eq!(before.len(), 1, "{before:?}");
+    assert!(before[0].ends_with(" 1"));
+    // created → active → ended moves the gauges.
+    let g = |m: &str, state: &str| {
+        egress_e2e::harness::sample(m, &format!("egress_runs_active{{tool=\"web\",state=\"{state}\"}}"))
+    };
+    let run = p.run_with(json!({"tool": "web", "activate": false})).await;
+    let m = p.metrics().await;
+    assert_eq!((g(&m, "created"), g(&m, "active")), (1.0, 0.0));
+    p.control("POST", &format!("/v1/runs/{}/activate", run.id), None).await;
+    let m = p.metrics().await;
+    assert_eq!((g(&m, "created"), g(&m, "active")), (0.0, 1.0));
+    p.end(&run).await;
+    let m = p.metrics().await;
+    assert_eq!((g(&m, "created"), g(&m, "active")), (0.0, 0.0));
+    // Reloads are counted by outcome and the digest follows the policy.
+    std::fs::write(
+        &path,
+        text.replace("[tools.other]", "[tools.third]\negress = []\n[tools.other]"),
+    )
+    .unwrap();
+    let (s, _) = p.control("POST", "/v1/policy/reload", None).await;
+    assert_eq!(s, 200);
+    std::fs::write(&path, "[tools.broken\n").unwrap();
+    let (s, _) = p.control("POST", "/v1/policy/reload", None).await;
+    assert_eq!(s, 422);
+    let m = p.metrics().await;
+    assert_eq!(
+        egress_e2e::harness::sample(&m, "egress_reloads_total{outcome=\"ok\"}"),
+        1.0
+    );
+    assert_eq!(
+        egress_e2e::harness::sample(&m, "egress_reloads_total{outcome=\"error\"}"),
+        1.0
+    );
+    let after = digest(&m);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after, before, "the digest did not follow the reload");
+}

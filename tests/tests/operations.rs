@@ -501,12 +501,12 @@ async fn metrics_move_by_exactly_what_happened() {
         d("egress_connect_duration_seconds_count") + d("egress_upstream_reused_total"),
         5.0
     );
-    assert_eq!(d("egress_runs_active{tool=\"web\"}"), 1.0);
+    assert_eq!(d("egress_runs_active{tool=\"web\",state=\"active\"}"), 1.0);
     assert_eq!(d("egress_fact_write_duration_seconds_count"), 7.0);
     assert_eq!(sample(&after, "egress_slots_in_use{tool=\"web\"}"), 0.0);
     p.end(&run).await;
     let m = p.metrics().await;
-    assert_eq!(sample(&m, "egress_runs_active{tool=\"web\"}"), 0.0);
+    assert_eq!(sample(&m, "egress_runs_active{tool=\"web\",state=\"active\"}"), 0.0);
     assert_eq!(sample(&m, "egress_runs_ended_total{tool=\"web\",why=\"ended\"}"), 1.0);
     // Bounded labels: no run id, host or address appears in any series.
     assert!(!m.contains(&run.id) && !m.contains("evil.test") && !m.contains("10.0.0.1"));
