@@ -105,7 +105,7 @@ def table(title, description, expr, unit, thresh, w=12, h=8):
                                           "custom": {"align": "auto", "cellOptions": {"type": "color-background"}}},
                              "overrides": []},
              "options": {"showHeader": True, "cellHeight": "sm",
-                         "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+                         "footer": {"show": False, "reducer": ["sum"], "fields": []},
                          "sortBy": [{"displayName": "Value", "desc": True}]},
              "transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]}, w, h)
 
@@ -120,7 +120,7 @@ def quantiles(buckets_by_le, by, legend_prefix):
 def tool_variable(metric):
     q = "label_values(%s, tool)" % metric
     return {"name": "tool", "label": "Tool", "type": "query", "datasource": DS,
-            "definition": q, "query": {"query": q, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "query": {"query": q, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
             "includeAll": True, "multi": True, "allValue": ".*",
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
             "refresh": 2, "sort": 1, "hide": 0, "options": [], "regex": "", "skipUrlSync": False}
