@@ -9,7 +9,11 @@
 - every metric a dashboard or rule uses is one the code exports (read from
   proxy/src/metrics.rs and executor/src/metrics.rs) or a recording rule;
 - every alert has a runbook line, and a promtool unit test that fires it and
-  one that does not.
+  one that does not;
+- Grafana's provisioning agrees with the dashboards and the compose file, and
+  the compose file keeps the stack's rules (healthchecks, restarts, pinned
+  images, no privileged container, all capabilities dropped, a non-root
+  proxy, the executor and demo only on the internal tools network).
 
 Also the source of every PromQL expression for the compose test
 (`expressions()`). Usage: python3 tests/compose/stackcheck.py
@@ -307,16 +311,64 @@ def check_alerts(errors):
             errors.append("alerts_test.yml: no test where %s stays quiet" % name)
 
 
+def check_stack_files(errors):
+    """Provisioning agrees with the dashboards and the compose file; the compose
+    file keeps the stack's rules (health, restarts, pins, privileges, networks)."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    ds = yaml.safe_load((ROOT / "dashboards/grafana/provisioning/datasources/prometheus.yml").read_text())["datasources"]
+    if [d.get("uid") for d in ds] != ["prometheus"]:
+        errors.append("grafana datasource: expected one datasource with uid `prometheus`, the uid the dashboards use")
+    provider = yaml.safe_load((ROOT / "dashboards/grafana/provisioning/dashboards/loom-egress.yml").read_text())["providers"][0]
+    mounts = dict(v.rsplit(":", 2)[:2] if v.count(":") >= 2 else v.split(":", 1) for v in services["grafana"]["volumes"])
+    if mounts.get("./dashboards") != provider["options"]["path"]:
+        errors.append("grafana: the dashboard provider path is not where docker-compose.yml mounts ./dashboards")
+    home = services["grafana"]["environment"].get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH", "")
+    if home != provider["options"]["path"] + "/egress.json":
+        errors.append("grafana: the home dashboard is not the provisioned egress.json")
+    if not services["grafana"]["environment"].get("GF_AUTH_ANONYMOUS_ENABLED") == "true" \
+            or services["grafana"]["environment"].get("GF_AUTH_ANONYMOUS_ORG_ROLE") != "Viewer":
+        errors.append("grafana: anonymous access must be enabled as Viewer")
+    for name, svc in services.items():
+        if "healthcheck" not in svc:
+            errors.append("compose: service %s has no healthcheck" % name)
+        if svc.get("restart") != "unless-stopped":
+            errors.append("compose: service %s does not restart unless-stopped" % name)
+        if svc.get("privileged"):
+            errors.append("compose: service %s is privileged" % name)
+        image = svc.get("image", "")
+        if not re.search(r":v?\d+\.\d+\.\d+$", image):
+            errors.append("compose: service %s image %r is not pinned to a version" % (name, image))
+        if "ALL" not in svc.get("cap_drop", []):
+            errors.append("compose: service %s does not drop all capabilities" % name)
+    if (services["proxy"].get("user") or "0").split(":")[0] in ("0", "root"):
+        errors.append("compose: the proxy must not run as root")
+    for name in ("executor", "demo"):
+        if set(services[name]["networks"]) != {"tools"}:
+            errors.append("compose: %s must be on the tools network only" % name)
+    if not compose["networks"]["tools"].get("internal"):
+        errors.append("compose: the tools network must be internal")
+    if set(services["proxy"]["networks"]) != {"tools", "egress"}:
+        errors.append("compose: the proxy must be on both the tools and the egress network")
+    for name in ("proxy", "executor", "demo"):
+        if not services[name].get("env_file"):
+            errors.append("compose: %s must take the control token from an env file" % name)
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM ") and "${" not in line and not re.search(r":[\w.-]*\d[\w.-]*( |$)", line):
+            errors.append("Dockerfile: base image not pinned: %s" % line)
+
+
 def main():
     errors = []
     check_dashboards(errors)
     check_alerts(errors)
+    check_stack_files(errors)
     for e in errors:
         print("FAIL", e)
     n = sum(1 for path in DASHBOARDS for _ in panels(json.loads((ROOT / path).read_text())))
     if errors:
         sys.exit("stackcheck: %d problem(s)" % len(errors))
-    print("stackcheck: %d panels in %d dashboards, %d rules: types, titles, units, queries, metrics and alert tests OK"
+    print("stackcheck: %d panels in %d dashboards, %d rules: types, titles, units, queries, metrics, alert tests, provisioning and compose rules OK"
           % (n, len(DASHBOARDS), len(load_rules())))
 
 
