@@ -88,12 +88,19 @@ def run_forever():
 
 
 def facts(limit):
-    status, body = call("GET", CONTROL + "/v1/facts?after=0&limit=1000")
-    if status != 200:
-        sys.exit("facts API answered %d: %s" % (status, body))
-    rows = body.get("facts", [])[-limit:]
+    """The last `limit` facts: pages through the cursor API (at most 100 pages of 1000)."""
+    last, after = [], 0
+    for _ in range(100):
+        status, body = call("GET", CONTROL + "/v1/facts?after=%d&limit=1000" % after)
+        if status != 200:
+            sys.exit("facts API answered %d: %s" % (status, body))
+        page = body.get("facts", [])
+        last = (last + page)[-limit:]
+        if not page or body.get("next") in (None, after):
+            break
+        after = body["next"]
     print("%-6s %-15s %-17s %-32s %s" % ("SEQ", "TOOL", "REASON", "TARGET", "COUNT"))
-    for f in rows:
+    for f in last:
         t = f.get("target", {})
         print("%-6s %-15s %-17s %-32s %s" % (f.get("seq"), f.get("tool"), f.get("reason"),
                                              "%s:%s %s" % (t.get("host"), t.get("port"), t.get("kind")), f.get("count", 1)))
