@@ -339,6 +339,16 @@ def check_demo(stack, token):
         hosts = {f["target"]["host"] for f in facts}
         log("facts API: %d denial facts, reasons %s, hosts %s" % (len(facts), sorted({r for _, r in seen}), sorted(hosts)))
 
+        # The operator's commands from the README, inside the containers.
+        r = stack.exec("demo", "python3", "/opt/loom-egress/demo/kernel.py", "facts", "5")
+        if r.returncode != 0 or "REASON" not in r.stdout or not any(x in r.stdout for x in ("not_allowlisted", "ip_literal")):
+            raise Failure("kernel.py facts failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))
+        r = stack.exec("executor", "egress-executor", "doctor", "--config", "/etc/loom-egress/egress.toml")
+        if r.returncode != 0 or "token accepted" not in r.stdout:
+            raise Failure("egress-executor doctor failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))
+        log("kernel.py facts and egress-executor doctor work in the containers; doctor says:\n    "
+            + "\n    ".join(r.stdout.strip().splitlines()))
+
 
 def check_prometheus():
     with phase("prometheus: targets, rules, every expression"):
