@@ -73,11 +73,26 @@ class Layout:
         self.panels.append(panel)
 
 
-def timeseries(title, description, targets, unit, thresh=OK_ONLY, stack=False, w=12, h=8, min0=True):
+def tool_links(this_uid, other_uid, other_title):
+    """Data links of a per-tool series: narrow this dashboard, or open the other one, to the tool."""
+    keep = "${__url_time_range}"
+    return [{"title": "Only ${__field.labels.tool} on this dashboard",
+             "url": "/d/%s?var-tool=${__field.labels.tool}&%s" % (this_uid, keep)},
+            {"title": "${__field.labels.tool} on the %s dashboard" % other_title,
+             "url": "/d/%s?var-tool=${__field.labels.tool}&%s" % (other_uid, keep)}]
+
+
+EGRESS_LINKS = tool_links("egress", "executor", "Executor")
+EXECUTOR_LINKS = tool_links("executor", "egress", "Egress")
+
+
+def timeseries(title, description, targets, unit, thresh=OK_ONLY, stack=False, w=12, h=8, min0=True, links=None):
     custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 25 if stack else 10, "showPoints": "never",
               "spanNulls": False, "stacking": {"mode": "normal" if stack else "none", "group": "A"},
               "thresholdsStyle": {"mode": "off" if thresh is OK_ONLY else "line"}}
     defaults = {"unit": unit, "thresholds": thresh, "color": {"mode": "palette-classic"}, "custom": custom}
+    if links:
+        defaults["links"] = links
     if min0:
         defaults["min"] = 0
     return ({"type": "timeseries", "title": title, "description": description, "datasource": DS,
@@ -98,10 +113,10 @@ def stat(title, description, expr, unit, thresh, w=6, h=4, legend=""):
                          "showPercentChange": False}}, w, h)
 
 
-def table(title, description, expr, unit, thresh, w=12, h=8):
+def table(title, description, expr, unit, thresh, w=12, h=8, links=None):
     return ({"type": "table", "title": title, "description": description, "datasource": DS,
              "targets": [target(expr, instant=True, fmt="table")],
-             "fieldConfig": {"defaults": {"unit": unit, "thresholds": thresh,
+             "fieldConfig": {"defaults": {"unit": unit, "thresholds": thresh, "links": links or [],
                                           "custom": {"align": "auto", "cellOptions": {"type": "color-background"}}},
                              "overrides": []},
              "options": {"showHeader": True, "cellHeight": "sm",
@@ -162,18 +177,18 @@ def egress():
                 "sum(egress_runs_active%s)" % T, "short", OK_ONLY, w=5))
     L.add(*stat("Did a fact write fail?", "Denial facts that could not be recorded over the selected range. Any value above 0 means denials failed closed (503 facts_unavailable) and the fact store needs attention.",
                 "sum(increase(egress_fact_write_failures_total[$__range]))", "short", thresholds((None, GREEN), (1, RED)), w=5))
-    L.add(*timeseries("Which tools fetch, and what is decided?", "Fetches per second by tool and decision (allowed, denied, reported = allowed by a report-mode tool, error = failed upstream). Stacked.",
+    L.add(*timeseries("Which tools fetch, and what is decided?", "Fetches per second by tool and decision (allowed, denied, reported = allowed by a report-mode tool, error = failed upstream). Stacked. Click a series to narrow the dashboard to its tool.",
                       [target("sum by (tool, decision) (tool_decision:egress_requests:rate1m%s)" % T, "{{tool}} {{decision}}")],
-                      "reqps", stack=True))
+                      "reqps", stack=True, links=EGRESS_LINKS))
     L.add(*timeseries("Why are fetches denied?", "Denials per second by reason code (the same words as the X-Egress-Deny-Reason header and the facts). Stacked.",
                       [target("sum by (reason) (tool_reason:egress_denials:rate1m%s)" % T, "{{reason}}")],
                       "reqps", stack=True))
-    L.add(*timeseries("Which tools are denied?", "Denials per second by tool, all reasons together. Stacked. Click a tool in the table beside to see its denials in the facts API.",
+    L.add(*timeseries("Which tools are denied?", "Denials per second by tool, all reasons together. Stacked. Click a series to narrow the dashboard to that tool: \"Why are fetches denied?\" then shows its reasons, and the facts API (GET /v1/facts) holds each denial with its target.",
                       [target("sum by (tool) (tool_reason:egress_denials:rate1m%s)" % T, "{{tool}}")],
-                      "reqps", stack=True))
+                      "reqps", stack=True, links=EGRESS_LINKS))
     L.add(*table("Which tools were denied most? (selected range)", "Denials per tool and reason over the selected time range, most first. The facts API (GET /v1/facts) holds each one with its target and detail.",
                  "sort_desc(topk(10, sum by (tool, reason) (increase(egress_denials_total%s[$__range])) > 0))" % T,
-                 "short", thresholds((None, AMBER), (100, RED))))
+                 "short", thresholds((None, AMBER), (100, RED)), links=EGRESS_LINKS))
 
     L.row("How fast are fetches, and what fails?")
     L.add(*timeseries("How long do fetches take? (p50, p95, p99 by tool)", "Fetch duration from authentication to the end of the response or tunnel, excluding denials. A tunnel's duration is its whole life. Red above 10 s.",
@@ -254,9 +269,9 @@ def executor():
                       "s", thresholds((None, GREEN), (5, RED))))
 
     L.row("How do invocations end?")
-    L.add(*timeseries("How do invocations end?", "Invocations per second by tool and outcome: ok, or the error kind (tool_error, timeout, aborted, disconnected, protocol, startup, busy, proxy). Stacked.",
+    L.add(*timeseries("How do invocations end?", "Invocations per second by tool and outcome: ok, or the error kind (tool_error, timeout, aborted, disconnected, protocol, startup, busy, proxy). Stacked. Click a series to see its tool's egress.",
                       [target("sum by (tool, outcome) (rate(executor_invocations_total%s[$__rate_interval]))" % T, "{{tool}} {{outcome}}")],
-                      "reqps", stack=True))
+                      "reqps", stack=True, links=EXECUTOR_LINKS))
     L.add(*timeseries("Why are children killed?", "Child process trees killed per second by tool and reason (for example timeout, warm_death, protocol). Every child is killed after one invocation; the reason says why.",
                       [target("sum by (tool, reason) (rate(executor_kills_total%s[$__rate_interval]))" % T, "{{tool}} {{reason}}")],
                       "reqps", stack=True))
