@@ -5,7 +5,7 @@
 //! are JSON `{"error":{"code","message"}}`.
 
 use crate::facts::FactQuery;
-use crate::runs::{valid_run_id, EndReason, NewRun, Run, RunError};
+use crate::runs::{valid_run_id, EndReason, NewRun, Run, RunError, RunWrite};
 use crate::server::Shared;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, Request, State};
@@ -97,6 +97,7 @@ pub fn router(sh: Arc<Shared>) -> Router {
         .merge(api)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
+        .layer(middleware::map_response_with_state(sh.clone(), stamp_instance))
         .with_state(sh)
 }
 
@@ -162,6 +163,17 @@ pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
         });
     }
 }
+
+/// Every control answer names the proxy instance that gave it.
+async fn stamp_instance(State(sh): State<Arc<Shared>>, mut r: Response) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&sh.instance) {
+        r.headers_mut().insert(INSTANCE_HEADER, v);
+    }
+    r
+}
+
+/// Names the proxy process that answered (changes on every restart).
+pub const INSTANCE_HEADER: &str = "x-egress-instance";
 
 /// The bearer token of a control request, if any (scheme case-insensitive).
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -325,18 +337,23 @@ async fn create_run(
             max_waiting: tool.max_queued_fetches,
             max_conns: sh.cfg.max_connections_per_run,
         },
-        secret,
+        secret.clone(),
     )?;
+    if let Err(e) = sh.facts.save_run(RunWrite::Save(run.record())).await {
+        sh.runs.end(&run, EndReason::Ended);
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("the run could not be stored durably: {e}"),
+        ));
+    }
     sh.run_created(&run);
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
     let mut v = run_view(&run);
-    v["secret"] = json!(run.secret());
+    v["secret"] = json!(secret);
     v["proxy_url"] = json!(format!(
         "{}://{}:{}@{}",
-        sh.proxy_scheme,
-        run.id,
-        run.secret(),
-        sh.proxy_authority
+        sh.proxy_scheme, run.id, secret, sh.proxy_authority
     ));
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
@@ -352,6 +369,10 @@ async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiRe
 
 async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let run = sh.activate_run(&id)?;
+    sh.facts
+        .save_run(RunWrite::Save(run.record()))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string()))?;
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");
     Ok(Json(run_view(&run)))
 }
@@ -362,6 +383,10 @@ async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> 
 async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let run = find(&sh, &id)?;
     sh.end_run(&run, EndReason::Ended);
+    sh.facts
+        .save_run(RunWrite::Delete(id.clone()))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string()))?;
     let mut v = run_view(&run);
     let facts = sh
         .facts

@@ -4,6 +4,7 @@
 //! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
 //! bounded in-memory store for tests and embedding.
 
+use crate::runs::{RunRecord, RunWrite};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -136,6 +137,17 @@ pub trait FactSink: Send + Sync + 'static {
     /// Whether the sink can currently record.
     fn ready(&self) -> bool {
         true
+    }
+
+    /// Keeps (or forgets) a run record durably, so that runs survive a
+    /// proxy restart. Sinks without durable storage keep nothing.
+    fn save_run(&self, _w: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The run records kept by `save_run` (read once, at start).
+    fn load_runs(&self) -> Result<Vec<RunRecord>, FactError> {
+        Ok(vec![])
     }
 }
 

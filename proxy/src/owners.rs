@@ -13,6 +13,9 @@ use std::time::{Duration, Instant, SystemTime};
 /// Shortest and longest lease an owner may ask for.
 pub const MIN_LEASE: Duration = Duration::from_millis(1000);
 pub const MAX_LEASE: Duration = Duration::from_secs(600);
+/// The lease an owner of restored runs gets after a proxy restart, to renew
+/// before its runs are ended.
+pub const RESTART_GRACE: Duration = Duration::from_secs(30);
 /// Owners at most (each holds a lease; names are bounded like run ids).
 pub const MAX_OWNERS: usize = 1024;
 

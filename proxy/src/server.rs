@@ -27,6 +27,9 @@ use tokio_util::task::TaskTracker;
 
 /// State shared by the data plane and the control API.
 pub struct Shared {
+    /// Random per process start: clients that see it change know the proxy
+    /// restarted (their open connections are gone; stored runs are back).
+    pub instance: String,
     pub runs: Runs,
     pub owners: crate::owners::Owners,
     pub policy: ArcSwap<Policy>,
@@ -118,12 +121,61 @@ impl Shared {
     }
 
     /// Ends a run and keeps the run gauges in step.
+    /// Ends a run and keeps the run gauges in step. Its stored record is
+    /// dropped in the background, except at shutdown: runs survive a restart
+    /// (`DELETE /v1/runs/{id}` drops it itself, before answering).
     pub fn end_run(&self, run: &Run, why: EndReason) -> bool {
         let ended = self.runs.end(run, why);
         if ended {
             self.run_ended(run, why);
+            if !matches!(why, EndReason::Shutdown | EndReason::Ended) {
+                let facts = self.facts.clone();
+                let id = run.id.to_string();
+                tokio::spawn(async move {
+                    if let Err(e) = facts.save_run(crate::runs::RunWrite::Delete(id)).await {
+                        tracing::warn!(error = %e, "could not drop an ended run's record");
+                    }
+                });
+            }
         }
         ended
+    }
+
+    /// Brings back the runs the store kept across a restart, and gives each
+    /// of their owners a grace lease to renew.
+    fn restore_runs(&self) {
+        let records = match self.facts.load_runs() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "stored runs cannot be read; starting without them");
+                return;
+            }
+        };
+        let total = records.len();
+        let mut restored = 0;
+        for rec in records {
+            let id = rec.id.clone();
+            match self.runs.restore(rec) {
+                Some(run) => {
+                    if let Some(owner) = &run.owner {
+                        if self.owners.lease(owner).is_none() {
+                            let _ = self.owners.renew(owner, crate::owners::RESTART_GRACE);
+                        }
+                    }
+                    self.run_created(&run);
+                    restored += 1;
+                }
+                None => {
+                    let facts = self.facts.clone();
+                    tokio::spawn(async move {
+                        let _ = facts.save_run(crate::runs::RunWrite::Delete(id)).await;
+                    });
+                }
+            }
+        }
+        if total > 0 {
+            tracing::info!(restored, dropped = total - restored, "runs restored from the store");
+        }
     }
 
     /// Activates a run and moves it from the created to the active gauge.
@@ -325,6 +377,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         evicted("control"),
     );
     let shared = Arc::new(Shared {
+        instance: uuid::Uuid::new_v4().to_string(),
         runs: Runs::new(pc.max_runs, pc.max_run),
         owners: crate::owners::Owners::default(),
         policy: ArcSwap::new(cfg.policy.clone()),
@@ -352,6 +405,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         shared.tool_metrics(Some(tool));
     }
     shared.tool_metrics(None);
+    shared.restore_runs();
     shared.metrics.set_config(None, &cfg.policy.digest);
     let mut tasks = JoinSet::new();
     tasks.spawn(accept_loop(shared.clone(), proxy_l));

@@ -257,3 +257,99 @@ async fn every_bounded_series_exists_at_zero_and_runs_are_gauged_by_state() {
     assert_eq!(after.len(), 1, "{after:?}");
     assert_ne!(after, before, "the digest did not follow the reload");
 }
+
+/// A run created before a `kill -9` of the proxy works after its restart: its
+/// credential authenticates, a warm run can still be activated, an ended run
+/// stays ended, the secret is nowhere in the store, and the answers name a
+/// new proxy instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_survive_a_proxy_restart_and_the_store_never_holds_a_secret() {
+    use egress_e2e::harness::{basic, control_call, TOKEN};
+    use egress_e2e::process::{free_addr, ProxyProcess};
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, control) = (free_addr(), free_addr());
+    let cfg = dir.path().join("egress.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[proxy]\nlisten = \"{proxy}\"\ncontrol = \"{control}\"\nfacts = \"facts.db\"\n[tools.web]\negress = []\n"
+        ),
+    )
+    .unwrap();
+    let mut p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
+    let call = |m: &'static str, path: String, body: Option<Value>| async move {
+        let r = control_call(control, m, &path, body, Some(TOKEN)).await;
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        (r.status, v, r.header("x-egress-instance").map(str::to_owned))
+    };
+    let (s, _, _) = call("PUT", "/v1/owners/exec-1".into(), Some(json!({"lease_ms": 60000}))).await;
+    assert_eq!(s, 200);
+    let (s, live, inst1) = call(
+        "POST",
+        "/v1/runs".into(),
+        Some(json!({"tool": "web", "owner": "exec-1", "labels": {"k": "v"}})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (_, warm, _) = call(
+        "POST",
+        "/v1/runs".into(),
+        Some(json!({"tool": "web", "activate": false})),
+    )
+    .await;
+    let (_, gone, _) = call("POST", "/v1/runs".into(), Some(json!({"tool": "web"}))).await;
+    let (s, _, _) = call("DELETE", format!("/v1/runs/{}", gone["run_id"].as_str().unwrap()), None).await;
+    assert_eq!(s, 200);
+    let deny = |run: &Value| {
+        let auth = basic(run["run_id"].as_str().unwrap(), run["secret"].as_str().unwrap());
+        async move {
+            let req = format!("GET http://evil.test/ HTTP/1.1\r\nHost: evil.test\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n");
+            egress_e2e::raw::send(proxy, req.as_bytes()).await
+        }
+    };
+    assert_eq!(deny(&live).await.deny_reason(), Some("not_allowlisted"));
+    p.signal("KILL");
+    p.wait_exit(Duration::from_secs(5));
+    let db = std::fs::read(dir.path().join("facts.db")).unwrap();
+    let wal = std::fs::read(dir.path().join("facts.db-wal")).unwrap_or_default();
+    for run in [&live, &warm, &gone] {
+        let secret = run["secret"].as_str().unwrap().as_bytes();
+        for file in [&db, &wal] {
+            assert!(
+                !file.windows(secret.len()).any(|w| w == secret),
+                "a run secret is in the store"
+            );
+        }
+    }
+    let _p2 = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
+    let (s, v, inst2) = call("GET", format!("/v1/runs/{}", live["run_id"].as_str().unwrap()), None).await;
+    assert_eq!(
+        (s, v["state"].as_str(), v["owner"].as_str()),
+        (200, Some("active"), Some("exec-1")),
+        "{v}"
+    );
+    assert_eq!(v["labels"]["k"], "v");
+    assert_ne!(inst1, inst2, "the instance id did not change across the restart");
+    assert!(inst2.is_some());
+    assert_eq!(
+        deny(&live).await.deny_reason(),
+        Some("not_allowlisted"),
+        "the credential no longer works"
+    );
+    assert_eq!(deny(&warm).await.deny_reason(), Some("run_not_active"));
+    let (s, _, _) = call(
+        "POST",
+        format!("/v1/runs/{}/activate", warm["run_id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(deny(&warm).await.deny_reason(), Some("not_allowlisted"));
+    // A wrong secret is still refused; an ended run stays gone.
+    let wrong = json!({"run_id": live["run_id"], "secret": "0".repeat(48)});
+    assert_eq!(deny(&wrong).await.status, 407);
+    assert_eq!(deny(&gone).await.status, 407);
+    // The restored owner has a grace lease to renew.
+    let (_, v, _) = call("GET", "/v1/owners".into(), None).await;
+    assert_eq!(v["owners"][0]["owner"], "exec-1", "{v}");
+}

@@ -616,14 +616,16 @@ async fn an_unusable_sqlite_store_fails_closed_and_unready() {
     let p = TestProxy::start_config(dns, &text, None, None).await;
     let r = control_call(p.control, "GET", "/readyz", None, None).await;
     assert_eq!(r.status, 503);
+    // A run that cannot be stored durably is not created.
     let r = control_call(p.control, "POST", "/v1/runs", Some(json!({"tool": "web"})), Some(TOKEN)).await;
     let v: Value = serde_json::from_slice(&r.body).unwrap();
-    let auth = basic(v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
-    let r = send(
-        p.proxy,
-        format!("CONNECT evil.test:443 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes(),
-    )
-    .await;
+    assert_eq!(
+        (r.status, v["error"]["code"].as_str()),
+        (503, Some("store_unavailable")),
+        "{v}"
+    );
+    // A denial that cannot be recorded is refused.
+    let r = send(p.proxy, b"CONNECT evil.test:443 HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert_eq!((r.status, r.header("x-egress-error")), (503, Some("facts_unavailable")));
     let r = control_call(p.control, "GET", "/v1/facts", None, Some(TOKEN)).await;
     assert_eq!(r.status, 503);
