@@ -21,11 +21,11 @@
 //
 // API references: docs/api.md (proxy control API), docs/executor.md (invocation API).
 
-/** Default timeout of one call, in milliseconds. */
+/** Default timeout of one call, in milliseconds. @type {number} */
 export const DEFAULT_TIMEOUT_MS = 10000;
 
 /**
- * @typedef {{kind: string|null, host: string, port: number}} FactTarget
+ * @typedef {{kind: string, host: string, port: number}} FactTarget
  * @typedef {{type: string, schema: string, seq: number, id: string, at: string,
  *   run_id: string|null, tool: string|null, reason: string, mode: string,
  *   target: FactTarget|null, resolved: string[], policy: string, detail: string,
@@ -44,7 +44,11 @@ export const DEFAULT_TIMEOUT_MS = 10000;
  * @typedef {{timeoutMs?: number}} CallOptions
  */
 
-/** A failed call. `status` is 0 when no answer arrived (`connection_error`, `timeout`). */
+/**
+ * A failed call. `status` is 0 when no answer arrived (`connection_error`,
+ * `timeout`); `code` is the error body's `code` (or the executor's `error.kind`);
+ * `detail` is the server's message, prefixed with the method and path.
+ */
 export class EgressError extends Error {
   /**
    * @param {number} status HTTP status, or 0
