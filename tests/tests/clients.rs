@@ -234,6 +234,12 @@ fn examples_run_as_the_readme_says() {
         .env("EGRESS_EXECUTOR_URL", &executor_url)
         .env("EGRESS_CONTROL_TOKEN", token);
     let results: Vec<_> = [py, js].into_iter().map(|c| run(c, Duration::from_secs(120))).collect();
+    // SIGTERM: the executor ends its warm children's runs and exits.
+    let _ = Command::new("kill").args(["-TERM", &exec.id().to_string()]).status();
+    let t0 = Instant::now();
+    while exec.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(25));
+    }
     let _ = exec.kill();
     let _ = exec.wait();
     drop(proxy);
