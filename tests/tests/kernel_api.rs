@@ -265,17 +265,10 @@ async fn every_bounded_series_exists_at_zero_and_runs_are_gauged_by_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_survive_a_proxy_restart_and_the_store_never_holds_a_secret() {
     use egress_e2e::harness::{basic, control_call, TOKEN};
-    use egress_e2e::process::{free_addr, ProxyProcess};
+    use egress_e2e::process::{free_addr, write_config, ProxyProcess};
     let dir = tempfile::tempdir().unwrap();
     let (proxy, control) = (free_addr(), free_addr());
-    let cfg = dir.path().join("egress.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[proxy]\nlisten = \"{proxy}\"\ncontrol = \"{control}\"\nfacts = \"facts.db\"\n[tools.web]\negress = []\n"
-        ),
-    )
-    .unwrap();
+    let cfg = write_config(dir.path(), proxy, control, "[tools.web]\negress = []\n");
     let mut p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
     let call = |m: &'static str, path: String, body: Option<Value>| async move {
         let r = control_call(control, m, &path, body, Some(TOKEN)).await;

@@ -6,7 +6,7 @@
 
 use egress_e2e::harness::{basic, control_call, sample, TestProxy, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};
-use egress_e2e::process::{bin, free_addr, ProxyProcess};
+use egress_e2e::process::{bin, free_addr, write_config, ProxyProcess};
 use egress_e2e::raw::{read_response, send};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -33,14 +33,12 @@ async fn all_facts(control: SocketAddr) -> Vec<Value> {
 async fn answered_denials_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let (proxy, control) = addrs();
-    let cfg = dir.path().join("egress.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[proxy]\nlisten = \"{proxy}\"\ncontrol = \"{control}\"\nfacts = \"facts.db\"\n[tools.web]\negress = [\"allowed.test:443\"]\n"
-        ),
-    )
-    .unwrap();
+    let cfg = write_config(
+        dir.path(),
+        proxy,
+        control,
+        "[tools.web]\negress = [\"allowed.test:443\"]\n",
+    );
     let mut p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
     let (id, secret) = create_run(control, "web").await;
     let auth = Arc::new(basic(&id, &secret));
