@@ -1,4 +1,5 @@
-//! The decision path of one fetch, in the order DESIGN.md fixes:
+//! The decision path of one fetch, in the order the README gives ("How one
+//! fetch is decided"):
 //! authenticate, run state, canonical target, allowlist (no DNS), slot,
 //! resolve once and vet, dial the pinned addresses, then forward (plain
 //! HTTP, RFC 9110 §7.6.1 hop-by-hop stripping) or tunnel (CONNECT). Every
