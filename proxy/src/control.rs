@@ -4,6 +4,10 @@
 //! `Authorization: Bearer <control token>` (constant-time compare); errors
 //! are JSON `{"error":{"code","message"}}`.
 
+use crate::api::{
+    Bytes, CreateRun, CreatedRun, Cursor, DenialSummary, EndedRun, ErrorBody, FactsPage, OwnerList, OwnerReleased,
+    OwnerView, RenewOwner, RunFilter, RunList, RunView, Slots,
+};
 use crate::facts::FactQuery;
 use crate::runs::{valid_run_id, EndReason, NewRun, Run, RunError, RunWrite};
 use crate::server::Shared;
@@ -12,14 +16,14 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi as _;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// A control API error.
 pub struct ApiError {
@@ -75,25 +79,106 @@ impl From<JsonRejection> for ApiError {
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
+/// The `/v1` routes, each documented in the OpenAPI document that the same
+/// call builds: a route cannot exist without its entry.
+fn api_routes() -> OpenApiRouter<Arc<Shared>> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(create_run, list_runs))
+        .routes(routes!(get_run, end_run))
+        .routes(routes!(activate_run))
+        .routes(routes!(run_facts))
+        .routes(routes!(list_facts))
+        .routes(routes!(crate::sse::stream))
+        .routes(routes!(crate::reload::reload_handler))
+        .routes(routes!(list_owners))
+        .routes(routes!(renew_owner, release_owner))
+}
+
+/// The routes without credential, documented too.
+fn open_routes() -> OpenApiRouter<Arc<Shared>> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(info(
+    title = "Loom Egress proxy control API",
+    description = "Runs, facts, owners and policy of the egress proxy. Everything under /v1 needs `Authorization: Bearer <control token>`; errors are `{\"error\":{\"code\",\"message\"}}`."
+))]
+struct ApiDoc;
+
+/// What every operation shares, added once the routes are collected: the
+/// bearer scheme, `401` on every `/v1` operation, and the JSON body
+/// rejections (`400`, `413`, `415`, `422`) on every operation that takes one.
+fn complete(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    doc.components.get_or_insert_with(Default::default).add_security_scheme(
+        "control_token",
+        SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+    );
+    let error = |what: &str| {
+        ResponseBuilder::new()
+            .description(what)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in doc.paths.paths.iter_mut() {
+        for op in [&mut item.get, &mut item.post, &mut item.put, &mut item.delete]
+            .into_iter()
+            .flatten()
+        {
+            let r = &mut op.responses.responses;
+            if path.starts_with("/v1/") {
+                r.entry("401".into())
+                    .or_insert_with(|| error("unauthorized: no or a wrong control token").into());
+            }
+            if op.request_body.is_some() {
+                for (status, what) in [
+                    ("400", "bad_request: the body is not valid JSON for this call"),
+                    ("413", "bad_request: the body is larger than 64 KiB"),
+                    ("415", "bad_request: Content-Type is not application/json"),
+                    ("422", "bad_request: the body does not match the schema"),
+                ] {
+                    r.entry(status.into()).or_insert_with(|| error(what).into());
+                }
+            }
+        }
+    }
+}
+
+/// The OpenAPI 3.1 document of the control API (served at `/v1/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = api_routes().split_for_parts();
+    let (_, open) = open_routes().split_for_parts();
+    doc.merge(open);
+    complete(&mut doc);
+    doc
+}
+
 pub fn router(sh: Arc<Shared>) -> Router {
-    let api = Router::new()
-        .route("/v1/runs", post(create_run).get(list_runs))
-        .route("/v1/runs/{id}", get(get_run).delete(end_run))
-        .route("/v1/runs/{id}/activate", post(activate_run))
-        .route("/v1/runs/{id}/facts", get(run_facts))
-        .route("/v1/facts", get(list_facts))
-        .route("/v1/facts/stream", get(crate::sse::stream))
-        .route("/v1/policy/reload", post(crate::reload::reload_handler))
-        .route("/v1/owners", get(list_owners))
-        .route(
-            "/v1/owners/{owner}",
-            axum::routing::put(renew_owner).delete(release_owner),
-        )
-        .route_layer(middleware::from_fn_with_state(sh.clone(), require_token));
+    let (api, mut doc) = api_routes().split_for_parts();
+    let (open, open_doc) = open_routes().split_for_parts();
+    doc.merge(open_doc);
+    complete(&mut doc);
+    let doc = Arc::new(doc);
+    let api = api.route_layer(middleware::from_fn_with_state(sh.clone(), require_token));
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .merge(open)
+        .route(
+            "/v1/openapi.json",
+            axum::routing::get(move || {
+                let doc = doc.clone();
+                async move { Json(doc.as_ref().clone()) }
+            }),
+        )
         .merge(api)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
@@ -205,6 +290,15 @@ async fn require_token(State(sh): State<Arc<Shared>>, headers: HeaderMap, req: R
     }
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "The process serves", body = String)))]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "health", responses(
+    (status = 200, description = "Ready", body = String),
+    (status = 503, description = "Shutting down (draining), or the fact store cannot write", body = String),
+))]
 async fn readyz(State(sh): State<Arc<Shared>>) -> Response {
     if sh.shutdown.is_cancelled() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
@@ -215,6 +309,9 @@ async fn readyz(State(sh): State<Arc<Shared>>) -> Response {
     "ready\n".into_response()
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "health", responses(
+    (status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text"),
+))]
 async fn metrics(State(sh): State<Arc<Shared>>) -> Response {
     let body = sh.metrics.render();
     (
@@ -227,53 +324,49 @@ async fn metrics(State(sh): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateRun {
-    tool: String,
-    #[serde(default)]
-    run_id: Option<String>,
-    #[serde(default)]
-    labels: Option<serde_json::Map<String, Value>>,
-    #[serde(default)]
-    activate: Option<bool>,
-    /// Who creates the run; it must hold a lease (`PUT /v1/owners/{owner}`).
-    #[serde(default)]
-    owner: Option<String>,
-}
-
-pub fn run_view(run: &Run) -> Value {
-    let mut v = json!({
-        "run_id": &*run.id,
-        "tool": &*run.tool,
-        "state": run.state().as_str(),
-        "created_at": crate::time::rfc3339(run.created_at),
-        "expires_at": crate::time::rfc3339(run.expires_at),
-        "labels": run.labels,
-        "owner": run.owner.as_deref(),
-        "slots": {"max": run.max_slots, "in_use": run.max_slots - run.slots.available_permits()},
-        "upstream_idle": run.upstream.len(),
-        "bytes": {"up": run.bytes().0, "down": run.bytes().1},
-    });
-    match run.ended() {
-        Some((at, why)) => {
-            v["ended_at"] = json!(crate::time::rfc3339(at));
-            v["end_reason"] = json!(why.as_str());
-        }
+pub fn run_view(run: &Run) -> RunView {
+    let (up, down) = run.bytes();
+    let (ended_at, end_reason) = match run.ended() {
+        Some((at, why)) => (Some(crate::time::rfc3339(at)), Some(why.as_str().to_owned())),
         // Past its expiry but not yet swept: it is already ended for every fetch.
         None if run.state() == crate::policy::RunState::Ended => {
-            v["ended_at"] = json!(crate::time::rfc3339(run.expires_at));
-            v["end_reason"] = json!("expired");
+            (Some(crate::time::rfc3339(run.expires_at)), Some("expired".to_owned()))
         }
-        None => {}
+        None => (None, None),
+    };
+    RunView {
+        run_id: run.id.to_string(),
+        tool: run.tool.to_string(),
+        state: run.state().as_str().to_owned(),
+        created_at: crate::time::rfc3339(run.created_at),
+        expires_at: crate::time::rfc3339(run.expires_at),
+        labels: run.labels.clone(),
+        owner: run.owner.as_deref().map(str::to_owned),
+        slots: Slots {
+            max: run.max_slots,
+            in_use: run.max_slots - run.slots.available_permits(),
+        },
+        upstream_idle: run.upstream.len(),
+        bytes: Bytes { up, down },
+        ended_at,
+        end_reason,
     }
-    v
 }
 
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    security(("control_token" = [])),
+    responses(
+        (status = 201, description = "Created; the secret is shown only here", body = CreatedRun),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 404, description = "unknown_tool", body = ErrorBody),
+        (status = 409, description = "run_exists, owner_not_leased", body = ErrorBody),
+        (status = 429, description = "too_many_runs", body = ErrorBody),
+        (status = 503, description = "store_unavailable: the run could not be stored durably", body = ErrorBody),
+    ))]
 async fn create_run(
     State(sh): State<Arc<Shared>>,
     body: Result<Json<CreateRun>, JsonRejection>,
-) -> ApiResult<Response> {
+) -> ApiResult<(StatusCode, Json<CreatedRun>)> {
     let Json(req) = body?;
     let policy = sh.policy.load();
     let tool = policy.tool(&req.tool).ok_or_else(|| {
@@ -349,30 +442,50 @@ async fn create_run(
     }
     sh.run_created(&run);
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
-    let mut v = run_view(&run);
-    v["secret"] = json!(secret);
-    v["proxy_url"] = json!(format!(
-        "{}://{}:{}@{}",
-        sh.proxy_scheme, run.id, secret, sh.proxy_authority
-    ));
-    Ok((StatusCode::CREATED, Json(v)).into_response())
+    let proxy_url = format!("{}://{}:{}@{}", sh.proxy_scheme, run.id, secret, sh.proxy_authority);
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedRun {
+            run: run_view(&run),
+            secret,
+            proxy_url,
+        }),
+    ))
 }
 
 fn find(sh: &Shared, id: &str) -> ApiResult<Arc<Run>> {
     sh.runs.get(id).ok_or_else(|| RunError::NotFound(id.to_owned()).into())
 }
 
-async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+fn store_error(e: crate::facts::FactError) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string())
+}
+
+#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run", body = RunView),
+        (status = 404, description = "run_not_found (never existed, or ended more than five minutes ago)", body = ErrorBody),
+    ))]
+async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
     let run = find(&sh, &id)?;
     Ok(Json(run_view(&run)))
 }
 
-async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+#[utoipa::path(post, path = "/v1/runs/{id}/activate", tag = "runs", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "Active (activating an active run is a no-op)", body = RunView),
+        (status = 404, description = "run_not_found", body = ErrorBody),
+        (status = 409, description = "run_ended", body = ErrorBody),
+        (status = 503, description = "store_unavailable", body = ErrorBody),
+    ))]
+async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
     let run = sh.activate_run(&id)?;
     sh.facts
         .save_run(RunWrite::Save(run.record()))
         .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string()))?;
+        .map_err(store_error)?;
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");
     Ok(Json(run_view(&run)))
 }
@@ -380,14 +493,20 @@ async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> 
 /// Ends the run and answers with its final view, its facts (up to
 /// [`END_FACTS`]) and a summary of its denials, so ending a run and
 /// collecting what it was denied is one call.
-async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+#[utoipa::path(delete, path = "/v1/runs/{id}", tag = "runs", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "Ended: every open fetch of the run is severed", body = EndedRun),
+        (status = 404, description = "run_not_found", body = ErrorBody),
+        (status = 503, description = "facts_unavailable, store_unavailable", body = ErrorBody),
+    ))]
+async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<EndedRun>> {
     let run = find(&sh, &id)?;
     sh.end_run(&run, EndReason::Ended);
     sh.facts
         .save_run(RunWrite::Delete(id.clone()))
         .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string()))?;
-    let mut v = run_view(&run);
+        .map_err(store_error)?;
     let facts = sh
         .facts
         .query(FactQuery {
@@ -397,63 +516,52 @@ async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiRe
         })
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e.to_string()))?;
-    let truncated = facts.len() > END_FACTS;
-    let facts = &facts[..facts.len().min(END_FACTS)];
+    let facts_truncated = facts.len() > END_FACTS;
+    let mut facts = facts;
+    facts.truncate(END_FACTS);
     let mut by_reason = serde_json::Map::new();
     let mut total = 0u64;
-    for f in facts {
+    for f in &facts {
         total += f.count;
         let n = by_reason.get(&f.reason).and_then(Value::as_u64).unwrap_or(0);
-        by_reason.insert(f.reason.clone(), json!(n + f.count));
+        by_reason.insert(f.reason.clone(), Value::from(n + f.count));
     }
-    v["facts"] = json!(facts);
-    v["facts_truncated"] = json!(truncated);
-    v["denials"] = json!({"total": total, "by_reason": by_reason});
-    Ok(Json(v))
+    Ok(Json(EndedRun {
+        run: run_view(&run),
+        facts,
+        facts_truncated,
+        denials: DenialSummary { total, by_reason },
+    }))
 }
 
 /// Facts returned with an ended run (the rest by `GET /v1/runs/{id}/facts`).
 pub const END_FACTS: usize = 1000;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunFilter {
-    #[serde(default)]
-    tool: Option<String>,
-    /// `created`, `active` or `ended`.
-    #[serde(default)]
-    state: Option<String>,
-    #[serde(default)]
-    owner: Option<String>,
-    /// `key=value`: runs whose label `key` is the string `value`.
-    #[serde(default)]
-    label: Option<String>,
-    /// Paging: runs whose id sorts after this one.
-    #[serde(default)]
-    after: Option<String>,
-    #[serde(default)]
-    limit: Option<usize>,
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
 }
 
 /// `GET /v1/runs`: live runs and recently ended ones, by id, filtered and paged.
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", security(("control_token" = [])),
+    params(RunFilter),
+    responses(
+        (status = 200, description = "Runs sorted by id", body = RunList),
+        (status = 400, description = "bad_request", body = ErrorBody),
+    ))]
 async fn list_runs(
     State(sh): State<Arc<Shared>>,
     q: Result<Query<RunFilter>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Value>> {
-    let Query(f) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+) -> ApiResult<Json<RunList>> {
+    let Query(f) = q.map_err(|e| bad_request(e.body_text()))?;
     if let Some(s) = &f.state {
         if !matches!(s.as_str(), "created" | "active" | "ended") {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "state must be created, active or ended",
-            ));
+            return Err(bad_request("state must be created, active or ended"));
         }
     }
     let label = match &f.label {
         Some(l) => Some(
             l.split_once('=')
-                .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "label must be key=value"))?,
+                .ok_or_else(|| bad_request("label must be key=value"))?,
         ),
         None => None,
     };
@@ -476,38 +584,38 @@ async fn list_runs(
     } else {
         None
     };
-    let views: Vec<Value> = runs.iter().map(|r| run_view(r)).collect();
-    Ok(Json(json!({"runs": views, "next": next})))
+    Ok(Json(RunList {
+        runs: runs.iter().map(|r| run_view(r)).collect(),
+        next,
+    }))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RenewOwner {
-    lease_ms: u64,
-}
-
-fn owner_view(owner: &str, lease: &crate::owners::Lease, runs: usize) -> Value {
-    json!({
-        "owner": owner,
-        "lease_ms": lease.lease.as_millis() as u64,
-        "expires_at": crate::time::rfc3339(lease.expires_at),
-        "live_runs": runs,
-    })
+fn owner_view(owner: &str, lease: &crate::owners::Lease, live_runs: usize) -> OwnerView {
+    OwnerView {
+        owner: owner.to_owned(),
+        lease_ms: lease.lease.as_millis() as u64,
+        expires_at: crate::time::rfc3339(lease.expires_at),
+        live_runs,
+    }
 }
 
 /// `PUT /v1/owners/{owner}` `{lease_ms}`: creates or renews a lease (the heartbeat).
+#[utoipa::path(put, path = "/v1/owners/{owner}", tag = "owners", security(("control_token" = [])),
+    params(("owner" = String, Path, description = "Owner name (1–128 of A-Z a-z 0-9 - _ . ~)")),
+    request_body = RenewOwner,
+    responses(
+        (status = 200, description = "Leased until expires_at", body = OwnerView),
+        (status = 400, description = "bad_request, bad_lease", body = ErrorBody),
+        (status = 429, description = "bad_lease: too many owners", body = ErrorBody),
+    ))]
 async fn renew_owner(
     State(sh): State<Arc<Shared>>,
     Path(owner): Path<String>,
     body: Result<Json<RenewOwner>, JsonRejection>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<OwnerView>> {
     let Json(req) = body?;
     if !valid_run_id(&owner) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~",
-        ));
+        return Err(bad_request("owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~"));
     }
     let lease = sh
         .owners
@@ -523,36 +631,32 @@ async fn renew_owner(
 }
 
 /// `DELETE /v1/owners/{owner}`: ends every live run of the owner and forgets it.
-async fn release_owner(State(sh): State<Arc<Shared>>, Path(owner): Path<String>) -> ApiResult<Json<Value>> {
+#[utoipa::path(delete, path = "/v1/owners/{owner}", tag = "owners", security(("control_token" = [])),
+    params(("owner" = String, Path, description = "Owner name")),
+    responses((status = 200, description = "Its live runs ended (owner_released)", body = OwnerReleased)))]
+async fn release_owner(State(sh): State<Arc<Shared>>, Path(owner): Path<String>) -> Json<OwnerReleased> {
     let known = sh.owners.release(&owner);
     let runs = sh.runs.live_runs_of(&owner);
-    let n = runs.len();
+    let ended = runs.len();
     for run in runs {
         sh.end_run(&run, EndReason::OwnerReleased);
     }
-    if n > 0 || known {
-        tracing::info!(owner = %owner, runs = n, "owner released; its runs ended");
+    if ended > 0 || known {
+        tracing::info!(owner = %owner, runs = ended, "owner released; its runs ended");
     }
-    Ok(Json(json!({"owner": owner, "ended": n})))
+    Json(OwnerReleased { owner, ended })
 }
 
-async fn list_owners(State(sh): State<Arc<Shared>>) -> Json<Value> {
-    let owners: Vec<Value> = sh
+#[utoipa::path(get, path = "/v1/owners", tag = "owners", security(("control_token" = [])),
+    responses((status = 200, description = "Owners and their leases", body = OwnerList)))]
+async fn list_owners(State(sh): State<Arc<Shared>>) -> Json<OwnerList> {
+    let owners = sh
         .owners
         .list()
         .iter()
         .map(|(o, l)| owner_view(o, l, sh.runs.live_runs_of(o).len()))
         .collect();
-    Json(json!({ "owners": owners }))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Cursor {
-    #[serde(default)]
-    pub after: u64,
-    #[serde(default)]
-    pub limit: Option<usize>,
+    Json(OwnerList { owners })
 }
 
 impl Cursor {
@@ -562,34 +666,44 @@ impl Cursor {
 
     /// A cursor from the query string, or `400 bad_request` naming what is wrong.
     pub fn from_query(q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>) -> ApiResult<Cursor> {
-        let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+        let Query(c) = q.map_err(|e| bad_request(e.body_text()))?;
         if c.after > Self::MAX_AFTER {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("after must be at most {}", Self::MAX_AFTER),
-            ));
+            return Err(bad_request(format!("after must be at most {}", Self::MAX_AFTER)));
         }
         Ok(c)
     }
 }
 
+#[utoipa::path(get, path = "/v1/facts", tag = "facts", security(("control_token" = [])),
+    params(Cursor),
+    responses(
+        (status = 200, description = "Facts with seq > after, oldest first", body = FactsPage),
+        (status = 400, description = "bad_request (e.g. after above 2^63-1)", body = ErrorBody),
+        (status = 503, description = "facts_unavailable", body = ErrorBody),
+    ))]
 async fn list_facts(
     State(sh): State<Arc<Shared>>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<FactsPage>> {
     query_facts(&sh, Cursor::from_query(q)?, None).await
 }
 
+#[utoipa::path(get, path = "/v1/runs/{id}/facts", tag = "facts", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id"), Cursor),
+    responses(
+        (status = 200, description = "The run's facts with seq > after", body = FactsPage),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 503, description = "facts_unavailable", body = ErrorBody),
+    ))]
 async fn run_facts(
     State(sh): State<Arc<Shared>>,
     Path(id): Path<String>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<FactsPage>> {
     query_facts(&sh, Cursor::from_query(q)?, Some(id)).await
 }
 
-async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResult<Json<Value>> {
+async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResult<Json<FactsPage>> {
     let limit = c.limit.unwrap_or(100).clamp(1, 1000);
     let facts = sh
         .facts
@@ -601,5 +715,5 @@ async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResul
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e.to_string()))?;
     let next = facts.last().map(|f| f.seq).unwrap_or(c.after);
-    Ok(Json(json!({"facts": facts, "next": next})))
+    Ok(Json(FactsPage { facts, next }))
 }

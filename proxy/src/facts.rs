@@ -40,7 +40,7 @@ pub fn bounded(s: String) -> String {
 pub const MAX_RESOLVED: usize = 32;
 
 /// Where a fact points.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct FactTarget {
     pub kind: String,
     pub host: String,
@@ -48,7 +48,7 @@ pub struct FactTarget {
 }
 
 /// One durable fact.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Fact {
     #[serde(rename = "type")]
     pub kind: String,

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod api;
 pub mod auth;
 pub mod body;
 pub mod control;

@@ -48,11 +48,19 @@ fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     Ok(cfg.policy)
 }
 
-pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<Value>, ApiError> {
+/// `POST /v1/policy/reload`.
+#[utoipa::path(post, path = "/v1/policy/reload", tag = "policy", security(("control_token" = [])),
+    responses(
+        (status = 200, description = "The new policy is in force", body = crate::api::Reloaded),
+        (status = 409, description = "no_config_file: running on the embedded default", body = crate::api::ErrorBody),
+        (status = 422, description = "invalid_config, with every problem; the old policy stays", body = crate::api::ErrorBody),
+    ))]
+pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<crate::api::Reloaded>, ApiError> {
     match reload(&sh) {
-        Ok(p) => Ok(Json(
-            json!({"policy": p.digest, "tools": p.tools.keys().collect::<Vec<_>>()}),
-        )),
+        Ok(p) => Ok(Json(crate::api::Reloaded {
+            policy: p.digest.clone(),
+            tools: p.tools.keys().cloned().collect(),
+        })),
         Err(ReloadError::NoFile) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "no_config_file",

@@ -346,3 +346,80 @@ async fn runs_survive_a_proxy_restart_and_the_store_never_holds_a_secret() {
     let (_, v, _) = call("GET", "/v1/owners".into(), None).await;
     assert_eq!(v["owners"][0]["owner"], "exec-1", "{v}");
 }
+
+/// The OpenAPI document is served, is 3.1, lists exactly the routes the
+/// proxy has, and its schemas reject answers that drift from them (every
+/// control call of the tests is checked against it by the harness).
+#[tokio::test]
+async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
+    let p = TestProxy::start(TOOLS).await;
+    let r = p.control_raw("GET", "/v1/openapi.json", None, None).await;
+    assert_eq!(r.status, 200);
+    let served: Value = serde_json::from_slice(&r.body).unwrap();
+    let spec = egress_e2e::harness::openapi();
+    assert_eq!(
+        &served,
+        spec.doc(),
+        "the served document differs from the generated one"
+    );
+    assert_eq!(served["openapi"], "3.1.0");
+    let ops: Vec<String> = spec.operations().iter().map(|(m, p)| format!("{m} {p}")).collect();
+    assert_eq!(
+        ops,
+        [
+            "GET /healthz",
+            "GET /metrics",
+            "GET /readyz",
+            "GET /v1/facts",
+            "GET /v1/facts/stream",
+            "GET /v1/owners",
+            "DELETE /v1/owners/{owner}",
+            "PUT /v1/owners/{owner}",
+            "POST /v1/policy/reload",
+            "GET /v1/runs",
+            "POST /v1/runs",
+            "DELETE /v1/runs/{id}",
+            "GET /v1/runs/{id}",
+            "POST /v1/runs/{id}/activate",
+            "GET /v1/runs/{id}/facts",
+        ]
+    );
+    // Every operation answers something the document lists (the harness asserts it).
+    let run = p.run("web").await;
+    for (m, path) in [
+        ("GET", "/healthz".to_owned()),
+        ("GET", "/readyz".to_owned()),
+        ("GET", "/v1/runs".to_owned()),
+        ("GET", format!("/v1/runs/{}", run.id)),
+        ("GET", format!("/v1/runs/{}/facts", run.id)),
+        ("GET", "/v1/facts?after=0".to_owned()),
+        ("GET", "/v1/owners".to_owned()),
+        ("POST", "/v1/policy/reload".to_owned()),
+        ("POST", format!("/v1/runs/{}/activate", run.id)),
+        ("DELETE", format!("/v1/runs/{}", run.id)),
+        ("DELETE", "/v1/owners/nobody".to_owned()),
+        ("GET", "/v1/runs/no-such-run".to_owned()),
+    ] {
+        p.control_raw(m, &path, None, Some(egress_e2e::harness::TOKEN)).await;
+    }
+    let r = p.control_raw("GET", "/v1/runs", None, None).await;
+    assert_eq!(r.status, 401);
+    // The schemas bite: a view missing a field, or with one too many, fails.
+    let op = spec.operation("GET", "/v1/runs/x").unwrap();
+    let (_, mut v) = p.control("GET", "/v1/runs", None).await;
+    let mut view = v["runs"][0].take();
+    assert!(op.check_response(200, &view).is_empty());
+    view.as_object_mut().unwrap().insert("surprise".into(), json!(1));
+    assert!(
+        !op.check_response(200, &view).is_empty(),
+        "an undocumented member passed"
+    );
+    view.as_object_mut().unwrap().remove("surprise");
+    view.as_object_mut().unwrap().remove("tool");
+    assert!(!op.check_response(200, &view).is_empty(), "a missing member passed");
+    let create = spec.operation("POST", "/v1/runs").unwrap();
+    assert!(!create.check_request(&json!({"tool": 5})).is_empty());
+    assert!(create
+        .check_request(&json!({"tool": "web", "activate": false}))
+        .is_empty());
+}
