@@ -16,9 +16,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 
-use crate::confine::Confinement;
 use crate::reaper::Reaper;
-use crate::sys::{self, ChildSpec, Started};
+use crate::sys::{self, ChildConfine, ChildSpec, Started};
 
 type Job = (ChildSpec, tokio::sync::oneshot::Sender<io::Result<Started>>);
 
@@ -442,7 +441,8 @@ pub struct Launch<'a> {
     /// Plain mode: input on a stdin pipe, `/dev/null` on fds 3 and 4.
     pub plain: bool,
     pub pid_namespace: bool,
-    pub confinement: Confinement,
+    /// Confinement the child applies to itself (prepared by `confine`).
+    pub confine: ChildConfine,
     pub stdout_cap: usize,
     pub stderr_cap: usize,
 }
@@ -490,7 +490,7 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         ipc_in,
         ipc_out,
         pid_namespace: l.pid_namespace,
-        confinement: l.confinement,
+        confine: l.confine,
     };
     let process = spawner.spawn(spec).await?;
     if l.pid_namespace && !process.in_pid_namespace() {
