@@ -37,6 +37,7 @@ pub const SYSTEM_READ_PATHS: &[&str] = &[
     "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
     "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
     "/etc/ca-certificates",
     "/etc/localtime",
     "/etc/alternatives",
@@ -704,18 +705,23 @@ pub const DENIED_SYSCALLS: &[i64] = &[
 ];
 
 /// The files a command names: the resolved program and every argument that
-/// is an existing regular file (relative to `cwd`), so a confined child can
-/// read its own script without the rest of its directory.
+/// is an existing regular file (relative to `cwd`; also `file:function`), so
+/// a confined child can read its own script without the rest of its
+/// directory.
 pub fn command_files(command: &[String], program: Option<&Path>, cwd: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = program.map(Path::to_path_buf).into_iter().collect();
     for a in command.iter().skip(1) {
         if a.starts_with('-') || a.is_empty() {
             continue;
         }
-        let p = Path::new(a);
-        let p = if p.is_relative() { cwd.join(p) } else { p.to_path_buf() };
-        if p.is_file() {
-            out.push(p);
+        // `tool.py` or the runners' `tool.py:function` form.
+        for candidate in [Some(a.as_str()), a.rsplit_once(':').map(|(f, _)| f)].into_iter().flatten() {
+            let p = Path::new(candidate);
+            let p = if p.is_relative() { cwd.join(p) } else { p.to_path_buf() };
+            if p.is_file() {
+                out.push(p);
+                break;
+            }
         }
     }
     out
