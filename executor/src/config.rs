@@ -132,6 +132,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "https_proxy",
     "all_proxy",
     "no_proxy",
+    "NODE_USE_ENV_PROXY",
     "LOOM_IPC_FDS",
     "TMPDIR",
     "PATH",

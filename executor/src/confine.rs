@@ -715,7 +715,10 @@ pub fn command_files(command: &[String], program: Option<&Path>, cwd: &Path) -> 
             continue;
         }
         // `tool.py` or the runners' `tool.py:function` form.
-        for candidate in [Some(a.as_str()), a.rsplit_once(':').map(|(f, _)| f)].into_iter().flatten() {
+        for candidate in [Some(a.as_str()), a.rsplit_once(':').map(|(f, _)| f)]
+            .into_iter()
+            .flatten()
+        {
             let p = Path::new(candidate);
             let p = if p.is_relative() { cwd.join(p) } else { p.to_path_buf() };
             if p.is_file() {

@@ -378,6 +378,8 @@ pub fn child_env(
     }
     env.push(("NO_PROXY".into(), String::new()));
     env.push(("no_proxy".into(), String::new()));
+    // Node >= 24 honours the proxy variables in fetch/http only with this.
+    env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
     env.push((
         crate::protocol::IPC_FDS_VAR.into(),
         crate::protocol::IPC_FDS_VALUE.into(),
@@ -547,6 +549,7 @@ mod tests {
                 "all_proxy",
                 "NO_PROXY",
                 "no_proxy",
+                "NODE_USE_ENV_PROXY",
                 "LOOM_IPC_FDS",
                 "TMPDIR",
                 "PATH",

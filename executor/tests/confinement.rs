@@ -56,6 +56,9 @@ fn main() {
             Box::pin(suite(Fixture::Python, "off"))
         }),
         ("run_command_applies_the_tools_isolation", || Box::pin(run_command())),
+        ("runners_fetch_through_the_proxy_under_strict", || {
+            Box::pin(runners_fetch())
+        }),
     ];
     for (name, t) in tests {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
@@ -653,5 +656,114 @@ async fn run_command() {
     assert_eq!(out, "0\nREAD\n", "{}", String::from_utf8_lossy(&open.stderr));
     assert_eq!(open.status.code(), Some(0));
     drop(dir);
+    proxy.shutdown().await;
+}
+
+const FETCH_PY: &str = r#"
+import os, socket, urllib.request, urllib.error
+
+def run(input, ctx):
+    out = {}
+    r = ctx.fetch(input["allowed"])
+    out["ctx_fetch"] = [r["status"], r["body"].decode()]
+    r = ctx.fetch("http://unlisted.example/")
+    out["ctx_denied"] = [r["status"], r["headers"].get("x-egress-deny-reason")]
+    with urllib.request.urlopen(input["allowed"], timeout=10) as resp:
+        out["urllib"] = resp.status
+    try:
+        import requests
+        out["requests"] = requests.get(input["allowed"], timeout=10).status_code
+    except ImportError:
+        out["requests"] = "absent"
+    host, port = input["direct"].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+        out["direct"] = "connected"
+    except OSError as e:
+        out["direct"] = "%s" % e
+    return out
+"#;
+
+const FETCH_JS: &str = r#"
+module.exports.run = async (input, ctx) => {
+  const out = {};
+  const r = await ctx.fetch(input.allowed);
+  out.ctx_fetch = [r.status, r.body];
+  const d = await ctx.fetch('http://unlisted.example/');
+  out.ctx_denied = [d.status, d.headers['x-egress-deny-reason']];
+  try {
+    const g = await fetch('http://' + input.direct + '/');
+    out.direct = 'status ' + g.status;
+  } catch (e) {
+    out.direct = String(e.cause ? e.cause.code || e.cause.message : e.message);
+  }
+  return out;
+};
+"#;
+
+/// Under strict, the runners' `ctx.fetch` (and Python's ordinary clients)
+/// reach an allowlisted origin through the in-namespace listener; a direct
+/// connection fails at once with a clear error.
+async fn runners_fetch() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED runners_fetch_through_the_proxy_under_strict: {why}");
+        return;
+    }
+    let origin = http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let proxy = TestProxy::start(&format!(
+        "[tools.py]\negress = [\"127.0.0.2:{port}\"]\n[tools.js]\negress = [\"127.0.0.2:{port}\"]\n"
+    ))
+    .await;
+    let dir = TempDir::new("confine-fetch");
+    dir.write("fetch.py", FETCH_PY);
+    dir.write("fetch.js", FETCH_JS);
+    let runners = runners_dir();
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{control}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             [tools.py]\negress = []\n[tools.py.process]\ncommand = [\"python3\", \"{py}\", \"fetch.py\"]\npool = {{ warm = 0, max = 1 }}\n\
+             [tools.js]\negress = []\n[tools.js.process]\ncommand = [\"node\", \"{js}\", \"fetch.js\"]\npool = {{ warm = 0, max = 1 }}\n",
+            control = proxy.control,
+            py = runners.join("loom_runner.py").display(),
+            js = runners.join("loom_runner.js").display(),
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let direct = proxy.proxy.to_string();
+    let input = json!({"allowed": format!("http://127.0.0.2:{port}/"), "direct": direct});
+    let invoke = |tool: &str| InvocationRequest {
+        tool: tool.into(),
+        input: input.clone(),
+        run_id: None,
+        idempotency_key: None,
+        timeout_ms: None,
+    };
+    if python().is_some() {
+        let res = exec.invoke(invoke("py")).await;
+        let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
+        assert_eq!(out["ctx_fetch"][0], json!(200), "{out}");
+        assert_eq!(out["ctx_denied"], json!([403, "not_allowlisted"]), "{out}");
+        assert_eq!(out["urllib"], json!(200), "{out}");
+        assert!(
+            out["requests"] == json!(200) || out["requests"] == json!("absent"),
+            "{out}"
+        );
+        assert!(out["direct"].as_str().unwrap().contains("ermission denied"), "{out}");
+    } else {
+        eprintln!("SKIPPED the Python half: no python3");
+    }
+    if node().is_some() {
+        let res = exec.invoke(invoke("js")).await;
+        let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
+        assert_eq!(out["ctx_fetch"][0], json!(200), "{out}");
+        assert_eq!(out["ctx_denied"], json!([403, "not_allowlisted"]), "{out}");
+        let d = out["direct"].as_str().unwrap();
+        assert!(d.contains("EACCES") || d.contains("ECONNREFUSED"), "{out}");
+    } else {
+        eprintln!("SKIPPED the Node half: no node");
+    }
+    exec.shutdown();
     proxy.shutdown().await;
 }
