@@ -114,7 +114,23 @@ pub struct ProxyConfig {
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
     pub tunnel_idle_timeout: Duration,
+    /// Established data connections (a request on them authenticated).
     pub max_connections: usize,
+    /// Connections per listener that have not yet sent an authenticated
+    /// request; the oldest is closed when a new one arrives beyond this.
+    pub max_pending_connections: usize,
+    /// How long a new connection may stay pending before it is closed.
+    pub pending_head_timeout: Duration,
+    /// Established data connections one run may hold.
+    pub max_connections_per_run: usize,
+    /// Established control connections (a request carried the token).
+    pub max_control_connections: usize,
+    /// Concurrent `/v1/facts/stream` readers.
+    pub max_event_streams: usize,
+    /// Size budget of the fact store, in bytes.
+    pub facts_max_bytes: u64,
+    /// Facts older than this may be deleted to stay within the budget.
+    pub facts_retention: Duration,
     pub drain_timeout: Duration,
     pub tls: Option<TlsConfig>,
 }

@@ -41,6 +41,13 @@ struct RawProxy {
     max_header_bytes: u64,
     tunnel_idle_timeout_ms: u64,
     max_connections: u64,
+    max_pending_connections: u64,
+    pending_head_timeout_ms: u64,
+    max_connections_per_run: u64,
+    max_control_connections: u64,
+    max_event_streams: u64,
+    facts_max_mb: u64,
+    facts_retention_hours: u64,
     drain_timeout_ms: u64,
     dns: RawDns,
     tls: Option<RawTls>,
@@ -60,6 +67,13 @@ impl Default for RawProxy {
             max_header_bytes: 32 * 1024,
             tunnel_idle_timeout_ms: 120_000,
             max_connections: 4096,
+            max_pending_connections: 256,
+            pending_head_timeout_ms: 3_000,
+            max_connections_per_run: 64,
+            max_control_connections: 256,
+            max_event_streams: 32,
+            facts_max_mb: 1024,
+            facts_retention_hours: 720,
             drain_timeout_ms: 10_000,
             dns: RawDns::default(),
             tls: None,
@@ -286,6 +300,38 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
         rp.tunnel_idle_timeout_ms,
     );
     let maxc = p.range("proxy.max_connections", 1, 1_000_000, rp.max_connections);
+    let pending = p.range(
+        "proxy.max_pending_connections",
+        1,
+        1_000_000,
+        rp.max_pending_connections,
+    );
+    let pending_head = p.range(
+        "proxy.pending_head_timeout_ms",
+        100,
+        300_000,
+        rp.pending_head_timeout_ms,
+    );
+    let per_run = p.range(
+        "proxy.max_connections_per_run",
+        1,
+        1_000_000,
+        rp.max_connections_per_run,
+    );
+    let control_conns = p.range(
+        "proxy.max_control_connections",
+        1,
+        1_000_000,
+        rp.max_control_connections,
+    );
+    let streams = p.range("proxy.max_event_streams", 1, 100_000, rp.max_event_streams);
+    let facts_mb = p.range("proxy.facts_max_mb", 1, 16 * 1024 * 1024, rp.facts_max_mb);
+    let retention = p.range(
+        "proxy.facts_retention_hours",
+        1,
+        100 * 365 * 24,
+        rp.facts_retention_hours,
+    );
     let drain = p.range("proxy.drain_timeout_ms", 0, 3_600_000, rp.drain_timeout_ms);
     let dns_timeout = p.range("proxy.dns.timeout_ms", 1, 60_000, rp.dns.timeout_ms);
     let mut servers = vec![];
@@ -406,6 +452,13 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
             max_header_bytes: mhb as usize,
             tunnel_idle_timeout: Duration::from_millis(idle),
             max_connections: maxc as usize,
+            max_pending_connections: pending as usize,
+            pending_head_timeout: Duration::from_millis(pending_head),
+            max_connections_per_run: per_run as usize,
+            max_control_connections: control_conns as usize,
+            max_event_streams: streams as usize,
+            facts_max_bytes: facts_mb * 1024 * 1024,
+            facts_retention: Duration::from_secs(retention * 3600),
             drain_timeout: Duration::from_millis(drain),
             tls,
         },

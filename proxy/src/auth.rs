@@ -7,12 +7,18 @@ use crate::runs::{Run, Runs};
 use base64::Engine;
 use http::HeaderMap;
 use std::sync::Arc;
+use subtle::ConstantTimeEq;
 
 /// The `Proxy-Authenticate` challenge sent with every 407.
 pub const CHALLENGE: &str = "Basic realm=\"loom-egress\", charset=\"UTF-8\"";
 
+/// Compared against when a credential names no known run (as long as a real
+/// secret: 24 random bytes, hex).
+const DUMMY_SECRET: &[u8; 48] = b"000000000000000000000000000000000000000000000000";
+
 /// Result of a failed authentication: the reason and, when the credential
-/// named a known run, that run (so the fact can be attributed).
+/// named a known run, that run (so the fact can be attributed; the answer
+/// to the client is the same either way).
 pub struct AuthFailure {
     pub reason: DenyReason,
     pub claimed: Option<Arc<Run>>,
@@ -60,7 +66,12 @@ pub fn authenticate(runs: &Runs, headers: &HeaderMap) -> Result<Arc<Run>, AuthFa
     let colon = decoded.iter().position(|b| *b == b':').ok_or_else(invalid)?;
     let (user, secret) = (&decoded[..colon], &decoded[colon + 1..]);
     let user = std::str::from_utf8(user).map_err(|_| invalid())?;
-    let run = runs.get(user).ok_or_else(invalid)?;
+    let Some(run) = runs.get(user) else {
+        // Same work as for a known run, so timing does not tell whether a
+        // guessed run id exists.
+        let _ = std::hint::black_box(bool::from(DUMMY_SECRET.ct_eq(secret)));
+        return Err(invalid());
+    };
     if run.secret_matches(secret) {
         Ok(run)
     } else {

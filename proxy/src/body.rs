@@ -1,7 +1,11 @@
-//! Response bodies the data plane hands to hyper: a fixed short body for
-//! denials and errors, or an upstream body streamed through unchanged but
-//! guarded: it holds the fetch's concurrency slot, and is cut off when the
-//! fetch deadline expires or the run ends. Dropping it releases everything.
+//! Bodies of a plain-HTTP exchange. The request body goes upstream as an
+//! [`Upload`], the response body comes back as a [`Guarded`] stream; both
+//! hold the fetch's [`Exchange`], which holds the concurrency slot and the
+//! fetch's [`Finish`], so the slot is released and the fetch is accounted
+//! only when *both* directions are finished or cut. Each half counts its
+//! bytes. A [`watchdog`] task bounds the whole exchange by the fetch deadline
+//! and the run's end whatever the peers' reading patterns: it cuts the
+//! upstream connection and the client connection, which drops both halves.
 
 use crate::finish::Finish;
 use crate::runs::Run;
@@ -9,28 +13,29 @@ use crate::slots::Slot;
 use crate::upstream::{Conn, UpstreamPool};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll};
-use tokio::time::Sleep;
-use tokio_util::sync::WaitForCancellationFutureOwned;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body of every response the proxy writes.
 pub enum ProxyBody {
     Full(Option<Bytes>),
-    Stream(Box<Guarded>),
+    Stream(Guarded),
 }
 
 impl ProxyBody {
     /// A guarded upstream body; one that is already complete is marked so.
-    pub fn stream(mut g: Guarded) -> ProxyBody {
+    pub fn stream(g: Guarded) -> ProxyBody {
         if g.inner.is_end_stream() {
-            g.completed();
+            g.exchange.response_done();
         }
-        ProxyBody::Stream(Box::new(g))
+        ProxyBody::Stream(g)
     }
 
     pub fn text(s: impl Into<Bytes>) -> ProxyBody {
@@ -42,33 +47,161 @@ impl ProxyBody {
     }
 }
 
-/// An upstream body with its fetch's guards.
-pub struct Guarded {
-    pub inner: Incoming,
-    pub deadline: Pin<Box<Sleep>>,
-    pub cancel: Pin<Box<WaitForCancellationFutureOwned>>,
+/// What both halves of one plain-HTTP exchange share. Dropped when the last
+/// half goes: then the slot is released, the fetch is accounted, and the
+/// upstream connection goes back to the run's pool if the exchange completed.
+pub struct Exchange {
     pub finish: Finish,
-    pub _slot: Slot,
-    /// The upstream connection, handed back to the run's pool when the
-    /// exchange completes; dropped (closed) on any other end.
-    pub reuse: Option<(Arc<Run>, Conn)>,
+    _slot: Slot,
+    run: Arc<Run>,
+    /// The upstream connection, set once its response head has arrived.
+    conn: OnceLock<Conn>,
+    response_done: AtomicBool,
+    upload_done: AtomicBool,
+    /// Whoever ends the exchange first (its drop, or the watchdog's cut).
+    claimed: AtomicBool,
+    /// Dropped with the exchange: tells the watchdog it is over.
+    _over: oneshot::Sender<()>,
 }
 
-impl Guarded {
-    fn completed(&mut self) {
-        self.finish.complete();
-        if let Some((run, conn)) = self.reuse.take() {
-            UpstreamPool::give_back(run, conn);
-        }
+impl Exchange {
+    /// A new exchange and the receiver its watchdog waits on.
+    pub fn new(finish: Finish, slot: Slot, run: Arc<Run>) -> (Arc<Exchange>, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let ex = Arc::new(Exchange {
+            finish,
+            _slot: slot,
+            run,
+            conn: OnceLock::new(),
+            response_done: AtomicBool::new(false),
+            upload_done: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
+            _over: tx,
+        });
+        (ex, rx)
+    }
+
+    /// Hands over the upstream connection once the response head arrived.
+    pub fn attach(&self, conn: Conn) {
+        // Set once per exchange; a second connection cannot occur.
+        let _ = self.conn.set(conn);
+    }
+
+    pub fn response_done(&self) {
+        self.response_done.store(true, Ordering::Release);
+    }
+
+    pub fn upload_done(&self) {
+        self.upload_done.store(true, Ordering::Release);
+    }
+
+    fn claim(&self) -> bool {
+        !self.claimed.swap(true, Ordering::AcqRel)
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum BodyCut {
-    #[error("fetch deadline expired while streaming the response")]
-    Deadline,
-    #[error("run ended while streaming the response")]
-    RunEnded,
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let conn = self.conn.take();
+        if !self.claim() {
+            return;
+        }
+        if *self.response_done.get_mut() && *self.upload_done.get_mut() {
+            self.finish.complete();
+            if let Some(conn) = conn {
+                UpstreamPool::give_back(self.run.clone(), conn);
+            }
+        }
+        // Otherwise the connection is dropped here, which stops its driver.
+    }
+}
+
+/// Bounds an exchange by `deadline` and the run's end: if either comes first,
+/// records the outcome and cuts the upstream connection (`upstream_cut`) and
+/// the client connection (`client_cut`). Returns as soon as the exchange is over.
+pub async fn watchdog(
+    exchange: Weak<Exchange>,
+    over: oneshot::Receiver<()>,
+    deadline: Instant,
+    run_end: CancellationToken,
+    upstream_cut: CancellationToken,
+    client_cut: CancellationToken,
+) {
+    let timed_out = tokio::select! {
+        biased;
+        _ = over => return,
+        _ = tokio::time::sleep_until(deadline) => true,
+        _ = run_end.cancelled() => false,
+    };
+    let Some(ex) = exchange.upgrade() else { return };
+    if !ex.claim() {
+        return;
+    }
+    if timed_out {
+        ex.finish.timed_out(if ex.response_done.load(Ordering::Acquire) {
+            "upload"
+        } else {
+            "response"
+        });
+    } else {
+        ex.finish.severed("run_ended");
+    }
+    upstream_cut.cancel();
+    client_cut.cancel();
+}
+
+/// The request body on its way upstream: counts bytes and marks the upload
+/// half of the exchange finished at its end.
+pub struct Upload {
+    inner: Incoming,
+    exchange: Arc<Exchange>,
+}
+
+impl Upload {
+    pub fn new(inner: Incoming, exchange: Arc<Exchange>) -> Upload {
+        if inner.is_end_stream() {
+            exchange.upload_done();
+        }
+        Upload { inner, exchange }
+    }
+}
+
+impl Body for Upload {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    this.exchange.finish.add_up(d.len() as u64);
+                }
+                if this.inner.is_end_stream() {
+                    this.exchange.upload_done();
+                }
+            }
+            Poll::Ready(None) => this.exchange.upload_done(),
+            Poll::Ready(Some(Err(_))) => this.exchange.finish.severed("client_gone"),
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An upstream response body on its way to the client.
+pub struct Guarded {
+    pub inner: Incoming,
+    pub exchange: Arc<Exchange>,
 }
 
 impl Body for ProxyBody {
@@ -78,37 +211,27 @@ impl Body for ProxyBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Stream(g) => {
-                if g.cancel.as_mut().poll(cx).is_ready() {
-                    g.finish.severed("run_ended");
-                    return Poll::Ready(Some(Err(Box::new(BodyCut::RunEnded))));
-                }
-                if g.deadline.as_mut().poll(cx).is_ready() {
-                    g.finish.timed_out("response");
-                    return Poll::Ready(Some(Err(Box::new(BodyCut::Deadline))));
-                }
-                match Pin::new(&mut g.inner).poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        if let Some(d) = frame.data_ref() {
-                            g.finish.down += d.len() as u64;
-                        }
-                        // hyper stops polling once the body says it has ended.
-                        if g.inner.is_end_stream() {
-                            g.completed();
-                        }
-                        Poll::Ready(Some(Ok(frame)))
+            ProxyBody::Stream(g) => match Pin::new(&mut g.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(d) = frame.data_ref() {
+                        g.exchange.finish.add_down(d.len() as u64);
                     }
-                    Poll::Ready(Some(Err(e))) => {
-                        g.finish.failed("upstream_failed");
-                        Poll::Ready(Some(Err(Box::new(e))))
+                    // hyper stops polling once the body says it has ended.
+                    if g.inner.is_end_stream() {
+                        g.exchange.response_done();
                     }
-                    Poll::Ready(None) => {
-                        g.completed();
-                        Poll::Ready(None)
-                    }
-                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(Some(Ok(frame)))
                 }
-            }
+                Poll::Ready(Some(Err(e))) => {
+                    g.exchange.finish.failed("upstream_failed");
+                    Poll::Ready(Some(Err(Box::new(e))))
+                }
+                Poll::Ready(None) => {
+                    g.exchange.response_done();
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 
@@ -126,4 +249,11 @@ impl Body for ProxyBody {
             ProxyBody::Stream(g) => g.inner.size_hint(),
         }
     }
+}
+
+/// Approximate size of a message head as written on the wire: the start
+/// line and every header line (`name: value\r\n`) plus the blank line.
+pub fn head_len(start_line: usize, headers: &http::HeaderMap) -> u64 {
+    let fields: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    (start_line + 2 + fields + 2) as u64
 }

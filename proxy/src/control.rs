@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 /// A control API error.
 pub struct ApiError {
@@ -72,7 +73,7 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 pub fn router(sh: Arc<Shared>) -> Router {
     let api = Router::new()
@@ -95,6 +96,9 @@ pub fn router(sh: Arc<Shared>) -> Router {
 }
 
 /// Serves the control API (HTTP/1.1, or HTTPS when TLS is configured).
+/// Connections are admitted as on the data listener (see `admission`): a
+/// connection is pending until a request carries the control token, so idle
+/// or tokenless sockets cannot lock kernels out.
 pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
     let app = router(sh.clone());
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -102,45 +106,73 @@ pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(sh.cfg.header_read_timeout);
     let builder = Arc::new(builder);
-    // Control connections are few; bound them anyway.
-    let limit = Arc::new(tokio::sync::Semaphore::new(256));
-    loop {
-        let Ok(permit) = limit.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(stream) = crate::server::accept(&sh, &listener).await else {
-            return;
-        };
+    while let Some(stream) = crate::server::accept(&sh, &listener).await {
         let sh2 = sh.clone();
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let inner = hyper_util::service::TowerToHyperService::new(app.clone());
         let builder = builder.clone();
+        let conn = Arc::new(sh.control_admission.admit(CancellationToken::new()));
         tokio::spawn(async move {
-            let _permit = permit;
-            match &sh2.tls {
-                None => {
-                    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                    crate::server::serve_one(&sh2, conn).await
-                }
-                Some(acceptor) => {
-                    let hs = tokio::time::timeout(sh2.cfg.header_read_timeout, acceptor.accept(stream)).await;
-                    if let Ok(Ok(tls)) = hs {
-                        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-                        crate::server::serve_one(&sh2, conn).await;
+            let svc_conn = conn.clone();
+            let svc_sh = sh2.clone();
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                use futures_util::future::Either;
+                use hyper::service::Service as _;
+                if svc_conn.is_pending() && token_ok(&svc_sh, req.headers()) {
+                    if let Err(refused) = svc_conn.establish(None) {
+                        svc_sh.count_closed("control", refused.label());
+                        let mut r = ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "too_many_connections",
+                            "every control connection place is taken (proxy.max_control_connections)",
+                        )
+                        .into_response();
+                        r.headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                        return Either::Left(std::future::ready(Ok::<_, std::convert::Infallible>(r)));
                     }
+                }
+                Either::Right(inner.call(req))
+            });
+            let serve = async {
+                match &sh2.tls {
+                    None => {
+                        let c = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                        crate::server::serve_one(&sh2, &conn.cut, c).await
+                    }
+                    Some(acceptor) => {
+                        let hs = tokio::time::timeout(sh2.cfg.pending_head_timeout, acceptor.accept(stream)).await;
+                        if let Ok(Ok(tls)) = hs {
+                            let c = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                            crate::server::serve_one(&sh2, &conn.cut, c).await;
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                _ = serve => {}
+                _ = crate::server::pending_deadline(&conn, sh2.cfg.pending_head_timeout) => {
+                    sh2.count_closed("control", "head_timeout")
                 }
             }
         });
     }
 }
 
+/// The bearer token of a control request, if any (scheme case-insensitive).
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// Whether the request carries the control token (constant-time compare).
+fn token_ok(sh: &Shared, headers: &HeaderMap) -> bool {
+    bearer(headers).is_some_and(|t| bool::from(t.as_bytes().ct_eq(sh.control_token.as_bytes())))
+}
+
 async fn require_token(State(sh): State<Arc<Shared>>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
-    match presented {
-        Some(t) if bool::from(t.as_bytes().ct_eq(sh.control_token.as_bytes())) => next.run(req).await,
+    match bearer(&headers) {
+        Some(_) if token_ok(&sh, &headers) => next.run(req).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "wrong control token").into_response(),
         None => {
             let mut r = ApiError::new(
@@ -200,6 +232,7 @@ pub fn run_view(run: &Run) -> Value {
         "labels": run.labels,
         "slots": {"max": run.max_slots, "in_use": run.max_slots - run.slots.available_permits()},
         "upstream_idle": run.upstream.len(),
+        "bytes": {"up": run.bytes().0, "down": run.bytes().1},
     });
     match run.ended() {
         Some((at, why)) => {
@@ -263,6 +296,7 @@ async fn create_run(
             activate: req.activate.unwrap_or(true),
             max_slots: tool.max_concurrent_fetches,
             max_waiting: tool.max_queued_fetches,
+            max_conns: sh.cfg.max_connections_per_run,
         },
         secret,
     )?;
@@ -310,12 +344,30 @@ pub struct Cursor {
     pub limit: Option<usize>,
 }
 
+impl Cursor {
+    /// The largest cursor the store can hold: `seq` is a signed 64-bit
+    /// SQLite integer, so anything above is refused rather than wrapped.
+    pub const MAX_AFTER: u64 = i64::MAX as u64;
+
+    /// A cursor from the query string, or `400 bad_request` naming what is wrong.
+    pub fn from_query(q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>) -> ApiResult<Cursor> {
+        let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+        if c.after > Self::MAX_AFTER {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("after must be at most {}", Self::MAX_AFTER),
+            ));
+        }
+        Ok(c)
+    }
+}
+
 async fn list_facts(
     State(sh): State<Arc<Shared>>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
-    let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    query_facts(&sh, c, None).await
+    query_facts(&sh, Cursor::from_query(q)?, None).await
 }
 
 async fn run_facts(
@@ -323,8 +375,7 @@ async fn run_facts(
     Path(id): Path<String>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
-    let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    query_facts(&sh, c, Some(id)).await
+    query_facts(&sh, Cursor::from_query(q)?, Some(id)).await
 }
 
 async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResult<Json<Value>> {

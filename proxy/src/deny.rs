@@ -96,6 +96,10 @@ pub enum FetchError {
     FactsUnavailable,
     /// The proxy is shutting down.
     ShuttingDown,
+    /// Every established connection place of the data listener is taken.
+    ConnectionLimit,
+    /// The run already holds `max_connections_per_run` connections.
+    RunConnectionLimit,
 }
 
 impl FetchError {
@@ -109,15 +113,19 @@ impl FetchError {
             FetchError::RunEnded => "run_ended",
             FetchError::FactsUnavailable => "facts_unavailable",
             FetchError::ShuttingDown => "shutting_down",
+            FetchError::ConnectionLimit => "connection_limit",
+            FetchError::RunConnectionLimit => "run_connection_limit",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
             FetchError::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            FetchError::FactsUnavailable | FetchError::ShuttingDown | FetchError::RunEnded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            FetchError::FactsUnavailable
+            | FetchError::ShuttingDown
+            | FetchError::RunEnded
+            | FetchError::ConnectionLimit => StatusCode::SERVICE_UNAVAILABLE,
+            FetchError::RunConnectionLimit => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::BAD_GATEWAY,
         }
     }

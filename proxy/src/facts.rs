@@ -13,6 +13,31 @@ use tokio::sync::broadcast;
 pub const FACT_TYPE: &str = "EGRESS_DENIED";
 pub const SCHEMA: &str = "1.7.0";
 
+/// The longest `detail` a fact (and its log line and answer) carries, in
+/// bytes: details quote attacker-controlled text (raw targets, `Host`
+/// values), and a flood of large facts must not fill the disk.
+pub const MAX_DETAIL: usize = 512;
+
+/// `s` cut to at most [`MAX_DETAIL`] bytes (at a character boundary), with
+/// control characters replaced, and `…` appended when it was cut.
+pub fn bounded(s: String) -> String {
+    if s.len() <= MAX_DETAIL && !s.chars().any(char::is_control) {
+        return s;
+    }
+    let mut out = String::with_capacity(MAX_DETAIL + 3);
+    for c in s.chars() {
+        if out.len() + c.len_utf8() > MAX_DETAIL {
+            out.push('…');
+            break;
+        }
+        out.push(if c.is_control() { ' ' } else { c });
+    }
+    out
+}
+
+/// The most resolved addresses a fact lists.
+pub const MAX_RESOLVED: usize = 32;
+
 /// Where a fact points.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct FactTarget {
@@ -56,6 +81,8 @@ impl Fact {
         policy: &str,
         detail: String,
     ) -> Fact {
+        let mut resolved = resolved;
+        resolved.truncate(MAX_RESOLVED);
         Fact {
             kind: FACT_TYPE.to_owned(),
             schema: SCHEMA.to_owned(),
@@ -69,7 +96,7 @@ impl Fact {
             target,
             resolved,
             policy: policy.to_owned(),
-            detail,
+            detail: bounded(detail),
             count: 1,
         }
     }
@@ -80,6 +107,15 @@ impl Fact {
 pub enum FactError {
     #[error("fact store unavailable: {0}")]
     Unavailable(String),
+}
+
+/// Where a denial was stored: the fact's global `seq` (for kernels) and its
+/// `id` (the one identifier a tool is shown; it reveals nothing of other
+/// runs). Identical denials folded into one fact share both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub seq: u64,
+    pub id: String,
 }
 
 /// A cursor query.
@@ -93,7 +129,7 @@ pub struct FactQuery {
 /// Where denials go. `record` resolves only once the fact is stored as
 /// durably as the sink can make it; callers answer the client afterwards.
 pub trait FactSink: Send + Sync + 'static {
-    fn record(&self, fact: Fact) -> BoxFuture<'_, Result<u64, FactError>>;
+    fn record(&self, fact: Fact) -> BoxFuture<'_, Result<Recorded, FactError>>;
     fn query(&self, q: FactQuery) -> BoxFuture<'_, Result<Vec<Fact>, FactError>>;
     /// Live feed of recorded facts (lagging subscribers re-read by cursor).
     fn subscribe(&self) -> broadcast::Receiver<Fact>;
@@ -122,7 +158,7 @@ impl MemorySink {
 }
 
 impl FactSink for MemorySink {
-    fn record(&self, mut fact: Fact) -> BoxFuture<'_, Result<u64, FactError>> {
+    fn record(&self, mut fact: Fact) -> BoxFuture<'_, Result<Recorded, FactError>> {
         let res = match self.inner.lock() {
             Ok(mut g) => {
                 g.0 += 1;
@@ -131,7 +167,10 @@ impl FactSink for MemorySink {
                     g.1.pop_front();
                 }
                 g.1.push_back(fact.clone());
-                Ok(fact.seq)
+                Ok(Recorded {
+                    seq: fact.seq,
+                    id: fact.id.clone(),
+                })
             }
             Err(_) => Err(FactError::Unavailable("memory sink poisoned".into())),
         };

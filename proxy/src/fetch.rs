@@ -5,7 +5,7 @@
 //! denial is recorded as a fact before its response is written.
 
 use crate::auth::{self, CHALLENGE};
-use crate::body::{Guarded, ProxyBody};
+use crate::body::{self, Exchange, Guarded, ProxyBody, Upload};
 use crate::deny::{DenyReason, FetchError};
 use crate::facts::{Fact, FactTarget};
 use crate::finish::Finish;
@@ -28,11 +28,13 @@ use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 pub const DENY_HEADER: &str = "x-egress-deny-reason";
 pub const ERROR_HEADER: &str = "x-egress-error";
-/// The `seq` of the fact that records a denial.
-pub const FACT_HEADER: &str = "x-egress-fact-seq";
+/// The `id` of the fact that records a denial (never the global `seq`,
+/// which would let a tool watch other runs' denials).
+pub const FACT_HEADER: &str = "x-egress-fact-id";
 
 /// Headers that never cross the proxy (RFC 9110 §7.6.1), plus the proxy's own.
 const HOP_BY_HOP: [&str; 9] = [
@@ -118,7 +120,13 @@ fn raw_target(uri: &http::Uri) -> String {
 }
 
 /// Entry point: hyper service function for the data listener.
-pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+/// `conn` is the client connection the request arrived on (its admission,
+/// and the token that closes it).
+pub async fn handle(
+    sh: Arc<Shared>,
+    mut req: Request<Incoming>,
+    conn: Arc<crate::admission::Conn>,
+) -> Result<Response<ProxyBody>, Infallible> {
     let started = StdInstant::now();
     let kind = if req.method() == Method::CONNECT {
         Kind::Connect
@@ -145,19 +153,32 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
                 .inc();
             let tool = f.claimed.as_ref().map(|r| r.tool.clone());
             let tm = sh.tool_metrics(tool.as_deref());
-            let detail = match (&f.claimed, f.reason) {
-                (Some(r), _) => format!("wrong secret for run {}", r.id),
-                (None, DenyReason::AuthMissing) => {
-                    "Proxy-Authorization with the run's credential is required".to_owned()
-                }
-                (None, _) => "credential does not name a known run".to_owned(),
-            };
             let ctx = Ctx::new(&sh, &pol, f.claimed.as_deref(), &tm, kind, started);
             return Ok(ctx
-                .deny(f.reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
+                .deny_auth(f.reason, f.claimed.is_some(), raw_target(req.uri()))
                 .await);
         }
     };
+    if let Err(refused) = conn.establish(Some(&run)) {
+        sh.count_closed("data", refused.label());
+        let (e, detail) = match refused {
+            crate::admission::Refused::RunLimit => (
+                FetchError::RunConnectionLimit,
+                format!(
+                    "run {} already holds {} connections (proxy.max_connections_per_run)",
+                    run.id, sh.cfg.max_connections_per_run
+                ),
+            ),
+            crate::admission::Refused::Limit => (
+                FetchError::ConnectionLimit,
+                "every connection place of the proxy is taken (proxy.max_connections)".to_owned(),
+            ),
+        };
+        let mut r = error_response(e, &detail);
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(r);
+    }
     let tool_policy = pol.tool(&run.tool).cloned();
     let tm = sh.tool_metrics(Some(&run.tool));
     let ctx = Ctx::new(&sh, &pol, Some(&run), &tm, kind, started);
@@ -168,9 +189,7 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
     // 2. Run state.
     if let Err(reason) = policy::check_run(run.state()) {
         let detail = format!("run {} is {}", run.id, run.state().as_str());
-        return Ok(ctx
-            .deny(reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
-            .await);
+        return Ok(ctx.deny(reason, detail, None, Some(raw_target(req.uri())), &[]).await);
     }
     let Some(tool) = tool_policy else {
         let detail = format!("tool {} is no longer configured", run.tool);
@@ -181,7 +200,6 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
                 None,
                 Some(raw_target(req.uri())),
                 &[],
-                Mode::Enforce,
             )
             .await);
     };
@@ -198,20 +216,14 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
                 TargetError::Bad(m) => (DenyReason::BadTarget, m),
                 TargetError::HostMismatch(m) => (DenyReason::HostMismatch, m),
             };
-            return Ok(ctx
-                .deny(reason, detail, None, Some(raw_target(req.uri())), &[], Mode::Enforce)
-                .await);
+            return Ok(ctx.deny(reason, detail, None, Some(raw_target(req.uri())), &[]).await);
         }
     };
 
     // 4. Allowlist (and methods) before any DNS.
     let private = match policy::admit(&tool, &target, req.method().as_str()) {
         Admission::Allow { private } => private,
-        Admission::Deny(d) => {
-            return Ok(ctx
-                .deny(d.reason, d.detail, Some(&target), None, &[], Mode::Enforce)
-                .await)
-        }
+        Admission::Deny(d) => return Ok(ctx.deny(d.reason, d.detail, Some(&target), None, &[]).await),
         Admission::Report { denial, private } => {
             if let Err(r) = ctx.report(&denial, &target, &[]).await {
                 return Ok(r);
@@ -221,14 +233,7 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
     };
 
     // 5-7: slot, resolve, vet, connect — bounded by the deadline and the run.
-    let mut finish = Finish::new(
-        tm.clone(),
-        kind,
-        started,
-        run.id.clone(),
-        run.tool.clone(),
-        target.to_string(),
-    );
+    let finish = Finish::new(tm.clone(), kind, started, run.clone(), target.to_string());
     let prepared = tokio::select! {
         r = ctx.prepare(&tool, &target, private) => r,
         _ = tokio::time::sleep_until(deadline) => Err(Prepared::Timeout),
@@ -284,7 +289,17 @@ pub async fn handle(sh: Arc<Shared>, mut req: Request<Incoming>) -> Result<Respo
             }));
             Ok(Response::new(ProxyBody::empty()))
         }
-        Kind::Http => Ok(forward(&sh, &run, req, target, upstream, slot, deadline, finish).await),
+        Kind::Http => Ok(forward(
+            &sh,
+            &run,
+            req,
+            &target,
+            upstream,
+            Exchange::new(finish, slot, run.clone()),
+            deadline,
+            conn.cut.clone(),
+        )
+        .await),
     }
 }
 
@@ -352,7 +367,6 @@ impl<'a> Ctx<'a> {
 
     /// Records a denial fact, then builds the denial response. A fact that
     /// cannot be recorded fails the request closed (503 facts_unavailable).
-    #[allow(clippy::too_many_arguments)]
     async fn deny(
         &self,
         reason: DenyReason,
@@ -360,16 +374,33 @@ impl<'a> Ctx<'a> {
         target: Option<&Target>,
         raw: Option<String>,
         resolved: &[IpAddr],
-        mode: Mode,
+    ) -> Response<ProxyBody> {
+        self.deny_with(reason, detail.clone(), detail, target, raw, resolved)
+            .await
+    }
+
+    /// [`Ctx::deny`] with an answer to the client that differs from the
+    /// fact's detail. `raw` (an unparsed target) is quoted in the fact.
+    async fn deny_with(
+        &self,
+        reason: DenyReason,
+        answer: String,
+        detail: String,
+        target: Option<&Target>,
+        raw: Option<String>,
+        resolved: &[IpAddr],
     ) -> Response<ProxyBody> {
         let km = self.tm.kind(self.kind);
         self.tm.denial(reason);
         km.request(Decision::Denied);
-        let fact_detail = match &raw {
+        let detail = match &raw {
             Some(r) => format!("{detail} (target {r})"),
-            None => detail.clone(),
+            None => detail,
         };
-        let recorded = self.record(reason, fact_detail, target, resolved, mode).await;
+        let detail = crate::facts::bounded(detail);
+        let recorded = self
+            .record(reason, detail.clone(), target, resolved, Mode::Enforce)
+            .await;
         km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
         tracing::info!(
             target: "egress::fetch",
@@ -384,13 +415,35 @@ impl<'a> Ctx<'a> {
             "fetch denied"
         );
         match recorded {
-            Ok(seq) => {
-                let mut r = deny_response(reason, &detail);
-                r.headers_mut().insert(FACT_HEADER, HeaderValue::from(seq));
+            Ok(recorded) => {
+                let mut r = deny_response(reason, &crate::facts::bounded(answer));
+                if let Ok(v) = HeaderValue::from_str(&recorded.id) {
+                    r.headers_mut().insert(FACT_HEADER, v);
+                }
                 r
             }
             Err(e) => error_response(FetchError::FactsUnavailable, &e),
         }
+    }
+
+    /// An authentication failure. The client gets the same answer whether
+    /// the credential named an existing run with a wrong secret or a run
+    /// that does not exist, so no run id can be probed. The fact of a wrong
+    /// secret goes to the named run's facts with a fixed text and no target,
+    /// so a tool cannot write its own text into another run's facts (and a
+    /// flood of them folds into counted facts).
+    async fn deny_auth(&self, reason: DenyReason, wrong_secret: bool, raw: String) -> Response<ProxyBody> {
+        let answer = match reason {
+            DenyReason::AuthMissing => "Proxy-Authorization with the run's credential is required",
+            _ => "the credential is not valid for any live run",
+        };
+        let (fact_detail, raw) = match (reason, wrong_secret) {
+            (DenyReason::AuthMissing, _) => (answer.to_owned(), Some(raw)),
+            (_, true) => ("a wrong secret was presented for this run".to_owned(), None),
+            (_, false) => ("the credential names no known run".to_owned(), Some(raw)),
+        };
+        self.deny_with(reason, answer.to_owned(), fact_detail, None, raw, &[])
+            .await
     }
 
     /// Report mode: record what enforce would have denied, then go on.
@@ -421,7 +474,7 @@ impl<'a> Ctx<'a> {
         target: Option<&Target>,
         resolved: &[IpAddr],
         mode: Mode,
-    ) -> Result<u64, String> {
+    ) -> Result<crate::facts::Recorded, String> {
         let fact = Fact::denial(
             self.run.map(|r| &*r.id),
             self.run.map(|r| &*r.tool),
@@ -436,7 +489,7 @@ impl<'a> Ctx<'a> {
         let res = self.sh.facts.record(fact).await;
         self.sh.metrics.fact_write_duration.observe(t0.elapsed().as_secs_f64());
         match res {
-            Ok(seq) => Ok(seq),
+            Ok(recorded) => Ok(recorded),
             Err(e) => {
                 self.sh.metrics.fact_write_failures.inc();
                 tracing::error!(error = %e, "denial fact could not be recorded; failing the request closed");
@@ -465,15 +518,8 @@ impl<'a> Ctx<'a> {
                     run.id, run.max_slots, run.max_waiting
                 );
                 return Err(Prepared::Response(
-                    self.deny(
-                        DenyReason::ConcurrencyLimit,
-                        detail,
-                        Some(target),
-                        None,
-                        &[],
-                        Mode::Enforce,
-                    )
-                    .await,
+                    self.deny(DenyReason::ConcurrencyLimit, detail, Some(target), None, &[])
+                        .await,
                 ));
             }
             Err(SlotError::Closed) => {
@@ -532,8 +578,7 @@ impl<'a> Ctx<'a> {
                 dial.extend(vetted.private.iter().copied());
             } else {
                 return Err(Prepared::Response(
-                    self.deny(d.reason, d.detail, Some(target), None, &resolved, Mode::Enforce)
-                        .await,
+                    self.deny(d.reason, d.detail, Some(target), None, &resolved).await,
                 ));
             }
         }
@@ -558,15 +603,8 @@ impl<'a> Ctx<'a> {
                         drop(s);
                         let detail = format!("{target} ({addr}) is the proxy's own listener");
                         return Err(Prepared::Response(
-                            self.deny(
-                                DenyReason::SelfLoop,
-                                detail,
-                                Some(target),
-                                None,
-                                &resolved,
-                                Mode::Enforce,
-                            )
-                            .await,
+                            self.deny(DenyReason::SelfLoop, detail, Some(target), None, &resolved)
+                                .await,
                         ));
                     }
                     let _ = s.set_nodelay(true);
@@ -587,16 +625,19 @@ impl<'a> Ctx<'a> {
 }
 
 /// Step 8 for plain HTTP: origin-form request over the pinned connection.
+/// The request body streams upstream while the response comes back; the
+/// exchange (slot, accounting) lasts until both are finished, and a watchdog
+/// bounds both directions by the deadline and the run's end.
 #[allow(clippy::too_many_arguments)]
 async fn forward(
     sh: &Shared,
     run: &Arc<Run>,
     req: Request<Incoming>,
-    target: Target,
+    target: &Target,
     upstream: Upstream,
-    slot: slots::Slot,
+    (exchange, over): (Arc<Exchange>, tokio::sync::oneshot::Receiver<()>),
     deadline: Instant,
-    mut finish: Finish,
+    client_cut: CancellationToken,
 ) -> Response<ProxyBody> {
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
@@ -604,20 +645,35 @@ async fn forward(
     if let Ok(v) = HeaderValue::from_str(&target.host_header()) {
         headers.insert(header::HOST, v);
     }
-    let mut up = Request::new(body);
+    let pq = target
+        .path_and_query
+        .clone()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    exchange.finish.add_up(body::head_len(
+        parts.method.as_str().len() + pq.as_str().len() + 10,
+        &headers,
+    ));
+    let mut up = Request::new(Upload::new(body, exchange.clone()));
     *up.method_mut() = parts.method;
     *up.version_mut() = Version::HTTP_11;
     *up.headers_mut() = headers;
-    if let Some(pq) = target.path_and_query.clone() {
-        *up.uri_mut() = http::Uri::from(pq);
-    }
-    let exchange = async {
+    *up.uri_mut() = http::Uri::from(pq);
+    let fx = &exchange.finish;
+    let exchange_fut = async {
         let mut conn = match upstream {
             Upstream::Pooled(c) => c,
             Upstream::Stream(s, addr) => upstream::handshake(s, addr, run.cancel.clone(), sh.hard_stop.clone())
                 .await
                 .map_err(|e| e.to_string())?,
         };
+        sh.tasks.spawn(body::watchdog(
+            Arc::downgrade(&exchange),
+            over,
+            deadline,
+            run.cancel.clone(),
+            conn.cut_token(),
+            client_cut,
+        ));
         match conn.sender.try_send_request(up).await {
             Ok(resp) => Ok((resp, conn)),
             Err(mut e) => {
@@ -639,33 +695,30 @@ async fn forward(
         }
     };
     let (resp, conn) = tokio::select! {
-        r = exchange => match r {
+        r = exchange_fut => match r {
             Ok(x) => x,
             Err(e) => {
-                finish.failed("upstream_failed");
+                fx.failed("upstream_failed");
                 sh.count_error(&run.tool, FetchError::UpstreamFailed);
                 return error_response(FetchError::UpstreamFailed, &format!("{target}: {e}"));
             }
         },
         _ = tokio::time::sleep_until(deadline) => {
-            finish.timed_out("response");
+            fx.timed_out("response");
             sh.count_error(&run.tool, FetchError::Timeout);
             return error_response(FetchError::Timeout, &format!("{target} did not answer before the fetch deadline"));
         }
         _ = run.cancel.cancelled() => {
-            finish.severed("run_ended");
+            fx.severed("run_ended");
             return error_response(FetchError::RunEnded, &format!("run {} ended", run.id));
         }
     };
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let guarded = Guarded {
-        inner: body,
-        deadline: Box::pin(tokio::time::sleep_until(deadline)),
-        cancel: Box::pin(run.cancel.clone().cancelled_owned()),
-        finish,
-        _slot: slot,
-        reuse: Some((run.clone(), conn)),
-    };
-    Response::from_parts(parts, ProxyBody::stream(guarded))
+    fx.add_down(body::head_len(
+        parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
+        &parts.headers,
+    ));
+    exchange.attach(conn);
+    Response::from_parts(parts, ProxyBody::stream(Guarded { inner: body, exchange }))
 }

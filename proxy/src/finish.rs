@@ -1,129 +1,126 @@
-//! The end of one fetch: a guard that, when dropped, records the fetch's
-//! outcome, duration and bytes in the metrics and writes the one log line
-//! per decision (run, tool, target, decision, reason, duration, bytes).
-//! It never logs secrets or `Proxy-Authorization`.
+//! The end of one fetch: a record shared by whatever carries the fetch (the
+//! request body, the response body, a tunnel) that, when the last of them
+//! drops it, records the fetch's outcome, duration and bytes in the metrics
+//! and in the run's counters, and writes the one log line per decision (run,
+//! tool, target, decision, reason, duration, bytes). The first outcome set
+//! wins; it never logs secrets or `Proxy-Authorization`.
 
 use crate::metrics::{Outcome, ToolMetrics};
+use crate::runs::Run;
 use crate::target::Kind;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 pub struct Finish {
     pub tm: Arc<ToolMetrics>,
     pub kind: Kind,
     pub started: Instant,
-    pub run_id: Arc<str>,
-    pub tool: Arc<str>,
+    pub run: Arc<Run>,
     pub target: String,
-    pub up: u64,
-    pub down: u64,
-    outcome: Outcome,
-    reason: &'static str,
-    open: bool,
-    done: bool,
-    silent: bool,
+    up: AtomicU64,
+    down: AtomicU64,
+    end: OnceLock<(Outcome, &'static str)>,
+    open: AtomicBool,
+    silent: AtomicBool,
 }
 
 impl Finish {
-    pub fn new(
-        tm: Arc<ToolMetrics>,
-        kind: Kind,
-        started: Instant,
-        run_id: Arc<str>,
-        tool: Arc<str>,
-        target: String,
-    ) -> Finish {
+    pub fn new(tm: Arc<ToolMetrics>, kind: Kind, started: Instant, run: Arc<Run>, target: String) -> Finish {
         Finish {
             tm,
             kind,
             started,
-            run_id,
-            tool,
+            run,
             target,
-            up: 0,
-            down: 0,
-            outcome: Outcome::Severed,
-            reason: "client_gone",
-            open: false,
-            done: false,
-            silent: false,
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            end: OnceLock::new(),
+            open: AtomicBool::new(false),
+            silent: AtomicBool::new(false),
         }
     }
 
+    /// Bytes sent towards the origin (request heads and bodies, tunnel bytes).
+    pub fn add_up(&self, n: u64) {
+        self.up.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes sent towards the client (response heads and bodies, tunnel bytes).
+    pub fn add_down(&self, n: u64) {
+        self.down.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Marks the fetch as open upstream (gauge up until drop).
-    pub fn opened(&mut self) {
-        if !self.open {
-            self.open = true;
+    pub fn opened(&self) {
+        if !self.open.swap(true, Ordering::Relaxed) {
             self.tm.kind(self.kind).open.inc();
         }
     }
 
     /// The fetch ended as a recorded denial: nothing more to count or log.
-    pub fn discard(&mut self) {
-        self.done = true;
-        self.silent = true;
+    pub fn discard(&self) {
+        self.silent.store(true, Ordering::Relaxed);
+        self.set(Outcome::Denied, "");
     }
 
-    pub fn complete(&mut self) {
+    pub fn complete(&self) {
         self.set(Outcome::Ok, "");
     }
 
-    pub fn timed_out(&mut self, phase: &'static str) {
-        if !self.done {
+    pub fn timed_out(&self, phase: &'static str) {
+        if self.set(Outcome::Timeout, phase) {
             self.tm.timeout(phase);
         }
-        self.set(Outcome::Timeout, phase);
     }
 
-    pub fn severed(&mut self, why: &'static str) {
+    pub fn severed(&self, why: &'static str) {
         self.set(Outcome::Severed, why);
     }
 
-    pub fn failed(&mut self, why: &'static str) {
+    pub fn failed(&self, why: &'static str) {
         self.set(Outcome::Error, why);
     }
 
-    fn set(&mut self, o: Outcome, reason: &'static str) {
-        if !self.done {
-            self.done = true;
-            self.outcome = o;
-            self.reason = reason;
-        }
+    /// Whether an outcome has been set.
+    pub fn ended(&self) -> bool {
+        self.end.get().is_some()
+    }
+
+    /// Sets the outcome if none is set yet; returns whether this call set it.
+    fn set(&self, o: Outcome, reason: &'static str) -> bool {
+        self.end.set((o, reason)).is_ok()
     }
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
         let km = self.tm.kind(self.kind);
-        if self.open {
+        if *self.open.get_mut() {
             km.open.dec();
         }
-        if self.silent {
+        if *self.silent.get_mut() {
             return;
         }
+        let (outcome, reason) = *self.end.get().unwrap_or(&(Outcome::Severed, "client_gone"));
+        let (up, down) = (*self.up.get_mut(), *self.down.get_mut());
         let secs = self.started.elapsed().as_secs_f64();
-        km.duration(self.outcome, secs);
-        self.tm.bytes_up.inc_by(self.up);
-        self.tm.bytes_down.inc_by(self.down);
-        let outcome = match self.outcome {
-            Outcome::Ok => "ok",
-            Outcome::Denied => "denied",
-            Outcome::Error => "error",
-            Outcome::Timeout => "timeout",
-            Outcome::Severed => "severed",
-        };
+        km.duration(outcome, secs);
+        self.tm.bytes_up.inc_by(up);
+        self.tm.bytes_down.inc_by(down);
+        self.run.count_bytes(up, down);
         tracing::info!(
             target: "egress::fetch",
-            run = %self.run_id,
-            tool = %self.tool,
+            run = %self.run.id,
+            tool = %self.run.tool,
             kind = self.kind.as_str(),
             dest = %self.target,
             decision = "allowed",
-            outcome,
-            reason = self.reason,
+            outcome = outcome.as_str(),
+            reason,
             duration_ms = (secs * 1000.0) as u64,
-            bytes_up = self.up,
-            bytes_down = self.down,
+            bytes_up = up,
+            bytes_down = down,
             "fetch finished"
         );
     }

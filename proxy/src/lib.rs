@@ -2,9 +2,11 @@
 //! that applies a static per-tool allowlist, rejects IP literals, resolves
 //! once and dials the pinned address, bounds every fetch by a deadline and
 //! per-run concurrency slots, records every denial as a fact before it
-//! answers, and exports Prometheus metrics. See DESIGN.md for the decision path.
+//! answers, and exports Prometheus metrics. The decision path is in the README
+//! ("How one fetch is decided") and in `fetch.rs`.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod control;

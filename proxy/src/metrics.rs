@@ -105,6 +105,25 @@ pub struct Metrics {
     pub facts_coalesced: Counter,
     pub errors: Family<ToolReason, Counter>,
     pub upstream_reused: Counter,
+    pub store: StoreMetrics,
+    /// Connections closed by the admission rules, by listener and why.
+    pub conns_refused: Family<ListenerReason, Counter>,
+}
+
+/// The fact store's size and pruning.
+#[derive(Clone, Default)]
+pub struct StoreMetrics {
+    pub coalesced: Counter,
+    /// Bytes in use by the store (pages holding data).
+    pub bytes: Gauge,
+    pub budget: Gauge,
+    pub pruned: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerReason {
+    pub listener: &'static str,
+    pub reason: &'static str,
 }
 
 impl Metrics {
@@ -129,6 +148,11 @@ impl Metrics {
         let facts_coalesced = Counter::default();
         let errors = Family::<ToolReason, Counter>::default();
         let upstream_reused = Counter::default();
+        let store = StoreMetrics {
+            coalesced: facts_coalesced.clone(),
+            ..StoreMetrics::default()
+        };
+        let conns_refused = Family::<ListenerReason, Counter>::default();
         registry.register(
             "egress_requests",
             "Fetches by decision (allowed, denied, reported, error)",
@@ -200,6 +224,34 @@ impl Metrics {
             "Plain-HTTP fetches that reused an idle upstream connection of their run",
             upstream_reused.clone(),
         );
+        registry.register(
+            "egress_facts_store_bytes",
+            "Bytes of the fact store holding facts",
+            store.bytes.clone(),
+        );
+        registry.register(
+            "egress_facts_store_budget_bytes",
+            "Size budget of the fact store (proxy.facts_max_mb)",
+            store.budget.clone(),
+        );
+        registry.register(
+            "egress_facts_pruned",
+            "Facts deleted because they were older than proxy.facts_retention_hours",
+            store.pruned.clone(),
+        );
+        registry.register(
+            "egress_connections_closed",
+            "Connections closed by admission rules (listener = data or control; reason = evicted, head_timeout, limit, run_limit)",
+            conns_refused.clone(),
+        );
+        for listener in ["data", "control"] {
+            for reason in ["evicted", "head_timeout", "limit", "run_limit"] {
+                if listener == "control" && reason == "run_limit" {
+                    continue;
+                }
+                let _ = conns_refused.get_or_create(&ListenerReason { listener, reason });
+            }
+        }
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
             registry,
@@ -222,6 +274,8 @@ impl Metrics {
             facts_coalesced,
             errors,
             upstream_reused,
+            store,
+            conns_refused,
         }
     }
 
@@ -288,7 +342,7 @@ impl Default for Metrics {
 }
 
 /// Deadline phases, for `egress_timeouts_total{phase}`.
-pub const PHASES: [&str; 5] = ["slot", "dns", "connect", "response", "tunnel"];
+pub const PHASES: [&str; 6] = ["slot", "dns", "connect", "response", "tunnel", "upload"];
 
 /// Per-kind handles.
 pub struct KindMetrics {
@@ -316,6 +370,18 @@ pub enum Outcome {
     Severed = 4,
 }
 
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Denied => "denied",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::Severed => "severed",
+        }
+    }
+}
+
 impl KindMetrics {
     pub fn request(&self, d: Decision) {
         self.requests[d as usize].inc();
@@ -335,7 +401,7 @@ pub struct ToolMetrics {
     pub slots_in_use: Gauge,
     pub slot_wait: Histogram,
     pub runs_active: Gauge,
-    timeouts: [Counter; 5],
+    timeouts: [Counter; 6],
 }
 
 impl ToolMetrics {

@@ -5,7 +5,7 @@
 //! set of tombstones so that late requests of an ended run read `run_ended`.
 
 use crate::policy::RunState;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use subtle::ConstantTimeEq;
@@ -54,6 +54,11 @@ pub struct Run {
     pub max_waiting: usize,
     /// Idle upstream connections of this run (plain HTTP), for reuse by this run only.
     pub upstream: crate::upstream::UpstreamPool,
+    /// Places for the run's established client connections.
+    pub conns: Arc<Semaphore>,
+    /// Bytes relayed by the run's finished fetches (see `Finish`).
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
 }
 
 const CREATED: u8 = 0;
@@ -77,6 +82,20 @@ impl Run {
 
     pub fn secret(&self) -> &str {
         &self.secret
+    }
+
+    /// Adds a finished fetch's bytes to the run's totals.
+    pub fn count_bytes(&self, up: u64, down: u64) {
+        self.bytes_up.fetch_add(up, Ordering::Relaxed);
+        self.bytes_down.fetch_add(down, Ordering::Relaxed);
+    }
+
+    /// Bytes relayed by the run's finished fetches: (up, down).
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.bytes_up.load(Ordering::Relaxed),
+            self.bytes_down.load(Ordering::Relaxed),
+        )
     }
 
     pub fn ended(&self) -> Option<(SystemTime, EndReason)> {
@@ -105,6 +124,7 @@ pub struct NewRun {
     pub activate: bool,
     pub max_slots: usize,
     pub max_waiting: usize,
+    pub max_conns: usize,
 }
 
 /// The registry.
@@ -180,6 +200,9 @@ impl Runs {
             waiting: AtomicUsize::new(0),
             max_waiting: new.max_waiting,
             upstream: crate::upstream::UpstreamPool::new(new.max_slots),
+            conns: Arc::new(Semaphore::new(new.max_conns)),
+            bytes_up: AtomicU64::new(0),
+            bytes_down: AtomicU64::new(0),
         });
         let map = self.map.pin();
         match map.try_insert(run.id.clone(), run.clone()) {
@@ -266,6 +289,7 @@ mod tests {
             activate,
             max_slots: 2,
             max_waiting: 4,
+            max_conns: 8,
         }
     }
 

@@ -3,6 +3,7 @@
 //! `max_connections`, hyper HTTP/1.1 with upgrades, header size limit and
 //! header read timeout), the run-expiry sweeper, and graceful shutdown.
 
+use crate::admission::{Admission, Conn};
 use crate::dns::Dns;
 use crate::facts::{FactSink, MemorySink};
 use crate::metrics::{Metrics, ToolMetrics};
@@ -47,6 +48,11 @@ pub struct Shared {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// `http` or `https`: how clients reach the data listener.
     pub proxy_scheme: &'static str,
+    /// Connection admission of the data and control listeners.
+    pub data_admission: Arc<crate::admission::Admission>,
+    pub control_admission: Arc<crate::admission::Admission>,
+    /// Places for concurrent `/v1/facts/stream` readers.
+    pub event_streams: Arc<Semaphore>,
 }
 
 impl Shared {
@@ -73,6 +79,14 @@ impl Shared {
             (Ok(l), Ok(p)) => l.ip() == p.ip() && self.me.0.iter().any(|m| m.port() == p.port()),
             _ => false,
         }
+    }
+
+    /// Counts a connection closed by an admission rule.
+    pub fn count_closed(&self, listener: &'static str, reason: &'static str) {
+        self.metrics
+            .conns_refused
+            .get_or_create(&crate::metrics::ListenerReason { listener, reason })
+            .inc();
     }
 
     /// Counts a non-policy fetch error (error paths only: takes the family lock).
@@ -221,7 +235,11 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         }
         None => Arc::new(crate::store::SqliteStore::open(
             &pc.facts,
-            metrics.facts_coalesced.clone(),
+            crate::store::Limits {
+                max_bytes: pc.facts_max_bytes,
+                retention: pc.facts_retention,
+            },
+            metrics.store.clone(),
         )),
     };
     let dns = Dns::new(&pc.dns)?;
@@ -230,6 +248,21 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         None => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
+    let evicted = |listener| {
+        metrics
+            .conns_refused
+            .get_or_create(&crate::metrics::ListenerReason {
+                listener,
+                reason: "evicted",
+            })
+            .clone()
+    };
+    let data_admission = Admission::new(pc.max_pending_connections, pc.max_connections, evicted("data"));
+    let control_admission = Admission::new(
+        pc.max_pending_connections,
+        pc.max_control_connections,
+        evicted("control"),
+    );
     let shared = Arc::new(Shared {
         runs: Runs::new(pc.max_runs, pc.max_run),
         policy: ArcSwap::new(cfg.policy.clone()),
@@ -247,6 +280,9 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         config_path: opts.config_path,
         tls,
         proxy_scheme: scheme,
+        data_admission,
+        control_admission,
+        event_streams: Arc::new(Semaphore::new(pc.max_event_streams)),
     });
     for tool in cfg.policy.tools.keys() {
         shared.tool_metrics(Some(tool));
@@ -281,7 +317,6 @@ async fn sweeper(sh: Arc<Shared>) {
 }
 
 async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
-    let limit = Arc::new(Semaphore::new(sh.cfg.max_connections));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -292,38 +327,54 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
         .keep_alive(true)
         .half_close(false);
     let builder = Arc::new(builder);
-    loop {
-        let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = sh.shutdown.cancelled() => break,
-        };
-        let Some(stream) = accept(&sh, &listener).await else {
-            break;
-        };
+    // Accepting never waits for a place: admission decides per connection.
+    while let Some(stream) = accept(&sh, &listener).await {
         let sh2 = sh.clone();
         let builder = builder.clone();
+        let conn = Arc::new(sh.data_admission.admit(CancellationToken::new()));
         sh.tasks.spawn(async move {
-            let _permit = permit;
             let svc_sh = sh2.clone();
-            let svc = service_fn(move |req| crate::fetch::handle(svc_sh.clone(), req));
-            match &sh2.tls {
-                None => {
-                    serve_one(
-                        &sh2,
-                        builder.serve_connection(TokioIo::new(stream), svc).with_upgrades(),
-                    )
-                    .await
-                }
-                Some(acceptor) => {
-                    let hs = tokio::time::timeout(sh2.cfg.header_read_timeout, acceptor.accept(stream)).await;
-                    if let Ok(Ok(tls)) = hs {
-                        serve_one(&sh2, builder.serve_connection(TokioIo::new(tls), svc).with_upgrades()).await;
+            let svc_conn = conn.clone();
+            let svc = service_fn(move |req| crate::fetch::handle(svc_sh.clone(), req, svc_conn.clone()));
+            let serve = async {
+                match &sh2.tls {
+                    None => {
+                        serve_one(
+                            &sh2,
+                            &conn.cut,
+                            builder.serve_connection(TokioIo::new(stream), svc).with_upgrades(),
+                        )
+                        .await
+                    }
+                    Some(acceptor) => {
+                        let hs = tokio::time::timeout(sh2.cfg.pending_head_timeout, acceptor.accept(stream)).await;
+                        if let Ok(Ok(tls)) = hs {
+                            serve_one(
+                                &sh2,
+                                &conn.cut,
+                                builder.serve_connection(TokioIo::new(tls), svc).with_upgrades(),
+                            )
+                            .await;
+                        }
                     }
                 }
+            };
+            tokio::select! {
+                _ = serve => {}
+                _ = pending_deadline(&conn, sh2.cfg.pending_head_timeout) => sh2.count_closed("data", "head_timeout"),
             }
         });
     }
     drop(listener);
+}
+
+/// Resolves when `conn` is still pending `timeout` after it was accepted
+/// (never, once it is established).
+pub(crate) async fn pending_deadline(conn: &Conn, timeout: Duration) {
+    tokio::time::sleep(timeout).await;
+    if !conn.is_pending() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Accepts one TCP connection, backing off on errors such as EMFILE.
@@ -345,19 +396,22 @@ pub(crate) async fn accept(sh: &Shared, listener: &TcpListener) -> Option<TcpStr
     }
 }
 
-/// Drives one hyper connection; on shutdown lets it finish its in-flight
-/// request (graceful), and drops it when the drain timeout expires.
-pub(crate) async fn serve_one<C>(sh: &Shared, conn: C)
+/// Drives one hyper connection; drops it at once when `cut` fires; on
+/// shutdown lets it finish its in-flight request (graceful), and drops it
+/// when the drain timeout expires.
+pub(crate) async fn serve_one<C>(sh: &Shared, cut: &CancellationToken, conn: C)
 where
     C: std::future::Future + GracefulConn,
 {
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}
+        _ = cut.cancelled() => {}
         _ = sh.shutdown.cancelled() => {
             conn.as_mut().graceful();
             tokio::select! {
                 _ = conn.as_mut() => {}
+                _ = cut.cancelled() => {}
                 _ = sh.hard_stop.cancelled() => {}
             }
         }

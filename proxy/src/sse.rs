@@ -7,7 +7,6 @@ use crate::control::{ApiError, Cursor};
 use crate::facts::{Fact, FactQuery};
 use crate::server::Shared;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use std::collections::VecDeque;
@@ -17,6 +16,8 @@ use std::time::Duration;
 use tokio::sync::broadcast::{self, error::RecvError};
 
 struct Tail {
+    /// This stream's place among `max_event_streams`, held while it lives.
+    _place: tokio::sync::OwnedSemaphorePermit,
     sh: Arc<Shared>,
     rx: broadcast::Receiver<Fact>,
     last: u64,
@@ -33,9 +34,20 @@ pub async fn stream(
     State(sh): State<Arc<Shared>>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let Query(c) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let c = Cursor::from_query(q)?;
+    let place = sh.event_streams.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            format!(
+                "{} event streams are open already (proxy.max_event_streams)",
+                sh.cfg.max_event_streams
+            ),
+        )
+    })?;
     let rx = sh.facts.subscribe();
     let tail = Tail {
+        _place: place,
         sh,
         rx,
         last: c.after,

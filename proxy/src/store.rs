@@ -7,23 +7,82 @@
 //! and other runs' denials wait at most about two commits behind it. If the
 //! store cannot be written the batch fails, `ready()` turns false and the
 //! requests fail closed; the writer reopens the database on the next batch.
+//!
+//! The store has a size budget. Facts older than the retention age are
+//! deleted, oldest first (at start, then at most once a minute while
+//! denials are written). Younger facts are never deleted: when they alone
+//! fill the budget, new denials fail closed until space is made (a larger
+//! budget, a shorter retention), and `egress_facts_store_bytes` says so.
 
-use crate::facts::{Fact, FactError, FactQuery, FactSink};
+use crate::facts::{Fact, FactError, FactQuery, FactSink, Recorded};
+use crate::metrics::StoreMetrics;
 use futures_util::future::BoxFuture;
-use prometheus_client::metrics::counter::Counter;
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 /// Pending denials the writer may hold at once (senders wait beyond it).
 pub const QUEUE: usize = 4096;
 
+/// How often, at most, old facts are looked for while denials are written.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Facts deleted per statement when pruning (keeps each transaction short).
+const PRUNE_CHUNK: i64 = 5000;
+
+/// How much a store may hold and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of the database holding facts.
+    pub max_bytes: u64,
+    /// Facts older than this may be deleted.
+    pub retention: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bytes: 1024 * 1024 * 1024,
+            retention: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// Bytes of the database that hold data (freed pages are reused first).
+fn used_bytes(c: &Connection) -> rusqlite::Result<u64> {
+    let pages: i64 = c.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    let free: i64 = c.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+    let size: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    Ok(((pages - free).max(0) * size) as u64)
+}
+
+/// Deletes facts recorded before `cutoff` (an RFC 3339 time in the facts'
+/// own format, so strings compare as times), oldest first; returns how many.
+/// The newest fact is always kept: `seq` continues from it after a restart.
+fn prune_before(c: &Connection, cutoff: &str) -> rusqlite::Result<u64> {
+    let mut total = 0u64;
+    loop {
+        let n = c.execute(
+            "DELETE FROM facts WHERE seq IN (
+                 SELECT seq FROM (SELECT seq, body FROM facts ORDER BY seq LIMIT ?1)
+                 WHERE json_extract(body, '$.at') < ?2)
+             AND seq < (SELECT MAX(seq) FROM facts)",
+            params![PRUNE_CHUNK, cutoff],
+        )?;
+        total += n as u64;
+        if (n as i64) < PRUNE_CHUNK {
+            return Ok(total);
+        }
+    }
+}
+
 struct Pending {
     fact: Fact,
-    reply: oneshot::Sender<Result<u64, FactError>>,
+    reply: oneshot::Sender<Result<Recorded, FactError>>,
 }
 
 /// The SQLite fact store.
@@ -79,7 +138,7 @@ type FoldKey = (
 );
 
 /// One folded fact and the requests waiting for it.
-type Group = (Fact, Vec<oneshot::Sender<Result<u64, FactError>>>);
+type Group = (Fact, Vec<oneshot::Sender<Result<Recorded, FactError>>>);
 
 fn fold_key(f: &Fact) -> FoldKey {
     (
@@ -95,7 +154,7 @@ fn fold_key(f: &Fact) -> FoldKey {
 impl SqliteStore {
     /// Opens (or creates) the store and starts its writer thread. A store that
     /// cannot be opened still starts, unready: denials fail closed until it can.
-    pub fn open(path: &Path, coalesced: Counter) -> SqliteStore {
+    pub fn open(path: &Path, limits: Limits, metrics: StoreMetrics) -> SqliteStore {
         let (tx, rx) = mpsc::channel(QUEUE);
         let ready = Arc::new(AtomicBool::new(false));
         let (live, _) = broadcast::channel(4096);
@@ -105,13 +164,17 @@ impl SqliteStore {
         }
         ready.store(first.is_ok(), Ordering::Release);
         let reader = first.as_ref().ok().and_then(|_| open(path).ok());
+        metrics.budget.set(limits.max_bytes as i64);
         let writer = Writer {
             path: path.to_owned(),
             conn: first.ok(),
             next: 0,
             ready: ready.clone(),
             live: live.clone(),
-            coalesced,
+            limits,
+            metrics,
+            used: 0,
+            pruned_at: None,
         };
         let spawned = std::thread::Builder::new()
             .name("egress-facts".into())
@@ -162,7 +225,7 @@ impl SqliteStore {
 }
 
 impl FactSink for SqliteStore {
-    fn record(&self, fact: Fact) -> BoxFuture<'_, Result<u64, FactError>> {
+    fn record(&self, fact: Fact) -> BoxFuture<'_, Result<Recorded, FactError>> {
         Box::pin(async move {
             let (reply, rx) = oneshot::channel();
             self.tx
@@ -198,7 +261,11 @@ struct Writer {
     next: u64,
     ready: Arc<AtomicBool>,
     live: broadcast::Sender<Fact>,
-    coalesced: Counter,
+    limits: Limits,
+    metrics: StoreMetrics,
+    /// Bytes in use after the last write or prune.
+    used: u64,
+    pruned_at: Option<Instant>,
 }
 
 impl Writer {
@@ -208,6 +275,9 @@ impl Writer {
                 Ok(n) => self.next = n,
                 Err(_) => self.conn = None,
             }
+        }
+        if self.conn.is_some() {
+            self.prune();
         }
         let mut batch = Vec::with_capacity(256);
         while let Some(first) = rx.blocking_recv() {
@@ -241,22 +311,37 @@ impl Writer {
             }
         }
         let folded: usize = groups.iter().map(|g| g.1.len() - 1).sum();
-        match self.write(&mut groups) {
+        let reopened = self.conn.is_none() && self.reopen().is_ok();
+        if reopened || self.pruned_at.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) || self.used >= self.limits.max_bytes {
+            self.prune();
+        }
+        let result = if self.conn.is_some() && self.used >= self.limits.max_bytes {
+            Err(format!(
+                "the fact store holds {} bytes, its budget (proxy.facts_max_mb) is {} bytes, and no fact is older than proxy.facts_retention_hours",
+                self.used, self.limits.max_bytes
+            ))
+        } else {
+            self.write(&mut groups).map_err(|e| e.to_string())
+        };
+        match result {
             Ok(()) => {
                 self.ready.store(true, Ordering::Release);
-                self.coalesced.inc_by(folded as u64);
+                self.metrics.coalesced.inc_by(folded as u64);
+                self.measure();
                 for (fact, replies) in groups {
                     for r in replies {
-                        let _ = r.send(Ok(fact.seq));
+                        let _ = r.send(Ok(Recorded {
+                            seq: fact.seq,
+                            id: fact.id.clone(),
+                        }));
                     }
                     let _ = self.live.send(fact);
                 }
             }
-            Err(e) => {
+            Err(msg) => {
                 self.ready.store(false, Ordering::Release);
                 self.conn = None;
-                tracing::error!(path = %self.path.display(), error = %e, "fact store write failed");
-                let msg = e.to_string();
+                tracing::error!(path = %self.path.display(), error = %msg, "fact store write failed");
                 for (_, replies) in groups {
                     for r in replies {
                         let _ = r.send(Err(FactError::Unavailable(msg.clone())));
@@ -266,11 +351,44 @@ impl Writer {
         }
     }
 
+    /// Updates `used` and its gauge from the database.
+    fn measure(&mut self) {
+        if let Some(Ok(used)) = self.conn.as_ref().map(used_bytes) {
+            self.used = used;
+            self.metrics.bytes.set(used as i64);
+        }
+    }
+
+    /// Deletes facts older than the retention age, then measures.
+    fn prune(&mut self) {
+        self.pruned_at = Some(Instant::now());
+        let cutoff = SystemTime::now()
+            .checked_sub(self.limits.retention)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let cutoff = crate::time::rfc3339(cutoff);
+        if let Some(c) = &self.conn {
+            match prune_before(c, &cutoff) {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.metrics.pruned.inc_by(n);
+                    tracing::info!(deleted = n, before = %cutoff, "pruned facts older than the retention age");
+                }
+                Err(e) => tracing::warn!(error = %e, "pruning old facts failed"),
+            }
+        }
+        self.measure();
+    }
+
+    fn reopen(&mut self) -> rusqlite::Result<()> {
+        let c = open(&self.path)?;
+        self.next = next_seq(&c)?;
+        self.conn = Some(c);
+        Ok(())
+    }
+
     fn write(&mut self, groups: &mut [Group]) -> rusqlite::Result<()> {
         if self.conn.is_none() {
-            let c = open(&self.path)?;
-            self.next = next_seq(&c)?;
-            self.conn = Some(c);
+            self.reopen()?;
         }
         let Some(c) = self.conn.as_mut() else {
             return Err(rusqlite::Error::InvalidQuery);
@@ -319,14 +437,14 @@ mod tests {
     async fn seq_is_gap_free_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.db");
-        let s = SqliteStore::open(&path, Counter::default());
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
         assert!(s.ready());
         for i in 0..5 {
-            assert_eq!(s.record(fact("r", &format!("h{i}"))).await.unwrap(), i + 1);
+            assert_eq!(s.record(fact("r", &format!("h{i}"))).await.unwrap().seq, i + 1);
         }
         drop(s);
-        let s = SqliteStore::open(&path, Counter::default());
-        assert_eq!(s.record(fact("r", "again")).await.unwrap(), 6);
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        assert_eq!(s.record(fact("r", "again")).await.unwrap().seq, 6);
         let all = s
             .query(FactQuery {
                 after: 0,
@@ -359,13 +477,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_flood_of_identical_denials_is_coalesced_not_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let counter = Counter::default();
-        let s = Arc::new(SqliteStore::open(&dir.path().join("f.db"), counter.clone()));
+        let metrics = StoreMetrics::default();
+        let counter = metrics.coalesced.clone();
+        let s = Arc::new(SqliteStore::open(&dir.path().join("f.db"), Limits::default(), metrics));
         let mut tasks = vec![];
         for _ in 0..2000 {
             let s = s.clone();
             tasks.push(tokio::spawn(async move {
-                s.record(fact("flood", "evil.example")).await.unwrap()
+                s.record(fact("flood", "evil.example")).await.unwrap().seq
             }));
         }
         let mut seqs = vec![];
@@ -390,12 +509,106 @@ mod tests {
         }
     }
 
+    async fn all(s: &SqliteStore) -> Vec<Fact> {
+        s.query(FactQuery {
+            after: 0,
+            limit: 10_000,
+            run_id: None,
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn facts_older_than_the_retention_are_pruned_and_younger_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        for i in 0..3 {
+            let mut old = fact("r", &format!("old{i}"));
+            old.at = "2001-01-01T00:00:00.000Z".into();
+            s.record(old).await.unwrap();
+        }
+        drop(s);
+        // Only old facts: the newest is kept so that seq continues after it.
+        let s = SqliteStore::open(
+            &path,
+            Limits {
+                retention: Duration::from_secs(3600),
+                ..Limits::default()
+            },
+            StoreMetrics::default(),
+        );
+        assert_eq!(s.record(fact("r", "young0")).await.unwrap().seq, 4);
+        assert_eq!(all(&s).await.len(), 2);
+        drop(s);
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        for i in 3..5 {
+            let mut old = fact("r", &format!("old{i}"));
+            old.at = "2001-01-01T00:00:00.000Z".into();
+            s.record(old).await.unwrap();
+        }
+        s.record(fact("r", "young1")).await.unwrap();
+        s.record(fact("r", "young2")).await.unwrap();
+        drop(s);
+        let metrics = StoreMetrics::default();
+        let limits = Limits {
+            retention: Duration::from_secs(3600),
+            ..Limits::default()
+        };
+        let s = SqliteStore::open(&path, limits, metrics.clone());
+        // Pruning runs when the writer starts; the next commit waits behind it.
+        let next = s.record(fact("r", "young3")).await.unwrap();
+        assert_eq!(next.seq, 9, "seq never goes back after pruning");
+        let hosts: Vec<String> = all(&s).await.into_iter().map(|f| f.target.unwrap().host).collect();
+        assert_eq!(hosts, ["young0", "young1", "young2", "young3"]);
+        assert_eq!(
+            metrics.pruned.get(),
+            2,
+            "old3 and old4 (old2 went at the previous start)"
+        );
+        assert!(metrics.bytes.get() > 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_at_its_budget_fails_closed_and_keeps_every_young_fact() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let metrics = StoreMetrics::default();
+        let limits = Limits {
+            max_bytes: 64 * 1024,
+            ..Limits::default()
+        };
+        let s = SqliteStore::open(&path, limits, metrics.clone());
+        let mut stored = 0;
+        let err = loop {
+            let mut f = fact("r", &format!("h{stored}"));
+            f.detail = "d".repeat(400);
+            match s.record(f).await {
+                Ok(_) => stored += 1,
+                Err(e) => break e,
+            }
+            assert!(stored < 10_000, "the budget never bit");
+        };
+        assert!(err.to_string().contains("budget"), "{err}");
+        assert!(stored > 10, "only {stored} facts fit");
+        assert!(!s.ready());
+        assert_eq!(all(&s).await.len(), stored, "a fact was dropped to make room");
+        assert!(metrics.bytes.get() >= 64 * 1024);
+        assert_eq!(metrics.budget.get(), 64 * 1024);
+        drop(s);
+        // A larger budget makes room again.
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        assert!(s.record(fact("r", "after")).await.is_ok());
+        assert_eq!(all(&s).await.len(), stored + 1);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_corrupt_file_fails_closed_and_unready() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.db");
         std::fs::write(&path, vec![0x5a; 8192]).unwrap();
-        let s = SqliteStore::open(&path, Counter::default());
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
         assert!(!s.ready());
         assert!(s.record(fact("r", "h")).await.is_err());
         assert!(!s.ready());

@@ -142,7 +142,11 @@ pub fn parse_absolute(uri: &Uri, headers: &HeaderMap, version: Version) -> Resul
             }
         }
     }
+    // The origin-form sent upstream is never empty: `/` for an empty path
+    // (also when the target was only a fragment, which `http` keeps as an
+    // empty path that renders as nothing), fragments never included.
     let pq = match uri.path_and_query() {
+        Some(pq) if pq.as_str() == "/" => PathAndQuery::from_static("/"),
         Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         Some(pq) if pq.as_str().starts_with('?') => {
             PathAndQuery::try_from(format!("/{}", pq.as_str())).map_err(|_| bad("invalid path"))?
@@ -215,6 +219,27 @@ mod tests {
             absolute("http://example.com/", Some("example.com:80")).unwrap().port,
             80
         );
+    }
+
+    #[test]
+    fn origin_form_is_never_empty() {
+        for (raw, want) in [
+            ("http://example.com:8080#frag", "/"),
+            ("http://example.com#", "/"),
+            ("http://example.com?q=1#f", "/?q=1"),
+            ("http://example.com/p#f", "/p"),
+        ] {
+            // hyper parses request targets from shared bytes.
+            let uri = Uri::from_maybe_shared(bytes::Bytes::from(raw)).unwrap();
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::HOST, http::HeaderValue::from_static("example.com:8080"));
+            if !raw.contains(":8080") {
+                h.insert(http::header::HOST, http::HeaderValue::from_static("example.com"));
+            }
+            let t = parse_absolute(&uri, &h, http::Version::HTTP_11).unwrap();
+            let sent = Uri::from(t.path_and_query.unwrap()).to_string();
+            assert_eq!(sent, want, "{raw}");
+        }
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub async fn run(t: Tunnel) {
         idle,
         cancel,
         shutdown,
-        mut finish,
+        finish,
     } = t;
     let _slot = slot;
     let client = tokio::select! {
@@ -129,6 +129,6 @@ pub async fn run(t: Tunnel) {
             }
         }
     }
-    finish.up = up.load(Ordering::Relaxed);
-    finish.down = down.load(Ordering::Relaxed);
+    finish.add_up(up.load(Ordering::Relaxed));
+    finish.add_down(down.load(Ordering::Relaxed));
 }

@@ -6,7 +6,7 @@
 //! connection's driver task dies when the run ends, at hard shutdown, or
 //! when a fetch abandons it mid-exchange (its [`ConnGuard`] is dropped).
 
-use hyper::body::Incoming;
+use crate::body::Upload;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::net::{IpAddr, SocketAddr};
@@ -38,9 +38,16 @@ impl Drop for ConnGuard {
 /// A connection ready to carry one exchange.
 pub struct Conn {
     pub addr: SocketAddr,
-    pub sender: SendRequest<Incoming>,
+    pub sender: SendRequest<Upload>,
     pub guard: ConnGuard,
     pub reused: bool,
+}
+
+impl Conn {
+    /// A token that stops this connection's driver when cancelled.
+    pub fn cut_token(&self) -> CancellationToken {
+        self.guard.0.clone().unwrap_or_default()
+    }
 }
 
 /// Performs the HTTP/1.1 handshake on a dialled, vetted stream and spawns its
@@ -74,7 +81,7 @@ pub async fn handshake(
 
 struct Idle {
     addr: SocketAddr,
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<Upload>,
     token: CancellationToken,
     since: Instant,
 }

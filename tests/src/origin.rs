@@ -206,3 +206,116 @@ pub fn port_free_on(ips: &[&str]) -> u16 {
         }
     }
 }
+
+/// A raw HTTP/1.1 origin for upload tests. It records each request line and
+/// counts the request-body bytes it receives. Paths: `/early` answers at once
+/// with a 1 GiB body (written as fast as the peer reads) while it keeps
+/// reading the request; `/early-small` answers at once with a short complete
+/// body and keeps reading; anything else reads the whole body (by
+/// `Content-Length`) and then answers `got N`.
+pub struct UploadOrigin {
+    pub addr: SocketAddr,
+    /// Request-body bytes received, across all connections.
+    pub received: Arc<std::sync::atomic::AtomicU64>,
+    /// Requests currently being received (their connection still open).
+    pub active: Arc<AtomicUsize>,
+    /// The most requests ever received at once.
+    pub peak: Arc<AtomicUsize>,
+    pub request_lines: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+pub async fn upload_origin(addr: &str) -> UploadOrigin {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let o = UploadOrigin {
+        addr: l.local_addr().unwrap(),
+        received: Arc::default(),
+        active: Arc::default(),
+        peak: Arc::default(),
+        request_lines: Arc::default(),
+    };
+    let (received, active, peak, lines) = (
+        o.received.clone(),
+        o.active.clone(),
+        o.peak.clone(),
+        o.request_lines.clone(),
+    );
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let (received, active, peak, lines) = (received.clone(), active.clone(), peak.clone(), lines.clone());
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = s.into_split();
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match rd.read(&mut b).await {
+                        Ok(1) => head.push(b[0]),
+                        _ => return,
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).to_string();
+                let line = text.lines().next().unwrap_or("").to_owned();
+                lines.lock().unwrap().push(line.clone());
+                let len: u64 = text
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .unwrap_or(0);
+                let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                let path = line.split(' ').nth(1).unwrap_or("").to_owned();
+                let writer = match path.as_str() {
+                    "/early" => Some(tokio::spawn(async move {
+                        let _ = wr
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+                            .await;
+                        let chunk = vec![b'd'; 64 * 1024];
+                        while wr.write_all(&chunk).await.is_ok() {}
+                    })),
+                    "/early-small" => {
+                        let _ = wr.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly").await;
+                        None
+                    }
+                    _ => {
+                        let mut got = 0u64;
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while got < len {
+                            match rd.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    got += n as u64;
+                                    received.fetch_add(n as u64, Ordering::SeqCst);
+                                }
+                            }
+                        }
+                        let body = format!("got {got}");
+                        let _ = wr
+                            .write_all(
+                                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes(),
+                            )
+                            .await;
+                        active.fetch_sub(1, Ordering::SeqCst);
+                        return;
+                    }
+                };
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            received.fetch_add(n as u64, Ordering::SeqCst);
+                        }
+                    }
+                }
+                active.fetch_sub(1, Ordering::SeqCst);
+                if let Some(w) = writer {
+                    w.abort();
+                }
+            });
+        }
+    });
+    o
+}

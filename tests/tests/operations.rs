@@ -67,8 +67,8 @@ async fn answered_denials_survive_kill_9() {
                 if r.status != 403 {
                     return;
                 }
-                let seq: u64 = r.header("x-egress-fact-seq").unwrap().parse().unwrap();
-                answered.lock().unwrap().insert(seq);
+                let id = r.header("x-egress-fact-id").unwrap().to_owned();
+                answered.lock().unwrap().insert(id);
             }
         }));
     }
@@ -91,9 +91,10 @@ async fn answered_denials_survive_kill_9() {
 
     let p2 = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
     let facts = all_facts(control).await;
-    let stored: BTreeSet<u64> = facts.iter().map(|f| f["seq"].as_u64().unwrap()).collect();
-    let missing: Vec<_> = answered.difference(&stored).collect();
+    let stored_ids: BTreeSet<String> = facts.iter().map(|f| f["id"].as_str().unwrap().to_owned()).collect();
+    let missing: Vec<_> = answered.difference(&stored_ids).collect();
     assert!(missing.is_empty(), "answered denials lost by kill -9: {missing:?}");
+    let stored: BTreeSet<u64> = facts.iter().map(|f| f["seq"].as_u64().unwrap()).collect();
     let max = *stored.iter().max().unwrap();
     assert_eq!(stored.len() as u64, max, "seq has gaps");
     // seq continues after the restart.
@@ -107,7 +108,10 @@ async fn answered_denials_survive_kill_9() {
         .as_bytes(),
     )
     .await;
-    assert_eq!(r.header("x-egress-fact-seq"), Some((max + 1).to_string().as_str()));
+    let id = r.header("x-egress-fact-id").unwrap();
+    let facts = all_facts(control).await;
+    let last = facts.last().unwrap();
+    assert_eq!((last["id"].as_str(), last["seq"].as_u64()), (Some(id), Some(max + 1)));
     drop(p2);
 }
 
@@ -471,10 +475,16 @@ async fn metrics_move_by_exactly_what_happened() {
     );
     assert_eq!(d("egress_auth_failures_total{reason=\"auth_missing\"}"), 1.0);
     assert_eq!(d("egress_auth_failures_total{reason=\"auth_invalid\"}"), 1.0);
+    // Up: the 3 forwarded request heads (start line, Host, blank line; the
+    // proxy's hop-by-hop headers are not forwarded) plus the tunnel bytes.
+    let head = format!(
+        "GET /bytes?n=1000 HTTP/1.1\r\nhost: allowed.test:{}\r\n\r\n",
+        origin.addr.port()
+    );
     assert_eq!(
         d("egress_bytes_total{tool=\"web\",direction=\"up\"}"),
-        20.0,
-        "tunnel bytes client→origin"
+        (3 * head.len() + 20) as f64,
+        "request heads and tunnel bytes client→origin"
     );
     assert!(d("egress_bytes_total{tool=\"web\",direction=\"down\"}") >= 3000.0 + 20.0);
     assert_eq!(

@@ -8,7 +8,7 @@
 use egress_e2e::harness::{TestProxy, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};
 use egress_e2e::raw::{read_response, send, wait_closed};
-use egress_proxy::facts::{Fact, FactError, FactQuery, FactSink, MemorySink};
+use egress_proxy::facts::{Fact, FactError, FactQuery, FactSink, MemorySink, Recorded};
 use futures_util::future::BoxFuture;
 use serde_json::json;
 use std::process::Command;
@@ -375,7 +375,7 @@ async fn too_many_runs_is_429() {
 struct SlowSink(MemorySink, Duration);
 
 impl FactSink for SlowSink {
-    fn record(&self, fact: Fact) -> BoxFuture<'_, Result<u64, FactError>> {
+    fn record(&self, fact: Fact) -> BoxFuture<'_, Result<Recorded, FactError>> {
         Box::pin(async move {
             tokio::time::sleep(self.1).await;
             self.0.record(fact).await
@@ -392,7 +392,7 @@ impl FactSink for SlowSink {
 struct BrokenSink;
 
 impl FactSink for BrokenSink {
-    fn record(&self, _: Fact) -> BoxFuture<'_, Result<u64, FactError>> {
+    fn record(&self, _: Fact) -> BoxFuture<'_, Result<Recorded, FactError>> {
         Box::pin(async { Err(FactError::Unavailable("disk full".into())) })
     }
     fn query(&self, _: FactQuery) -> BoxFuture<'_, Result<Vec<Fact>, FactError>> {
