@@ -158,6 +158,22 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         listener,
         cgroup,
     } = prepared;
+    let mut handed_off = false;
+    let listener = match (listener, &shared.exec.proxy_handoff) {
+        (Some(l), Some(path)) => {
+            // The proxy accepts in the namespace itself, bound to this run.
+            if let Err(e) = crate::handoff::send(path, &run.run_id, &l).await {
+                return fail_early(InvokeError::startup(
+                    Phase::Spawn,
+                    format!("cannot hand the child's proxy listener to the proxy: {e}"),
+                ))
+                .await;
+            }
+            handed_off = true;
+            None
+        }
+        (l, _) => l,
+    };
     let relay = match listener {
         None => None,
         Some(l) => match (proxy, relay(l)) {
@@ -178,7 +194,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
             }
         },
     };
-    let proxy_url = if relay.is_some() {
+    let proxy_url = if relay.is_some() || handed_off {
         crate::confine::child_proxy_url(&run.proxy_url)
     } else {
         run.proxy_url.clone()

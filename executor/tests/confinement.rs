@@ -46,14 +46,19 @@ fn main() {
     let mut passed = 0;
     let tests: &[Case] = &[
         ("rust_tool_is_contained_under_strict", || {
-            Box::pin(suite(Fixture::Rust, "strict"))
+            Box::pin(suite(Fixture::Rust, "strict", Mode::Handoff))
         }),
         ("python_tool_is_contained_under_strict", || {
-            Box::pin(suite(Fixture::Python, "strict"))
+            Box::pin(suite(Fixture::Python, "strict", Mode::Handoff))
         }),
-        ("rust_tool_escapes_under_off", || Box::pin(suite(Fixture::Rust, "off"))),
+        ("rust_tool_under_strict_with_the_relay_fallback", || {
+            Box::pin(suite(Fixture::Rust, "strict", Mode::Relay))
+        }),
+        ("rust_tool_escapes_under_off", || {
+            Box::pin(suite(Fixture::Rust, "off", Mode::Relay))
+        }),
         ("python_tool_escapes_under_off", || {
-            Box::pin(suite(Fixture::Python, "off"))
+            Box::pin(suite(Fixture::Python, "off", Mode::Relay))
         }),
         ("run_command_applies_the_tools_isolation", || Box::pin(run_command())),
         ("runners_fetch_through_the_proxy_under_strict", || {
@@ -277,6 +282,15 @@ fn attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) -> 
 
 // ---------------------------------------------------------------- the tests
 
+/// How the child's in-namespace listener reaches the proxy.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Handed to the proxy (`SCM_RIGHTS`), connections bound to the run.
+    Handoff,
+    /// The executor accepts and relays (no hand-off socket configured).
+    Relay,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Fixture {
     Rust,
@@ -300,7 +314,7 @@ fn unsupported() -> Option<String> {
 const PIDS: u64 = 16;
 const MEMORY_MB: u64 = 64;
 
-async fn suite(fixture: Fixture, isolation: &str) {
+async fn suite(fixture: Fixture, isolation: &str, mode: Mode) {
     if let Some(why) = unsupported() {
         eprintln!("SKIPPED confinement suite ({fixture:?}, {isolation}): {why}");
         return;
@@ -338,12 +352,18 @@ async fn suite(fixture: Fixture, isolation: &str) {
             }
         });
     }
+    let handoff = var.join("egress-handoff.sock");
+    let handoff_line = match mode {
+        Mode::Handoff => format!("handoff = \"{}\"", handoff.display()),
+        Mode::Relay => String::new(),
+    };
     let proxy_text = format!(
         r#"
 [proxy]
 listen = "127.0.0.1:0"
 control = "127.0.0.1:0"
 facts = "{facts}"
+{handoff_line}
 allow_ranges = ["127.0.0.2/32"]
 
 [proxy.dns]
@@ -379,6 +399,7 @@ egress = ["denied.test:80", "127.0.0.2:{port}"]
 [executor]
 listen = "127.0.0.1:0"
 scratch_dir = "scratch"
+{{executor_handoff}}
 
 [tools.evil.process]
 command = {command}
@@ -392,8 +413,20 @@ pool = {{ warm = 0, max = 2 }}
 "#
     )
     .replace("[proxy_control_for_the_executor]\n", "")
+    .replace(
+        "{executor_handoff}",
+        &match mode {
+            Mode::Handoff => format!("proxy_handoff = \"{}\"", handoff.display()),
+            Mode::Relay => String::new(),
+        },
+    )
     .replace("control = \"127.0.0.1:0\"", &format!("control = \"{}\"", proxy.control));
     let cfg = dir.write("egress.toml", &config_text);
+    if mode == Mode::Handoff {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&handoff).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the hand-off socket must be private to the proxy");
+    }
     let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
     // The executor's own API, as a target.
     let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -564,14 +597,22 @@ pool = {{ warm = 0, max = 2 }}
         );
         let _ = std::fs::remove_file(&outside);
     }
-    // The stolen credential: refused, or held to the victim run's policy
-    // and recorded under the victim's id (relay mode: see docs/executor.md).
+    // Another run's credential. Handed-off listener: the connection is bound
+    // to this run, so the stolen credential is refused (auth_invalid, recorded
+    // against the run that presented it). The relay fallback and `off` lose
+    // that binding: the credential works, within the victim run's policy.
     let victim_reasons = reasons(&victim.id);
-    if strict {
+    if strict && mode == Mode::Handoff {
+        assert!(!ok("stolen_credential"), "{:?}", outcomes["stolen_credential"]);
         assert!(
-            !ok("stolen_credential") || victim_reasons.is_empty(),
-            "{victim_reasons:?}"
+            outcomes["stolen_credential"].1.contains("407"),
+            "{:?}",
+            outcomes["stolen_credential"]
         );
+        assert!(mine.contains(&"auth_invalid".to_string()), "{facts_now:#?}");
+        assert!(victim_reasons.is_empty(), "{victim_reasons:?}");
+    } else {
+        assert!(ok("stolen_credential"), "{:?}", outcomes["stolen_credential"]);
     }
 
     // The facts database is intact and still serves.
