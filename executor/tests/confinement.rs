@@ -26,6 +26,7 @@ use std::time::Duration;
 use egress_e2e::harness::{basic, TestProxy};
 use egress_e2e::origin::{canary, http_origin};
 use egress_e2e::FakeDns;
+use egress_executor::confine::{Confinement, Layer};
 use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
 use serde_json::{json, Value};
 use support::*;
@@ -59,6 +60,59 @@ fn main() {
         }),
         ("python_tool_escapes_under_off", || {
             Box::pin(suite(Fixture::Python, "off", Mode::Relay))
+        }),
+        ("network_namespace_alone_stops_direct_connections", || {
+            Box::pin(layer_alone(
+                &[Layer::Netns],
+                &[
+                    "connect_canary",
+                    "connect_proxy_control",
+                    "connect_executor_api",
+                    "udp_dns",
+                ],
+                &["read_passwd", "io_uring_setup", "write_outside"],
+            ))
+        }),
+        ("landlock_alone_stops_reads_writes_and_connects", || {
+            Box::pin(layer_alone(
+                &[Layer::Landlock],
+                &[
+                    "read_passwd",
+                    "read_config",
+                    "read_token",
+                    "append_facts",
+                    "write_outside",
+                    "connect_canary",
+                ],
+                &["io_uring_setup", "udp_dns", "fork_bomb"],
+            ))
+        }),
+        ("seccomp_alone_stops_the_denied_calls", || {
+            Box::pin(layer_alone(
+                &[Layer::Seccomp],
+                &[
+                    "io_uring_setup",
+                    "ptrace",
+                    "unshare_user",
+                    "raw_socket",
+                    "packet_socket",
+                ],
+                &["read_passwd", "connect_canary"],
+            ))
+        }),
+        ("identity_alone_drops_root", || {
+            Box::pin(layer_alone(
+                &[Layer::Identity],
+                &["read_token", "append_facts", "raw_socket"],
+                &["read_passwd", "connect_canary"],
+            ))
+        }),
+        ("cgroup_alone_bounds_pids_and_memory", || {
+            Box::pin(layer_alone(
+                &[Layer::Cgroup],
+                &["fork_bomb", "memory_hog"],
+                &["read_passwd", "io_uring_setup"],
+            ))
         }),
         ("run_command_applies_the_tools_isolation", || Box::pin(run_command())),
         ("runners_fetch_through_the_proxy_under_strict", || {
@@ -315,6 +369,48 @@ const PIDS: u64 = 16;
 const MEMORY_MB: u64 = 64;
 
 async fn suite(fixture: Fixture, isolation: &str, mode: Mode) {
+    suite_with(fixture, isolation, mode, None).await
+}
+
+/// The malicious tool under strict, with only `layers` applied: each layer
+/// alone stops its own attempts (so removing a layer's rules fails here).
+async fn layer_alone(layers: &'static [Layer], fails: &'static [&'static str], succeeds: &'static [&'static str]) {
+    suite_with(Fixture::Rust, "strict", Mode::Relay, Some((layers, fails, succeeds))).await
+}
+
+/// One invocation on a child confined by `layers` only (no pool).
+async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egress_executor::InvocationResult {
+    use egress_executor::child::{self, Request, Shared, ToolSpec};
+    let cfg = Config::load(cfg).unwrap();
+    let host = egress_executor::confine::host(&cfg.executor);
+    let process = cfg.tools["evil"].clone().unwrap();
+    let confinement = Confinement::for_tool("evil", &process, &cfg.executor, &host)
+        .unwrap()
+        .only(layers);
+    let spec = std::sync::Arc::new(ToolSpec {
+        id: "evil".into(),
+        process,
+        confinement,
+    });
+    let shared = std::sync::Arc::new(Shared::new(
+        egress_executor::process::Spawner::start().unwrap(),
+        egress_executor::control::ControlClient::new(cfg.control, &cfg.facts, Some(TOKEN.into())),
+        egress_executor::metrics::Metrics::new(),
+        cfg.executor.clone(),
+    ));
+    let warm = child::start(&shared, &spec, None).await.unwrap();
+    warm.dispatch(Request {
+        input,
+        idempotency_key: None,
+        timeout: Duration::from_millis(spec.process.timeout_ms),
+        cancel: tokio_util::sync::CancellationToken::new(),
+    })
+    .await
+}
+
+type Only = Option<(&'static [Layer], &'static [&'static str], &'static [&'static str])>;
+
+async fn suite_with(fixture: Fixture, isolation: &str, mode: Mode, only: Only) {
     if let Some(why) = unsupported() {
         eprintln!("SKIPPED confinement suite ({fixture:?}, {isolation}): {why}");
         return;
@@ -455,15 +551,19 @@ pool = {{ warm = 0, max = 2 }}
         "pids": if strict { 100 } else { 40 },
         "memory_mb": 3 * MEMORY_MB,
     });
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "evil".into(),
-            input,
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
+    let res = match only {
+        None => {
+            exec.invoke(InvocationRequest {
+                tool: "evil".into(),
+                input,
+                run_id: None,
+                idempotency_key: None,
+                timeout_ms: None,
+            })
+            .await
+        }
+        Some((layers, _, _)) => one_layer_invocation(&cfg, layers, input).await,
+    };
     let e = res
         .error
         .clone()
@@ -535,7 +635,19 @@ pool = {{ warm = 0, max = 2 }}
         "fork_bomb",
         "memory_hog",
     ];
-    if strict {
+    if let Some((layers, fails, succeeds)) = only {
+        for a in fails {
+            assert!(!ok(a), "{a} must fail with only {layers:?}: {:?}", outcomes[*a]);
+        }
+        for a in succeeds {
+            assert!(ok(a), "{a} should succeed with only {layers:?}: {:?}", outcomes[*a]);
+        }
+        if layers.contains(&Layer::Netns) {
+            assert_eq!(canary.connections(), 0, "the canary was reached");
+            assert_eq!(udp_count.load(std::sync::atomic::Ordering::SeqCst), 0);
+        }
+        let _ = std::fs::remove_file(&outside);
+    } else if strict {
         for a in local {
             assert!(!ok(a), "{a} must fail under strict: {:?}", outcomes[a]);
         }
@@ -602,7 +714,9 @@ pool = {{ warm = 0, max = 2 }}
     // against the run that presented it). The relay fallback and `off` lose
     // that binding: the credential works, within the victim run's policy.
     let victim_reasons = reasons(&victim.id);
-    if strict && mode == Mode::Handoff {
+    if only.is_some() {
+        // Layer tests are about local attempts.
+    } else if strict && mode == Mode::Handoff {
         assert!(!ok("stolen_credential"), "{:?}", outcomes["stolen_credential"]);
         assert!(
             outcomes["stolen_credential"].1.contains("407"),
@@ -624,7 +738,7 @@ pool = {{ warm = 0, max = 2 }}
         "processes of the tool survived: {:?}",
         marked_processes(&marker)
     );
-    if strict {
+    if strict && only.is_none() {
         let leftovers: Vec<PathBuf> = ["memory", "pids"]
             .iter()
             .flat_map(|c| {
