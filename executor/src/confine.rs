@@ -56,7 +56,7 @@ pub enum Layer {
     Landlock,
     /// seccomp filter denying the dangerous system calls.
     Seccomp,
-    /// Unprivileged uid/gid, new session, no_new_privs.
+    /// Unprivileged uid/gid (no supplementary groups).
     Identity,
     /// rlimits: core, open files, processes, CPU time.
     Rlimits,
@@ -79,7 +79,7 @@ impl Layer {
             Layer::Netns => "network namespace",
             Layer::Landlock => "landlock",
             Layer::Seccomp => "seccomp",
-            Layer::Identity => "uid/gid, session, no_new_privs",
+            Layer::Identity => "unprivileged uid/gid",
             Layer::Rlimits => "rlimits",
             Layer::Cgroup => "cgroup memory+pids",
         }
@@ -221,15 +221,17 @@ fn identity_support(exec: &ExecutorSection) -> Result<String, String> {
         })
     };
     if !mapped("/proc/self/uid_map", uid, count) || !mapped("/proc/self/gid_map", gid, count) {
-        return Err(format!(
-            "uid/gid {uid}..{} are not mapped in the executor's user namespace",
-            u64::from(uid) + u64::from(count)
-        ));
+        let ids = if count > 1 {
+            format!("uids/gids {uid}/{gid} (+{count})")
+        } else {
+            format!("uid {uid} / gid {gid}")
+        };
+        return Err(format!("{ids} not mapped in the executor's user namespace"));
     }
     Ok(if count > 1 {
-        format!("uid/gid from {uid}/{gid}, one of {count} per child; setsid; no_new_privs")
+        format!("uid/gid from {uid}/{gid}, one of {count} per child")
     } else {
-        format!("uid {uid}, gid {gid}; setsid; no_new_privs")
+        format!("uid {uid}, gid {gid}")
     })
 }
 
@@ -417,9 +419,11 @@ impl Confinement {
             return Ok(out);
         }
         let c = &mut out.child;
+        // Every confined child: its own session (no controlling terminal to
+        // inject input into) and no privilege gain through exec.
+        c.setsid = true;
+        c.no_new_privs = true;
         if self.has(Layer::Identity) {
-            c.setsid = true;
-            c.no_new_privs = true;
             c.ids = self.next_ids();
             if let Some((uid, gid)) = c.ids {
                 rustix::fs::chown(
@@ -428,11 +432,6 @@ impl Confinement {
                     Some(rustix::fs::Gid::from_raw(gid)),
                 )?;
             }
-        }
-        if self.has(Layer::Seccomp) || self.has(Layer::Landlock) {
-            // Both need it without CAP_SYS_ADMIN; a confined child never
-            // gains privileges through exec.
-            c.no_new_privs = true;
         }
         if self.has(Layer::Rlimits) {
             let cpu_s = self.cpu_ms.div_ceil(1000).max(1);

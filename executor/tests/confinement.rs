@@ -115,6 +115,9 @@ fn main() {
             ))
         }),
         ("run_command_applies_the_tools_isolation", || Box::pin(run_command())),
+        ("unprivileged_executor_enforces_what_user_namespaces_give", || {
+            Box::pin(unprivileged())
+        }),
         ("runners_fetch_through_the_proxy_under_strict", || {
             Box::pin(runners_fetch())
         }),
@@ -920,5 +923,146 @@ async fn runners_fetch() {
         eprintln!("SKIPPED the Node half: no node");
     }
     exec.shutdown();
+    proxy.shutdown().await;
+}
+
+const PROBE_PY: &str = r#"
+import os, socket, sys
+print("uid", os.getuid())
+try:
+    open("/etc/passwd").read()
+    print("passwd READ")
+except OSError as e:
+    print("passwd", e.errno)
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2).close()
+    print("canary CONNECTED")
+except OSError as e:
+    print("canary", e.errno)
+"#;
+
+/// Without root: the executor in a user namespace of an unprivileged uid
+/// (`setpriv` + `unshare -r`) still gets network and PID namespaces,
+/// Landlock, seccomp and rlimits; not the uid switch nor cgroups. `doctor`
+/// says exactly that, `strict` refuses naming both, `best_effort` runs.
+async fn unprivileged() {
+    let have = |b: &str| which(b).is_some();
+    if !is_root() || !have("setpriv") || !have("unshare") || python().is_none() {
+        eprintln!("SKIPPED unprivileged_executor_enforces_what_user_namespaces_give: needs root (to drop to another uid), setpriv, unshare and python3");
+        return;
+    }
+    let probe = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=4242",
+            "--regid=4242",
+            "--clear-groups",
+            "--",
+            "unshare",
+            "-r",
+            "true",
+        ])
+        .status();
+    if !probe.map(|s| s.success()).unwrap_or(false) {
+        eprintln!("SKIPPED unprivileged_executor_enforces_what_user_namespaces_give: unprivileged user namespaces are disabled here");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.be]\negress = []\n[tools.st]\negress = []\n").await;
+    let canary = canary("127.0.0.1:0").await;
+    let dir = TempDir::new("confine-unpriv");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    dir.write("probe.py", PROBE_PY);
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
+             [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n",
+            proxy.control
+        ),
+    );
+    // `run` builds every tool's plan: the best-effort tool alone in its own file.
+    let be_cfg = dir.write(
+        "be.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n",
+            proxy.control
+        ),
+    );
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
+    let probe_path = dir.path().join("probe.py");
+    let port = canary.addr.port().to_string();
+    let unpriv = move |args: Vec<String>| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=4242", "--regid=4242", "--clear-groups", "--", "unshare", "-r"])
+            .arg(&bin)
+            .args(args)
+            .env("EGRESS_CONTROL_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    };
+    let c = cfg.display().to_string();
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let doctor = args(&["doctor", "--config", &c]);
+    let be_c = be_cfg.display().to_string();
+    let be = args(&[
+        "run",
+        "--config",
+        &be_c,
+        "--tool",
+        "be",
+        "--",
+        "python3",
+        &probe_path.display().to_string(),
+        &port,
+    ]);
+    let st = args(&["run", "--config", &c, "--tool", "st", "--", "true"]);
+    let (doctor, be, st) = tokio::task::spawn_blocking(move || (unpriv(doctor), unpriv(be), unpriv(st)))
+        .await
+        .unwrap();
+    let table = String::from_utf8_lossy(&doctor.stdout);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{table}"))
+            .to_string()
+    };
+    for (layer, available) in [
+        ("network namespace", true),
+        ("landlock", true),
+        ("seccomp", true),
+        ("rlimits", true),
+        ("unprivileged uid/gid", false),
+        ("cgroup memory+pids", false),
+    ] {
+        let r = row(layer);
+        let word = r[32..].split_whitespace().next().unwrap_or("");
+        assert_eq!(word, if available { "yes" } else { "NO" }, "{r}");
+    }
+    assert!(row("isolation of `st`").contains("FAIL"), "{table}");
+    assert!(
+        row("isolation of `be`").contains("network namespace, landlock, seccomp, rlimits"),
+        "{table}"
+    );
+
+    let out = String::from_utf8_lossy(&be.stdout);
+    let err = String::from_utf8_lossy(&be.stderr);
+    assert!(out.contains("uid 0\n"), "{out}\n{err}");
+    assert!(out.contains("passwd 13\n"), "{out}\n{err}");
+    assert!(!out.contains("CONNECTED"), "{out}\n{err}");
+    assert_eq!(canary.connections(), 0);
+    assert!(err.contains("layer not enforced: unprivileged uid/gid"), "{err}");
+    assert!(err.contains("layer not enforced: cgroup memory+pids"), "{err}");
+
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert_eq!(st.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("unprivileged uid/gid") && err.contains("cgroup memory+pids"),
+        "{err}"
+    );
     proxy.shutdown().await;
 }
