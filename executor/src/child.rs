@@ -559,6 +559,10 @@ impl Drop for Warm {
         if !self.cleaned {
             self.process.kill_tree();
             let _ = std::fs::remove_dir_all(&self.scratch);
+            if let (Some(c), Ok(rt)) = (self.cgroup.take(), tokio::runtime::Handle::try_current()) {
+                // Removable once the killed tree is gone.
+                rt.spawn(c.remove());
+            }
         }
     }
 }
