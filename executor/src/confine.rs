@@ -362,6 +362,10 @@ impl Confinement {
                 tracing::warn!(tool, "isolation = \"best_effort\": layer not enforced: {m}");
             }
         }
+        if layers.contains(&Layer::Netns) {
+            // Start preparing namespaces now, before the first child needs one.
+            netns_pool();
+        }
         Ok(Confinement {
             isolation: p.isolation,
             layers,
@@ -448,7 +452,7 @@ impl Confinement {
             }
         }
         let port = if self.has(Layer::Netns) {
-            let (ns, listener) = sys::new_netns(CHILD_PROXY)?;
+            let (ns, listener) = netns_pool().take()?;
             c.netns = Some(ns);
             out.listener = Some(listener);
             CHILD_PROXY_PORT
@@ -508,6 +512,79 @@ impl Confinement {
         }
         let fd: Option<OwnedFd> = created.into();
         fd.ok_or_else(|| io::Error::other("landlock: no ruleset was created"))
+    }
+}
+
+/// Namespaces kept ready, so a cold start does not wait for the kernel to
+/// build one (a few ms here): each is fresh, holds only `lo` and its listener,
+/// and is used by exactly one child.
+const READY_NAMESPACES: usize = 4;
+
+/// Ready network namespaces with their proxy listener, refilled by a
+/// background thread.
+struct NetnsPool {
+    ready: std::sync::Mutex<Vec<(OwnedFd, std::net::TcpListener)>>,
+    wanted: std::sync::Condvar,
+}
+
+fn netns_pool() -> &'static NetnsPool {
+    static POOL: OnceLock<&'static NetnsPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let pool: &'static NetnsPool = Box::leak(Box::new(NetnsPool {
+            ready: std::sync::Mutex::new(Vec::new()),
+            wanted: std::sync::Condvar::new(),
+        }));
+        let spawned = std::thread::Builder::new()
+            .name("loom-netns-pool".into())
+            .spawn(move || pool.refill());
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the namespace pool thread; namespaces are created per child");
+        }
+        pool
+    })
+}
+
+impl NetnsPool {
+    /// A ready namespace, or a new one if none is ready.
+    fn take(&self) -> io::Result<(OwnedFd, std::net::TcpListener)> {
+        let got = match self.ready.lock() {
+            Ok(mut r) => r.pop(),
+            Err(_) => None,
+        };
+        self.wanted.notify_one();
+        match got {
+            Some(ns) => Ok(ns),
+            None => sys::new_netns(CHILD_PROXY),
+        }
+    }
+
+    fn refill(&self) {
+        loop {
+            let short = match self.ready.lock() {
+                Ok(r) => {
+                    let r = self
+                        .wanted
+                        .wait_while(r, |r| r.len() >= READY_NAMESPACES)
+                        .unwrap_or_else(|p| p.into_inner());
+                    r.len() < READY_NAMESPACES
+                }
+                Err(_) => return,
+            };
+            if !short {
+                continue;
+            }
+            match sys::new_netns(CHILD_PROXY) {
+                Ok(ns) => {
+                    if let Ok(mut r) = self.ready.lock() {
+                        r.push(ns);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot prepare a network namespace");
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+        }
     }
 }
 
