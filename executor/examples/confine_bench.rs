@@ -97,7 +97,7 @@ async fn main() {
             "[proxy]\ncontrol = \"{control}\"\nfacts = \"{facts}\"\n[executor]\nscratch_dir = \"{scratch}\"\n{extra_exec}\n{tools}\n\
              [tools.rs.process]\ncommand = [\"{echo}\"]\nisolation = \"{isolation}\"\npool = {{ warm = 2, max = 4 }}\n\
              [tools.py.process]\ncommand = [\"python3\", \"{runner}\", \"{noop}\"]\nisolation = \"{isolation}\"\npool = {{ warm = 0, max = 4 }}\n\
-             [tools.dl.process]\ncommand = [\"curl\", \"-sS\", \"-o\", \"/dev/null\", \"-w\", \"%{{size_download}}\", \"{url}\"]\n\
+             [tools.dl.process]\ncommand = [\"sh\", \"-c\", \"read go; exec curl -sS -o /dev/null -w %{{size_download}} '{url}'\"]\n\
              protocol = \"plain\"\nisolation = \"{isolation}\"\nmemory_mb = 1024\npool = {{ warm = 0, max = 1 }}\n",
             control = proxy.control,
             facts = dir.join("var/f.db").display(),
@@ -207,7 +207,9 @@ async fn main() {
         let mut rates = Vec::new();
         for _ in 0..5 {
             let t0 = Instant::now();
-            let r = exec.invoke(req("dl", json!(null))).await;
+            // Plain tools run from spawn; the input line (sent once the run is
+            // active) is the go signal.
+            let r = exec.invoke(req("dl", json!(1))).await;
             let secs = t0.elapsed().as_secs_f64();
             assert!(r.ok, "{r:?}");
             let got = r.output.as_ref().and_then(|o| o["stdout"].as_str()).unwrap_or("");

@@ -158,22 +158,14 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         listener,
         cgroup,
     } = prepared;
-    let mut handed_off = false;
-    let listener = match (listener, &shared.exec.proxy_handoff) {
-        (Some(l), Some(path)) => {
-            // The proxy accepts in the namespace itself, bound to this run.
-            if let Err(e) = crate::handoff::send(path, &run.run_id, &l).await {
-                return fail_early(InvokeError::startup(
-                    Phase::Spawn,
-                    format!("cannot hand the child's proxy listener to the proxy: {e}"),
-                ))
-                .await;
-            }
-            handed_off = true;
-            None
-        }
-        (l, _) => l,
+    // Hand-off: the proxy accepts in the namespace itself, bound to this
+    // run. Done while the child starts (connections wait in the listener's
+    // backlog meanwhile; the run is not active before dispatch anyway).
+    let (handoff, listener) = match (listener, &shared.exec.proxy_handoff) {
+        (Some(l), Some(path)) => (Some((l, path.clone())), None),
+        (l, _) => (None, l),
     };
+    let handed_off = handoff.is_some();
     let relay = match listener {
         None => None,
         Some(l) => match (proxy, relay(l)) {
@@ -204,7 +196,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     if plain {
         env.retain(|(k, _)| k != protocol::IPC_FDS_VAR);
     }
-    let launched = process::launch(
+    let launch = process::launch(
         &shared.spawner,
         Launch {
             command: &p.command,
@@ -217,8 +209,30 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
             stdout_cap: shared.exec.stdout_cap_bytes,
             stderr_cap: shared.exec.stderr_cap_bytes,
         },
-    )
-    .await;
+    );
+    let handing = async {
+        match &handoff {
+            Some((l, path)) => crate::handoff::send(path, &run.run_id, l).await,
+            None => Ok(()),
+        }
+    };
+    let (launched, handed) = tokio::join!(launch, handing);
+    // The proxy holds the listener now (or the start fails): no copy here.
+    drop(handoff);
+    let launched = match (launched, handed) {
+        (Ok(mut l), Err(e)) => {
+            let _ = l.process.kill_and_reap().await;
+            if let Some(c) = cgroup {
+                c.remove().await;
+            }
+            return fail_early(InvokeError::startup(
+                Phase::Spawn,
+                format!("cannot hand the child's proxy listener to the proxy: {e}"),
+            ))
+            .await;
+        }
+        (l, _) => l,
+    };
     let launched = match launched {
         Ok(l) => l,
         Err(e) => {

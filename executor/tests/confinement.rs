@@ -115,6 +115,10 @@ fn main() {
             ))
         }),
         ("run_command_applies_the_tools_isolation", || Box::pin(run_command())),
+        (
+            "a_failed_hand_off_fails_the_start_loudly",
+            || Box::pin(failed_handoff()),
+        ),
         ("unprivileged_executor_enforces_what_user_namespaces_give", || {
             Box::pin(unprivileged())
         }),
@@ -1063,6 +1067,45 @@ async fn unprivileged() {
     assert!(
         err.contains("unprivileged uid/gid") && err.contains("cgroup memory+pids"),
         "{err}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A configured hand-off socket that does not answer: the child is not
+/// started behind the proxy's back (no silent relay), the start fails.
+async fn failed_handoff() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED a_failed_hand_off_fails_the_start_loudly: {why}");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.t]\negress = []\n").await;
+    let dir = TempDir::new("confine-nohandoff");
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             proxy_handoff = \"{}\"\n[tools.t]\negress = []\n[tools.t.process]\ncommand = [\"sleep\", \"60\"]\n\
+             protocol = \"plain\"\npool = {{ warm = 0, max = 1 }}\n",
+            proxy.control,
+            dir.path().join("no-such.sock").display()
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "t".into(),
+            input: json!(null),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
+    assert_eq!(e.kind, ErrorKind::Startup, "{e:?}");
+    assert!(
+        e.message
+            .contains("cannot hand the child's proxy listener to the proxy"),
+        "{e:?}"
     );
     proxy.shutdown().await;
 }
