@@ -100,12 +100,12 @@ impl Layer {
     /// What this layer costs, for `doctor`.
     pub fn cost(self) -> &'static str {
         match self {
-            Layer::Netns => "a namespace + listener per child (~1 ms); relayed bytes are copied once unless handed off",
+            Layer::Netns => "a namespace + listener per child (kept ready in the background); relayed bytes are copied once more unless handed off",
             Layer::Landlock => "one ruleset per child (~0.1 ms); no per-access cost worth measuring",
             Layer::Seccomp => "BPF compiled once per tool; a few ns per system call",
             Layer::Identity => "none",
             Layer::Rlimits => "none",
-            Layer::Cgroup => "two mkdirs and writes per child (~0.2 ms), rmdir after",
+            Layer::Cgroup => "mkdirs and writes per child, rmdir after; joining may wait for an RCU grace period (~10 ms on cgroup v1 without favordynmods)",
         }
     }
 }
