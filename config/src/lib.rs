@@ -108,6 +108,9 @@ pub struct ProxyConfig {
     pub listen: SocketAddr,
     pub control: SocketAddr,
     pub facts: PathBuf,
+    /// Unix socket on which the executor hands over the listening socket it
+    /// created inside a confined child's network namespace (`None`: off).
+    pub handoff: Option<PathBuf>,
     pub max_run: Duration,
     pub max_runs: usize,
     pub dns: DnsConfig,

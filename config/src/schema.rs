@@ -51,6 +51,7 @@ struct RawProxy {
     drain_timeout_ms: u64,
     dns: RawDns,
     tls: Option<RawTls>,
+    handoff: Option<PathBuf>,
 }
 
 impl Default for RawProxy {
@@ -77,6 +78,7 @@ impl Default for RawProxy {
             drain_timeout_ms: 10_000,
             dns: RawDns::default(),
             tls: None,
+            handoff: None,
         }
     }
 }
@@ -442,6 +444,7 @@ fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
             listen,
             control,
             facts: rp.facts,
+            handoff: rp.handoff,
             max_run: Duration::from_millis(max_run_ms),
             max_runs: max_runs as usize,
             dns: DnsConfig {

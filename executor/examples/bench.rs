@@ -152,7 +152,7 @@ pool = {{ warm = 8, max = 8 }}
         let spec = Arc::new(ToolSpec {
             id: tool.into(),
             process: ProcessConfig { ..p },
-            confinement: Confinement::Off,
+            confinement: Confinement::off(),
         });
         let mut v = Vec::new();
         for _ in 0..count.max(10) {

@@ -87,6 +87,77 @@ class Context {
   }
   /** Record a fact for this run; it lands before the result. */
   emit(fact) { this._ch.send({ t: 'emit', fact }); }
+  /**
+   * fetch(url, init) through the run's proxy, always (Node's global fetch and
+   * http ignore HTTP_PROXY). init: {method, headers, body}. Resolves to
+   * {status, headers, body (string), text(), json()}.
+   */
+  fetch(url, init) { return proxyFetch(url, init || {}); }
+}
+
+/** The run's proxy from HTTP_PROXY: {host, port, auth header}. */
+function runProxy() {
+  const raw = process.env.HTTPS_PROXY || process.env.HTTP_PROXY;
+  if (!raw) throw new Error('no HTTP_PROXY: not started by the executor');
+  const u = new URL(raw);
+  const auth = 'Basic ' + Buffer.from(decodeURIComponent(u.username) + ':' + decodeURIComponent(u.password)).toString('base64');
+  return { host: u.hostname, port: Number(u.port || 3128), auth };
+}
+
+function proxyFetch(url, init) {
+  const http = require('http');
+  const target = new URL(url);
+  const proxy = runProxy();
+  const method = (init.method || 'GET').toUpperCase();
+  const headers = Object.assign({}, init.headers || {});
+  const body = init.body === undefined || init.body === null ? null : Buffer.from(init.body);
+  if (body) headers['content-length'] = String(body.length);
+  const collect = (res, resolve) => {
+    const chunks = [];
+    res.on('data', (c) => chunks.push(c));
+    res.on('end', () => {
+      const text = Buffer.concat(chunks).toString('utf8');
+      resolve({ status: res.statusCode, headers: res.headers, body: text, text: async () => text, json: async () => JSON.parse(text) });
+    });
+  };
+  if (target.protocol === 'http:') {
+    // Absolute-form request to the proxy.
+    return new Promise((resolve, reject) => {
+      const req = http.request({
+        host: proxy.host, port: proxy.port, method, path: target.href,
+        headers: Object.assign({ host: target.host, 'proxy-authorization': proxy.auth }, headers),
+        agent: false,
+      }, (res) => collect(res, resolve));
+      req.on('error', reject);
+      req.end(body || undefined);
+    });
+  }
+  if (target.protocol !== 'https:') return Promise.reject(new Error('ctx.fetch: unsupported scheme ' + target.protocol));
+  const https = require('https');
+  const tls = require('tls');
+  const port = Number(target.port || 443);
+  const authority = target.hostname + ':' + port;
+  return new Promise((resolve, reject) => {
+    const connect = http.request({
+      host: proxy.host, port: proxy.port, method: 'CONNECT', path: authority,
+      headers: { host: authority, 'proxy-authorization': proxy.auth }, agent: false,
+    });
+    connect.on('error', reject);
+    connect.on('connect', (res, socket) => {
+      if (res.statusCode !== 200) {
+        socket.destroy();
+        resolve({ status: res.statusCode, headers: res.headers, body: '', text: async () => '', json: async () => null });
+        return;
+      }
+      const req = https.request({
+        method, path: target.pathname + target.search, headers: Object.assign({ host: target.host }, headers),
+        createConnection: () => tls.connect({ socket, servername: target.hostname }), agent: false,
+      }, (r) => collect(r, resolve));
+      req.on('error', reject);
+      req.end(body || undefined);
+    });
+    connect.end();
+  });
 }
 
 /** Resolve once everything written to stdout/stderr so far is flushed. */
@@ -169,7 +240,7 @@ async function loadTarget(target) {
   throw new Error(file + ' exports no function ' + JSON.stringify(fn));
 }
 
-module.exports = { main, loadTarget, Context };
+module.exports = { main, loadTarget, Context, proxyFetch };
 
 if (require.main === module) {
   if (process.argv.length !== 3) {

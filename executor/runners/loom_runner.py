@@ -76,6 +76,32 @@ class Context:
         """Record a fact for this run; it lands before the result."""
         self._channel.send({"t": "emit", "fact": fact})
 
+    def fetch(self, url, method="GET", headers=None, body=None, timeout=30):
+        """Fetch `url` through the run's proxy (CONNECT for https,
+        absolute-form for http), whatever the tool's libraries do with proxy
+        variables. Returns {"status", "headers" (lower-case names), "body"
+        (bytes)}; a denial is a normal answer (403, x-egress-deny-reason)."""
+        import urllib.error
+        import urllib.request
+
+        proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("HTTP_PROXY")
+        if not proxy:
+            raise RuntimeError("no HTTP_PROXY: not started by the executor")
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({"http": proxy, "https": proxy}))
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+        try:
+            with opener.open(req, timeout=timeout) as r:
+                return {"status": r.status, "headers": _lower(r.headers), "body": r.read()}
+        except urllib.error.HTTPError as e:
+            return {"status": e.code, "headers": _lower(e.headers), "body": e.read()}
+
+
+def _lower(headers):
+    return {k.lower(): v for k, v in headers.items()}
+
 
 def _call(fn, input, ctx):
     try:

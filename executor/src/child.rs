@@ -14,7 +14,7 @@ use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ExecutorSection, ProcessConfig, Protocol};
-use crate::confine::Confinement;
+use crate::confine::{CgroupDirs, Confinement, Prepared};
 use crate::control::{ControlClient, RunCreds};
 use crate::error::{ErrorKind, InvocationResult, InvokeError, Phase};
 use crate::metrics::Metrics;
@@ -85,6 +85,11 @@ pub struct Warm {
     stderr: Option<Capture>,
     scratch: PathBuf,
     cleaned: bool,
+    /// Stops the relay of the in-namespace proxy listener when dropped.
+    relay: Option<tokio_util::sync::DropGuard>,
+    cgroup: Option<CgroupDirs>,
+    /// Emits received so far (kept when the invocation then fails).
+    emits: Vec<Value>,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -132,12 +137,66 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         .await;
     }
     let p = &tool.process;
-    let mut env = process::child_env(&run.proxy_url, &scratch, &p.path, &p.lang, &p.env);
+    let program = process::resolve_program(&p.command[0], &p.path, &p.cwd).ok();
+    let files = crate::confine::command_files(&p.command, program.as_deref(), &p.cwd);
+    let proxy = crate::confine::proxy_addr(&run.proxy_url);
+    let prepared = tool
+        .confinement
+        .prepare(&tool.id, &scratch, &files, proxy.map_or(0, |a| a.port()));
+    let prepared = match prepared {
+        Ok(c) => c,
+        Err(e) => {
+            return fail_early(InvokeError::startup(
+                Phase::Spawn,
+                format!("cannot prepare the confinement of `{}`: {e}", tool.id),
+            ))
+            .await
+        }
+    };
+    let Prepared {
+        child: confine,
+        listener,
+        cgroup,
+    } = prepared;
+    // Hand-off: the proxy accepts in the namespace itself, bound to this
+    // run. Done while the child starts (connections wait in the listener's
+    // backlog meanwhile; the run is not active before dispatch anyway).
+    let (handoff, listener) = match (listener, &shared.exec.proxy_handoff) {
+        (Some(l), Some(path)) => (Some((l, path.clone())), None),
+        (l, _) => (None, l),
+    };
+    let handed_off = handoff.is_some();
+    let relay = match listener {
+        None => None,
+        Some(l) => match (proxy, relay(l)) {
+            (Some(upstream), Ok(r)) => Some(r.start(upstream)),
+            (None, _) => {
+                return fail_early(InvokeError::startup(
+                    Phase::Spawn,
+                    format!("the run's proxy URL names no IP address and port: {}", run.proxy_url),
+                ))
+                .await
+            }
+            (_, Err(e)) => {
+                return fail_early(InvokeError::startup(
+                    Phase::Spawn,
+                    format!("cannot serve the in-namespace proxy listener: {e}"),
+                ))
+                .await
+            }
+        },
+    };
+    let proxy_url = if relay.is_some() || handed_off {
+        crate::confine::child_proxy_url(&run.proxy_url)
+    } else {
+        run.proxy_url.clone()
+    };
+    let mut env = process::child_env(&proxy_url, &scratch, &p.path, &p.lang, &p.env);
     let plain = p.protocol == Protocol::Plain;
     if plain {
         env.retain(|(k, _)| k != protocol::IPC_FDS_VAR);
     }
-    let launched = process::launch(
+    let launch = process::launch(
         &shared.spawner,
         Launch {
             command: &p.command,
@@ -146,20 +205,45 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
             path: &p.path,
             plain,
             pid_namespace: shared.exec.pid_namespace,
-            confinement: tool.confinement,
+            confine,
             stdout_cap: shared.exec.stdout_cap_bytes,
             stderr_cap: shared.exec.stderr_cap_bytes,
         },
-    )
-    .await;
+    );
+    let handing = async {
+        match &handoff {
+            Some((l, path)) => crate::handoff::send(path, &run.run_id, l).await,
+            None => Ok(()),
+        }
+    };
+    let (launched, handed) = tokio::join!(launch, handing);
+    // The proxy holds the listener now (or the start fails): no copy here.
+    drop(handoff);
+    let launched = match (launched, handed) {
+        (Ok(mut l), Err(e)) => {
+            let _ = l.process.kill_and_reap().await;
+            if let Some(c) = cgroup {
+                c.remove().await;
+            }
+            return fail_early(InvokeError::startup(
+                Phase::Spawn,
+                format!("cannot hand the child's proxy listener to the proxy: {e}"),
+            ))
+            .await;
+        }
+        (l, _) => l,
+    };
     let launched = match launched {
         Ok(l) => l,
         Err(e) => {
+            if let Some(c) = cgroup {
+                c.remove().await;
+            }
             return fail_early(InvokeError::startup(
                 Phase::Spawn,
                 format!("cannot start `{}`: {e}", p.command.join(" ")),
             ))
-            .await
+            .await;
         }
     };
     let mut warm = Warm {
@@ -174,6 +258,9 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         stderr: Some(launched.stderr),
         scratch,
         cleaned: false,
+        relay,
+        cgroup,
+        emits: Vec::new(),
     };
     if plain {
         // Plain children are ready once spawned.
@@ -237,9 +324,15 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
 }
 
 fn make_scratch(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if let Some(parent) = dir.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent)?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(parent)?;
+        // Traversable (not listable) by confined children's uid, so each can
+        // reach its own directory (Landlock keeps them out of the others).
+        let mode = std::fs::metadata(parent)?.permissions().mode() & 0o777;
+        if mode & 0o011 != 0o011 {
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode | 0o011))?;
+        }
     }
     std::fs::DirBuilder::new().mode(0o700).create(dir)
 }
@@ -270,6 +363,10 @@ impl Warm {
             }
         };
         let (out, err) = tokio::join!(finish(self.stdout.take()), finish(self.stderr.take()));
+        self.relay = None;
+        if let Some(c) = self.cgroup.take() {
+            c.remove().await;
+        }
         let _ = tokio::fs::remove_dir_all(&self.scratch).await;
         self.cleaned = true;
         (out.head_text(), err.tail_text(), exit)
@@ -346,7 +443,7 @@ impl Warm {
             Ok((output, emits)) => (Some(output), emits, None),
             Err(mut e) => {
                 e.stderr_tail = stderr_tail;
-                (None, Vec::new(), Some(e))
+                (None, std::mem::take(&mut self.emits), Some(e))
             }
         };
         let output = match (output, self.tool.process.protocol) {
@@ -393,6 +490,7 @@ impl Warm {
         let Some((tx, reader)) = &mut self.ipc else {
             return Err(InvokeError::new(ErrorKind::Disconnected, "no IPC pipe"));
         };
+        let emits = &mut self.emits;
         let line = protocol::encode(&ParentMsg::Invoke {
             run_id: self.run.run_id.clone(),
             input: req.input.clone(),
@@ -404,7 +502,6 @@ impl Warm {
             _ = tokio::time::sleep_until(deadline) => return Err(timeout_err()),
             _ = req.cancel.cancelled() => return Err(aborted()),
         }
-        let mut emits = Vec::new();
         loop {
             let next = tokio::select! {
                 biased;
@@ -421,10 +518,10 @@ impl Warm {
                     // is gone, then read what is left.
                     self.process.kill_tree();
                     let exit = s.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                    return drain_after_exit(reader, &mut emits, exit).await;
+                    return drain_after_exit(reader, emits, exit).await;
                 }
             };
-            match handle(next, &mut emits) {
+            match handle(next, emits) {
                 Step::Continue => {}
                 Step::Done(r) => return r,
             }
@@ -476,6 +573,10 @@ impl Drop for Warm {
         if !self.cleaned {
             self.process.kill_tree();
             let _ = std::fs::remove_dir_all(&self.scratch);
+            if let (Some(c), Ok(rt)) = (self.cgroup.take(), tokio::runtime::Handle::try_current()) {
+                // Removable once the killed tree is gone.
+                rt.spawn(c.remove());
+            }
         }
     }
 }
@@ -534,5 +635,58 @@ async fn drain_after_exit(
             ErrorKind::Disconnected,
             format!("the child exited ({exit}) before a result"),
         )),
+    }
+}
+
+/// The executor's side of a confined child's proxy listener (no hand-off):
+/// accepts in the child's namespace and relays each connection to the
+/// proxy's data address. The proxy sees the executor as the peer.
+struct Relay {
+    listener: tokio::net::TcpListener,
+}
+
+/// Most connections relayed at once for one child.
+const MAX_RELAYED: usize = 64;
+
+fn relay(l: std::net::TcpListener) -> std::io::Result<Relay> {
+    l.set_nonblocking(true)?;
+    Ok(Relay {
+        listener: tokio::net::TcpListener::from_std(l)?,
+    })
+}
+
+impl Relay {
+    /// Serve until the returned guard is dropped.
+    fn start(self, upstream: std::net::SocketAddr) -> tokio_util::sync::DropGuard {
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_RELAYED));
+        tokio::spawn(async move {
+            loop {
+                let permit = tokio::select! {
+                    _ = token.cancelled() => return,
+                    p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                };
+                let accepted = tokio::select! {
+                    _ = token.cancelled() => return,
+                    a = self.listener.accept() => a,
+                };
+                let Ok((mut inner, _)) = accepted else { continue };
+                let token = token.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let Ok(mut outer) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = inner.set_nodelay(true);
+                    let _ = outer.set_nodelay(true);
+                    tokio::select! {
+                        _ = token.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut inner, &mut outer) => {}
+                    }
+                });
+            }
+        });
+        stop.drop_guard()
     }
 }

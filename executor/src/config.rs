@@ -57,12 +57,25 @@ pub struct ExecutorSection {
     /// Largest protocol line, and all protocol bytes of one run.
     pub max_message_bytes: usize,
     pub max_run_bytes: usize,
+    /// Unprivileged uid/gid of confined children: `child_uid_count`
+    /// consecutive ids from these, one per child in turn.
+    pub child_uid: u32,
+    pub child_gid: u32,
+    pub child_uid_count: u32,
+    /// A delegated cgroup v2 directory for per-child cgroups (else v1).
+    pub cgroup: Option<PathBuf>,
+    /// Unix socket of the proxy's listener hand-off (unset: relay).
+    pub proxy_handoff: Option<PathBuf>,
 }
 
 /// `isolation` of a tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isolation {
+    /// No confinement layer.
     Off,
+    /// Every layer the host can provide; one warning per missing layer.
+    BestEffort,
+    /// Every layer, or the pool does not start.
     Strict,
 }
 
@@ -90,7 +103,19 @@ pub struct ProcessConfig {
     pub queue: usize,
     pub isolation: Isolation,
     pub protocol: Protocol,
+    /// Extra paths a confined child may read (and execute).
+    pub read_paths: Vec<PathBuf>,
+    /// cgroup memory limit of a confined child (its whole tree).
+    pub memory_mb: u64,
+    /// cgroup process limit of a confined child (its whole tree).
+    pub max_pids: u64,
+    /// CPU time limit (RLIMIT_CPU, rounded up to whole seconds) per process.
+    pub cpu_ms: u64,
 }
+
+pub const DEFAULT_MEMORY_MB: u64 = 512;
+pub const DEFAULT_MAX_PIDS: u64 = 64;
+pub const DEFAULT_CHILD_ID: u32 = 65534;
 
 pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 pub const DEFAULT_LANG: &str = "C.UTF-8";
@@ -107,6 +132,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "https_proxy",
     "all_proxy",
     "no_proxy",
+    "NODE_USE_ENV_PROXY",
     "LOOM_IPC_FDS",
     "TMPDIR",
     "PATH",
@@ -121,6 +147,11 @@ const EXECUTOR_KEYS: &[&str] = &[
     "stderr_cap_bytes",
     "max_message_bytes",
     "max_run_bytes",
+    "child_uid",
+    "child_gid",
+    "child_uid_count",
+    "cgroup",
+    "proxy_handoff",
 ];
 const PROCESS_KEYS: &[&str] = &[
     "command",
@@ -133,6 +164,10 @@ const PROCESS_KEYS: &[&str] = &[
     "pool",
     "isolation",
     "protocol",
+    "read_paths",
+    "memory_mb",
+    "max_pids",
+    "cpu_ms",
 ];
 const POOL_KEYS: &[&str] = &["warm", "max", "queue"];
 
@@ -166,6 +201,11 @@ struct RawExecutor {
     stderr_cap_bytes: Option<usize>,
     max_message_bytes: Option<usize>,
     max_run_bytes: Option<usize>,
+    child_uid: Option<u32>,
+    child_gid: Option<u32>,
+    child_uid_count: Option<u32>,
+    cgroup: Option<PathBuf>,
+    proxy_handoff: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -181,6 +221,11 @@ struct RawProcess {
     pool: Option<RawPool>,
     isolation: Option<String>,
     protocol: Option<String>,
+    #[serde(default)]
+    read_paths: Vec<PathBuf>,
+    memory_mb: Option<u64>,
+    max_pids: Option<u64>,
+    cpu_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -268,7 +313,19 @@ impl Config {
                     stderr_cap_bytes: r.stderr_cap_bytes.unwrap_or(d.stderr_cap_bytes),
                     max_message_bytes: r.max_message_bytes.unwrap_or(d.max_message_bytes),
                     max_run_bytes: r.max_run_bytes.unwrap_or(d.max_run_bytes),
+                    child_uid: r.child_uid.unwrap_or(d.child_uid),
+                    child_gid: r.child_gid.unwrap_or(d.child_gid),
+                    child_uid_count: r.child_uid_count.unwrap_or(d.child_uid_count),
+                    cgroup: r.cgroup.map(rel),
+                    proxy_handoff: r.proxy_handoff.map(rel),
                 };
+                if section.child_uid == 0 || section.child_gid == 0 || section.child_uid_count == 0 {
+                    return Err(ConfigError::Invalid {
+                        file: f.clone(),
+                        path: "executor.child_uid".into(),
+                        message: "child_uid and child_gid must not be 0 (root), child_uid_count at least 1".into(),
+                    });
+                }
                 for (key, v) in [
                     ("max_message_bytes", section.max_message_bytes),
                     ("max_run_bytes", section.max_run_bytes),
@@ -325,12 +382,18 @@ impl ExecutorSection {
             stderr_cap_bytes: 16 << 10,
             max_message_bytes: 1 << 20,
             max_run_bytes: 16 << 20,
+            child_uid: DEFAULT_CHILD_ID,
+            child_gid: DEFAULT_CHILD_ID,
+            child_uid_count: 1,
+            cgroup: None,
+            proxy_handoff: None,
         })
     }
 }
 
 impl ProcessConfig {
-    /// Defaults for an ad-hoc command (`run -- CMD`): plain protocol, no pool.
+    /// Defaults for an ad-hoc command (`run -- CMD`): plain protocol, no
+    /// pool, strict isolation (as for any tool that does not say otherwise).
     pub fn ad_hoc(command: Vec<String>, cwd: PathBuf) -> Self {
         ProcessConfig {
             command,
@@ -343,8 +406,12 @@ impl ProcessConfig {
             warm: 0,
             max: 1,
             queue: 0,
-            isolation: Isolation::Off,
+            isolation: Isolation::Strict,
             protocol: Protocol::Plain,
+            read_paths: Vec::new(),
+            memory_mb: DEFAULT_MEMORY_MB,
+            max_pids: DEFAULT_MAX_PIDS,
+            cpu_ms: 40_000,
         }
     }
 }
@@ -404,15 +471,33 @@ fn parse_process(f: &str, id: &str, table: toml::Table, dir: &Path) -> Result<Pr
         return Err(invalid("pool.warm", format!("is {warm}, more than pool.max = {max}")));
     }
     let isolation = match r.isolation.as_deref() {
-        None | Some("off") => Isolation::Off,
-        Some("strict") => Isolation::Strict,
+        Some("off") => Isolation::Off,
+        Some("best_effort") => Isolation::BestEffort,
+        None | Some("strict") => Isolation::Strict,
         Some(other) => {
             return Err(invalid(
                 "isolation",
-                format!("`{other}` is not one of \"off\", \"strict\""),
+                format!("`{other}` is not one of \"strict\", \"best_effort\", \"off\""),
             ))
         }
     };
+    let memory_mb = r.memory_mb.unwrap_or(DEFAULT_MEMORY_MB);
+    let max_pids = r.max_pids.unwrap_or(DEFAULT_MAX_PIDS);
+    if memory_mb < 8 {
+        return Err(invalid("memory_mb", "must be at least 8".into()));
+    }
+    if max_pids == 0 {
+        return Err(invalid("max_pids", "must be at least 1".into()));
+    }
+    let cpu_ms = r.cpu_ms.unwrap_or(cold_start_ms.saturating_add(timeout_ms));
+    if cpu_ms == 0 {
+        return Err(invalid("cpu_ms", "must be positive".into()));
+    }
+    let read_paths: Vec<PathBuf> = r
+        .read_paths
+        .into_iter()
+        .map(|p| if p.is_relative() { dir.join(p) } else { p })
+        .collect();
     let protocol = match r.protocol.as_deref() {
         None | Some("loom") => Protocol::Loom,
         Some("plain") => Protocol::Plain,
@@ -441,6 +526,10 @@ fn parse_process(f: &str, id: &str, table: toml::Table, dir: &Path) -> Result<Pr
         queue,
         isolation,
         protocol,
+        read_paths,
+        memory_mb,
+        max_pids,
+        cpu_ms,
     })
 }
 
@@ -475,7 +564,9 @@ egress = []
         assert_eq!(p.cwd, Path::new("/etc/loom"));
         assert_eq!((p.warm, p.max, p.cold_start_ms, p.timeout_ms), (1, 8, 10_000, 30_000));
         assert_eq!(p.protocol, Protocol::Loom);
-        assert_eq!(p.isolation, Isolation::Off);
+        assert_eq!(p.isolation, Isolation::Strict);
+        assert_eq!((p.memory_mb, p.max_pids, p.cpu_ms), (512, 64, 40_000));
+        assert_eq!(c.executor.child_uid, 65534);
         assert!(c.tools["bare"].is_none());
     }
 
@@ -508,8 +599,27 @@ egress = []
     }
 
     #[test]
-    fn strict_is_accepted_by_the_parser() {
-        let c = parse("[tools.t.process]\ncommand = [\"x\"]\nisolation = \"strict\"\n").unwrap();
-        assert_eq!(c.tools["t"].as_ref().unwrap().isolation, Isolation::Strict);
+    fn isolation_levels_and_limits_parse() {
+        for (v, want) in [
+            ("strict", Isolation::Strict),
+            ("best_effort", Isolation::BestEffort),
+            ("off", Isolation::Off),
+        ] {
+            let c = parse(&format!("[tools.t.process]\ncommand = [\"x\"]\nisolation = \"{v}\"\n")).unwrap();
+            assert_eq!(c.tools["t"].as_ref().unwrap().isolation, want);
+        }
+        let c = parse(
+            "[tools.t.process]\ncommand = [\"x\"]\nread_paths = [\"data\", \"/srv/x\"]\nmemory_mb = 64\nmax_pids = 9\ncpu_ms = 1500\n",
+        )
+        .unwrap();
+        let p = c.tools["t"].as_ref().unwrap();
+        assert_eq!(p.read_paths, [PathBuf::from("/etc/loom/data"), PathBuf::from("/srv/x")]);
+        assert_eq!((p.memory_mb, p.max_pids, p.cpu_ms), (64, 9, 1500));
+        for body in ["max_pids = 0", "memory_mb = 1", "cpu_ms = 0"] {
+            let e = parse(&format!("[tools.t.process]\ncommand = [\"x\"]\n{body}\n")).unwrap_err();
+            assert!(e.to_string().contains(body.split(' ').next().unwrap()), "{e}");
+        }
+        let e = parse("[executor]\nchild_uid = 0\n").unwrap_err();
+        assert!(e.to_string().contains("executor.child_uid"), "{e}");
     }
 }

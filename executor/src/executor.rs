@@ -85,9 +85,10 @@ impl Executor {
     /// tool asks for confinement that is not available.
     pub fn new(config: Config, token_env: Option<String>) -> Result<Arc<Executor>, StartError> {
         let mut specs = Vec::new();
+        let host = crate::confine::host(&config.executor);
         for (id, process) in &config.tools {
             if let Some(p) = process {
-                let confinement = Confinement::for_isolation(id, p.isolation)?;
+                let confinement = Confinement::for_tool(id, p, &config.executor, &host)?;
                 specs.push(ToolSpec {
                     id: id.clone(),
                     process: p.clone(),
@@ -248,8 +249,13 @@ impl Executor {
             p.cold_start_ms = base.cold_start_ms;
             p.timeout_ms = base.timeout_ms;
             p.isolation = base.isolation;
+            p.read_paths = base.read_paths.clone();
+            p.memory_mb = base.memory_mb;
+            p.max_pids = base.max_pids;
+            p.cpu_ms = base.cpu_ms;
         }
-        let confinement = match Confinement::for_isolation(tool, p.isolation) {
+        let host = crate::confine::host(&self.config.executor);
+        let confinement = match Confinement::for_tool(tool, &p, &self.config.executor, &host) {
             Ok(c) => c,
             Err(e) => {
                 return InvocationResult::failed(tool, InvokeError::startup(crate::error::Phase::Spawn, e.to_string()))

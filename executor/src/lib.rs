@@ -10,6 +10,7 @@ pub mod confine;
 pub mod control;
 pub mod error;
 pub mod executor;
+pub mod handoff;
 pub mod metrics;
 pub mod pool;
 pub mod process;

@@ -116,7 +116,7 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
 
 /// One line per guarantee; exit 1 if a configured requirement is unmet.
 async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
-    use egress_executor::confine::Confinement;
+    use egress_executor::confine::{Confinement, Layer};
     use egress_executor::process::{launch, Launch, Spawner};
     let config = Config::load(&config)?;
     let mut failed = false;
@@ -135,7 +135,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             path: egress_executor::config::DEFAULT_PATH,
             plain: true,
             pid_namespace: want_ns,
-            confinement: Confinement::Off,
+            confine: Default::default(),
             stdout_cap: 0,
             stderr_cap: 0,
         },
@@ -175,17 +175,57 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
         }
         Err(e) => line("spawn (clone3/fork+pidfd)", false, e.to_string()),
     }
+    let host = egress_executor::confine::host(&config.executor);
+    println!();
+    println!("{:<32} {:<4} {:<60} COST", "CONFINEMENT LAYER", "", "DETAIL");
+    for layer in Layer::ALL {
+        let (ok, detail) = match host.layers.get(&layer) {
+            Some(Ok(d)) => (true, d.clone()),
+            Some(Err(e)) => (false, format!("{e}; to get it: {}", layer.remedy())),
+            None => (false, "not probed".to_string()),
+        };
+        println!(
+            "{:<32} {:<4} {:<60} {}",
+            layer.name(),
+            if ok { "yes" } else { "NO" },
+            detail,
+            layer.cost()
+        );
+    }
+    match config.executor.proxy_handoff.as_ref() {
+        Some(p) => println!(
+            "{:<32} {:<4} {} configured, but this build relays (no hand-off yet): the proxy sees the executor as the peer",
+            "listener hand-off", "no", p.display()
+        ),
+        None => println!(
+            "{:<32} {:<4} no [executor] proxy_handoff: the executor relays each child's connections to the proxy",
+            "listener hand-off", "no"
+        ),
+    }
+    println!();
     for (tool, process) in &config.tools {
         if let Some(p) = process {
-            if let Err(e) = Confinement::for_isolation(tool, p.isolation) {
-                line(&format!("isolation of `{tool}`"), false, e.to_string());
+            match Confinement::for_tool(tool, p, &config.executor, &host) {
+                Ok(c) => {
+                    let names: Vec<&str> = c.layers().iter().map(|l| l.name()).collect();
+                    line(
+                        &format!("isolation of `{tool}`"),
+                        true,
+                        format!(
+                            "{:?}: {}",
+                            p.isolation,
+                            if names.is_empty() {
+                                "none".into()
+                            } else {
+                                names.join(", ")
+                            }
+                        ),
+                    )
+                }
+                Err(e) => line(&format!("isolation of `{tool}`"), false, e.to_string()),
             }
         }
     }
-    println!(
-        "{:<28} {:<4} not built yet (network namespace, Landlock, seccomp): isolation = \"strict\" is refused",
-        "strict confinement", "no"
-    );
     let control = egress_executor::control::ControlClient::new(config.control, &config.facts, token_env());
     match control.probe().await {
         Ok(()) => line(

@@ -16,9 +16,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 
-use crate::confine::Confinement;
 use crate::reaper::Reaper;
-use crate::sys::{self, ChildSpec, Started};
+use crate::sys::{self, ChildConfine, ChildSpec, Started};
 
 type Job = (ChildSpec, tokio::sync::oneshot::Sender<io::Result<Started>>);
 
@@ -379,6 +378,8 @@ pub fn child_env(
     }
     env.push(("NO_PROXY".into(), String::new()));
     env.push(("no_proxy".into(), String::new()));
+    // Node >= 24 honours the proxy variables in fetch/http only with this.
+    env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
     env.push((
         crate::protocol::IPC_FDS_VAR.into(),
         crate::protocol::IPC_FDS_VALUE.into(),
@@ -442,7 +443,8 @@ pub struct Launch<'a> {
     /// Plain mode: input on a stdin pipe, `/dev/null` on fds 3 and 4.
     pub plain: bool,
     pub pid_namespace: bool,
-    pub confinement: Confinement,
+    /// Confinement the child applies to itself (prepared by `confine`).
+    pub confine: ChildConfine,
     pub stdout_cap: usize,
     pub stderr_cap: usize,
 }
@@ -490,7 +492,7 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         ipc_in,
         ipc_out,
         pid_namespace: l.pid_namespace,
-        confinement: l.confinement,
+        confine: l.confine,
     };
     let process = spawner.spawn(spec).await?;
     if l.pid_namespace && !process.in_pid_namespace() {
@@ -547,6 +549,7 @@ mod tests {
                 "all_proxy",
                 "NO_PROXY",
                 "no_proxy",
+                "NODE_USE_ENV_PROXY",
                 "LOOM_IPC_FDS",
                 "TMPDIR",
                 "PATH",

@@ -1,5 +1,7 @@
 //! The only module with `unsafe`: creating a child with `clone3` and turning it
-//! into the tool with `execve`, and adopting inherited file descriptors.
+//! into the tool with `execve`, confining it on the way (network namespace,
+//! cgroup, rlimits, uid/gid, no_new_privs, Landlock, seccomp), creating the
+//! network namespaces themselves, and adopting inherited file descriptors.
 //! Everything the child does between clone and exec is a raw, async-signal-safe
 //! system call on memory prepared before the clone; see `child_after_clone`.
 #![allow(unsafe_code)]
@@ -9,8 +11,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use rustix::process::Pid;
-
-use crate::confine::Confinement;
 
 /// Everything needed to start one child, prepared in the parent.
 pub struct ChildSpec {
@@ -28,7 +28,104 @@ pub struct ChildSpec {
     pub ipc_out: OwnedFd,
     /// Try to give the child its own PID namespace (needs CAP_SYS_ADMIN).
     pub pid_namespace: bool,
-    pub confinement: Confinement,
+    pub confine: ChildConfine,
+}
+
+/// What confinement the child applies to itself between clone and exec, all
+/// prepared by the parent (`confine`): descriptors and a compiled BPF
+/// program. An empty (`Default`) value applies nothing.
+#[derive(Default)]
+pub struct ChildConfine {
+    /// `setsid()` instead of `setpgid(0, 0)`: a new session, no terminal.
+    pub setsid: bool,
+    /// `setns(fd, CLONE_NEWNET)`: the child's network namespace.
+    pub netns: Option<OwnedFd>,
+    /// `cgroup.procs` files (opened for writing) the child moves itself into.
+    pub cgroup_procs: Vec<OwnedFd>,
+    /// `(resource, soft, hard)` for setrlimit.
+    pub rlimits: Vec<(u32, u64, u64)>,
+    /// `(uid, gid)`: drop supplementary groups, then setgid, then setuid.
+    pub ids: Option<(u32, u32)>,
+    pub no_new_privs: bool,
+    /// A Landlock ruleset fd for `landlock_restrict_self`.
+    pub landlock: Option<OwnedFd>,
+    /// Classic BPF programs for `seccomp(SECCOMP_SET_MODE_FILTER)`, in order.
+    pub seccomp: Vec<std::sync::Arc<Vec<seccompiler::sock_filter>>>,
+}
+
+/// `struct landlock_path_beneath_attr` (packed, as in the kernel's uapi).
+#[repr(C, packed)]
+struct LandlockPathBeneath {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+const LANDLOCK_ACCESS_FS_READ_FILE: u64 = 1 << 2;
+const LANDLOCK_ACCESS_FS_READ_DIR: u64 = 1 << 3;
+
+/// Most rlimits, cgroup files and seccomp programs a child applies.
+const MAX_RLIMITS: usize = 8;
+const MAX_CGROUPS: usize = 2;
+const MAX_FILTERS: usize = 2;
+
+/// `ChildConfine` as raw numbers and pointers, copied into the child.
+#[derive(Clone, Copy)]
+struct RawConfine {
+    setsid: bool,
+    netns: RawFd,
+    cgroup_procs: [RawFd; MAX_CGROUPS],
+    rlimits: [(u32, u64, u64); MAX_RLIMITS],
+    n_rlimits: usize,
+    ids: Option<(u32, u32)>,
+    no_new_privs: bool,
+    landlock: RawFd,
+    filters: [libc::sock_fprog; MAX_FILTERS],
+    n_filters: usize,
+}
+
+impl RawConfine {
+    fn from(c: &ChildConfine) -> io::Result<RawConfine> {
+        let too_many = |what| io::Error::new(io::ErrorKind::InvalidInput, format!("too many {what}"));
+        if c.rlimits.len() > MAX_RLIMITS {
+            return Err(too_many("rlimits"));
+        }
+        if c.cgroup_procs.len() > MAX_CGROUPS {
+            return Err(too_many("cgroups"));
+        }
+        if c.seccomp.len() > MAX_FILTERS {
+            return Err(too_many("seccomp programs"));
+        }
+        let mut r = RawConfine {
+            setsid: c.setsid,
+            netns: c.netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            cgroup_procs: [-1; MAX_CGROUPS],
+            rlimits: [(0, 0, 0); MAX_RLIMITS],
+            n_rlimits: c.rlimits.len(),
+            ids: c.ids,
+            no_new_privs: c.no_new_privs,
+            landlock: c.landlock.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            filters: [libc::sock_fprog {
+                len: 0,
+                filter: std::ptr::null_mut(),
+            }; MAX_FILTERS],
+            n_filters: c.seccomp.len(),
+        };
+        for (i, fd) in c.cgroup_procs.iter().enumerate() {
+            r.cgroup_procs[i] = fd.as_raw_fd();
+        }
+        for (i, l) in c.rlimits.iter().enumerate() {
+            r.rlimits[i] = *l;
+        }
+        for (i, prog) in c.seccomp.iter().enumerate() {
+            let len = u16::try_from(prog.len()).map_err(|_| too_many("BPF instructions"))?;
+            r.filters[i] = libc::sock_fprog {
+                len,
+                // seccompiler's `sock_filter` has the kernel's layout
+                // (u16 code, u8 jt, u8 jf, u32 k), as does libc's.
+                filter: prog.as_ptr() as *mut libc::sock_filter,
+            };
+        }
+        Ok(r)
+    }
 }
 
 /// A started child: its pid in our namespace and a pidfd for it.
@@ -57,20 +154,34 @@ struct CloneArgs {
 const STAGE_DEATHSIG: u8 = 1;
 const STAGE_PARENT_GONE: u8 = 2;
 const STAGE_DUP: u8 = 3;
-const STAGE_CONFINE: u8 = 4;
 const STAGE_CHDIR: u8 = 5;
 const STAGE_EXEC: u8 = 6;
 const STAGE_SIGNALS: u8 = 7;
+const STAGE_NETNS: u8 = 8;
+const STAGE_CGROUP: u8 = 9;
+const STAGE_RLIMIT: u8 = 10;
+const STAGE_IDS: u8 = 11;
+const STAGE_NNP: u8 = 12;
+const STAGE_LANDLOCK: u8 = 13;
+const STAGE_SECCOMP: u8 = 14;
+const STAGE_SESSION: u8 = 15;
 
 fn stage_name(stage: u8) -> &'static str {
     match stage {
         STAGE_DEATHSIG => "setting the parent-death signal",
         STAGE_PARENT_GONE => "checking the executor is alive",
         STAGE_DUP => "installing fds 0-4",
-        STAGE_CONFINE => "applying confinement",
         STAGE_CHDIR => "changing to the working directory",
         STAGE_EXEC => "executing the program",
         STAGE_SIGNALS => "resetting signal state",
+        STAGE_NETNS => "entering the network namespace",
+        STAGE_CGROUP => "joining the cgroup",
+        STAGE_RLIMIT => "setting rlimits",
+        STAGE_IDS => "switching to the unprivileged uid/gid",
+        STAGE_NNP => "setting no_new_privs",
+        STAGE_LANDLOCK => "applying the Landlock ruleset",
+        STAGE_SECCOMP => "installing the seccomp filter",
+        STAGE_SESSION => "starting a new session",
         _ => "starting the child",
     }
 }
@@ -97,8 +208,16 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
         ipc_in,
         ipc_out,
         pid_namespace,
-        confinement,
+        mut confine,
     } = spec;
+    // Every descriptor the child uses after installing fds 0-4 must not be
+    // one of 0-4 itself.
+    confine.netns = confine.netns.map(high).transpose()?;
+    confine.landlock = confine.landlock.map(high).transpose()?;
+    confine.cgroup_procs = confine.cgroup_procs.into_iter().map(high).collect::<io::Result<_>>()?;
+    let parent_pidfd = rustix::io::fcntl_dupfd_cloexec(parent_pidfd, 10)?;
+    let parent_pidfd = &parent_pidfd;
+    let raw_confine = RawConfine::from(&confine)?;
     let fds = [
         high(stdin)?,
         high(stdout)?,
@@ -129,7 +248,7 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
         err_fd: err_write.as_raw_fd(),
         parent_pidfd: parent_pidfd.as_raw_fd(),
         parent_pid: rustix::process::getpid().as_raw_nonzero().get(),
-        confinement,
+        confine: raw_confine,
     };
 
     let mut used_ns = pid_namespace;
@@ -205,7 +324,7 @@ struct Prepared {
     err_fd: RawFd,
     parent_pidfd: RawFd,
     parent_pid: i32,
-    confinement: Confinement,
+    confine: RawConfine,
 }
 
 fn clone_child(prepared: &Prepared, pid_namespace: bool) -> io::Result<(Pid, OwnedFd)> {
@@ -297,10 +416,72 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
         }
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
 
-        // Own process group, so group kills reach every same-group descendant.
-        libc::setpgid(0, 0);
+        let c = &p.confine;
+        // Own process group (and with confinement, own session), so group
+        // kills reach every same-group descendant.
+        if c.setsid {
+            if libc::setsid() < 0 {
+                fail(p, STAGE_SESSION);
+            }
+        } else {
+            libc::setpgid(0, 0);
+        }
 
-        // Die with the spawner thread (and so with the executor).
+        for (target, &src) in p.fds.iter().enumerate() {
+            if libc::dup2(src, target as libc::c_int) < 0 {
+                fail(p, STAGE_DUP);
+            }
+        }
+        // Nothing but fds 0-4 survives exec (everything else becomes CLOEXEC).
+        libc::syscall(
+            libc::SYS_close_range,
+            5 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+        );
+
+        // Privileged steps first, while the child still has the executor's
+        // credentials.
+        if c.netns >= 0 && libc::setns(c.netns, libc::CLONE_NEWNET) != 0 {
+            fail(p, STAGE_NETNS);
+        }
+        for &fd in &c.cgroup_procs[..] {
+            // "0" moves the writer itself (cgroup v1 and v2).
+            if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                fail(p, STAGE_CGROUP);
+            }
+        }
+        for &(resource, soft, hard) in &c.rlimits[..c.n_rlimits] {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            if libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                resource,
+                &lim as *const libc::rlimit,
+                std::ptr::null_mut::<libc::rlimit>(),
+            ) != 0
+            {
+                fail(p, STAGE_RLIMIT);
+            }
+        }
+        if let Some((uid, gid)) = c.ids {
+            // Raw system calls, not libc's wrappers: glibc's set*id
+            // broadcast the change to every thread it believes exists, and
+            // after a raw clone it still believes in the parent's threads
+            // (it would wait for them forever).
+            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+            {
+                fail(p, STAGE_IDS);
+            }
+        }
+
+        // Die with the spawner thread (and so with the executor). Armed after
+        // the uid change, which clears it.
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
             fail(p, STAGE_DEATHSIG);
         }
@@ -317,21 +498,47 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
             fail(p, STAGE_PARENT_GONE);
         }
 
-        for (target, &src) in p.fds.iter().enumerate() {
-            if libc::dup2(src, target as libc::c_int) < 0 {
-                fail(p, STAGE_DUP);
+        if c.no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            fail(p, STAGE_NNP);
+        }
+        if c.landlock >= 0 {
+            // The child's own /proc/self (only the child can name it; the
+            // parent's would be its own): read-only, added to the prepared
+            // ruleset just before it is enforced. Best effort: a kernel
+            // without procfs here simply has no rule.
+            let dir = libc::open(
+                c"/proc/self".as_ptr(),
+                libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
+            );
+            if dir >= 0 {
+                let attr = LandlockPathBeneath {
+                    allowed_access: LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR,
+                    parent_fd: dir,
+                };
+                libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    c.landlock,
+                    1 as libc::c_int, /* LANDLOCK_RULE_PATH_BENEATH */
+                    std::ptr::addr_of!(attr),
+                    0u32,
+                );
+                libc::close(dir);
+            }
+            if libc::syscall(libc::SYS_landlock_restrict_self, c.landlock, 0u32) != 0 {
+                fail(p, STAGE_LANDLOCK);
             }
         }
-        // Nothing but fds 0-4 survives exec (everything else becomes CLOEXEC).
-        libc::syscall(
-            libc::SYS_close_range,
-            5 as libc::c_uint,
-            libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
-        );
-
-        if p.confinement.apply_in_child().is_err() {
-            fail(p, STAGE_CONFINE);
+        for f in &c.filters[..c.n_filters] {
+            // Last: from here on the filter applies to this process too.
+            if libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0 as libc::c_uint,
+                f as *const libc::sock_fprog,
+            ) != 0
+            {
+                fail(p, STAGE_SECCOMP);
+            }
         }
         if let Some(cwd) = p.cwd {
             if libc::chdir(cwd) != 0 {
@@ -341,6 +548,80 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
         libc::execve(p.program, p.argv, p.envp);
         fail(p, STAGE_EXEC)
     }
+}
+
+/// A new network namespace in which only `lo` exists and is up, and a TCP
+/// listener bound to `addr` inside it. Created on a short-lived thread:
+/// `unshare(CLONE_NEWNET)` moves only the calling thread, which then exits, so
+/// no executor thread is ever left inside. Returns a namespace fd for
+/// `setns` and the listener (which keeps working from any thread).
+pub fn new_netns(addr: std::net::SocketAddrV4) -> io::Result<(OwnedFd, std::net::TcpListener)> {
+    std::thread::Builder::new()
+        .name("loom-netns".into())
+        .spawn(move || -> io::Result<(OwnedFd, std::net::TcpListener)> {
+            // SAFETY: unshare only changes this thread's namespace membership;
+            // the thread exits right after, taking nothing else with it.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            loopback_up()?;
+            let listener = std::net::TcpListener::bind(addr)?;
+            let ns = rustix::fs::open(
+                "/proc/thread-self/ns/net",
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?;
+            Ok((ns, listener))
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// Set `IFF_UP` on `lo` in the calling thread's network namespace.
+fn loopback_up() -> io::Result<()> {
+    let sock = rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::DGRAM, None)?;
+    // SAFETY: `ifreq` is plain data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write `req`, which is a
+    // valid, initialised ifreq naming `lo`, on an open socket.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The Landlock ABI version of the running kernel (0: none).
+pub fn landlock_abi() -> i32 {
+    // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attr and size 0
+    // only returns a number.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32, /* LANDLOCK_CREATE_RULESET_VERSION */
+        )
+    };
+    if v < 0 {
+        0
+    } else {
+        v as i32
+    }
+}
+
+/// Whether the kernel has seccomp (`PR_GET_SECCOMP` succeeds).
+pub fn seccomp_available() -> bool {
+    // SAFETY: PR_GET_SECCOMP only reads this thread's seccomp mode.
+    unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
 }
 
 /// Take ownership of a descriptor inherited from the parent (the tool side of

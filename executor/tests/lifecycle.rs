@@ -118,6 +118,7 @@ async fn python_tool_round_trip_with_emits_env_and_run_lifecycle() {
         "HTTP_PROXY",
         "LANG",
         "LOOM_IPC_FDS",
+        "NODE_USE_ENV_PROXY",
         "NO_PROXY",
         "PATH",
         "TMPDIR",
@@ -131,7 +132,9 @@ async fn python_tool_round_trip_with_emits_env_and_run_lifecycle() {
     let keys: Vec<&str> = keys.into_iter().filter(|k| *k != "LC_CTYPE").collect();
     expected.sort();
     assert_eq!(keys, expected);
-    assert_eq!(out["proxy"], json!(format!("http://{run_id}:s3cret@127.0.0.1:9")));
+    // Confined (the default): the run's credential, at the listener inside
+    // the child's own network namespace.
+    assert_eq!(out["proxy"], json!(format!("http://{run_id}:s3cret@127.0.0.1:3128")));
     assert_eq!(out["tmp_exists"], json!(true));
     // Only fds 0-4 are inherited (the listing itself opens one more).
     let fds: Vec<i64> = out["fds"]
@@ -638,24 +641,10 @@ pool = { warm = 0, max = 1 }
     assert_eq!(res.exit.as_deref(), Some("exit code 0"));
     let res = env.exec.invoke(req("failing", json!(null))).await;
     let e = res.error.clone().unwrap();
-    assert_eq!(e.kind, ErrorKind::ToolError);
+    assert_eq!(e.kind, ErrorKind::ToolError, "{res:?}");
     assert_eq!(e.message, "exited with exit code 3");
     assert_eq!(e.stderr_tail, "broken\n");
     assert_eq!(res.stdout, "partial\n");
-}
-
-#[tokio::test]
-async fn strict_isolation_is_refused_at_start() {
-    let control = FakeControl::start().await;
-    let dir = TempDir::new("strict");
-    let cfg = write_config(
-        &dir,
-        control.addr,
-        true,
-        "[tools.t]\negress = []\n[tools.t.process]\ncommand = [\"true\"]\nisolation = \"strict\"\n",
-    );
-    let err = Executor::new(Config::load(&cfg).unwrap(), None).unwrap_err();
-    assert!(err.to_string().contains("not implemented yet"), "{err}");
 }
 
 #[tokio::test]

@@ -123,7 +123,11 @@ loom_runner.main(run)
     );
     let (_control, exec) = executor(
         &dir,
-        "[tools.lib]\negress = []\n[tools.lib.process]\ncommand = [\"python3\", \"main.py\"]\npool = { warm = 0, max = 1 }\n",
+        // Confined by default: the runner's directory must be declared.
+        &format!(
+            "[tools.lib]\negress = []\n[tools.lib.process]\ncommand = [\"python3\", \"main.py\"]\n\
+             read_paths = [{runners:?}]\npool = {{ warm = 0, max = 1 }}\n"
+        ),
     )
     .await;
     let res = exec.invoke(req("lib", json!(21))).await;

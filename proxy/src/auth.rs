@@ -24,8 +24,26 @@ pub struct AuthFailure {
     pub claimed: Option<Arc<Run>>,
 }
 
-/// Authenticates a request head against the run registry.
-pub fn authenticate(runs: &Runs, headers: &HeaderMap) -> Result<Arc<Run>, AuthFailure> {
+/// A connection that arrived on a listener handed over for one run (see
+/// `handoff`): only that run's credential is accepted on it.
+#[derive(Debug, Clone)]
+pub struct BoundRun(pub Arc<str>);
+
+/// Authenticates a request head against the run registry. On a connection
+/// bound to a run, a valid credential of any other run is `auth_invalid`,
+/// recorded against the bound run (whose sandbox presented it).
+pub fn authenticate(runs: &Runs, headers: &HeaderMap, bound: Option<&BoundRun>) -> Result<Arc<Run>, AuthFailure> {
+    let run = authenticate_any(runs, headers)?;
+    match bound {
+        Some(BoundRun(id)) if *id != run.id => Err(AuthFailure {
+            reason: DenyReason::AuthInvalid,
+            claimed: runs.get(id),
+        }),
+        _ => Ok(run),
+    }
+}
+
+fn authenticate_any(runs: &Runs, headers: &HeaderMap) -> Result<Arc<Run>, AuthFailure> {
     let mut values = headers.get_all(http::header::PROXY_AUTHORIZATION).iter();
     let value = match (values.next(), values.next()) {
         (None, _) => {

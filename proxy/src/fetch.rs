@@ -143,7 +143,7 @@ pub async fn handle(
     // One policy snapshot decides the whole fetch and is the digest its facts carry.
     let pol = sh.policy.load_full();
     // 1. Authenticate.
-    let run = match auth::authenticate(&sh.runs, req.headers()) {
+    let run = match auth::authenticate(&sh.runs, req.headers(), req.extensions().get::<auth::BoundRun>()) {
         Ok(run) => run,
         Err(f) => {
             sh.metrics

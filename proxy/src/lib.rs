@@ -16,6 +16,7 @@ pub mod dns;
 pub mod facts;
 pub mod fetch;
 pub mod finish;
+pub mod handoff;
 pub mod metrics;
 pub mod owners;
 pub mod policy;

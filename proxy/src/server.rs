@@ -255,6 +255,11 @@ pub enum StartError {
     Token(#[from] crate::token::TokenError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error("cannot listen for listener hand-offs on {}: {source}", path.display())]
+    Handoff {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A running proxy.
@@ -408,7 +413,14 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     shared.restore_runs();
     shared.metrics.set_config(None, &cfg.policy.digest);
     let mut tasks = JoinSet::new();
-    tasks.spawn(accept_loop(shared.clone(), proxy_l));
+    tasks.spawn(accept_loop(shared.clone(), proxy_l, None));
+    if let Some(path) = &pc.handoff {
+        let l = crate::handoff::bind(path).map_err(|source| StartError::Handoff {
+            path: path.clone(),
+            source,
+        })?;
+        tasks.spawn(crate::handoff::serve(shared.clone(), l));
+    }
     tasks.spawn(crate::control::serve(shared.clone(), control_l));
     tasks.spawn(sweeper(shared.clone()));
     tracing::info!(proxy = %proxy_addr, control = %control_addr, policy = %cfg.policy.digest, tools = cfg.policy.tools.len(), "egress proxy listening");
@@ -471,7 +483,8 @@ async fn sweeper(sh: Arc<Shared>) {
     }
 }
 
-async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
+/// Serves the data listener, or (`bound`) a listener handed over for one run.
+pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, bound: Option<crate::auth::BoundRun>) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -487,10 +500,16 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener) {
         let sh2 = sh.clone();
         let builder = builder.clone();
         let conn = Arc::new(sh.data_admission.admit(CancellationToken::new()));
+        let bound = bound.clone();
         sh.tasks.spawn(async move {
             let svc_sh = sh2.clone();
             let svc_conn = conn.clone();
-            let svc = service_fn(move |req| crate::fetch::handle(svc_sh.clone(), req, svc_conn.clone()));
+            let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                if let Some(b) = &bound {
+                    req.extensions_mut().insert(b.clone());
+                }
+                crate::fetch::handle(svc_sh.clone(), req, svc_conn.clone())
+            });
             let serve = async {
                 match &sh2.tls {
                     None => {

@@ -1,0 +1,1111 @@
+//! The confinement acceptance suite. A deliberately malicious tool — this
+//! test binary itself (Rust), and `fixtures/malicious_tool.py` (Python) —
+//! tries, in one invocation, every escape we know of: reading secrets,
+//! appending to the facts database, connecting around the proxy (canary on
+//! the host loopback, the proxy's control port, the executor's API, a UDP
+//! "DNS" listener), fetching denied targets through the proxy, using another
+//! run's credential, writing outside its scratch dir, raw sockets, io_uring,
+//! ptrace, a fork bomb, a memory hog, and a grandchild that outlives a
+//! timeout. Each attempt's outcome is an emit. Under `strict` every attempt
+//! fails and the failures are visible: emits, the proxy's facts, counters on
+//! the host-side listeners, and no process left. Under `off` the same tool
+//! shows which attempts the confinement is what stops.
+//!
+//! Started with `LOOM_IPC_FDS` set this binary is the Rust tool; otherwise it
+//! runs the tests (hence `harness = false`). Needs root (namespaces, uid
+//! switch, cgroups); skips loudly otherwise.
+#![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use egress_e2e::harness::{basic, TestProxy};
+use egress_e2e::origin::{canary, http_origin};
+use egress_e2e::FakeDns;
+use egress_executor::confine::{Confinement, Layer};
+use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
+use serde_json::{json, Value};
+use support::*;
+
+type TestFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+type Case = (&'static str, fn() -> TestFuture);
+
+fn main() {
+    if std::env::var_os("LOOM_IPC_FDS").is_some() {
+        let r = egress_executor::tool::serve(|| Ok(()), |(), inv, emit| attack(&inv.input, emit));
+        std::process::exit(i32::from(r.is_err()));
+    }
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut passed = 0;
+    let tests: &[Case] = &[
+        ("rust_tool_is_contained_under_strict", || {
+            Box::pin(suite(Fixture::Rust, "strict", Mode::Handoff))
+        }),
+        ("python_tool_is_contained_under_strict", || {
+            Box::pin(suite(Fixture::Python, "strict", Mode::Handoff))
+        }),
+        ("rust_tool_under_strict_with_the_relay_fallback", || {
+            Box::pin(suite(Fixture::Rust, "strict", Mode::Relay))
+        }),
+        ("rust_tool_escapes_under_off", || {
+            Box::pin(suite(Fixture::Rust, "off", Mode::Relay))
+        }),
+        ("python_tool_escapes_under_off", || {
+            Box::pin(suite(Fixture::Python, "off", Mode::Relay))
+        }),
+        ("network_namespace_alone_stops_direct_connections", || {
+            Box::pin(layer_alone(
+                &[Layer::Netns],
+                &[
+                    "connect_canary",
+                    "connect_proxy_control",
+                    "connect_executor_api",
+                    "udp_dns",
+                ],
+                &["read_passwd", "io_uring_setup", "write_outside"],
+            ))
+        }),
+        ("landlock_alone_stops_reads_writes_and_connects", || {
+            Box::pin(layer_alone(
+                &[Layer::Landlock],
+                &[
+                    "read_passwd",
+                    "read_config",
+                    "read_token",
+                    "append_facts",
+                    "write_outside",
+                    "connect_canary",
+                ],
+                &["io_uring_setup", "udp_dns", "fork_bomb"],
+            ))
+        }),
+        ("seccomp_alone_stops_the_denied_calls", || {
+            Box::pin(layer_alone(
+                &[Layer::Seccomp],
+                &[
+                    "io_uring_setup",
+                    "ptrace",
+                    "unshare_user",
+                    "raw_socket",
+                    "packet_socket",
+                ],
+                &["read_passwd", "connect_canary"],
+            ))
+        }),
+        ("identity_alone_drops_root", || {
+            Box::pin(layer_alone(
+                &[Layer::Identity],
+                &["read_token", "append_facts", "raw_socket"],
+                &["read_passwd", "connect_canary"],
+            ))
+        }),
+        ("cgroup_alone_bounds_pids_and_memory", || {
+            Box::pin(layer_alone(
+                &[Layer::Cgroup],
+                &["fork_bomb", "memory_hog"],
+                &["read_passwd", "io_uring_setup"],
+            ))
+        }),
+        ("run_command_applies_the_tools_isolation", || Box::pin(run_command())),
+        (
+            "a_failed_hand_off_fails_the_start_loudly",
+            || Box::pin(failed_handoff()),
+        ),
+        ("unprivileged_executor_enforces_what_user_namespaces_give", || {
+            Box::pin(unprivileged())
+        }),
+        ("runners_fetch_through_the_proxy_under_strict", || {
+            Box::pin(runners_fetch())
+        }),
+    ];
+    for (name, t) in tests {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        eprintln!("test {name} ...");
+        rt.block_on(t());
+        eprintln!("test {name} ... ok");
+        passed += 1;
+    }
+    println!("confinement: {passed} passed, 0 failed");
+}
+
+// ---------------------------------------------------------------- the tool
+
+/// One attempt's outcome.
+fn outcome(emit: &mut dyn FnMut(Value) -> std::io::Result<()>, attempt: &str, ok: bool, detail: String) {
+    let _ = emit(json!({"attempt": attempt, "ok": ok, "detail": detail}));
+}
+
+fn s(v: &Value, k: &str) -> String {
+    v[k].as_str().unwrap_or_default().to_string()
+}
+
+/// A request through the proxy named by `HTTP_PROXY`, with `cred`
+/// (`id:secret`, default: ours). Returns (status, deny reason).
+fn via_proxy(url: &str, cred: Option<&str>) -> Result<(u16, String), String> {
+    let proxy = std::env::var("HTTP_PROXY").map_err(|e| e.to_string())?;
+    let rest = proxy.trim_start_matches("http://");
+    let (own, addr) = rest.rsplit_once('@').ok_or("no credential in HTTP_PROXY")?;
+    let cred = cred.unwrap_or(own);
+    let (id, secret) = cred.split_once(':').ok_or("bad credential")?;
+    let addr: SocketAddr = addr.trim_end_matches('/').parse().map_err(|e| format!("{e}"))?;
+    let host = url.trim_start_matches("http://").split('/').next().unwrap_or("");
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let req = format!(
+        "GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+        basic(id, secret)
+    );
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status in {text:?}"))?;
+    let reason = text
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("x-egress-deny-reason")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    Ok((status, reason))
+}
+
+fn attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) -> Result<Value, String> {
+    for (attempt, key) in [
+        ("read_passwd", "passwd"),
+        ("read_config", "config"),
+        ("read_token", "token"),
+    ] {
+        let r = std::fs::read(s(input, key));
+        outcome(emit, attempt, r.is_ok(), format!("{:?}", r.map(|b| b.len())));
+    }
+    let r = std::fs::OpenOptions::new().append(true).open(s(input, "facts"));
+    outcome(emit, "append_facts", r.is_ok(), format!("{:?}", r.map(|_| ())));
+
+    for (attempt, key) in [
+        ("connect_canary", "canary"),
+        ("connect_proxy_control", "control"),
+        ("connect_executor_api", "executor_api"),
+    ] {
+        let addr: SocketAddr = s(input, key).parse().unwrap();
+        let r = TcpStream::connect_timeout(&addr, Duration::from_secs(2));
+        outcome(emit, attempt, r.is_ok(), format!("{:?}", r.map(|_| ())));
+    }
+    // A DNS query to a host-side listener: out if the send works and no
+    // "port unreachable" comes back (the listener stays silent).
+    let dns: SocketAddr = s(input, "dns").parse().unwrap();
+    let r = UdpSocket::bind("0.0.0.0:0").and_then(|u| {
+        u.connect(dns)?;
+        u.send(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01")?;
+        u.set_read_timeout(Some(Duration::from_millis(300)))?;
+        let mut b = [0u8; 512];
+        match u.recv(&mut b) {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(()),
+            Err(e) => Err(e),
+        }
+    });
+    outcome(emit, "udp_dns", r.is_ok(), format!("{r:?}"));
+
+    for (attempt, key) in [
+        ("fetch_unlisted", "unlisted"),
+        ("fetch_ip_literal", "ip_literal"),
+        ("fetch_private_name", "private_name"),
+    ] {
+        let r = via_proxy(&s(input, key), None);
+        outcome(emit, attempt, matches!(r, Ok((200, _))), format!("{r:?}"));
+    }
+    let r = via_proxy(&s(input, "allowed"), Some(&s(input, "stolen")));
+    outcome(emit, "stolen_credential", matches!(r, Ok((200, _))), format!("{r:?}"));
+
+    let r = std::fs::write(s(input, "outside"), b"escaped");
+    outcome(emit, "write_outside", r.is_ok(), format!("{r:?}"));
+    let scratch = std::env::var("TMPDIR").unwrap_or_default();
+    let r = std::fs::write(Path::new(&scratch).join("mine"), b"fine");
+    let _ = emit(json!({"scratch_write": r.is_ok()}));
+
+    // SAFETY (all below): raw system calls on valid arguments; this process
+    // is the single-threaded tool and the forked children only make
+    // async-signal-safe calls before _exit.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP);
+        let e = std::io::Error::last_os_error();
+        outcome(emit, "raw_socket", fd >= 0, format!("{fd} {e}"));
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM, 0);
+        let e = std::io::Error::last_os_error();
+        outcome(emit, "packet_socket", fd >= 0, format!("{fd} {e}"));
+
+        let mut params = [0u8; 120];
+        let fd = libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr());
+        let e = std::io::Error::last_os_error();
+        outcome(emit, "io_uring_setup", fd >= 0, format!("{fd} {e}"));
+        // ptrace(PTRACE_ATTACH) on a child of ours (TRACEME would stop us
+        // at our next signal, traced by the executor).
+        let victim = libc::fork();
+        if victim == 0 {
+            libc::pause();
+            libc::_exit(0);
+        }
+        let r = libc::syscall(libc::SYS_ptrace, libc::PTRACE_ATTACH, victim, 0, 0);
+        let e = std::io::Error::last_os_error();
+        outcome(emit, "ptrace", r == 0, format!("{r} {e}"));
+        libc::kill(victim, libc::SIGKILL);
+        libc::waitpid(victim, std::ptr::null_mut(), 0);
+        let r = libc::unshare(libc::CLONE_NEWUSER);
+        let e = std::io::Error::last_os_error();
+        outcome(emit, "unshare_user", r == 0, format!("{r} {e}"));
+
+        // Fork bomb, bounded at `pids` children.
+        let want = input["pids"].as_u64().unwrap_or(100) as usize;
+        let mut kids = Vec::new();
+        let mut err = String::new();
+        for _ in 0..want {
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::pause();
+                libc::_exit(0);
+            }
+            if pid < 0 {
+                err = std::io::Error::last_os_error().to_string();
+                break;
+            }
+            kids.push(pid);
+        }
+        let forked = kids.len();
+        for pid in kids {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        outcome(
+            emit,
+            "fork_bomb",
+            forked == want,
+            format!("{forked} of {want} forks; {err}"),
+        );
+        let _ = emit(json!({"forked": forked}));
+
+        // Memory hog in a child: touch `memory_mb` MiB, then exit 0.
+        let mb = input["memory_mb"].as_u64().unwrap_or(256) as usize;
+        let pid = libc::fork();
+        if pid == 0 {
+            let len = mb << 20;
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                libc::_exit(2);
+            }
+            let mut i = 0;
+            while i < len {
+                *(p as *mut u8).add(i) = 1;
+                i += 4096;
+            }
+            libc::_exit(0);
+        }
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        outcome(emit, "memory_hog", ok, format!("wait status {status:#x}"));
+
+        // A grandchild that sleeps forever; then outlive the timeout.
+        if libc::fork() == 0 {
+            libc::setsid();
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    let _ = emit(json!({"attempt": "done"}));
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+// ---------------------------------------------------------------- the tests
+
+/// How the child's in-namespace listener reaches the proxy.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Handed to the proxy (`SCM_RIGHTS`), connections bound to the run.
+    Handoff,
+    /// The executor accepts and relays (no hand-off socket configured).
+    Relay,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fixture {
+    Rust,
+    Python,
+}
+
+/// Why these tests cannot run here, if they cannot.
+fn unsupported() -> Option<String> {
+    if !is_root() {
+        return Some("needs root (namespaces, uid switch, cgroups)".into());
+    }
+    let host = egress_executor::confine::host(&Config::parse(Path::new("/x.toml"), "").unwrap().executor);
+    let missing: Vec<String> = host
+        .layers
+        .iter()
+        .filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{}: {e}", l.name())))
+        .collect();
+    (!missing.is_empty()).then(|| missing.join("; "))
+}
+
+const PIDS: u64 = 16;
+const MEMORY_MB: u64 = 64;
+
+async fn suite(fixture: Fixture, isolation: &str, mode: Mode) {
+    suite_with(fixture, isolation, mode, None).await
+}
+
+/// The malicious tool under strict, with only `layers` applied: each layer
+/// alone stops its own attempts (so removing a layer's rules fails here).
+async fn layer_alone(layers: &'static [Layer], fails: &'static [&'static str], succeeds: &'static [&'static str]) {
+    suite_with(Fixture::Rust, "strict", Mode::Relay, Some((layers, fails, succeeds))).await
+}
+
+/// One invocation on a child confined by `layers` only (no pool).
+async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egress_executor::InvocationResult {
+    use egress_executor::child::{self, Request, Shared, ToolSpec};
+    let cfg = Config::load(cfg).unwrap();
+    let host = egress_executor::confine::host(&cfg.executor);
+    let process = cfg.tools["evil"].clone().unwrap();
+    let confinement = Confinement::for_tool("evil", &process, &cfg.executor, &host)
+        .unwrap()
+        .only(layers);
+    let spec = std::sync::Arc::new(ToolSpec {
+        id: "evil".into(),
+        process,
+        confinement,
+    });
+    let shared = std::sync::Arc::new(Shared::new(
+        egress_executor::process::Spawner::start().unwrap(),
+        egress_executor::control::ControlClient::new(cfg.control, &cfg.facts, Some(TOKEN.into())),
+        egress_executor::metrics::Metrics::new(),
+        cfg.executor.clone(),
+    ));
+    let warm = child::start(&shared, &spec, None).await.unwrap();
+    warm.dispatch(Request {
+        input,
+        idempotency_key: None,
+        timeout: Duration::from_millis(spec.process.timeout_ms),
+        cancel: tokio_util::sync::CancellationToken::new(),
+    })
+    .await
+}
+
+type Only = Option<(&'static [Layer], &'static [&'static str], &'static [&'static str])>;
+
+async fn suite_with(fixture: Fixture, isolation: &str, mode: Mode, only: Only) {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED confinement suite ({fixture:?}, {isolation}): {why}");
+        return;
+    }
+    if fixture == Fixture::Python && python().is_none() {
+        eprintln!("SKIPPED confinement suite (Python, {isolation}): no python3 on the children's PATH");
+        return;
+    }
+    let strict = isolation == "strict";
+    let dir = TempDir::new(&format!("confine-{isolation}"));
+    let var = dir.path().join("var");
+    std::fs::create_dir_all(&var).unwrap();
+    let facts = var.join("egress-facts.db");
+    let token = var.join("egress-control.token");
+    std::fs::write(&token, TOKEN).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let outside = std::env::temp_dir().join(format!("loom-escape-{}", uuid::Uuid::new_v4().simple()));
+
+    let dns = FakeDns::start().await;
+    dns.set("denied.test", &["10.0.0.7"]);
+    let origin = http_origin("127.0.0.2:0").await;
+    let canary = canary("127.0.0.1:0").await;
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let udp_addr = udp.local_addr().unwrap();
+    let udp_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let c = udp_count.clone();
+        tokio::spawn(async move {
+            let mut b = [0u8; 1500];
+            while udp.recv_from(&mut b).await.is_ok() {
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+    }
+    let handoff = var.join("egress-handoff.sock");
+    let handoff_line = match mode {
+        Mode::Handoff => format!("handoff = \"{}\"", handoff.display()),
+        Mode::Relay => String::new(),
+    };
+    let proxy_text = format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+control = "127.0.0.1:0"
+facts = "{facts}"
+{handoff_line}
+allow_ranges = ["127.0.0.2/32"]
+
+[proxy.dns]
+servers = ["{dns}"]
+timeout_ms = 2000
+
+[tools.evil]
+egress = ["denied.test:80", "127.0.0.2:{port}"]
+"#,
+        facts = facts.display(),
+        dns = dns.addr,
+        port = origin.addr.port(),
+    );
+    let proxy = TestProxy::start_config(dns, &proxy_text, None, None).await;
+    // The stolen credential: another live run of the same tool.
+    let victim = proxy.run("evil").await;
+
+    let marker = format!("LOOM_EVIL_{}", uuid::Uuid::new_v4().simple());
+    let me = std::env::current_exe().unwrap();
+    let command = match fixture {
+        Fixture::Rust => format!("[\"{}\"]", me.display()),
+        Fixture::Python => format!(
+            "[\"python3\", \"{}\", \"{}\"]",
+            runners_dir().join("loom_runner.py").display(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/malicious_tool.py")
+                .display()
+        ),
+    };
+    let config_text = format!(
+        r#"{proxy_text}
+[proxy_control_for_the_executor]
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+{{executor_handoff}}
+
+[tools.evil.process]
+command = {command}
+env = {{ {marker} = "1" }}
+isolation = "{isolation}"
+timeout_ms = 8000
+cold_start_ms = 10000
+memory_mb = {MEMORY_MB}
+max_pids = {PIDS}
+pool = {{ warm = 0, max = 2 }}
+"#
+    )
+    .replace("[proxy_control_for_the_executor]\n", "")
+    .replace(
+        "{executor_handoff}",
+        &match mode {
+            Mode::Handoff => format!("proxy_handoff = \"{}\"", handoff.display()),
+            Mode::Relay => String::new(),
+        },
+    )
+    .replace("control = \"127.0.0.1:0\"", &format!("control = \"{}\"", proxy.control));
+    let cfg = dir.write("egress.toml", &config_text);
+    if mode == Mode::Handoff {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&handoff).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the hand-off socket must be private to the proxy");
+    }
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    // The executor's own API, as a target.
+    let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_addr = api.local_addr().unwrap();
+    {
+        let app = egress_executor::api::router(exec.clone());
+        tokio::spawn(async move { axum::serve(api, app).await });
+    }
+    let before = std::fs::metadata(&facts).map(|m| m.len()).unwrap_or(0);
+
+    let input = json!({
+        "passwd": "/etc/passwd",
+        "config": cfg,
+        "token": token,
+        "facts": facts,
+        "canary": canary.addr.to_string(),
+        "control": proxy.control.to_string(),
+        "executor_api": api_addr.to_string(),
+        "dns": udp_addr.to_string(),
+        "unlisted": "http://unlisted.example/",
+        "ip_literal": "http://10.9.8.7/",
+        "private_name": "http://denied.test/",
+        "allowed": format!("http://127.0.0.2:{}/", origin.addr.port()),
+        "stolen": format!("{}:{}", victim.id, victim.secret),
+        "outside": outside,
+        "pids": if strict { 100 } else { 40 },
+        "memory_mb": 3 * MEMORY_MB,
+    });
+    let res = match only {
+        None => {
+            exec.invoke(InvocationRequest {
+                tool: "evil".into(),
+                input,
+                run_id: None,
+                idempotency_key: None,
+                timeout_ms: None,
+            })
+            .await
+        }
+        Some((layers, _, _)) => one_layer_invocation(&cfg, layers, input).await,
+    };
+    let e = res
+        .error
+        .clone()
+        .unwrap_or_else(|| panic!("the tool cannot finish: {res:#?}"));
+    assert_eq!(e.kind, ErrorKind::Timeout, "{res:#?}");
+    let outcomes: std::collections::BTreeMap<String, (bool, String)> = res
+        .emits
+        .iter()
+        .filter_map(|v| {
+            Some((
+                v["attempt"].as_str()?.to_string(),
+                (
+                    v["ok"].as_bool().unwrap_or(false),
+                    v["detail"].as_str().unwrap_or("").to_string(),
+                ),
+            ))
+        })
+        .collect();
+    eprintln!("{fixture:?}/{isolation} outcomes:");
+    for (k, (ok, d)) in &outcomes {
+        eprintln!("  {k:<24} {} {d}", if *ok { "SUCCEEDED" } else { "failed" });
+    }
+    assert!(
+        outcomes.contains_key("done"),
+        "the tool did not get through its list: {res:#?}"
+    );
+    let ok = |a: &str| {
+        outcomes
+            .get(a)
+            .unwrap_or_else(|| panic!("no outcome for {a}: {res:#?}"))
+            .0
+    };
+    let scratch_ok = res.emits.iter().any(|v| v["scratch_write"] == json!(true));
+    assert!(scratch_ok, "the scratch dir must stay writable: {:#?}", res.emits);
+
+    let run_id = res.run_id.clone().unwrap();
+    let facts_now = egress_e2e::harness::all_facts_at(proxy.control).await;
+    let reasons = |run: &str| -> Vec<String> {
+        facts_now
+            .iter()
+            .filter(|f| f["run_id"] == json!(run) && f["type"] == json!("EGRESS_DENIED"))
+            .map(|f| f["reason"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    // Through the proxy, confined or not: denied, with a durable fact.
+    for a in ["fetch_unlisted", "fetch_ip_literal", "fetch_private_name"] {
+        assert!(!ok(a), "{a} must be denied by the proxy");
+    }
+    let mine = reasons(&run_id);
+    for r in ["not_allowlisted", "ip_literal", "private_address"] {
+        assert!(mine.contains(&r.to_string()), "no {r} fact for the run: {facts_now:#?}");
+    }
+
+    let local = [
+        "read_passwd",
+        "read_config",
+        "read_token",
+        "append_facts",
+        "connect_canary",
+        "connect_proxy_control",
+        "connect_executor_api",
+        "udp_dns",
+        "write_outside",
+        "raw_socket",
+        "packet_socket",
+        "io_uring_setup",
+        "ptrace",
+        "unshare_user",
+        "fork_bomb",
+        "memory_hog",
+    ];
+    if let Some((layers, fails, succeeds)) = only {
+        for a in fails {
+            assert!(!ok(a), "{a} must fail with only {layers:?}: {:?}", outcomes[*a]);
+        }
+        for a in succeeds {
+            assert!(ok(a), "{a} should succeed with only {layers:?}: {:?}", outcomes[*a]);
+        }
+        if layers.contains(&Layer::Netns) {
+            assert_eq!(canary.connections(), 0, "the canary was reached");
+            assert_eq!(udp_count.load(std::sync::atomic::Ordering::SeqCst), 0);
+        }
+        let _ = std::fs::remove_file(&outside);
+    } else if strict {
+        for a in local {
+            assert!(!ok(a), "{a} must fail under strict: {:?}", outcomes[a]);
+        }
+        let forked = res.emits.iter().find_map(|v| v["forked"].as_u64()).unwrap();
+        assert!(forked < PIDS, "forked {forked} with max_pids = {PIDS}");
+        assert_eq!(canary.connections(), 0, "the canary was reached");
+        assert_eq!(
+            udp_count.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the host DNS listener got a datagram"
+        );
+        assert!(!outside.exists(), "a file was written outside the scratch dir");
+        // Denied calls fail with EPERM, network attempts fast and clearly.
+        for a in [
+            "io_uring_setup",
+            "ptrace",
+            "unshare_user",
+            "raw_socket",
+            "packet_socket",
+        ] {
+            assert!(
+                outcomes[a].1.contains("Operation not permitted"),
+                "{a}: {:?}",
+                outcomes[a]
+            );
+        }
+        for a in ["connect_canary", "connect_proxy_control", "connect_executor_api"] {
+            let d = &outcomes[a].1;
+            assert!(
+                d.contains("refused") || d.contains("ermission") || d.contains("unreachable"),
+                "{a}: {d}"
+            );
+        }
+    } else {
+        // What `off` lets through: exactly what confinement is for.
+        for a in [
+            "read_passwd",
+            "read_config",
+            "read_token",
+            "append_facts",
+            "connect_canary",
+            "connect_proxy_control",
+            "connect_executor_api",
+            "udp_dns",
+            "write_outside",
+            "raw_socket",
+            "ptrace",
+            "fork_bomb",
+            "memory_hog",
+        ] {
+            assert!(ok(a), "{a} should succeed under off: {:?}", outcomes[a]);
+        }
+        assert!(canary.connections() >= 1);
+        assert!(
+            eventually(Duration::from_secs(2), || udp_count
+                .load(std::sync::atomic::Ordering::SeqCst)
+                >= 1)
+            .await
+        );
+        let _ = std::fs::remove_file(&outside);
+    }
+    // Another run's credential. Handed-off listener: the connection is bound
+    // to this run, so the stolen credential is refused (auth_invalid, recorded
+    // against the run that presented it). The relay fallback and `off` lose
+    // that binding: the credential works, within the victim run's policy.
+    let victim_reasons = reasons(&victim.id);
+    if only.is_some() {
+        // Layer tests are about local attempts.
+    } else if strict && mode == Mode::Handoff {
+        assert!(!ok("stolen_credential"), "{:?}", outcomes["stolen_credential"]);
+        assert!(
+            outcomes["stolen_credential"].1.contains("407"),
+            "{:?}",
+            outcomes["stolen_credential"]
+        );
+        assert!(mine.contains(&"auth_invalid".to_string()), "{facts_now:#?}");
+        assert!(victim_reasons.is_empty(), "{victim_reasons:?}");
+    } else {
+        assert!(ok("stolen_credential"), "{:?}", outcomes["stolen_credential"]);
+    }
+
+    // The facts database is intact and still serves.
+    assert!(std::fs::metadata(&facts).unwrap().len() >= before);
+    assert!(!facts_now.is_empty());
+    // Nothing of the tool is alive, and its cgroups are gone.
+    assert!(
+        eventually(Duration::from_secs(5), || marked_processes(&marker).is_empty()).await,
+        "processes of the tool survived: {:?}",
+        marked_processes(&marker)
+    );
+    if strict && only.is_none() {
+        let leftovers: Vec<PathBuf> = ["memory", "pids"]
+            .iter()
+            .flat_map(|c| {
+                std::fs::read_dir(format!("/sys/fs/cgroup/{c}/loom-egress"))
+                    .into_iter()
+                    .flatten()
+            })
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("evil-"))
+            })
+            .filter(|p| p.to_string_lossy().contains(&format!("-{}-", std::process::id())))
+            .collect();
+        assert!(leftovers.is_empty(), "cgroups left: {leftovers:?}");
+    }
+    exec.shutdown();
+    proxy.shutdown().await;
+}
+
+/// `egress-executor run --config F --tool T -- CMD` confines CMD as the
+/// tool's isolation says.
+async fn run_command() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED run_command_applies_the_tools_isolation: {why}");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.strict]\negress = []\n[tools.open]\negress = []\n").await;
+    let dir = TempDir::new("confine-run");
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             [tools.strict]\negress = []\n[tools.strict.process]\ncommand = [\"true\"]\n\
+             [tools.open]\negress = []\n[tools.open.process]\ncommand = [\"true\"]\nisolation = \"off\"\n",
+            proxy.control
+        ),
+    );
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
+    let run = move |tool: &str| {
+        std::process::Command::new(&bin)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .args([
+                "--tool",
+                tool,
+                "--",
+                "sh",
+                "-c",
+                "id -u; cat /etc/passwd >/dev/null && echo READ",
+            ])
+            .env("EGRESS_CONTROL_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    };
+    let (strict, open) = tokio::task::spawn_blocking(move || (run("strict"), run("open")))
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&strict.stdout);
+    assert!(
+        out.starts_with("65534\n"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&strict.stderr)
+    );
+    assert!(!out.contains("READ"), "{out}");
+    assert_ne!(strict.status.code(), Some(0));
+    let out = String::from_utf8_lossy(&open.stdout);
+    assert_eq!(out, "0\nREAD\n", "{}", String::from_utf8_lossy(&open.stderr));
+    assert_eq!(open.status.code(), Some(0));
+    drop(dir);
+    proxy.shutdown().await;
+}
+
+const FETCH_PY: &str = r#"
+import os, socket, urllib.request, urllib.error
+
+def run(input, ctx):
+    out = {}
+    r = ctx.fetch(input["allowed"])
+    out["ctx_fetch"] = [r["status"], r["body"].decode()]
+    r = ctx.fetch("http://unlisted.example/")
+    out["ctx_denied"] = [r["status"], r["headers"].get("x-egress-deny-reason")]
+    with urllib.request.urlopen(input["allowed"], timeout=10) as resp:
+        out["urllib"] = resp.status
+    try:
+        import requests
+        out["requests"] = requests.get(input["allowed"], timeout=10).status_code
+    except ImportError:
+        out["requests"] = "absent"
+    host, port = input["direct"].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+        out["direct"] = "connected"
+    except OSError as e:
+        out["direct"] = "%s" % e
+    return out
+"#;
+
+const FETCH_JS: &str = r#"
+module.exports.run = async (input, ctx) => {
+  const out = {};
+  const r = await ctx.fetch(input.allowed);
+  out.ctx_fetch = [r.status, r.body];
+  const d = await ctx.fetch('http://unlisted.example/');
+  out.ctx_denied = [d.status, d.headers['x-egress-deny-reason']];
+  try {
+    const g = await fetch('http://' + input.direct + '/');
+    out.direct = 'status ' + g.status;
+  } catch (e) {
+    out.direct = String(e.cause ? e.cause.code || e.cause.message : e.message);
+  }
+  return out;
+};
+"#;
+
+/// Under strict, the runners' `ctx.fetch` (and Python's ordinary clients)
+/// reach an allowlisted origin through the in-namespace listener; a direct
+/// connection fails at once with a clear error.
+async fn runners_fetch() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED runners_fetch_through_the_proxy_under_strict: {why}");
+        return;
+    }
+    let origin = http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let proxy = TestProxy::start(&format!(
+        "[tools.py]\negress = [\"127.0.0.2:{port}\"]\n[tools.js]\negress = [\"127.0.0.2:{port}\"]\n"
+    ))
+    .await;
+    let dir = TempDir::new("confine-fetch");
+    dir.write("fetch.py", FETCH_PY);
+    dir.write("fetch.js", FETCH_JS);
+    let runners = runners_dir();
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{control}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             [tools.py]\negress = []\n[tools.py.process]\ncommand = [\"python3\", \"{py}\", \"fetch.py\"]\npool = {{ warm = 0, max = 1 }}\n\
+             [tools.js]\negress = []\n[tools.js.process]\ncommand = [\"node\", \"{js}\", \"fetch.js\"]\npool = {{ warm = 0, max = 1 }}\n",
+            control = proxy.control,
+            py = runners.join("loom_runner.py").display(),
+            js = runners.join("loom_runner.js").display(),
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let direct = proxy.proxy.to_string();
+    let input = json!({"allowed": format!("http://127.0.0.2:{port}/"), "direct": direct});
+    let invoke = |tool: &str| InvocationRequest {
+        tool: tool.into(),
+        input: input.clone(),
+        run_id: None,
+        idempotency_key: None,
+        timeout_ms: None,
+    };
+    if python().is_some() {
+        let res = exec.invoke(invoke("py")).await;
+        let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
+        assert_eq!(out["ctx_fetch"][0], json!(200), "{out}");
+        assert_eq!(out["ctx_denied"], json!([403, "not_allowlisted"]), "{out}");
+        assert_eq!(out["urllib"], json!(200), "{out}");
+        assert!(
+            out["requests"] == json!(200) || out["requests"] == json!("absent"),
+            "{out}"
+        );
+        assert!(out["direct"].as_str().unwrap().contains("ermission denied"), "{out}");
+    } else {
+        eprintln!("SKIPPED the Python half: no python3");
+    }
+    if node().is_some() {
+        let res = exec.invoke(invoke("js")).await;
+        let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
+        assert_eq!(out["ctx_fetch"][0], json!(200), "{out}");
+        assert_eq!(out["ctx_denied"], json!([403, "not_allowlisted"]), "{out}");
+        let d = out["direct"].as_str().unwrap();
+        assert!(d.contains("EACCES") || d.contains("ECONNREFUSED"), "{out}");
+    } else {
+        eprintln!("SKIPPED the Node half: no node");
+    }
+    exec.shutdown();
+    proxy.shutdown().await;
+}
+
+const PROBE_PY: &str = r#"
+import os, socket, sys
+print("uid", os.getuid())
+try:
+    open("/etc/passwd").read()
+    print("passwd READ")
+except OSError as e:
+    print("passwd", e.errno)
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2).close()
+    print("canary CONNECTED")
+except OSError as e:
+    print("canary", e.errno)
+"#;
+
+/// Without root: the executor in a user namespace of an unprivileged uid
+/// (`setpriv` + `unshare -r`) still gets network and PID namespaces,
+/// Landlock, seccomp and rlimits; not the uid switch nor cgroups. `doctor`
+/// says exactly that, `strict` refuses naming both, `best_effort` runs.
+async fn unprivileged() {
+    let have = |b: &str| which(b).is_some();
+    if !is_root() || !have("setpriv") || !have("unshare") || python().is_none() {
+        eprintln!("SKIPPED unprivileged_executor_enforces_what_user_namespaces_give: needs root (to drop to another uid), setpriv, unshare and python3");
+        return;
+    }
+    let probe = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=4242",
+            "--regid=4242",
+            "--clear-groups",
+            "--",
+            "unshare",
+            "-r",
+            "true",
+        ])
+        .status();
+    if !probe.map(|s| s.success()).unwrap_or(false) {
+        eprintln!("SKIPPED unprivileged_executor_enforces_what_user_namespaces_give: unprivileged user namespaces are disabled here");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.be]\negress = []\n[tools.st]\negress = []\n").await;
+    let canary = canary("127.0.0.1:0").await;
+    let dir = TempDir::new("confine-unpriv");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    dir.write("probe.py", PROBE_PY);
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
+             [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n",
+            proxy.control
+        ),
+    );
+    // `run` builds every tool's plan: the best-effort tool alone in its own file.
+    let be_cfg = dir.write(
+        "be.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n",
+            proxy.control
+        ),
+    );
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
+    let probe_path = dir.path().join("probe.py");
+    let port = canary.addr.port().to_string();
+    let unpriv = move |args: Vec<String>| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=4242", "--regid=4242", "--clear-groups", "--", "unshare", "-r"])
+            .arg(&bin)
+            .args(args)
+            .env("EGRESS_CONTROL_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    };
+    let c = cfg.display().to_string();
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let doctor = args(&["doctor", "--config", &c]);
+    let be_c = be_cfg.display().to_string();
+    let be = args(&[
+        "run",
+        "--config",
+        &be_c,
+        "--tool",
+        "be",
+        "--",
+        "python3",
+        &probe_path.display().to_string(),
+        &port,
+    ]);
+    let st = args(&["run", "--config", &c, "--tool", "st", "--", "true"]);
+    let (doctor, be, st) = tokio::task::spawn_blocking(move || (unpriv(doctor), unpriv(be), unpriv(st)))
+        .await
+        .unwrap();
+    let table = String::from_utf8_lossy(&doctor.stdout);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{table}"))
+            .to_string()
+    };
+    for (layer, available) in [
+        ("network namespace", true),
+        ("landlock", true),
+        ("seccomp", true),
+        ("rlimits", true),
+        ("unprivileged uid/gid", false),
+        ("cgroup memory+pids", false),
+    ] {
+        let r = row(layer);
+        let word = r[32..].split_whitespace().next().unwrap_or("");
+        assert_eq!(word, if available { "yes" } else { "NO" }, "{r}");
+    }
+    assert!(row("isolation of `st`").contains("FAIL"), "{table}");
+    assert!(
+        row("isolation of `be`").contains("network namespace, landlock, seccomp, rlimits"),
+        "{table}"
+    );
+
+    let out = String::from_utf8_lossy(&be.stdout);
+    let err = String::from_utf8_lossy(&be.stderr);
+    assert!(out.contains("uid 0\n"), "{out}\n{err}");
+    assert!(out.contains("passwd 13\n"), "{out}\n{err}");
+    assert!(!out.contains("CONNECTED"), "{out}\n{err}");
+    assert_eq!(canary.connections(), 0);
+    assert!(err.contains("layer not enforced: unprivileged uid/gid"), "{err}");
+    assert!(err.contains("layer not enforced: cgroup memory+pids"), "{err}");
+
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert_eq!(st.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("unprivileged uid/gid") && err.contains("cgroup memory+pids"),
+        "{err}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A configured hand-off socket that does not answer: the child is not
+/// started behind the proxy's back (no silent relay), the start fails.
+async fn failed_handoff() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED a_failed_hand_off_fails_the_start_loudly: {why}");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.t]\negress = []\n").await;
+    let dir = TempDir::new("confine-nohandoff");
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
+             proxy_handoff = \"{}\"\n[tools.t]\negress = []\n[tools.t.process]\ncommand = [\"sleep\", \"60\"]\n\
+             protocol = \"plain\"\npool = {{ warm = 0, max = 1 }}\n",
+            proxy.control,
+            dir.path().join("no-such.sock").display()
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "t".into(),
+            input: json!(null),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
+    assert_eq!(e.kind, ErrorKind::Startup, "{e:?}");
+    assert!(
+        e.message
+            .contains("cannot hand the child's proxy listener to the proxy"),
+        "{e:?}"
+    );
+    proxy.shutdown().await;
+}
