@@ -287,6 +287,9 @@ impl Config {
             .map(Path::to_path_buf)
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or_else(|| PathBuf::from("."));
+        // Absolute, so that paths relative to the file stay right for a child
+        // that starts in another working directory (`cwd`).
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         let rel = |p: PathBuf| if p.is_relative() { dir.join(p) } else { p };
 
         let control = addr(

@@ -35,13 +35,31 @@ pub struct Admission {
 
 impl Admission {
     pub fn new(max_pending: usize, max_established: usize, evicted: Counter) -> Arc<Admission> {
+        Self::sharing(max_pending, Arc::new(Semaphore::new(max_established)), evicted)
+    }
+
+    /// An admission with its own pending set whose established places are
+    /// `established`, shared with other listeners (a handed-off listener has
+    /// its own pending set, so one sandbox cannot push out another's pending
+    /// connections, but takes places from the proxy's `max_connections`).
+    pub fn sharing(max_pending: usize, established: Arc<Semaphore>, evicted: Counter) -> Arc<Admission> {
         Arc::new(Admission {
             pending: Mutex::new(VecDeque::with_capacity(max_pending.min(4096))),
             max_pending: max_pending.max(1),
             next_id: AtomicU64::new(0),
-            established: Arc::new(Semaphore::new(max_established)),
+            established,
             evicted,
         })
+    }
+
+    /// The established places (to share with another listener).
+    pub fn established_places(&self) -> Arc<Semaphore> {
+        self.established.clone()
+    }
+
+    /// The eviction counter (to share with another listener).
+    pub fn evicted_counter(&self) -> Counter {
+        self.evicted.clone()
     }
 
     /// Admits a just-accepted connection as pending, closing the oldest

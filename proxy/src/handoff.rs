@@ -150,9 +150,18 @@ fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(std_listener)?;
     let sh2 = sh.clone();
     let bound = BoundRun(run.id.clone());
+    // Its own pending set (one sandbox cannot push out another's pending
+    // connections), the proxy's established places.
+    let admission = crate::admission::Admission::sharing(
+        sh.cfg
+            .max_pending_connections
+            .min(sh.cfg.max_connections_per_run.max(1) * 2),
+        sh.data_admission.established_places(),
+        sh.data_admission.evicted_counter(),
+    );
     tokio::spawn(async move {
         tokio::select! {
-            _ = crate::server::accept_loop(sh2, listener, Some(bound)) => {}
+            _ = crate::server::accept_loop(sh2, listener, Some(bound), admission) => {}
             // Dropping the accept loop closes the listener.
             _ = run.cancel.cancelled() => {}
         }

@@ -413,7 +413,12 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     shared.restore_runs();
     shared.metrics.set_config(None, &cfg.policy.digest);
     let mut tasks = JoinSet::new();
-    tasks.spawn(accept_loop(shared.clone(), proxy_l, None));
+    tasks.spawn(accept_loop(
+        shared.clone(),
+        proxy_l,
+        None,
+        shared.data_admission.clone(),
+    ));
     if let Some(path) = &pc.handoff {
         let l = crate::handoff::bind(path).map_err(|source| StartError::Handoff {
             path: path.clone(),
@@ -484,7 +489,14 @@ async fn sweeper(sh: Arc<Shared>) {
 }
 
 /// Serves the data listener, or (`bound`) a listener handed over for one run.
-pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, bound: Option<crate::auth::BoundRun>) {
+/// Serves a data listener: the proxy's own (`bound` = `None`) or one handed
+/// over for a single run, with the connection admission it belongs to.
+pub(crate) async fn accept_loop(
+    sh: Arc<Shared>,
+    listener: TcpListener,
+    bound: Option<crate::auth::BoundRun>,
+    admission: Arc<Admission>,
+) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -499,7 +511,7 @@ pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, bound: O
     while let Some(stream) = accept(&sh.shutdown, &listener).await {
         let sh2 = sh.clone();
         let builder = builder.clone();
-        let conn = Arc::new(sh.data_admission.admit(CancellationToken::new()));
+        let conn = Arc::new(admission.admit(CancellationToken::new()));
         let bound = bound.clone();
         sh.tasks.spawn(async move {
             let svc_sh = sh2.clone();
