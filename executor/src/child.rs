@@ -423,6 +423,7 @@ impl Warm {
                 ErrorKind::Aborted => "abort",
                 ErrorKind::Protocol => "protocol",
                 ErrorKind::Disconnected => "disconnected",
+                ErrorKind::Proxy => "proxy_error",
                 _ => "done",
             },
         };

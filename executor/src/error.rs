@@ -29,9 +29,25 @@ pub enum ErrorKind {
     UnknownTool,
     /// The request is malformed.
     BadRequest,
+    /// The idempotency key was used before with a different request.
+    IdempotencyConflict,
 }
 
 impl ErrorKind {
+    pub const ALL: [ErrorKind; 11] = [
+        ErrorKind::Startup,
+        ErrorKind::Timeout,
+        ErrorKind::Aborted,
+        ErrorKind::Disconnected,
+        ErrorKind::Protocol,
+        ErrorKind::ToolError,
+        ErrorKind::Busy,
+        ErrorKind::Proxy,
+        ErrorKind::UnknownTool,
+        ErrorKind::BadRequest,
+        ErrorKind::IdempotencyConflict,
+    ];
+
     /// The metric `outcome` label and the word in the JSON body.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -45,15 +61,22 @@ impl ErrorKind {
             ErrorKind::Proxy => "proxy",
             ErrorKind::UnknownTool => "unknown_tool",
             ErrorKind::BadRequest => "bad_request",
+            ErrorKind::IdempotencyConflict => "idempotency_conflict",
         }
     }
 
-    /// The HTTP status `POST /v1/invocations` answers with.
+    /// The HTTP status `POST /v1/invocations` answers with. What the tool
+    /// did (its result, its error, a timeout, an abort, a crash) is `200`
+    /// with `ok:false`: the invocation ran. What kept it from running is a
+    /// non-2xx: the proxy's control API failing (`502`), no child to be had
+    /// (`503`), an unknown tool (`404`), a malformed request (`400`).
     pub fn http_status(self) -> u16 {
         match self {
+            ErrorKind::Proxy => 502,
             ErrorKind::Busy => 503,
             ErrorKind::UnknownTool => 404,
             ErrorKind::BadRequest => 400,
+            ErrorKind::IdempotencyConflict => 409,
             _ => 200,
         }
     }

@@ -57,6 +57,46 @@ pub struct Executor {
     config: Config,
     /// In-flight invocations by run id and idempotency key (for abort).
     inflight: Mutex<HashMap<String, CancellationToken>>,
+    /// Invocations by idempotency key, running or finished within the window.
+    idempotency: Mutex<HashMap<String, Remembered>>,
+}
+
+/// How long a finished invocation's answer is kept for its idempotency key.
+pub const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(600);
+/// Keys remembered at most (the oldest finished ones are forgotten first).
+const IDEMPOTENCY_MAX: usize = 10_000;
+
+/// What an idempotency key stands for.
+#[derive(Debug)]
+struct Remembered {
+    /// Hash of the request (tool, input, run id, timeout) that used the key.
+    fingerprint: u64,
+    /// `None` while the invocation runs, then its answer.
+    answer: tokio::sync::watch::Receiver<Option<InvocationResult>>,
+    finished: Option<Instant>,
+}
+
+fn fingerprint(req: &InvocationRequest) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&req.tool, req.input.to_string(), &req.run_id, req.timeout_ms).hash(&mut h);
+    h.finish()
+}
+
+/// Forgets a running key whose invocation was dropped before it finished.
+struct Unfinished<'a> {
+    exec: &'a Executor,
+    key: Option<String>,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let (Some(k), Ok(mut m)) = (self.key.take(), self.exec.idempotency.lock()) {
+            if m.get(&k).is_some_and(|r| r.finished.is_none()) {
+                m.remove(&k);
+            }
+        }
+    }
 }
 
 /// Removes an invocation from the abort registry when it ends.
@@ -102,6 +142,9 @@ impl Executor {
             Metrics::new(),
             config.executor.clone(),
         ));
+        for s in &specs {
+            shared.metrics.register_tool(&s.id);
+        }
         let pools = specs
             .into_iter()
             .map(|s| {
@@ -114,6 +157,7 @@ impl Executor {
             pools,
             config,
             inflight: Mutex::new(HashMap::new()),
+            idempotency: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -137,8 +181,86 @@ impl Executor {
         self.pools.get(tool)
     }
 
-    /// Run one invocation.
+    /// Run one invocation. A repeated `idempotency_key` within
+    /// [`IDEMPOTENCY_WINDOW`] answers with the first invocation's result (or
+    /// waits for it while it runs) instead of running the tool again; the same
+    /// key with a different request is `idempotency_conflict` (409).
     pub async fn invoke(&self, req: InvocationRequest) -> InvocationResult {
+        let Some(key) = req.idempotency_key.clone() else {
+            return self.invoke_once(req).await;
+        };
+        let fp = fingerprint(&req);
+        let tx = {
+            let Ok(mut m) = self.idempotency.lock() else {
+                return self.invoke_once(req).await;
+            };
+            let now = Instant::now();
+            m.retain(|_, r| r.finished.is_none_or(|t| now.duration_since(t) < IDEMPOTENCY_WINDOW));
+            match m.get(&key) {
+                Some(r) if r.fingerprint != fp => {
+                    return InvocationResult::failed(
+                        &req.tool,
+                        InvokeError::new(
+                            ErrorKind::IdempotencyConflict,
+                            format!("idempotency_key `{key}` was used with a different request"),
+                        ),
+                    );
+                }
+                Some(r) => Err(r.answer.clone()),
+                None => {
+                    if m.len() >= IDEMPOTENCY_MAX {
+                        let oldest = m
+                            .iter()
+                            .filter_map(|(k, r)| r.finished.map(|t| (t, k.clone())))
+                            .min()
+                            .map(|(_, k)| k);
+                        if let Some(k) = oldest {
+                            m.remove(&k);
+                        }
+                    }
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    m.insert(
+                        key.clone(),
+                        Remembered {
+                            fingerprint: fp,
+                            answer: rx,
+                            finished: None,
+                        },
+                    );
+                    Ok(tx)
+                }
+            }
+        };
+        match tx {
+            Ok(tx) => {
+                let mut guard = Unfinished {
+                    exec: self,
+                    key: Some(key.clone()),
+                };
+                let result = self.invoke_once(req).await;
+                guard.key = None;
+                if let Ok(mut m) = self.idempotency.lock() {
+                    if let Some(r) = m.get_mut(&key) {
+                        r.finished = Some(Instant::now());
+                    }
+                }
+                let _ = tx.send(Some(result.clone()));
+                result
+            }
+            Err(mut rx) => match rx.wait_for(Option::is_some).await {
+                Ok(answer) => answer.clone().unwrap_or_else(|| InvocationResult::failed(&req.tool, InvokeError::new(ErrorKind::Aborted, "no answer"))),
+                Err(_) => InvocationResult::failed(
+                    &req.tool,
+                    InvokeError::new(
+                        ErrorKind::Aborted,
+                        format!("the first invocation with idempotency_key `{key}` was abandoned before it finished; send it again"),
+                    ),
+                ),
+            },
+        }
+    }
+
+    async fn invoke_once(&self, req: InvocationRequest) -> InvocationResult {
         let t0 = Instant::now();
         let result = self.invoke_inner(req.clone()).await;
         let mut result = result;

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use egress_executor::{Config, ErrorKind, Executor, InvocationResult};
 use serde_json::Value;
+use std::io::Write as _;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -246,15 +247,24 @@ fn subreaper(exec: &Executor) {
     }
 }
 
+/// Resolves on SIGTERM or SIGINT. SIGHUP is caught and ignored (logged):
+/// its default action would kill the executor and strand its children's
+/// runs; the executor has nothing to reload in place (restart it instead).
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => return std::future::pending().await,
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let mut hup = signal(SignalKind::hangup()).ok();
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
+                tracing::warn!("SIGHUP ignored: the executor does not reload in place; restart it to apply a new config");
+            }
+        }
     }
     tracing::info!("shutting down");
 }
@@ -284,9 +294,21 @@ async fn run(
     let result = exec.run_ad_hoc(&tool, command, input, cwd, cancel).await;
     exec.settle().await;
     if json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        // A closed stdout (`run --json | head`) is not an error of the run.
+        let text = serde_json::to_string_pretty(&result)?;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                return Err(e.into());
+            }
+        }
     } else {
-        print!("{}", result.stdout);
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = write!(out, "{}", result.stdout).and_then(|()| out.flush()) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                return Err(e.into());
+            }
+        }
         if let Some(e) = &result.error {
             if !e.stderr_tail.is_empty() {
                 eprint!("{}", e.stderr_tail);

@@ -148,6 +148,33 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Every kill reason (the `reason` label of `executor_kills_total`).
+    pub const KILL_REASONS: [&'static str; 10] = [
+        "done",
+        "timeout",
+        "abort",
+        "protocol",
+        "disconnected",
+        "proxy_error",
+        "startup",
+        "evicted",
+        "warm_death",
+        "recycled",
+    ];
+
+    /// Creates every bounded series of `tool` at 0, so dashboards and alerts
+    /// see a healthy tool as 0, never as "no data".
+    pub fn register_tool(&self, tool: &str) {
+        let t = || tool.to_string();
+        for outcome in std::iter::once("ok").chain(crate::error::ErrorKind::ALL.iter().map(|k| k.as_str())) {
+            let _ = self.invocations.get_or_create(&OutcomeLabels { tool: t(), outcome });
+        }
+        for reason in Self::KILL_REASONS {
+            let _ = self.kills.get_or_create(&ReasonLabels { tool: t(), reason });
+        }
+        self.pool_state(tool, 0, 0, 0);
+    }
+
     pub fn pool_state(&self, tool: &str, ready: usize, starting: usize, busy: usize) {
         self.pool_ready
             .get_or_create(&ToolLabel { tool: tool.to_string() })

@@ -47,21 +47,21 @@ async fn test() {
     );
     let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
     exec.warm_up();
-    let req = |input| InvocationRequest {
+    let req = |input, key: &str| InvocationRequest {
         tool: "recho".into(),
         input,
         run_id: None,
-        idempotency_key: Some("idem".into()),
+        idempotency_key: Some(key.into()),
         timeout_ms: None,
     };
-    let res = exec.invoke(req(json!([1, 2, 3]))).await;
+    let res = exec.invoke(req(json!([1, 2, 3]), "idem")).await;
     assert!(res.ok, "{res:?}");
     let out = res.output.clone().unwrap();
     assert_eq!(out["echo"], json!([1, 2, 3]));
     assert_eq!(out["run_id"], json!(res.run_id.clone().unwrap()));
     assert_eq!(out["key"], json!("idem"));
     assert_eq!(res.emits, vec![json!({"state": "loaded"})]);
-    let res = exec.invoke(req(json!("fail"))).await;
+    let res = exec.invoke(req(json!("fail"), "idem-2")).await;
     let e = res.error.unwrap();
     assert_eq!(e.kind, egress_executor::ErrorKind::ToolError);
     assert_eq!(e.message, "asked to fail");

@@ -1,0 +1,117 @@
+//! The kernel-facing executor API: idempotency keys that deduplicate (a
+//! repeat answers with the first invocation's outcome, or joins it while it
+//! runs; another request under the same key is 409), and every bounded
+//! metric series present at 0 from the start.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+
+use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
+use serde_json::{json, Value};
+use support::*;
+
+const COUNTING_PY: &str = r#"
+import os, time
+def run(input, ctx):
+    ctx.emit({"started": input.get("n")})
+    time.sleep(input.get("sleep", 0))
+    return {"pid": os.getpid(), "run_id": ctx.run_id, "n": input.get("n")}
+"#;
+
+async fn setup(tag: &str) -> (FakeControl, TempDir, Arc<Executor>) {
+    let control = FakeControl::start().await;
+    let dir = TempDir::new(tag);
+    dir.write("count.py", COUNTING_PY);
+    let runner = runners_dir().join("loom_runner.py");
+    let tools = format!(
+        r#"
+[tools.count]
+egress = []
+[tools.count.process]
+command = ["python3", "{}", "count.py"]
+cold_start_ms = 20000
+timeout_ms = 20000
+pool = {{ warm = 0, max = 4 }}
+isolation = "off"
+"#,
+        runner.display()
+    );
+    let cfg = write_config(&dir, control.addr, false, &tools);
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.to_string())).unwrap();
+    (control, dir, exec)
+}
+
+fn req(input: Value, key: &str) -> InvocationRequest {
+    InvocationRequest {
+        tool: "count".into(),
+        input,
+        run_id: None,
+        idempotency_key: Some(key.into()),
+        timeout_ms: None,
+    }
+}
+
+fn activations(c: &FakeControl) -> usize {
+    c.calls().iter().filter(|c| c.starts_with("activate")).count()
+}
+
+#[tokio::test]
+async fn a_repeated_idempotency_key_answers_with_the_first_outcome_and_runs_once() {
+    let Some(_) = python() else { return };
+    let (control, _dir, exec) = setup("idem").await;
+    let first = exec.invoke(req(json!({"n": 1}), "k-1")).await;
+    assert!(first.ok, "{first:?}");
+    let again = exec.invoke(req(json!({"n": 1}), "k-1")).await;
+    assert_eq!(again.output, first.output, "the tool ran twice");
+    assert_eq!(again.run_id, first.run_id);
+    assert_eq!(activations(&control), 1);
+    // The same key with another request is a conflict, and runs nothing.
+    let other = exec.invoke(req(json!({"n": 2}), "k-1")).await;
+    assert_eq!(
+        other.error.as_ref().map(|e| e.kind),
+        Some(ErrorKind::IdempotencyConflict),
+        "{other:?}"
+    );
+    assert_eq!(ErrorKind::IdempotencyConflict.http_status(), 409);
+    assert_eq!(activations(&control), 1);
+    // Another key runs the tool.
+    let fresh = exec.invoke(req(json!({"n": 1}), "k-2")).await;
+    assert_ne!(fresh.run_id, first.run_id);
+    assert_eq!(activations(&control), 2);
+}
+
+#[tokio::test]
+async fn a_repeat_while_the_first_runs_joins_it() {
+    let Some(_) = python() else { return };
+    let (control, _dir, exec) = setup("idem-join").await;
+    let (e1, e2) = (exec.clone(), exec.clone());
+    let a = tokio::spawn(async move { e1.invoke(req(json!({"n": 7, "sleep": 1.0}), "slow")).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let b = tokio::spawn(async move { e2.invoke(req(json!({"n": 7, "sleep": 1.0}), "slow")).await });
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert!(a.ok && b.ok, "{a:?} {b:?}");
+    assert_eq!(a.output, b.output);
+    assert_eq!(a.emits, b.emits);
+    assert_eq!(activations(&control), 1, "the repeat ran the tool again");
+}
+
+#[tokio::test]
+async fn every_bounded_executor_series_exists_at_zero() {
+    let (_control, _dir, exec) = setup("metrics0").await;
+    let m = exec.metrics().encode();
+    for series in [
+        "executor_kills_total{tool=\"count\",reason=\"timeout\"} 0",
+        "executor_kills_total{tool=\"count\",reason=\"proxy_error\"} 0",
+        "executor_invocations_total{tool=\"count\",outcome=\"ok\"} 0",
+        "executor_invocations_total{tool=\"count\",outcome=\"proxy\"} 0",
+        "executor_invocations_total{tool=\"count\",outcome=\"idempotency_conflict\"} 0",
+        "executor_pool_ready{tool=\"count\"} 0",
+        "executor_children{tool=\"count\",state=\"busy\"} 0",
+    ] {
+        assert!(m.lines().any(|l| l == series), "{series} missing at start:\n{m}");
+    }
+    assert_eq!(ErrorKind::Proxy.http_status(), 502, "a proxy failure is not a 200");
+}
