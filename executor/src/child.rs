@@ -75,6 +75,8 @@ pub struct Request {
 #[derive(Debug)]
 pub struct Warm {
     pub id: u64,
+    /// The proxy generation it started under (see `ControlClient::generation`).
+    pub generation: u64,
     tool: Arc<ToolSpec>,
     shared: Arc<Shared>,
     pub run: RunCreds,
@@ -105,6 +107,9 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     let deadline = tokio::time::Instant::now() + cold;
     let id = shared.next_id();
     let m = &shared.metrics;
+    // Read before the run is created: a proxy restart after this makes the
+    // child stale, never the other way round.
+    let generation = shared.control.generation();
 
     let run = match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id)).await {
         Ok(Ok(run)) => run,
@@ -248,6 +253,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     };
     let mut warm = Warm {
         id,
+        generation,
         tool: tool.clone(),
         shared: shared.clone(),
         run,
@@ -481,7 +487,10 @@ impl Warm {
         let aborted = || InvokeError::new(ErrorKind::Aborted, "aborted by the kernel");
         let activate = self.shared.control.activate(&self.run.run_id);
         tokio::select! {
-            r = activate => r.map_err(|e| InvokeError::new(ErrorKind::Proxy, e.to_string()))?,
+            r = activate => r.map_err(|e| InvokeError {
+                retry_fresh: true,
+                ..InvokeError::new(ErrorKind::Proxy, format!("activating the run: {e}"))
+            })?,
             _ = tokio::time::sleep_until(deadline) => return Err(timeout_err()),
             _ = req.cancel.cancelled() => return Err(aborted()),
         }

@@ -66,6 +66,12 @@ pub struct ExecutorSection {
     pub cgroup: Option<PathBuf>,
     /// Unix socket of the proxy's listener hand-off (unset: relay).
     pub proxy_handoff: Option<PathBuf>,
+    /// The owner name `serve` creates runs under on the proxy (one per
+    /// executor: a restarted instance ends what its predecessor left).
+    pub name: String,
+    /// The owner lease `serve` holds and renews every third of it: after a
+    /// crash, the proxy ends the executor's runs within this.
+    pub lease_ms: u64,
 }
 
 /// `isolation` of a tool.
@@ -152,6 +158,8 @@ const EXECUTOR_KEYS: &[&str] = &[
     "child_uid_count",
     "cgroup",
     "proxy_handoff",
+    "name",
+    "lease_ms",
 ];
 const PROCESS_KEYS: &[&str] = &[
     "command",
@@ -206,6 +214,8 @@ struct RawExecutor {
     child_uid_count: Option<u32>,
     cgroup: Option<PathBuf>,
     proxy_handoff: Option<PathBuf>,
+    name: Option<String>,
+    lease_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -321,7 +331,29 @@ impl Config {
                     child_uid_count: r.child_uid_count.unwrap_or(d.child_uid_count),
                     cgroup: r.cgroup.map(rel),
                     proxy_handoff: r.proxy_handoff.map(rel),
+                    name: r.name.unwrap_or(d.name),
+                    lease_ms: r.lease_ms.unwrap_or(d.lease_ms),
                 };
+                let name_ok = !section.name.is_empty()
+                    && section.name.len() <= 128
+                    && section
+                        .name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'));
+                if !name_ok {
+                    return Err(ConfigError::Invalid {
+                        file: f.clone(),
+                        path: "executor.name".into(),
+                        message: "must be 1-128 characters of A-Z a-z 0-9 - _ . ~".into(),
+                    });
+                }
+                if !(1_000..=600_000).contains(&section.lease_ms) {
+                    return Err(ConfigError::Invalid {
+                        file: f.clone(),
+                        path: "executor.lease_ms".into(),
+                        message: format!("{} is out of range 1000..=600000", section.lease_ms),
+                    });
+                }
                 if section.child_uid == 0 || section.child_gid == 0 || section.child_uid_count == 0 {
                     return Err(ConfigError::Invalid {
                         file: f.clone(),
@@ -390,6 +422,8 @@ impl ExecutorSection {
             child_uid_count: 1,
             cgroup: None,
             proxy_handoff: None,
+            name: "egress-executor".into(),
+            lease_ms: 15_000,
         })
     }
 }

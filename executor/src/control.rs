@@ -58,6 +58,12 @@ pub struct ControlClient {
     timeout: Duration,
     /// Idle keep-alive connections (bounded by `MAX_IDLE`).
     idle: Mutex<Vec<Sender>>,
+    /// The owner name runs are created under (with its lease), if any.
+    owner: Mutex<Option<String>>,
+    /// The proxy instance that answered last (`x-egress-instance`).
+    instance: Mutex<Option<String>>,
+    /// Bumped each time the proxy instance changes (a proxy restart).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl ControlClient {
@@ -75,7 +81,65 @@ impl ControlClient {
             token: Mutex::new(None),
             timeout: Duration::from_secs(5),
             idle: Mutex::new(Vec::new()),
+            owner: Mutex::new(None),
+            instance: Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many times the proxy was seen to restart: children started under
+    /// an older generation hold listeners or connections of a proxy process
+    /// that is gone, and are recycled.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn saw_instance(&self, instance: Option<&str>) {
+        let (Some(now), Ok(mut last)) = (instance, self.instance.lock()) else {
+            return;
+        };
+        match last.as_deref() {
+            Some(prev) if prev != now => {
+                tracing::warn!(previous = prev, now, "the proxy restarted; recycling warm children");
+                self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                *last = Some(now.to_owned());
+            }
+            Some(_) => {}
+            None => *last = Some(now.to_owned()),
+        }
+    }
+
+    /// Creates runs under `owner` from now on (it must hold a lease).
+    pub fn set_owner(&self, owner: &str) {
+        if let Ok(mut o) = self.owner.lock() {
+            *o = Some(owner.to_owned());
+        }
+    }
+
+    /// `PUT /v1/owners/{owner}`: take or renew the owner's lease.
+    pub async fn renew_lease(&self, owner: &str, lease: Duration) -> Result<(), ControlError> {
+        let body = json!({"lease_ms": lease.as_millis() as u64});
+        self.call(
+            "PUT",
+            &format!("/v1/owners/{}", path_segment(owner)),
+            Some(body),
+            "renew the lease",
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `DELETE /v1/owners/{owner}`: end every run the owner left; returns how many.
+    pub async fn release_owner(&self, owner: &str) -> Result<u64, ControlError> {
+        let v = self
+            .call(
+                "DELETE",
+                &format!("/v1/owners/{}", path_segment(owner)),
+                None,
+                "release the owner",
+            )
+            .await?;
+        Ok(v["ended"].as_u64().unwrap_or(0))
     }
 
     /// The control token (also required by the executor's own `/v1` API).
@@ -106,6 +170,9 @@ impl ControlClient {
         let mut body = json!({"tool": tool, "activate": false, "labels": {"source": "executor"}});
         if let Some(id) = run_id {
             body["run_id"] = json!(id);
+        }
+        if let Some(owner) = self.owner.lock().ok().and_then(|o| o.clone()) {
+            body["owner"] = json!(owner);
         }
         let v = self.call("POST", "/v1/runs", Some(body), "create run").await?;
         serde_json::from_value(v).map_err(|e| ControlError::BadAnswer {
@@ -251,6 +318,7 @@ impl ControlClient {
             Err(e) => return Err(unreachable(e.to_string())),
         };
         let status = resp.status().as_u16();
+        self.saw_instance(resp.headers().get("x-egress-instance").and_then(|v| v.to_str().ok()));
         let collected = Limited::new(resp.into_body(), MAX_BODY)
             .collect()
             .await

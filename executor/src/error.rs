@@ -100,6 +100,10 @@ pub struct InvokeError {
     pub phase: Option<Phase>,
     pub message: String,
     pub stderr_tail: String,
+    /// The invocation never reached the tool (its run could not be
+    /// activated): the pool tries it again on a fresh child.
+    #[serde(skip)]
+    pub retry_fresh: bool,
 }
 
 impl InvokeError {
@@ -109,6 +113,7 @@ impl InvokeError {
             phase: None,
             message: message.into(),
             stderr_tail: String::new(),
+            retry_fresh: false,
         }
     }
 

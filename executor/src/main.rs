@@ -105,13 +105,22 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(addr = %listener.local_addr()?, "executor listening");
-    exec.warm_up();
+    // Own the runs (ending what a crashed predecessor left), then warm the
+    // pools; invocations that arrive before are served on demand.
+    let stop = CancellationToken::new();
+    let (e, st) = (exec.clone(), stop.clone());
+    tokio::spawn(async move {
+        e.take_ownership(st).await;
+        e.warm_up();
+    });
     let app = egress_executor::api::router(exec.clone());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    stop.cancel();
     exec.shutdown();
     exec.drain(std::time::Duration::from_secs(5)).await;
+    exec.release_ownership().await;
     Ok(())
 }
 

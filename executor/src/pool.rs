@@ -21,6 +21,8 @@ struct Handle {
     id: u64,
     tx: mpsc::Sender<Dispatch>,
     busy: Option<Busy>,
+    /// The proxy generation the child started under (see `ControlClient::generation`).
+    generation: u64,
 }
 
 #[derive(Debug)]
@@ -190,6 +192,13 @@ impl Pool {
                 Err(e) => return InvocationResult::failed(&tool, e),
             };
             match self.try_send(h, req.clone()).await {
+                // The run of that child could not be activated (its proxy
+                // went away, or ended it): the tool never ran, so a fresh
+                // child may serve the invocation.
+                Ok(r) if r.error.as_ref().is_some_and(|e| e.retry_fresh) => {
+                    tracing::warn!(tool = %tool, error = ?r.error.as_ref().map(|e| &e.message), "activation failed; retrying on a fresh child");
+                    last = r.error;
+                }
                 Ok(r) => return r,
                 Err(e) => last = Some(e),
             }
@@ -232,6 +241,12 @@ impl Pool {
             let mut st = self.lock();
             if st.closed {
                 return Err(InvokeError::new(ErrorKind::Busy, "the executor is shutting down"));
+            }
+            // Children started before a proxy restart are dropped (their
+            // task discards them) and replaced.
+            let current = self.shared.control.generation();
+            while st.ready.front().is_some_and(|h| h.generation != current) {
+                st.ready.pop_front();
             }
             if let Some(mut h) = st.ready.pop_front() {
                 h.busy = Some(self.mark_busy());
@@ -431,7 +446,16 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
     };
     let (tx, mut rx) = mpsc::channel::<Dispatch>(1);
     let id = warm.id;
-    pool.on_ready(Handle { id, tx, busy: None }, dedicated_tx);
+    let generation = warm.generation;
+    pool.on_ready(
+        Handle {
+            id,
+            tx,
+            busy: None,
+            generation,
+        },
+        dedicated_tx,
+    );
     let unusable = tokio::select! {
         d = rx.recv() => match d {
             Some(Dispatch { req, reply, busy }) => {

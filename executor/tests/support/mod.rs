@@ -148,6 +148,34 @@ async fn facts(State((st, _)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<Stri
     (StatusCode::OK, Json(json!({ "facts": facts })))
 }
 
+async fn lease(
+    State((state, _)): State<(Arc<Mutex<FakeState>>, Arc<Notify>)>,
+    UrlPath(owner): UrlPath<String>,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let mut st = state.lock().unwrap();
+    st.calls.push(Call {
+        what: format!("lease {owner}"),
+        body: body.clone(),
+    });
+    (
+        StatusCode::OK,
+        Json(json!({"owner": owner, "lease_ms": body["lease_ms"], "live_runs": 0})),
+    )
+}
+
+async fn release(
+    State((state, _)): State<(Arc<Mutex<FakeState>>, Arc<Notify>)>,
+    UrlPath(owner): UrlPath<String>,
+) -> (StatusCode, Json<Value>) {
+    let mut st = state.lock().unwrap();
+    st.calls.push(Call {
+        what: format!("release {owner}"),
+        body: Value::Null,
+    });
+    (StatusCode::OK, Json(json!({"owner": owner, "ended": 0})))
+}
+
 impl FakeControl {
     pub async fn start() -> FakeControl {
         let state = Arc::new(Mutex::new(FakeState::default()));
@@ -157,6 +185,7 @@ impl FakeControl {
             .route("/v1/runs/{id}/activate", post(activate))
             .route("/v1/runs/{id}", axum::routing::delete(end).get(show))
             .route("/v1/runs/{id}/facts", get(facts))
+            .route("/v1/owners/{owner}", axum::routing::put(lease).delete(release))
             .with_state((state.clone(), activated.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
