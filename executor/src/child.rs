@@ -457,6 +457,13 @@ impl Warm {
             (Some(Value::Null), Protocol::Plain) => Some(json!({"exit_code": 0, "stdout": stdout})),
             (o, _) => o,
         };
+        self.shared
+            .metrics
+            .emits
+            .get_or_create(&crate::metrics::ToolLabel {
+                tool: self.tool.id.clone(),
+            })
+            .inc_by(emits.len() as u64);
         InvocationResult {
             ok: error.is_none(),
             tool: self.tool.id.clone(),

@@ -55,6 +55,8 @@ pub struct Metrics {
     pub duration: ToolHistogram,
     pub kills: Family<ReasonLabels, Counter>,
     pub children: Family<StateLabels, Gauge>,
+    /// Emits received from children (returned with every outcome).
+    pub emits: Family<ToolLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -72,6 +74,7 @@ impl Metrics {
         let duration: ToolHistogram = Family::new_with_constructor(seconds_histogram);
         let kills = Family::<ReasonLabels, Counter>::default();
         let children = Family::<StateLabels, Gauge>::default();
+        let emits = Family::<ToolLabel, Counter>::default();
         registry.register(
             "executor_pool_ready",
             "Warm children loaded and waiting for an invocation",
@@ -98,7 +101,13 @@ impl Metrics {
             "Live children by state (starting, ready, busy)",
             children.clone(),
         );
+        registry.register(
+            "executor_emits",
+            "Emits received from children, returned with every outcome",
+            emits.clone(),
+        );
         Metrics {
+            emits,
             registry,
             pool_ready,
             cold_start,
@@ -173,6 +182,7 @@ impl Metrics {
             let _ = self.kills.get_or_create(&ReasonLabels { tool: t(), reason });
         }
         self.pool_state(tool, 0, 0, 0);
+        let _ = self.emits.get_or_create(&ToolLabel { tool: t() });
     }
 
     pub fn pool_state(&self, tool: &str, ready: usize, starting: usize, busy: usize) {

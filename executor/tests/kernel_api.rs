@@ -14,9 +14,19 @@ use serde_json::{json, Value};
 use support::*;
 
 const COUNTING_PY: &str = r#"
-import os, time
+import os, sys, time
 def run(input, ctx):
     ctx.emit({"started": input.get("n")})
+    if "then" in input:
+        ctx.emit({"step": 2})
+        then = input["then"]
+        if then == "hang":
+            time.sleep(60)
+        if then == "crash":
+            sys.stdout.flush()
+            os._exit(3)
+        if then == "raise":
+            raise RuntimeError("tool failed on purpose")
     time.sleep(input.get("sleep", 0))
     return {"pid": os.getpid(), "run_id": ctx.run_id, "n": input.get("n")}
 "#;
@@ -114,4 +124,43 @@ async fn every_bounded_executor_series_exists_at_zero() {
         assert!(m.lines().any(|l| l == series), "{series} missing at start:\n{m}");
     }
     assert_eq!(ErrorKind::Proxy.http_status(), 502, "a proxy failure is not a 200");
+}
+
+#[tokio::test]
+async fn emits_come_back_with_every_outcome_in_order() {
+    let Some(_) = python() else { return };
+    let (_control, _dir, exec) = setup("emits").await;
+    let want = vec![json!({"started": 1}), json!({"step": 2})];
+    let call = |then: &str, timeout_ms: Option<u64>| InvocationRequest {
+        tool: "count".into(),
+        input: json!({"n": 1, "then": then}),
+        run_id: None,
+        idempotency_key: Some(format!("emits-{then}-{}", timeout_ms.unwrap_or(0))),
+        timeout_ms,
+    };
+    // Timeout.
+    let r = exec.invoke(call("hang", Some(1500))).await;
+    assert_eq!(r.error.as_ref().map(|e| e.kind), Some(ErrorKind::Timeout), "{r:?}");
+    assert_eq!(r.emits, want, "timeout lost the emits");
+    // Crash (the child exits before a result).
+    let r = exec.invoke(call("crash", None)).await;
+    assert_eq!(r.error.as_ref().map(|e| e.kind), Some(ErrorKind::Disconnected), "{r:?}");
+    assert_eq!(r.emits, want, "a crash lost the emits");
+    // Tool error.
+    let r = exec.invoke(call("raise", None)).await;
+    assert_eq!(r.error.as_ref().map(|e| e.kind), Some(ErrorKind::ToolError), "{r:?}");
+    assert_eq!(r.emits, want, "a tool error lost the emits");
+    // Abort while it hangs.
+    let e2 = exec.clone();
+    let t = tokio::spawn(async move { e2.invoke(call("hang", None)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(exec.abort("emits-hang-0"));
+    let r = t.await.unwrap();
+    assert_eq!(r.error.as_ref().map(|e| e.kind), Some(ErrorKind::Aborted), "{r:?}");
+    assert_eq!(r.emits, want, "an abort lost the emits");
+    let m = exec.metrics().encode();
+    assert!(
+        m.lines().any(|l| l == "executor_emits_total{tool=\"count\"} 8"),
+        "emits not counted:\n{m}"
+    );
 }
