@@ -210,6 +210,18 @@ impl ControlClient {
         }
     }
 
+    /// `GET /v1/policy`: the tools the proxy knows.
+    pub async fn tools(&self) -> Result<Vec<String>, ControlError> {
+        let v = self.call("GET", "/v1/policy", None, "read the policy").await?;
+        match v.get("tools").and_then(Value::as_array) {
+            Some(a) => Ok(a.iter().filter_map(Value::as_str).map(str::to_owned).collect()),
+            None => Err(ControlError::BadAnswer {
+                what: "read the policy".into(),
+                message: "no `tools` array".into(),
+            }),
+        }
+    }
+
     /// `GET /v1/runs/{id}/facts`.
     pub async fn facts(&self, run_id: &str) -> Result<Vec<Value>, ControlError> {
         let v = self

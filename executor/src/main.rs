@@ -31,6 +31,13 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Validate the whole config file (what the proxy reads and what the
+    /// executor reads) and each tool's command and files, without starting
+    /// anything; every problem is printed; exit 1 if there is one.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Serve the invocation API on `[executor] listen`, keeping warm pools.
     Serve {
         #[arg(long, short)]
@@ -75,6 +82,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Serve { config } => rt.block_on(serve(config)).map(|()| 0),
         Command::Doctor { config } => rt.block_on(doctor(config)),
+        Command::Check { config } => check(&config).map(|problems| u8::from(!problems.is_empty())),
         Command::Run {
             config,
             tool,
@@ -124,8 +132,102 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Problems of the file that need no running service: the proxy's schema
+/// (every problem, with key paths), the executor's, and for every tool with a
+/// process section its command (found on its `path`) and the files its
+/// arguments name relative to its `cwd` (a runner and the tool's code).
+fn static_problems(file: &std::path::Path) -> Vec<String> {
+    let mut problems = vec![];
+    if let Err(e) = egress_config::Config::load(file) {
+        problems.extend(
+            e.problems
+                .iter()
+                .map(|p| format!("{}: {}: {}", file.display(), p.path, p.message)),
+        );
+        if e.problems.is_empty() {
+            problems.push(e.to_string());
+        }
+    }
+    let config = match Config::load(file) {
+        Ok(c) => c,
+        Err(e) => {
+            problems.push(e.to_string());
+            return problems;
+        }
+    };
+    for (tool, process) in &config.tools {
+        let Some(p) = process else { continue };
+        if let Err(e) = egress_executor::process::resolve_program(&p.command[0], &p.path, &p.cwd) {
+            problems.push(format!("tools.{tool}.process.command: {e}"));
+        } else if p.command[0].contains('/') {
+            let prog = p.cwd.join(&p.command[0]);
+            if !prog.exists() {
+                problems.push(format!(
+                    "tools.{tool}.process.command: {} does not exist",
+                    prog.display()
+                ));
+            }
+        }
+        for arg in &p.command[1..] {
+            // `file.py:function` names a file too.
+            let path = arg.split(':').next().unwrap_or(arg);
+            let looks_like_file =
+                [".py", ".js", ".mjs", ".cjs"].iter().any(|ext| path.ends_with(ext)) || path.contains('/');
+            if looks_like_file && !arg.starts_with('-') && !p.cwd.join(path).exists() {
+                problems.push(format!(
+                    "tools.{tool}.process.command: {} does not exist (relative to cwd {})",
+                    path,
+                    p.cwd.display()
+                ));
+            }
+        }
+        if !p.cwd.is_dir() {
+            problems.push(format!(
+                "tools.{tool}.process.cwd: {} is not a directory",
+                p.cwd.display()
+            ));
+        }
+    }
+    problems
+}
+
+/// `check`: print every problem of the file, or a summary.
+fn check(file: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let problems = static_problems(file);
+    if problems.is_empty() {
+        let config = Config::load(file)?;
+        let tools: Vec<&str> = config
+            .tools
+            .iter()
+            .filter(|(_, p)| p.is_some())
+            .map(|(t, _)| t.as_str())
+            .collect();
+        println!("{}: ok", file.display());
+        println!(
+            "  executor  {} (owner {})",
+            config.executor.listen, config.executor.name
+        );
+        println!("  proxy     control {}", config.control);
+        println!(
+            "  tools     {}",
+            if tools.is_empty() {
+                "none with a process section".into()
+            } else {
+                tools.join(", ")
+            }
+        );
+    } else {
+        for p in &problems {
+            eprintln!("{p}");
+        }
+        eprintln!("{}: {} problem(s)", file.display(), problems.len());
+    }
+    Ok(problems)
+}
+
 /// One line per guarantee; exit 1 if a configured requirement is unmet.
 async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
+    let file = config.clone();
     use egress_executor::confine::{Confinement, Layer};
     use egress_executor::process::{launch, Launch, Spawner};
     let config = Config::load(&config)?;
@@ -204,8 +306,8 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     }
     match config.executor.proxy_handoff.as_ref() {
         Some(p) => println!(
-            "{:<32} {:<4} {} configured, but this build relays (no hand-off yet): the proxy sees the executor as the peer",
-            "listener hand-off", "no", p.display()
+            "{:<32} {:<4} to {}: the proxy accepts in each confined child's namespace and binds the connections to its run",
+            "listener hand-off", "yes", p.display()
         ),
         None => println!(
             "{:<32} {:<4} no [executor] proxy_handoff: the executor relays each child's connections to the proxy",
@@ -236,6 +338,16 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             }
         }
     }
+    let problems = static_problems(&file);
+    line(
+        "config file",
+        problems.is_empty(),
+        if problems.is_empty() {
+            "valid for the proxy and the executor; every command and file found".into()
+        } else {
+            problems.join("; ")
+        },
+    );
     let control = egress_executor::control::ControlClient::new(config.control, &config.facts, token_env());
     match control.probe().await {
         Ok(()) => line(
@@ -244,6 +356,29 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             format!("{} answers, token accepted", config.control),
         ),
         Err(e) => line("proxy control API", false, e.to_string()),
+    }
+    match control.tools().await {
+        Ok(known) => {
+            let missing: Vec<&str> = config
+                .tools
+                .iter()
+                .filter(|(t, p)| p.is_some() && !known.contains(t))
+                .map(|(t, _)| t.as_str())
+                .collect();
+            line(
+                "tools known to the proxy",
+                missing.is_empty(),
+                if missing.is_empty() {
+                    "every tool this executor serves is in the proxy's policy".into()
+                } else {
+                    format!(
+                        "not in the proxy's policy (runs would be refused): {}",
+                        missing.join(", ")
+                    )
+                },
+            );
+        }
+        Err(e) => line("tools known to the proxy", false, e.to_string()),
     }
     Ok(u8::from(failed))
 }

@@ -164,3 +164,61 @@ async fn emits_come_back_with_every_outcome_in_order() {
         "emits not counted:\n{m}"
     );
 }
+
+fn executor_bin(args: &[&str], cfg: &std::path::Path) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-executor"))
+        .args(args)
+        .arg("--config")
+        .arg(cfg)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_doctor_fail_on_what_would_break_a_tool() {
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("check");
+    dir.write("count.py", COUNTING_PY);
+    let runner = runners_dir().join("loom_runner.py");
+    let good = format!(
+        "[tools.count]\negress = []\n[tools.count.process]\ncommand = [\"python3\", \"{}\", \"count.py\"]\nisolation = \"off\"\n",
+        runner.display()
+    );
+    let cfg = write_config(&dir, control.addr, false, &good);
+    let (code, text) = executor_bin(&["check"], &cfg);
+    assert_eq!(code, 0, "{text}");
+    // A missing runner file, a missing program, a file the proxy rejects: all reported, exit 1.
+    let bad = format!(
+        "{good}[tools.ghost]\negress = [\"no-port.example\"]\n[tools.ghost.process]\ncommand = [\"no-such-program-xyz\"]\n[tools.lost]\negress = []\n[tools.lost.process]\ncommand = [\"python3\", \"{}\", \"missing.py\"]\n",
+        runner.display()
+    );
+    let bad_dir = TempDir::new("check-bad");
+    bad_dir.write("count.py", COUNTING_PY);
+    let bad_cfg = write_config(&bad_dir, control.addr, false, &bad);
+    let (code, text) = executor_bin(&["check"], &bad_cfg);
+    assert_eq!(code, 1, "{text}");
+    for needle in ["no-such-program-xyz", "missing.py", "tools.ghost.egress[0]"] {
+        assert!(text.contains(needle), "check did not report {needle}:\n{text}");
+    }
+    // doctor: the proxy does not know a tool this executor serves.
+    control.set_policy_tools(&["count"]);
+    let (_, text) = executor_bin(&["doctor"], &cfg);
+    assert!(
+        text.contains("tools known to the proxy") && !text.contains("not in the proxy's policy"),
+        "{text}"
+    );
+    control.set_policy_tools(&[]);
+    let (code, text) = executor_bin(&["doctor"], &cfg);
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("not in the proxy's policy") && text.contains("count"),
+        "{text}"
+    );
+}

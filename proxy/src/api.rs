@@ -173,6 +173,15 @@ pub struct OwnerReleased {
     pub ended: usize,
 }
 
+/// `200` of `GET /v1/policy`: the policy in force.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PolicyView {
+    /// The digest facts carry.
+    pub policy: String,
+    /// Tool ids of the config: the tools runs can be created for.
+    pub tools: Vec<String>,
+}
+
 /// `200` of `POST /v1/policy/reload`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Reloaded {

@@ -6,7 +6,7 @@
 
 use crate::api::{
     Bytes, CreateRun, CreatedRun, Cursor, DenialSummary, EndedRun, ErrorBody, FactsPage, OwnerList, OwnerReleased,
-    OwnerView, RenewOwner, RunFilter, RunList, RunView, Slots,
+    OwnerView, PolicyView, RenewOwner, RunFilter, RunList, RunView, Slots,
 };
 use crate::facts::FactQuery;
 use crate::runs::{valid_run_id, EndReason, NewRun, Run, RunError, RunWrite};
@@ -90,6 +90,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(list_facts))
         .routes(routes!(crate::sse::stream))
         .routes(routes!(crate::reload::reload_handler))
+        .routes(routes!(get_policy))
         .routes(routes!(list_owners))
         .routes(routes!(renew_owner, release_owner))
 }
@@ -645,6 +646,17 @@ async fn release_owner(State(sh): State<Arc<Shared>>, Path(owner): Path<String>)
         tracing::info!(owner = %owner, runs = ended, "owner released; its runs ended");
     }
     Json(OwnerReleased { owner, ended })
+}
+
+/// `GET /v1/policy`: the digest and the tools of the policy in force.
+#[utoipa::path(get, path = "/v1/policy", tag = "policy", security(("control_token" = [])),
+    responses((status = 200, description = "The policy in force", body = PolicyView)))]
+async fn get_policy(State(sh): State<Arc<Shared>>) -> Json<PolicyView> {
+    let p = sh.policy.load();
+    Json(PolicyView {
+        policy: p.digest.clone(),
+        tools: p.tools.keys().cloned().collect(),
+    })
 }
 
 #[utoipa::path(get, path = "/v1/owners", tag = "owners", security(("control_token" = [])),

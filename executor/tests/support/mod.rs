@@ -32,6 +32,8 @@ pub struct FakeState {
     /// Facts returned for every run (run_id filled in).
     pub facts: Vec<Value>,
     pub next: u64,
+    /// Tools `GET /v1/policy` lists.
+    pub policy_tools: Vec<String>,
 }
 
 /// The fake control API.
@@ -148,6 +150,11 @@ async fn facts(State((st, _)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<Stri
     (StatusCode::OK, Json(json!({ "facts": facts })))
 }
 
+async fn policy(State((state, _)): State<(Arc<Mutex<FakeState>>, Arc<Notify>)>) -> Json<Value> {
+    let st = state.lock().unwrap();
+    Json(json!({"policy": "sha256:fake", "tools": st.policy_tools}))
+}
+
 async fn lease(
     State((state, _)): State<(Arc<Mutex<FakeState>>, Arc<Notify>)>,
     UrlPath(owner): UrlPath<String>,
@@ -186,6 +193,7 @@ impl FakeControl {
             .route("/v1/runs/{id}", axum::routing::delete(end).get(show))
             .route("/v1/runs/{id}/facts", get(facts))
             .route("/v1/owners/{owner}", axum::routing::put(lease).delete(release))
+            .route("/v1/policy", get(policy))
             .with_state((state.clone(), activated.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -218,6 +226,10 @@ impl FakeControl {
 
     pub fn run_state(&self, id: &str) -> Option<String> {
         self.state.lock().unwrap().runs.get(id).cloned()
+    }
+
+    pub fn set_policy_tools(&self, tools: &[&str]) {
+        self.state.lock().unwrap().policy_tools = tools.iter().map(|t| t.to_string()).collect();
     }
 
     pub fn set_facts(&self, facts: Vec<Value>) {
