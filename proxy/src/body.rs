@@ -116,35 +116,49 @@ impl Drop for Exchange {
     }
 }
 
-/// Bounds an exchange by `deadline` and the run's end: if either comes first,
-/// records the outcome and cuts the upstream connection (`upstream_cut`) and
-/// the client connection (`client_cut`). Returns as soon as the exchange is over.
+/// What an exchange's watchdog waits on besides the exchange's own end.
+pub struct Bounds {
+    pub deadline: Instant,
+    pub run_end: CancellationToken,
+    /// The drain timeout of a graceful stop expired.
+    pub hard_stop: CancellationToken,
+}
+
+/// Bounds an exchange by its deadline, the run's end and the proxy's hard
+/// stop: whichever comes first records the outcome and cuts the upstream
+/// connection (`upstream_cut`) and the client connection (`client_cut`).
+/// Returns as soon as the exchange is over.
 pub async fn watchdog(
     exchange: Weak<Exchange>,
     over: oneshot::Receiver<()>,
-    deadline: Instant,
-    run_end: CancellationToken,
+    bounds: Bounds,
     upstream_cut: CancellationToken,
     client_cut: CancellationToken,
 ) {
-    let timed_out = tokio::select! {
+    enum Cut {
+        Deadline,
+        RunEnded,
+        Shutdown,
+    }
+    let why = tokio::select! {
         biased;
         _ = over => return,
-        _ = tokio::time::sleep_until(deadline) => true,
-        _ = run_end.cancelled() => false,
+        _ = tokio::time::sleep_until(bounds.deadline) => Cut::Deadline,
+        _ = bounds.run_end.cancelled() => Cut::RunEnded,
+        _ = bounds.hard_stop.cancelled() => Cut::Shutdown,
     };
     let Some(ex) = exchange.upgrade() else { return };
     if !ex.claim() {
         return;
     }
-    if timed_out {
-        ex.finish.timed_out(if ex.response_done.load(Ordering::Acquire) {
+    match why {
+        Cut::Deadline => ex.finish.timed_out(if ex.response_done.load(Ordering::Acquire) {
             "upload"
         } else {
             "response"
-        });
-    } else {
-        ex.finish.severed("run_ended");
+        }),
+        Cut::RunEnded => ex.finish.severed("run_ended"),
+        Cut::Shutdown => ex.finish.severed("shutdown"),
     }
     upstream_cut.cancel();
     client_cut.cancel();

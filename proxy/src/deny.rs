@@ -103,6 +103,19 @@ pub enum FetchError {
 }
 
 impl FetchError {
+    pub const ALL: [FetchError; 10] = [
+        FetchError::DnsNotFound,
+        FetchError::DnsFailed,
+        FetchError::ConnectFailed,
+        FetchError::Timeout,
+        FetchError::UpstreamFailed,
+        FetchError::RunEnded,
+        FetchError::FactsUnavailable,
+        FetchError::ShuttingDown,
+        FetchError::ConnectionLimit,
+        FetchError::RunConnectionLimit,
+    ];
+
     pub fn code(self) -> &'static str {
         match self {
             FetchError::DnsNotFound => "dns_not_found",

@@ -4,6 +4,7 @@
 //! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
 //! bounded in-memory store for tests and embedding.
 
+use crate::runs::{RunRecord, RunWrite};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -39,7 +40,7 @@ pub fn bounded(s: String) -> String {
 pub const MAX_RESOLVED: usize = 32;
 
 /// Where a fact points.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct FactTarget {
     pub kind: String,
     pub host: String,
@@ -47,7 +48,7 @@ pub struct FactTarget {
 }
 
 /// One durable fact.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Fact {
     #[serde(rename = "type")]
     pub kind: String,
@@ -136,6 +137,17 @@ pub trait FactSink: Send + Sync + 'static {
     /// Whether the sink can currently record.
     fn ready(&self) -> bool {
         true
+    }
+
+    /// Keeps (or forgets) a run record durably, so that runs survive a
+    /// proxy restart. Sinks without durable storage keep nothing.
+    fn save_run(&self, _w: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The run records kept by `save_run` (read once, at start).
+    fn load_runs(&self) -> Result<Vec<RunRecord>, FactError> {
+        Ok(vec![])
     }
 }
 

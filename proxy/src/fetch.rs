@@ -1,4 +1,5 @@
-//! The decision path of one fetch, in the order DESIGN.md fixes:
+//! The decision path of one fetch, in the order the README gives ("How one
+//! fetch is decided"):
 //! authenticate, run state, canonical target, allowlist (no DNS), slot,
 //! resolve once and vet, dial the pinned addresses, then forward (plain
 //! HTTP, RFC 9110 §7.6.1 hop-by-hop stripping) or tunnel (CONNECT). Every
@@ -569,7 +570,14 @@ impl<'a> Ctx<'a> {
                 }
             }
         };
-        let vetted = policy::vet(&resolved, target.port, &self.policy.ranges, private, &self.sh.me);
+        let vetted = policy::vet(
+            &resolved,
+            target.port,
+            &self.policy.ranges,
+            private,
+            &self.sh.me,
+            &self.sh.host_addrs.load(),
+        );
         let denial = vetted.denial(target);
         let mut dial = vetted.allowed;
         if let Some(d) = denial {
@@ -669,8 +677,11 @@ async fn forward(
         sh.tasks.spawn(body::watchdog(
             Arc::downgrade(&exchange),
             over,
-            deadline,
-            run.cancel.clone(),
+            body::Bounds {
+                deadline,
+                run_end: run.cancel.clone(),
+                hard_stop: sh.hard_stop.clone(),
+            },
             conn.cut_token(),
             client_cut,
         ));

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod api;
 pub mod auth;
 pub mod body;
 pub mod control;
@@ -17,6 +18,7 @@ pub mod fetch;
 pub mod finish;
 pub mod handoff;
 pub mod metrics;
+pub mod owners;
 pub mod policy;
 pub mod reload;
 pub mod runs;

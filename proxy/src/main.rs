@@ -119,7 +119,26 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
     }
 }
 
+/// Raises the soft limit on open files to the hard limit: every connection
+/// and tunnel holds descriptors (a spliced tunnel four more for its pipes),
+/// and `max_connections` should be reachable, not capped by a default of 1024.
+fn raise_nofile_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        let raised = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::debug!(limit = ?lim.maximum, "raised the open-file limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+        }
+    }
+}
+
 async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
+    raise_nofile_limit();
     let config = match &path {
         Some(p) => Config::load(p).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => {

@@ -68,6 +68,22 @@ pub struct ToolWhy {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolState {
+    pub tool: String,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DigestLabel {
+    pub digest: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ToolPhase {
     pub tool: String,
     pub phase: &'static str,
@@ -96,7 +112,7 @@ pub struct Metrics {
     pub open: Family<ToolKind, Gauge>,
     pub slots_in_use: Family<ToolLabel, Gauge>,
     pub slot_wait: HistFamily<ToolLabel>,
-    pub runs_active: Family<ToolLabel, Gauge>,
+    pub runs_active: Family<ToolState, Gauge>,
     pub runs_ended: Family<ToolWhy, Counter>,
     pub auth_failures: Family<ReasonLabel, Counter>,
     pub timeouts: Family<ToolPhase, Counter>,
@@ -106,6 +122,10 @@ pub struct Metrics {
     pub errors: Family<ToolReason, Counter>,
     pub upstream_reused: Counter,
     pub store: StoreMetrics,
+    /// Policy reloads by outcome (ok, error).
+    pub reloads: Family<OutcomeLabel, Counter>,
+    /// `egress_config_info{digest}` = 1 for the policy in force.
+    pub config_info: Family<DigestLabel, Gauge>,
     /// Connections closed by the admission rules, by listener and why.
     pub conns_refused: Family<ListenerReason, Counter>,
 }
@@ -139,7 +159,7 @@ impl Metrics {
         let open = Family::<ToolKind, Gauge>::default();
         let slots_in_use = Family::<ToolLabel, Gauge>::default();
         let slot_wait = HistFamily::<ToolLabel>::new_with_constructor(histogram);
-        let runs_active = Family::<ToolLabel, Gauge>::default();
+        let runs_active = Family::<ToolState, Gauge>::default();
         let runs_ended = Family::<ToolWhy, Counter>::default();
         let auth_failures = Family::<ReasonLabel, Counter>::default();
         let timeouts = Family::<ToolPhase, Counter>::default();
@@ -153,6 +173,17 @@ impl Metrics {
             ..StoreMetrics::default()
         };
         let conns_refused = Family::<ListenerReason, Counter>::default();
+        let reloads = Family::<OutcomeLabel, Counter>::default();
+        let config_info = Family::<DigestLabel, Gauge>::default();
+        for outcome in ["ok", "error"] {
+            let _ = reloads.get_or_create(&OutcomeLabel { outcome });
+        }
+        for kind in ["not_found", "failed"] {
+            let _ = dns_failures.get_or_create(&KindLabel { kind });
+        }
+        for reason in [DenyReason::AuthMissing, DenyReason::AuthInvalid] {
+            let _ = auth_failures.get_or_create(&ReasonLabel { reason: reason.code() });
+        }
         registry.register(
             "egress_requests",
             "Fetches by decision (allowed, denied, reported, error)",
@@ -191,7 +222,11 @@ impl Metrics {
             "Time spent waiting for a concurrency slot",
             slot_wait.clone(),
         );
-        registry.register("egress_runs_active", "Runs not yet ended", runs_active.clone());
+        registry.register(
+            "egress_runs_active",
+            "Runs not yet ended, by state (created = warm, not yet activated; active)",
+            runs_active.clone(),
+        );
         registry.register("egress_runs_ended", "Runs ended, by why", runs_ended.clone());
         registry.register(
             "egress_auth_failures",
@@ -252,6 +287,12 @@ impl Metrics {
                 let _ = conns_refused.get_or_create(&ListenerReason { listener, reason });
             }
         }
+        registry.register("egress_reloads", "Policy reloads, by outcome", reloads.clone());
+        registry.register(
+            "egress_config_info",
+            "The digest of the policy in force (value 1)",
+            config_info.clone(),
+        );
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
             registry,
@@ -276,7 +317,21 @@ impl Metrics {
             upstream_reused,
             store,
             conns_refused,
+            reloads,
+            config_info,
         }
+    }
+
+    /// Makes `digest` the one `egress_config_info` series.
+    pub fn set_config(&self, old: Option<&str>, digest: &str) {
+        if let Some(old) = old.filter(|o| *o != digest) {
+            self.config_info.remove(&DigestLabel { digest: old.to_owned() });
+        }
+        self.config_info
+            .get_or_create(&DigestLabel {
+                digest: digest.to_owned(),
+            })
+            .set(1);
     }
 
     /// Renders the OpenMetrics text exposition.
@@ -311,6 +366,20 @@ impl Metrics {
             }),
             open: self.open.get_or_create_owned(&ToolKind { tool: t(), kind: k }),
         };
+        // Every bounded label combination exists at 0 from the start, so
+        // dashboards and alerts never see "no data" for a healthy system.
+        for e in crate::deny::FetchError::ALL {
+            let _ = self.errors.get_or_create(&ToolReason {
+                tool: t(),
+                reason: e.code(),
+            });
+        }
+        for why in crate::runs::EndReason::ALL {
+            let _ = self.runs_ended.get_or_create(&ToolWhy {
+                tool: t(),
+                why: why.as_str(),
+            });
+        }
         Arc::new(ToolMetrics {
             kinds: kinds.map(per_kind),
             denials: DenyReason::ALL.map(|r| {
@@ -329,7 +398,14 @@ impl Metrics {
             }),
             slots_in_use: self.slots_in_use.get_or_create_owned(&ToolLabel { tool: t() }),
             slot_wait: self.slot_wait.get_or_create_owned(&ToolLabel { tool: t() }),
-            runs_active: self.runs_active.get_or_create_owned(&ToolLabel { tool: t() }),
+            runs_created: self.runs_active.get_or_create_owned(&ToolState {
+                tool: t(),
+                state: "created",
+            }),
+            runs_active: self.runs_active.get_or_create_owned(&ToolState {
+                tool: t(),
+                state: "active",
+            }),
             timeouts: PHASES.map(|p| self.timeouts.get_or_create_owned(&ToolPhase { tool: t(), phase: p })),
         })
     }
@@ -400,6 +476,7 @@ pub struct ToolMetrics {
     pub bytes_down: Counter,
     pub slots_in_use: Gauge,
     pub slot_wait: Histogram,
+    pub runs_created: Gauge,
     pub runs_active: Gauge,
     timeouts: [Counter; 6],
 }

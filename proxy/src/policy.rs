@@ -111,6 +111,20 @@ impl SelfAddrs {
     }
 }
 
+/// The addresses of this host's own interfaces (read at start, on reload
+/// and periodically). A service listening on `0.0.0.0` of a public or VPC
+/// address is as much "inside" as loopback, so these are denied unless
+/// `allow_ranges` exempts them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostAddrs(pub Vec<IpAddr>);
+
+impl HostAddrs {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|h| h.to_canonical() == ip)
+    }
+}
+
 /// Addresses after vetting (step 6), in resolver order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Vetted {
@@ -120,6 +134,8 @@ pub struct Vetted {
     pub private: Vec<IpAddr>,
     /// Addresses dropped because they are the appliance's own listeners.
     pub self_loop: Vec<IpAddr>,
+    /// Of `private`, those dropped because they are this host's own addresses.
+    pub host: Vec<IpAddr>,
 }
 
 impl Vetted {
@@ -143,15 +159,27 @@ impl Vetted {
             .chain(&self.self_loop)
             .map(|i| i.to_string())
             .collect();
+        let mut detail = format!("{target} resolves only to denied addresses: {}", list.join(", "));
+        if !self.host.is_empty() {
+            let host: Vec<String> = self.host.iter().map(|i| i.to_string()).collect();
+            detail.push_str(&format!(" ({} of this host's own interfaces)", host.join(", ")));
+        }
         Some(Denial {
             reason: DenyReason::PrivateAddress,
-            detail: format!("{target} resolves only to denied addresses: {}", list.join(", ")),
+            detail,
         })
     }
 }
 
 /// Canonicalizes and vets resolved addresses. Duplicates are dropped.
-pub fn vet(resolved: &[IpAddr], port: u16, ranges: &RangeTable, private_ok: bool, me: &SelfAddrs) -> Vetted {
+pub fn vet(
+    resolved: &[IpAddr],
+    port: u16,
+    ranges: &RangeTable,
+    private_ok: bool,
+    me: &SelfAddrs,
+    host: &HostAddrs,
+) -> Vetted {
     let mut v = Vetted::default();
     for ip in resolved {
         let ip = ip.to_canonical();
@@ -163,6 +191,10 @@ pub fn vet(resolved: &[IpAddr], port: u16, ranges: &RangeTable, private_ok: bool
             continue;
         }
         match ranges.classify(ip, private_ok) {
+            RangeVerdict::Allowed if host.contains(ip) && !ranges.allow_ranges().iter().any(|n| n.contains(&ip)) => {
+                v.private.push(ip);
+                v.host.push(ip);
+            }
             RangeVerdict::Allowed => v.allowed.push(ip),
             RangeVerdict::DefaultDenied(_) | RangeVerdict::OperatorDenied(_) => v.private.push(ip),
         }

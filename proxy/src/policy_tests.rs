@@ -122,6 +122,7 @@ fn vetting_drops_denied_ranges_in_every_form() {
         r,
         false,
         &me,
+        &HostAddrs::default(),
     );
     assert_eq!(v.allowed, ips(&["93.184.216.34", "127.0.0.2"]));
     assert_eq!(v.private.len(), 6);
@@ -138,12 +139,20 @@ fn nothing_left_is_private_address() {
         &c.policy.ranges,
         false,
         &SelfAddrs::default(),
+        &HostAddrs::default(),
     );
     let d = v.denial(&target(Kind::Connect, "api.example", 443)).unwrap();
     assert_eq!(d.reason, DenyReason::PrivateAddress);
     assert!(d.detail.contains("10.1.1.1") && d.detail.contains("fd00::1"));
     // private = true opts the rule into private ranges.
-    let v = vet(&ips(&["10.1.1.1"]), 443, &c.policy.ranges, true, &SelfAddrs::default());
+    let v = vet(
+        &ips(&["10.1.1.1"]),
+        443,
+        &c.policy.ranges,
+        true,
+        &SelfAddrs::default(),
+        &HostAddrs::default(),
+    );
     assert_eq!(v.allowed, ips(&["10.1.1.1"]));
 }
 
@@ -151,7 +160,14 @@ fn nothing_left_is_private_address() {
 fn self_loop_holds_even_when_ranges_allow() {
     let c = policy("");
     let me = SelfAddrs(vec!["127.0.0.2:3128".parse().unwrap(), "0.0.0.0:3129".parse().unwrap()]);
-    let v = vet(&ips(&["127.0.0.2"]), 3128, &c.policy.ranges, true, &me);
+    let v = vet(
+        &ips(&["127.0.0.2"]),
+        3128,
+        &c.policy.ranges,
+        true,
+        &me,
+        &HostAddrs::default(),
+    );
     assert_eq!(v.self_loop, ips(&["127.0.0.2"]));
     assert_eq!(
         v.denial(&target(Kind::Connect, "x", 3128)).unwrap().reason,
@@ -163,8 +179,54 @@ fn self_loop_holds_even_when_ranges_allow() {
         &c.policy.ranges,
         true,
         &me,
+        &HostAddrs::default(),
     );
     assert_eq!(v.self_loop.len(), 3);
-    let v = vet(&ips(&["127.0.0.2"]), 3130, &c.policy.ranges, false, &me);
+    let v = vet(
+        &ips(&["127.0.0.2"]),
+        3130,
+        &c.policy.ranges,
+        false,
+        &me,
+        &HostAddrs::default(),
+    );
     assert_eq!(v.allowed, ips(&["127.0.0.2"]));
+}
+
+#[test]
+fn the_hosts_own_addresses_are_denied_unless_allow_ranges_exempt_them() {
+    let c = policy("");
+    let host = HostAddrs(ips(&["93.184.216.34", "2001:db9::5"]));
+    let me = SelfAddrs::default();
+    let v = vet(&ips(&["93.184.216.34"]), 8080, &c.policy.ranges, false, &me, &host);
+    assert_eq!((v.allowed.len(), v.host.clone()), (0, ips(&["93.184.216.34"])));
+    let d = v.denial(&target(Kind::Connect, "api.example", 8080)).unwrap();
+    assert_eq!(d.reason, DenyReason::PrivateAddress);
+    assert!(d.detail.contains("this host's own interfaces"), "{}", d.detail);
+    // IPv4-mapped spelling of a host address, and a host IPv6 address.
+    let v = vet(
+        &ips(&["::ffff:93.184.216.34", "2001:db9::5"]),
+        80,
+        &c.policy.ranges,
+        false,
+        &me,
+        &host,
+    );
+    assert!(v.allowed.is_empty());
+    // private = true does not open the host's own addresses; allow_ranges does.
+    let v = vet(&ips(&["93.184.216.34"]), 80, &c.policy.ranges, true, &me, &host);
+    assert!(v.allowed.is_empty());
+    let c = Config::parse("[proxy]\nallow_ranges = [\"93.184.216.0/24\"]\n", "test").unwrap();
+    let v = vet(&ips(&["93.184.216.34"]), 80, &c.policy.ranges, false, &me, &host);
+    assert_eq!(v.allowed, ips(&["93.184.216.34"]));
+    // Other public addresses are untouched.
+    let v = vet(
+        &ips(&["93.184.216.35"]),
+        80,
+        &policy("").policy.ranges,
+        false,
+        &me,
+        &host,
+    );
+    assert_eq!(v.allowed, ips(&["93.184.216.35"]));
 }

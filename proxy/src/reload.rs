@@ -23,12 +23,24 @@ pub enum ReloadError {
 
 /// Re-reads the config file and swaps the policy in. Returns the new digest.
 pub fn reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
+    let r = try_reload(sh);
+    let outcome = if r.is_ok() { "ok" } else { "error" };
+    sh.metrics
+        .reloads
+        .get_or_create(&crate::metrics::OutcomeLabel { outcome })
+        .inc();
+    r
+}
+
+fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     let path = sh.config_path.as_ref().ok_or(ReloadError::NoFile)?;
     let cfg = Config::load(path)?;
     if cfg.proxy.listen != sh.cfg.listen || cfg.proxy.control != sh.cfg.control || cfg.proxy.facts != sh.cfg.facts {
         tracing::warn!("listener or facts changes in the [proxy] section need a restart; applying the policy only");
     }
     let old = sh.policy.swap(cfg.policy.clone());
+    sh.metrics.set_config(Some(&old.digest), &cfg.policy.digest);
+    sh.refresh_host_addrs();
     for tool in cfg.policy.tools.keys() {
         sh.tool_metrics(Some(tool));
     }
@@ -36,11 +48,19 @@ pub fn reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     Ok(cfg.policy)
 }
 
-pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<Value>, ApiError> {
+/// `POST /v1/policy/reload`.
+#[utoipa::path(post, path = "/v1/policy/reload", tag = "policy", security(("control_token" = [])),
+    responses(
+        (status = 200, description = "The new policy is in force", body = crate::api::Reloaded),
+        (status = 409, description = "no_config_file: running on the embedded default", body = crate::api::ErrorBody),
+        (status = 422, description = "invalid_config, with every problem; the old policy stays", body = crate::api::ErrorBody),
+    ))]
+pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<crate::api::Reloaded>, ApiError> {
     match reload(&sh) {
-        Ok(p) => Ok(Json(
-            json!({"policy": p.digest, "tools": p.tools.keys().collect::<Vec<_>>()}),
-        )),
+        Ok(p) => Ok(Json(crate::api::Reloaded {
+            policy: p.digest.clone(),
+            tools: p.tools.keys().cloned().collect(),
+        })),
         Err(ReloadError::NoFile) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "no_config_file",

@@ -21,14 +21,28 @@ pub enum EndReason {
     Ended,
     Expired,
     Shutdown,
+    /// The run's owner let its lease expire (crashed or hung).
+    LeaseExpired,
+    /// The run's owner released itself (e.g. a restarted instance).
+    OwnerReleased,
 }
 
 impl EndReason {
+    pub const ALL: [EndReason; 5] = [
+        EndReason::Ended,
+        EndReason::Expired,
+        EndReason::Shutdown,
+        EndReason::LeaseExpired,
+        EndReason::OwnerReleased,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             EndReason::Ended => "ended",
             EndReason::Expired => "expired",
             EndReason::Shutdown => "shutdown",
+            EndReason::LeaseExpired => "lease_expired",
+            EndReason::OwnerReleased => "owner_released",
         }
     }
 }
@@ -37,9 +51,13 @@ impl EndReason {
 pub struct Run {
     pub id: Arc<str>,
     pub tool: Arc<str>,
-    secret: String,
+    /// SHA-256 of the secret: the secret itself is shown once, at creation,
+    /// and kept nowhere (not in memory, not in the store).
+    secret_hash: [u8; 32],
     state: AtomicU8,
     pub labels: serde_json::Map<String, serde_json::Value>,
+    /// Who created the run and holds a lease for it, if anyone.
+    pub owner: Option<Arc<str>>,
     pub created_at: SystemTime,
     pub expires_at: SystemTime,
     expires: Instant,
@@ -54,8 +72,11 @@ pub struct Run {
     pub max_waiting: usize,
     /// Idle upstream connections of this run (plain HTTP), for reuse by this run only.
     pub upstream: crate::upstream::UpstreamPool,
+    /// Which `egress_runs_active{state}` gauge counts the run (see [`Gauged`]).
+    pub gauged: AtomicU8,
     /// Places for the run's established client connections.
     pub conns: Arc<Semaphore>,
+    conns_max: usize,
     /// Bytes relayed by the run's finished fetches (see `Finish`).
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
@@ -75,13 +96,27 @@ impl Run {
         }
     }
 
-    /// Constant-time secret comparison.
+    /// Constant-time comparison of the presented secret's hash.
     pub fn secret_matches(&self, presented: &[u8]) -> bool {
-        self.secret.as_bytes().ct_eq(presented).into()
+        self.secret_hash.ct_eq(&sha256(presented)).into()
     }
 
-    pub fn secret(&self) -> &str {
-        &self.secret
+    /// What the store keeps of the run so that it survives a restart.
+    pub fn record(&self) -> RunRecord {
+        let ms = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+        RunRecord {
+            id: self.id.to_string(),
+            tool: self.tool.to_string(),
+            owner: self.owner.as_deref().map(str::to_owned),
+            labels: self.labels.clone(),
+            active: self.state.load(Ordering::Acquire) == ACTIVE,
+            created_at_ms: ms(self.created_at),
+            expires_at_ms: ms(self.expires_at),
+            secret_sha256: hex(&self.secret_hash),
+            max_slots: self.max_slots,
+            max_waiting: self.max_waiting,
+            max_conns: self.conns_max,
+        }
     }
 
     /// Adds a finished fetch's bytes to the run's totals.
@@ -103,6 +138,68 @@ impl Run {
     }
 }
 
+/// Values of [`Run::gauged`]: moved with atomic swaps so that a run counted
+/// as created or active is uncounted exactly once, whatever races.
+pub struct Gauged;
+
+impl Gauged {
+    pub const NONE: u8 = 0;
+    pub const CREATED: u8 = 1;
+    pub const ACTIVE: u8 = 2;
+}
+
+fn sha256(b: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(b).into()
+}
+
+fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push(char::from_digit(u32::from(x >> 4), 16).unwrap_or('0'));
+        s.push(char::from_digit(u32::from(x & 15), 16).unwrap_or('0'));
+    }
+    s
+}
+
+fn unhex32(s: &str) -> Option<[u8; 32]> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        let d = |c: u8| char::from(c).to_digit(16);
+        *o = u8::try_from(d(b[2 * i])? * 16 + d(b[2 * i + 1])?).ok()?;
+    }
+    Some(out)
+}
+
+/// A run as the store keeps it (never the secret: its SHA-256).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunRecord {
+    pub id: String,
+    pub tool: String,
+    pub owner: Option<String>,
+    pub labels: serde_json::Map<String, serde_json::Value>,
+    pub active: bool,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub secret_sha256: String,
+    pub max_slots: usize,
+    pub max_waiting: usize,
+    pub max_conns: usize,
+}
+
+/// A change to a stored run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunWrite {
+    /// Created or activated: keep (or replace) the record.
+    Save(RunRecord),
+    /// Ended: nothing of it needs to survive a restart.
+    Delete(String),
+}
+
 /// Errors the control API maps to HTTP answers.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -121,6 +218,7 @@ pub struct NewRun {
     pub id: String,
     pub tool: Arc<str>,
     pub labels: serde_json::Map<String, serde_json::Value>,
+    pub owner: Option<Arc<str>>,
     pub activate: bool,
     pub max_slots: usize,
     pub max_waiting: usize,
@@ -184,15 +282,59 @@ impl Runs {
         }
         let now = Instant::now();
         let wall = SystemTime::now();
+        self.insert(
+            new,
+            sha256(secret.as_bytes()),
+            wall,
+            wall + self.max_run,
+            now + self.max_run,
+        )
+    }
+
+    /// Brings back a run the store kept across a restart. Runs past their
+    /// expiry, with a bad record, or beyond `max_runs` are not restored.
+    pub fn restore(&self, rec: RunRecord) -> Option<Arc<Run>> {
+        let epoch = std::time::UNIX_EPOCH;
+        let expires_at = epoch + Duration::from_millis(rec.expires_at_ms);
+        let left = expires_at.duration_since(SystemTime::now()).ok()?;
+        let hash = unhex32(&rec.secret_sha256)?;
+        if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_runs {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let new = NewRun {
+            id: rec.id,
+            tool: Arc::from(rec.tool.as_str()),
+            labels: rec.labels,
+            owner: rec.owner.map(|o| Arc::from(o.as_str())),
+            activate: rec.active,
+            max_slots: rec.max_slots,
+            max_waiting: rec.max_waiting,
+            max_conns: rec.max_conns,
+        };
+        let created = epoch + Duration::from_millis(rec.created_at_ms);
+        self.insert(new, hash, created, expires_at, Instant::now() + left).ok()
+    }
+
+    /// Inserts a run whose live place is already reserved.
+    fn insert(
+        &self,
+        new: NewRun,
+        secret_hash: [u8; 32],
+        created_at: SystemTime,
+        expires_at: SystemTime,
+        expires: Instant,
+    ) -> Result<Arc<Run>, RunError> {
         let run = Arc::new(Run {
             id: Arc::from(new.id.as_str()),
             tool: new.tool,
-            secret,
+            secret_hash,
             state: AtomicU8::new(if new.activate { ACTIVE } else { CREATED }),
             labels: new.labels,
-            created_at: wall,
-            expires_at: wall + self.max_run,
-            expires: now + self.max_run,
+            owner: new.owner,
+            created_at,
+            expires_at,
+            expires,
             ended: std::sync::OnceLock::new(),
             cancel: CancellationToken::new(),
             slots: Arc::new(Semaphore::new(new.max_slots)),
@@ -200,7 +342,9 @@ impl Runs {
             waiting: AtomicUsize::new(0),
             max_waiting: new.max_waiting,
             upstream: crate::upstream::UpstreamPool::new(new.max_slots),
+            gauged: AtomicU8::new(if new.activate { Gauged::ACTIVE } else { Gauged::CREATED }),
             conns: Arc::new(Semaphore::new(new.max_conns)),
+            conns_max: new.max_conns,
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
         });
@@ -267,6 +411,21 @@ impl Runs {
     }
 
     /// Runs not yet ended.
+    /// Every run the registry holds (live runs and recent tombstones).
+    pub fn all(&self) -> Vec<Arc<Run>> {
+        self.map.pin().iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// Live runs owned by `owner`.
+    pub fn live_runs_of(&self, owner: &str) -> Vec<Arc<Run>> {
+        self.map
+            .pin()
+            .iter()
+            .filter(|(_, r)| r.state.load(Ordering::Acquire) != ENDED && r.owner.as_deref() == Some(owner))
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
     pub fn live_runs(&self) -> Vec<Arc<Run>> {
         self.map
             .pin()
@@ -286,6 +445,7 @@ mod tests {
             id: id.into(),
             tool: Arc::from("t"),
             labels: Default::default(),
+            owner: None,
             activate,
             max_slots: 2,
             max_waiting: 4,

@@ -7,14 +7,15 @@ use crate::admission::{Admission, Conn};
 use crate::dns::Dns;
 use crate::facts::{FactSink, MemorySink};
 use crate::metrics::{Metrics, ToolMetrics};
-use crate::policy::SelfAddrs;
-use crate::runs::{EndReason, Run, Runs};
+use crate::policy::{HostAddrs, SelfAddrs};
+use crate::runs::{EndReason, Gauged, Run, Runs};
 use arc_swap::ArcSwap;
 use egress_config::{Config, Policy, ProxyConfig};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -26,16 +27,26 @@ use tokio_util::task::TaskTracker;
 
 /// State shared by the data plane and the control API.
 pub struct Shared {
+    /// Random per process start: clients that see it change know the proxy
+    /// restarted (their open connections are gone; stored runs are back).
+    pub instance: String,
     pub runs: Runs,
+    pub owners: crate::owners::Owners,
     pub policy: ArcSwap<Policy>,
     pub facts: Arc<dyn FactSink>,
     pub dns: Dns,
     pub me: SelfAddrs,
+    /// This host's interface addresses, refreshed on reload and by the sweeper.
+    pub host_addrs: ArcSwap<HostAddrs>,
     pub cfg: ProxyConfig,
     pub metrics: Metrics,
     tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
-    /// Stop accepting; connections finish their in-flight request.
+    /// Stop accepting data connections; they finish their in-flight request,
+    /// and `/readyz` answers 503 from now on.
     pub shutdown: CancellationToken,
+    /// Close the control listener: the last step of a graceful stop, so that
+    /// kernels and load balancers can watch the drain.
+    pub control_stop: CancellationToken,
     /// The drain timeout expired: cut tunnels and streaming bodies.
     pub hard_stop: CancellationToken,
     /// Client connections and tunnels, so shutdown can wait for them.
@@ -81,6 +92,15 @@ impl Shared {
         }
     }
 
+    /// Re-reads this host's interface addresses (start, reload, sweeper).
+    pub fn refresh_host_addrs(&self) {
+        let now = read_host_addrs();
+        if **self.host_addrs.load() != now {
+            tracing::info!(addresses = ?now.0, "host interface addresses changed");
+            self.host_addrs.store(Arc::new(now));
+        }
+    }
+
     /// Counts a connection closed by an admission rule.
     pub fn count_closed(&self, listener: &'static str, reason: &'static str) {
         self.metrics
@@ -101,17 +121,104 @@ impl Shared {
     }
 
     /// Ends a run and keeps the run gauges in step.
+    /// Ends a run and keeps the run gauges in step. Its stored record is
+    /// dropped in the background, except at shutdown: runs survive a restart
+    /// (`DELETE /v1/runs/{id}` drops it itself, before answering).
     pub fn end_run(&self, run: &Run, why: EndReason) -> bool {
         let ended = self.runs.end(run, why);
         if ended {
             self.run_ended(run, why);
+            if !matches!(why, EndReason::Shutdown | EndReason::Ended) {
+                let facts = self.facts.clone();
+                let id = run.id.to_string();
+                tokio::spawn(async move {
+                    if let Err(e) = facts.save_run(crate::runs::RunWrite::Delete(id)).await {
+                        tracing::warn!(error = %e, "could not drop an ended run's record");
+                    }
+                });
+            }
         }
         ended
     }
 
+    /// Brings back the runs the store kept across a restart, and gives each
+    /// of their owners a grace lease to renew.
+    fn restore_runs(&self) {
+        let records = match self.facts.load_runs() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "stored runs cannot be read; starting without them");
+                return;
+            }
+        };
+        let total = records.len();
+        let mut restored = 0;
+        for rec in records {
+            let id = rec.id.clone();
+            match self.runs.restore(rec) {
+                Some(run) => {
+                    if let Some(owner) = &run.owner {
+                        if self.owners.lease(owner).is_none() {
+                            let _ = self.owners.renew(owner, crate::owners::RESTART_GRACE);
+                        }
+                    }
+                    self.run_created(&run);
+                    restored += 1;
+                }
+                None => {
+                    let facts = self.facts.clone();
+                    tokio::spawn(async move {
+                        let _ = facts.save_run(crate::runs::RunWrite::Delete(id)).await;
+                    });
+                }
+            }
+        }
+        if total > 0 {
+            tracing::info!(restored, dropped = total - restored, "runs restored from the store");
+        }
+    }
+
+    /// Activates a run and moves it from the created to the active gauge.
+    pub fn activate_run(&self, id: &str) -> Result<Arc<Run>, crate::runs::RunError> {
+        let run = self.runs.activate(id)?;
+        if run
+            .gauged
+            .compare_exchange(Gauged::CREATED, Gauged::ACTIVE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let tm = self.tool_metrics(Some(&run.tool));
+            tm.runs_created.dec();
+            tm.runs_active.inc();
+        }
+        Ok(run)
+    }
+
+    /// Counts a new run in the gauge of its state.
+    pub fn run_created(&self, run: &Run) {
+        let tm = self.tool_metrics(Some(&run.tool));
+        match run.gauged.load(Ordering::Acquire) {
+            Gauged::CREATED => {
+                tm.runs_created.inc();
+            }
+            Gauged::ACTIVE => {
+                tm.runs_active.inc();
+            }
+            _ => {}
+        }
+    }
+
     /// Accounts for a run that has just ended (by its kernel, expiry or shutdown).
     fn run_ended(&self, run: &Run, why: EndReason) {
-        self.tool_metrics(Some(&run.tool)).runs_active.dec();
+        let tm = self.tool_metrics(Some(&run.tool));
+        match run.gauged.swap(Gauged::NONE, Ordering::AcqRel) {
+            Gauged::CREATED => {
+                tm.runs_created.dec();
+            }
+            Gauged::ACTIVE => {
+                tm.runs_active.dec();
+            }
+            _ => {}
+        }
         self.metrics
             .runs_ended
             .get_or_create(&crate::metrics::ToolWhy {
@@ -166,10 +273,15 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Stops accepting, lets in-flight fetches finish up to the drain
-    /// timeout, ends every run, then returns.
+    /// Stops accepting data connections (`/readyz` turns 503 while the
+    /// control listener stays up), lets in-flight fetches finish up to the
+    /// drain timeout, ends every run, closes the control listener, returns.
     pub async fn shutdown(mut self) {
         let sh = self.shared.clone();
+        tracing::info!(
+            drain_ms = sh.cfg.drain_timeout.as_millis() as u64,
+            "stopping: no new data connections, draining"
+        );
         sh.shutdown.cancel();
         sh.tasks.close();
         if tokio::time::timeout(sh.cfg.drain_timeout, sh.tasks.wait())
@@ -183,6 +295,7 @@ impl Handle {
             sh.end_run(&run, EndReason::Shutdown);
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), sh.tasks.wait()).await;
+        sh.control_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
             while self.tasks.join_next().await.is_some() {}
         })
@@ -269,15 +382,19 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         evicted("control"),
     );
     let shared = Arc::new(Shared {
+        instance: uuid::Uuid::new_v4().to_string(),
         runs: Runs::new(pc.max_runs, pc.max_run),
+        owners: crate::owners::Owners::default(),
         policy: ArcSwap::new(cfg.policy.clone()),
         facts,
         dns,
         me: SelfAddrs(vec![proxy_addr, control_addr]),
+        host_addrs: ArcSwap::from_pointee(read_host_addrs()),
         cfg: pc.clone(),
         metrics,
         tool_metrics: papaya::HashMap::new(),
         shutdown: CancellationToken::new(),
+        control_stop: CancellationToken::new(),
         hard_stop: CancellationToken::new(),
         tasks: TaskTracker::new(),
         proxy_authority: advertised(proxy_addr),
@@ -292,6 +409,9 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     for tool in cfg.policy.tools.keys() {
         shared.tool_metrics(Some(tool));
     }
+    shared.tool_metrics(None);
+    shared.restore_runs();
+    shared.metrics.set_config(None, &cfg.policy.digest);
     let mut tasks = JoinSet::new();
     tasks.spawn(accept_loop(shared.clone(), proxy_l, None));
     if let Some(path) = &pc.handoff {
@@ -314,16 +434,51 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     })
 }
 
+/// This host's interface addresses (every interface, every family). On
+/// failure the previous answer is kept by the caller's comparison, and an
+/// empty set only means nothing extra is denied beyond the range table.
+fn read_host_addrs() -> HostAddrs {
+    match if_addrs::get_if_addrs() {
+        Ok(list) => {
+            let mut v: Vec<std::net::IpAddr> = list.iter().map(|i| i.ip().to_canonical()).collect();
+            v.sort();
+            v.dedup();
+            HostAddrs(v)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the host's interface addresses");
+            HostAddrs::default()
+        }
+    }
+}
+
+/// How often the host's interface addresses are re-read.
+const HOST_ADDRS_EVERY: Duration = Duration::from_secs(10);
+
 async fn sweeper(sh: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_addrs = std::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = sh.shutdown.cancelled() => return,
         }
-        for run in sh.runs.sweep(std::time::Instant::now()) {
+        let now = std::time::Instant::now();
+        for run in sh.runs.sweep(now) {
             sh.run_ended(&run, EndReason::Expired);
+        }
+        for owner in sh.owners.take_expired(now) {
+            let runs = sh.runs.live_runs_of(&owner);
+            tracing::warn!(owner = %owner, runs = runs.len(), "owner's lease expired; ending its runs");
+            for run in runs {
+                sh.end_run(&run, EndReason::LeaseExpired);
+            }
+        }
+        if last_addrs.elapsed() >= HOST_ADDRS_EVERY {
+            last_addrs = std::time::Instant::now();
+            let sh = sh.clone();
+            let _ = tokio::task::spawn_blocking(move || sh.refresh_host_addrs()).await;
         }
     }
 }
@@ -341,7 +496,7 @@ pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, bound: O
         .half_close(false);
     let builder = Arc::new(builder);
     // Accepting never waits for a place: admission decides per connection.
-    while let Some(stream) = accept(&sh, &listener).await {
+    while let Some(stream) = accept(&sh.shutdown, &listener).await {
         let sh2 = sh.clone();
         let builder = builder.clone();
         let conn = Arc::new(sh.data_admission.admit(CancellationToken::new()));
@@ -359,7 +514,8 @@ pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, bound: O
                 match &sh2.tls {
                     None => {
                         serve_one(
-                            &sh2,
+                            &sh2.shutdown,
+                            &sh2.hard_stop,
                             &conn.cut,
                             builder.serve_connection(TokioIo::new(stream), svc).with_upgrades(),
                         )
@@ -369,7 +525,8 @@ pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, bound: O
                         let hs = tokio::time::timeout(sh2.cfg.pending_head_timeout, acceptor.accept(stream)).await;
                         if let Ok(Ok(tls)) = hs {
                             serve_one(
-                                &sh2,
+                                &sh2.shutdown,
+                                &sh2.hard_stop,
                                 &conn.cut,
                                 builder.serve_connection(TokioIo::new(tls), svc).with_upgrades(),
                             )
@@ -397,7 +554,7 @@ pub(crate) async fn pending_deadline(conn: &Conn, timeout: Duration) {
 }
 
 /// Accepts one TCP connection, backing off on errors such as EMFILE.
-pub(crate) async fn accept(sh: &Shared, listener: &TcpListener) -> Option<TcpStream> {
+pub(crate) async fn accept(stop: &CancellationToken, listener: &TcpListener) -> Option<TcpStream> {
     loop {
         tokio::select! {
             r = listener.accept() => match r {
@@ -410,15 +567,15 @@ pub(crate) async fn accept(sh: &Shared, listener: &TcpListener) -> Option<TcpStr
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            _ = sh.shutdown.cancelled() => return None,
+            _ = stop.cancelled() => return None,
         }
     }
 }
 
-/// Drives one hyper connection; drops it at once when `cut` fires; on
-/// shutdown lets it finish its in-flight request (graceful), and drops it
-/// when the drain timeout expires.
-pub(crate) async fn serve_one<C>(sh: &Shared, cut: &CancellationToken, conn: C)
+/// Drives one hyper connection; drops it at once when `cut` fires; when
+/// `stop` fires lets it finish its in-flight request (graceful), and drops
+/// it when `hard` fires.
+pub(crate) async fn serve_one<C>(stop: &CancellationToken, hard: &CancellationToken, cut: &CancellationToken, conn: C)
 where
     C: std::future::Future + GracefulConn,
 {
@@ -426,12 +583,12 @@ where
     tokio::select! {
         _ = conn.as_mut() => {}
         _ = cut.cancelled() => {}
-        _ = sh.shutdown.cancelled() => {
+        _ = stop.cancelled() => {
             conn.as_mut().graceful();
             tokio::select! {
                 _ = conn.as_mut() => {}
                 _ = cut.cancelled() => {}
-                _ = sh.hard_stop.cancelled() => {}
+                _ = hard.cancelled() => {}
             }
         }
     }

@@ -3,7 +3,8 @@
 //! subscribed before the replay, so nothing falls between the two; a slow
 //! reader that lags the live feed goes back to the store by cursor.
 
-use crate::control::{ApiError, Cursor};
+use crate::api::Cursor;
+use crate::control::ApiError;
 use crate::facts::{Fact, FactQuery};
 use crate::server::Shared;
 use axum::extract::{Query, State};
@@ -30,6 +31,14 @@ fn event(f: &Fact) -> Event {
     Event::default().id(f.seq.to_string()).event("fact").data(data)
 }
 
+/// `GET /v1/facts/stream`.
+#[utoipa::path(get, path = "/v1/facts/stream", tag = "facts", security(("control_token" = [])),
+    params(Cursor),
+    responses(
+        (status = 200, description = "Server-Sent Events: `event: fact`, `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "bad_request", body = crate::api::ErrorBody),
+        (status = 503, description = "too_many_streams", body = crate::api::ErrorBody),
+    ))]
 pub async fn stream(
     State(sh): State<Arc<Shared>>,
     q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
@@ -89,7 +98,7 @@ pub async fn stream(
                     Err(RecvError::Lagged(_)) => t.catching_up = true,
                     Err(RecvError::Closed) => return None,
                 },
-                _ = t.sh.shutdown.cancelled() => return None,
+                _ = t.sh.control_stop.cancelled() => return None,
             }
         }
     });

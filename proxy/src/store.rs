@@ -1,4 +1,6 @@
-//! The embedded durable fact store: SQLite in WAL mode with
+//! The embedded durable store of facts and of live runs' records (so runs
+//! survive a restart; a record holds the SHA-256 of the run's secret, never
+//! the secret). Facts: SQLite in WAL mode with
 //! `synchronous = FULL`, so a fact is on disk when its commit returns. One
 //! writer thread does group commit: it takes every pending denial (bounded
 //! queue), folds identical ones of the batch into one fact with a `count`,
@@ -16,6 +18,7 @@
 
 use crate::facts::{Fact, FactError, FactQuery, FactSink, Recorded};
 use crate::metrics::StoreMetrics;
+use crate::runs::{RunRecord, RunWrite};
 use futures_util::future::BoxFuture;
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
@@ -80,9 +83,16 @@ fn prune_before(c: &Connection, cutoff: &str) -> rusqlite::Result<u64> {
     }
 }
 
-struct Pending {
-    fact: Fact,
-    reply: oneshot::Sender<Result<Recorded, FactError>>,
+/// What the writer thread is asked to do.
+enum Pending {
+    Fact {
+        fact: Fact,
+        reply: oneshot::Sender<Result<Recorded, FactError>>,
+    },
+    Run {
+        write: RunWrite,
+        reply: oneshot::Sender<Result<(), FactError>>,
+    },
 }
 
 /// The SQLite fact store.
@@ -114,7 +124,11 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
             run_id TEXT,
             body   TEXT NOT NULL
          );
-         CREATE INDEX IF NOT EXISTS facts_by_run ON facts(run_id, seq);",
+         CREATE INDEX IF NOT EXISTS facts_by_run ON facts(run_id, seq);
+         CREATE TABLE IF NOT EXISTS runs (
+            id   TEXT PRIMARY KEY,
+            body TEXT NOT NULL
+         );",
     )?;
     // Fail now, not on the first denial, if the file is not a usable database.
     c.query_row("SELECT count(*) FROM facts", [], |r| r.get::<_, i64>(0))?;
@@ -229,7 +243,7 @@ impl FactSink for SqliteStore {
         Box::pin(async move {
             let (reply, rx) = oneshot::channel();
             self.tx
-                .send(Pending { fact, reply })
+                .send(Pending::Fact { fact, reply })
                 .await
                 .map_err(|_| FactError::Unavailable("fact writer stopped".into()))?;
             rx.await
@@ -252,6 +266,39 @@ impl FactSink for SqliteStore {
 
     fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    fn save_run(&self, write: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async move {
+            let (reply, rx) = oneshot::channel();
+            self.tx
+                .send(Pending::Run { write, reply })
+                .await
+                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
+            rx.await
+                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?
+        })
+    }
+
+    fn load_runs(&self) -> Result<Vec<RunRecord>, FactError> {
+        let c = open(&self.path).map_err(|e| FactError::Unavailable(e.to_string()))?;
+        let mut stmt = c
+            .prepare("SELECT body FROM runs")
+            .map_err(|e| FactError::Unavailable(e.to_string()))?;
+        let bodies: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| FactError::Unavailable(e.to_string()))?;
+        Ok(bodies
+            .iter()
+            .filter_map(|b| match serde_json::from_str(b) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping an unreadable stored run");
+                    None
+                }
+            })
+            .collect())
     }
 }
 
@@ -296,19 +343,43 @@ impl Writer {
         // Fold identical denials of this batch into one fact with a count.
         let mut groups: Vec<Group> = Vec::new();
         let mut index = HashMap::new();
+        let mut runs = Vec::new();
         for p in batch.drain(..) {
-            let key = fold_key(&p.fact);
+            let (fact, reply) = match p {
+                Pending::Fact { fact, reply } => (fact, reply),
+                Pending::Run { write, reply } => {
+                    runs.push((write, reply));
+                    continue;
+                }
+            };
+            let key = fold_key(&fact);
             match index.get(&key) {
                 Some(&i) => {
                     let g: &mut Group = &mut groups[i];
-                    g.0.count += p.fact.count;
-                    g.1.push(p.reply);
+                    g.0.count += fact.count;
+                    g.1.push(reply);
                 }
                 None => {
                     index.insert(key, groups.len());
-                    groups.push((p.fact, vec![p.reply]));
+                    groups.push((fact, vec![reply]));
                 }
             }
+        }
+        if !runs.is_empty() {
+            // Run records are small and never limited by the facts' budget.
+            let r = self
+                .write_runs(&runs)
+                .map_err(|e| FactError::Unavailable(e.to_string()));
+            if let Err(e) = &r {
+                tracing::error!(path = %self.path.display(), error = %e, "run records could not be written");
+                self.conn = None;
+            }
+            for (_, reply) in runs {
+                let _ = reply.send(r.clone());
+            }
+        }
+        if groups.is_empty() {
+            return;
         }
         let folded: usize = groups.iter().map(|g| g.1.len() - 1).sum();
         let reopened = self.conn.is_none() && self.reopen().is_ok();
@@ -384,6 +455,33 @@ impl Writer {
         self.next = next_seq(&c)?;
         self.conn = Some(c);
         Ok(())
+    }
+
+    fn write_runs(&mut self, runs: &[(RunWrite, oneshot::Sender<Result<(), FactError>>)]) -> rusqlite::Result<()> {
+        if self.conn.is_none() {
+            self.reopen()?;
+        }
+        let Some(c) = self.conn.as_mut() else {
+            return Err(rusqlite::Error::InvalidQuery);
+        };
+        let tx = c.transaction()?;
+        {
+            let mut save = tx.prepare_cached("INSERT OR REPLACE INTO runs (id, body) VALUES (?1, ?2)")?;
+            let mut delete = tx.prepare_cached("DELETE FROM runs WHERE id = ?1")?;
+            for (w, _) in runs {
+                match w {
+                    RunWrite::Save(rec) => {
+                        let body = serde_json::to_string(rec)
+                            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                        save.execute(params![rec.id, body])?;
+                    }
+                    RunWrite::Delete(id) => {
+                        delete.execute(params![id])?;
+                    }
+                }
+            }
+        }
+        tx.commit()
     }
 
     fn write(&mut self, groups: &mut [Group]) -> rusqlite::Result<()> {

@@ -1,28 +1,75 @@
-//! CONNECT tunnels (RFC 9110 §9.3.6): after the `200`, bytes are copied both
-//! ways, half-close aware, byte-counted, until both sides finish, the tunnel
-//! idles past `tunnel_idle_timeout`, the fetch deadline expires or the run
-//! ends. The slot is held until the tunnel is gone.
+//! CONNECT tunnels (RFC 9110 §9.3.6): after the `200`, bytes are relayed
+//! both ways, half-close aware, byte-counted, until both sides finish, the
+//! tunnel idles past `tunnel_idle_timeout`, the fetch deadline expires or the
+//! run ends. The slot is held until the tunnel is gone.
+//!
+//! When both ends are plain TCP sockets the bytes never enter user space:
+//! each direction moves them with `splice(2)` through a pipe of its own
+//! (64 KiB of kernel buffer, no user buffer at all). Otherwise (a TLS data
+//! listener) a buffered copy does the same job. Counting, idle timeout,
+//! deadline and run-end cut behave the same on both paths.
 
 use crate::finish::Finish;
 use crate::slots::Slot;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use rustix::pipe::{PipeFlags, SpliceFlags};
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Counts bytes read and notes the time of the last activity.
+/// Bytes one `splice` moves at most (the default pipe capacity).
+const SPLICE_CHUNK: usize = 64 * 1024;
+
+/// `EGRESS_NO_SPLICE=1` makes every tunnel use the buffered copy: a
+/// diagnostics switch (and the baseline of the tunnel benchmark), read once.
+fn splice_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("EGRESS_NO_SPLICE").is_none_or(|v| v.is_empty() || v == "0"))
+}
+
+/// Byte counters and the time of the last activity, shared by both directions.
+struct Meter {
+    up: AtomicU64,
+    down: AtomicU64,
+    /// Milliseconds since `epoch` of the last byte moved.
+    last: AtomicU64,
+    epoch: Instant,
+}
+
+impl Meter {
+    fn new() -> Meter {
+        Meter {
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn moved(&self, counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        self.last
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn last_at(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.last.load(Ordering::Relaxed))
+    }
+}
+
+/// Counts bytes read and notes the time of the last activity (copy path).
 struct Metered<'a, T> {
     io: T,
-    bytes: &'a AtomicU64,
-    last: &'a AtomicU64,
-    epoch: Instant,
+    meter: &'a Meter,
+    counter: &'a AtomicU64,
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Metered<'_, T> {
@@ -31,9 +78,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Metered<'_, T> {
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         if n > 0 {
-            self.bytes.fetch_add(n as u64, Ordering::Relaxed);
-            self.last
-                .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+            self.meter.moved(self.counter, n);
         }
         r
     }
@@ -83,52 +128,145 @@ pub async fn run(t: Tunnel) {
         _ = tokio::time::sleep_until(deadline) => { finish.timed_out("tunnel"); return; }
         _ = cancel.cancelled() => { finish.severed("run_ended"); return; }
     };
-    let up = AtomicU64::new(0);
-    let down = AtomicU64::new(0);
-    let last = AtomicU64::new(0);
-    let epoch = Instant::now();
-    let mut a = Metered {
-        io: TokioIo::new(client),
-        bytes: &up,
-        last: &last,
-        epoch,
+    let meter = Meter::new();
+    let bounds = Bounds {
+        deadline,
+        idle,
+        cancel: &cancel,
+        shutdown: &shutdown,
     };
-    let mut b = Metered {
-        io: upstream,
-        bytes: &down,
-        last: &last,
-        epoch,
+    let plain = if splice_enabled() {
+        client.downcast::<TokioIo<TcpStream>>()
+    } else {
+        Err(client)
     };
-    {
-        let copy = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 16 * 1024, 16 * 1024);
-        tokio::pin!(copy);
-        let deadline_sleep = tokio::time::sleep_until(deadline);
+    match plain {
+        Ok(parts) => {
+            let client = parts.io.into_inner();
+            let relay = async {
+                write_all(&upstream, &parts.read_buf).await?;
+                meter.moved(&meter.up, parts.read_buf.len());
+                tokio::try_join!(
+                    splice_one_way(&client, &upstream, &meter, &meter.up),
+                    splice_one_way(&upstream, &client, &meter, &meter.down),
+                )
+                .map(|_| ())
+            };
+            bounds.watch(relay, &meter, &finish).await;
+        }
+        Err(client) => {
+            let mut a = Metered {
+                io: TokioIo::new(client),
+                meter: &meter,
+                counter: &meter.up,
+            };
+            let mut b = Metered {
+                io: upstream,
+                meter: &meter,
+                counter: &meter.down,
+            };
+            let copy = async {
+                tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 16 * 1024, 16 * 1024)
+                    .await
+                    .map(|_| ())
+            };
+            bounds.watch(copy, &meter, &finish).await;
+        }
+    }
+    finish.add_up(meter.up.load(Ordering::Relaxed));
+    finish.add_down(meter.down.load(Ordering::Relaxed));
+}
+
+/// What ends a tunnel besides its two ends finishing.
+struct Bounds<'a> {
+    deadline: Instant,
+    idle: Duration,
+    cancel: &'a CancellationToken,
+    shutdown: &'a CancellationToken,
+}
+
+impl Bounds<'_> {
+    /// Drives `relay` until it ends or a bound cuts it; records the outcome.
+    async fn watch(&self, relay: impl Future<Output = io::Result<()>>, meter: &Meter, finish: &Finish) {
+        tokio::pin!(relay);
+        let deadline_sleep = tokio::time::sleep_until(self.deadline);
         tokio::pin!(deadline_sleep);
-        let mut idle_check = Box::pin(tokio::time::sleep(idle));
+        let mut idle_check = Box::pin(tokio::time::sleep(self.idle));
         loop {
             tokio::select! {
-                r = &mut copy => {
+                r = &mut relay => {
                     match r {
-                        Ok(_) => finish.complete(),
+                        Ok(()) => finish.complete(),
                         Err(_) => finish.failed("io_error"),
                     }
-                    break;
+                    return;
                 }
-                _ = &mut deadline_sleep => { finish.timed_out("tunnel"); break; }
-                _ = cancel.cancelled() => { finish.severed("run_ended"); break; }
-                _ = shutdown.cancelled() => { finish.severed("shutdown"); break; }
+                _ = &mut deadline_sleep => { finish.timed_out("tunnel"); return; }
+                _ = self.cancel.cancelled() => { finish.severed("run_ended"); return; }
+                _ = self.shutdown.cancelled() => { finish.severed("shutdown"); return; }
                 _ = &mut idle_check => {
-                    let last_at = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
-                    let quiet = Instant::now().saturating_duration_since(last_at);
-                    if quiet >= idle {
+                    let last_at = meter.last_at();
+                    if Instant::now().saturating_duration_since(last_at) >= self.idle {
                         finish.severed("idle_timeout");
-                        break;
+                        return;
                     }
-                    idle_check.as_mut().reset(last_at + idle);
+                    idle_check.as_mut().reset(last_at + self.idle);
                 }
             }
         }
     }
-    finish.add_up(up.load(Ordering::Relaxed));
-    finish.add_down(down.load(Ordering::Relaxed));
+}
+
+/// Writes `buf` to a socket shared with another task (`&TcpStream`).
+async fn write_all(s: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        s.writable().await?;
+        match s.try_write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Moves bytes from `src` to `dst` through a pipe with `splice(2)` until
+/// `src` reaches EOF, then half-closes `dst`. The pipe is drained before
+/// `src` is read again, so a full pipe never stalls a read and a would-block
+/// always means the socket it names has no data or no room.
+async fn splice_one_way(src: &TcpStream, dst: &TcpStream, meter: &Meter, counter: &AtomicU64) -> io::Result<()> {
+    let (pipe_r, pipe_w) = rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)?;
+    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+    loop {
+        let n = loop {
+            src.readable().await?;
+            match src.try_io(Interest::READABLE, || {
+                rustix::pipe::splice(src, None, &pipe_w, None, SPLICE_CHUNK, flags).map_err(io::Error::from)
+            }) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            // EOF: pass the half-close on; the other direction goes on.
+            return match rustix::net::shutdown(dst, rustix::net::Shutdown::Write) {
+                Ok(()) | Err(rustix::io::Errno::NOTCONN) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        meter.moved(counter, n);
+        let mut left = n;
+        while left > 0 {
+            dst.writable().await?;
+            match dst.try_io(Interest::WRITABLE, || {
+                rustix::pipe::splice(&pipe_r, None, dst, None, left, flags).map_err(io::Error::from)
+            }) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(m) => left -= m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }

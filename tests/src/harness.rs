@@ -118,8 +118,15 @@ impl TestProxy {
         (r.status, serde_json::from_slice(&r.body).unwrap_or(Value::Null))
     }
 
+    /// A control API call, checked against the API's OpenAPI document: the
+    /// route and the answer's status must be documented, a request that
+    /// succeeds must match its request schema, and every JSON answer must
+    /// match the schema of its status. So every control call of the tests is
+    /// also a test of the document.
     pub async fn control_raw(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>) -> RawResponse {
-        control_call(self.control, method, path, body, token).await
+        let r = control_call(self.control, method, path, body.clone(), token).await;
+        check_against_openapi(method, path, body.as_ref(), &r);
+        r
     }
 
     /// Creates an active run for `tool`.
@@ -193,6 +200,55 @@ impl TestProxy {
     /// Prometheus text from `/metrics`.
     pub async fn metrics(&self) -> String {
         self.control_raw("GET", "/metrics", None, None).await.text()
+    }
+}
+
+/// The proxy's OpenAPI document, as the code generates it.
+pub fn openapi() -> &'static crate::openapi::Spec {
+    static SPEC: std::sync::OnceLock<crate::openapi::Spec> = std::sync::OnceLock::new();
+    SPEC.get_or_init(|| {
+        let doc = serde_json::to_value(egress_proxy::control::openapi()).expect("the OpenAPI document serializes");
+        crate::openapi::Spec::new(doc)
+    })
+}
+
+/// Panics when a control call disagrees with the OpenAPI document.
+pub fn check_against_openapi(method: &str, path: &str, body: Option<&Value>, r: &RawResponse) {
+    if path.starts_with("/v1/openapi.json") {
+        return;
+    }
+    let Some(op) = openapi().operation(method, path) else {
+        assert_eq!(
+            r.status, 404,
+            "{method} {path} is not in the OpenAPI document but answered {}",
+            r.status
+        );
+        return;
+    };
+    assert!(
+        op.documents(r.status),
+        "{method} {path} answered {} ({}), which the OpenAPI document does not list",
+        r.status,
+        r.text()
+    );
+    if let (Some(b), true) = (body, (200..300).contains(&r.status)) {
+        let problems = op.check_request(b);
+        assert!(
+            problems.is_empty(),
+            "{method} {path}: the request {b} does not match the document: {problems:?}"
+        );
+    }
+    let json = r
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("application/json"));
+    if json {
+        let v: Value = serde_json::from_slice(&r.body).expect("a JSON answer");
+        let problems = op.check_response(r.status, &v);
+        assert!(
+            problems.is_empty(),
+            "{method} {path} → {}: the answer does not match the document: {problems:?}\n{v}",
+            r.status
+        );
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod dns;
 pub mod harness;
 pub mod netns;
+pub mod openapi;
 pub mod origin;
 pub mod process;
 pub mod raw;

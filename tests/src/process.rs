@@ -54,6 +54,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Writes `egress.toml` in `dir` for a proxy on `proxy`/`control` with its
+/// SQLite store `facts.db` beside it, plus `rest` (more `[proxy]` keys and
+/// `[tools.*]` tables); returns the file's path.
+pub fn write_config(dir: &Path, proxy: SocketAddr, control: SocketAddr, rest: &str) -> PathBuf {
+    let cfg = dir.join("egress.toml");
+    let text = format!("[proxy]\nlisten = \"{proxy}\"\ncontrol = \"{control}\"\nfacts = \"facts.db\"\n{rest}");
+    std::fs::write(&cfg, text).expect("write the test config");
+    cfg
+}
+
 pub struct ProxyProcess {
     pub child: Child,
     pub proxy: SocketAddr,

@@ -512,3 +512,67 @@ async fn event_streams_have_their_own_cap() {
     p.end(&run).await;
     drop(streams);
 }
+
+/// Adds `addr` (with a prefix) to `lo` inside the isolated namespace.
+fn add_to_lo(addr: &str) {
+    let ok = std::process::Command::new("ip")
+        .args(["addr", "add", addr, "dev", "lo"])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cannot add {addr} to lo inside the namespace");
+}
+
+/// The host's own interface addresses are as much "inside" as loopback: a
+/// service bound to `0.0.0.0` there is not reachable through an allowed name,
+/// including an address that appears after start (picked up on reload).
+/// Runs in a namespace holding only `lo`, where the fake DNS answers a
+/// non-special address given to `lo`.
+#[tokio::test]
+async fn the_hosts_own_addresses_are_denied_in_an_isolated_netns() {
+    if !egress_e2e::netns::isolated("the_hosts_own_addresses_are_denied_in_an_isolated_netns") {
+        return;
+    }
+    add_to_lo("11.22.33.44/32");
+    let admin = egress_e2e::origin::canary("0.0.0.0:0").await;
+    let port = admin.addr.port();
+    let dns = egress_e2e::FakeDns::start().await;
+    dns.set("admin.test", &["11.22.33.44"]);
+    dns.set("later.test", &["11.22.33.55"]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("egress.toml");
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\ncontrol = \"127.0.0.1:0\"\n[proxy.dns]\nservers = [\"{}\"]\n[tools.web]\negress = [\"admin.test:{port}\", \"later.test:{port}\"]\nfetch_timeout_ms = 3000\n",
+        dns.addr
+    );
+    std::fs::write(&path, &text).unwrap();
+    let facts = std::sync::Arc::new(egress_proxy::facts::MemorySink::new(100));
+    let p = TestProxy::start_config(dns, &text, Some(path.clone()), Some(facts)).await;
+    let run = p.run("web").await;
+    let (r, _) = p.connect(&run, &format!("admin.test:{port}")).await;
+    assert_eq!(
+        (r.status, r.deny_reason()),
+        (403, Some("private_address")),
+        "{}",
+        r.text()
+    );
+    // An address added after start is denied once the proxy has re-read them.
+    add_to_lo("11.22.33.55/32");
+    let (status, v) = p.control("POST", "/v1/policy/reload", None).await;
+    assert_eq!(status, 200, "{v}");
+    let (r, _) = p.connect(&run, &format!("later.test:{port}")).await;
+    assert_eq!((r.status, r.deny_reason()), (403, Some("private_address")));
+    assert_eq!(admin.connections(), 0, "the proxy connected to the host's own address");
+    let fact = p.facts().await.into_iter().last().unwrap();
+    assert!(fact.detail.contains("this host's own interfaces"), "{}", fact.detail);
+    // allow_ranges exempts them.
+    std::fs::write(
+        &path,
+        text.replace("[proxy.dns]", "allow_ranges = [\"11.22.33.0/24\"]\n[proxy.dns]"),
+    )
+    .unwrap();
+    let (status, _) = p.control("POST", "/v1/policy/reload", None).await;
+    assert_eq!(status, 200);
+    let (r, _) = p.connect(&run, &format!("admin.test:{port}")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(admin.connections(), 1);
+}

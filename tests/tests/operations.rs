@@ -6,7 +6,7 @@
 
 use egress_e2e::harness::{basic, control_call, sample, TestProxy, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};
-use egress_e2e::process::{bin, free_addr, ProxyProcess};
+use egress_e2e::process::{bin, free_addr, write_config, ProxyProcess};
 use egress_e2e::raw::{read_response, send};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -33,14 +33,12 @@ async fn all_facts(control: SocketAddr) -> Vec<Value> {
 async fn answered_denials_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let (proxy, control) = addrs();
-    let cfg = dir.path().join("egress.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[proxy]\nlisten = \"{proxy}\"\ncontrol = \"{control}\"\nfacts = \"facts.db\"\n[tools.web]\negress = [\"allowed.test:443\"]\n"
-        ),
-    )
-    .unwrap();
+    let cfg = write_config(
+        dir.path(),
+        proxy,
+        control,
+        "[tools.web]\negress = [\"allowed.test:443\"]\n",
+    );
     let mut p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
     let (id, secret) = create_run(control, "web").await;
     let auth = Arc::new(basic(&id, &secret));
@@ -501,12 +499,12 @@ async fn metrics_move_by_exactly_what_happened() {
         d("egress_connect_duration_seconds_count") + d("egress_upstream_reused_total"),
         5.0
     );
-    assert_eq!(d("egress_runs_active{tool=\"web\"}"), 1.0);
+    assert_eq!(d("egress_runs_active{tool=\"web\",state=\"active\"}"), 1.0);
     assert_eq!(d("egress_fact_write_duration_seconds_count"), 7.0);
     assert_eq!(sample(&after, "egress_slots_in_use{tool=\"web\"}"), 0.0);
     p.end(&run).await;
     let m = p.metrics().await;
-    assert_eq!(sample(&m, "egress_runs_active{tool=\"web\"}"), 0.0);
+    assert_eq!(sample(&m, "egress_runs_active{tool=\"web\",state=\"active\"}"), 0.0);
     assert_eq!(sample(&m, "egress_runs_ended_total{tool=\"web\",why=\"ended\"}"), 1.0);
     // Bounded labels: no run id, host or address appears in any series.
     assert!(!m.contains(&run.id) && !m.contains("evil.test") && !m.contains("10.0.0.1"));
@@ -616,14 +614,16 @@ async fn an_unusable_sqlite_store_fails_closed_and_unready() {
     let p = TestProxy::start_config(dns, &text, None, None).await;
     let r = control_call(p.control, "GET", "/readyz", None, None).await;
     assert_eq!(r.status, 503);
+    // A run that cannot be stored durably is not created.
     let r = control_call(p.control, "POST", "/v1/runs", Some(json!({"tool": "web"})), Some(TOKEN)).await;
     let v: Value = serde_json::from_slice(&r.body).unwrap();
-    let auth = basic(v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
-    let r = send(
-        p.proxy,
-        format!("CONNECT evil.test:443 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes(),
-    )
-    .await;
+    assert_eq!(
+        (r.status, v["error"]["code"].as_str()),
+        (503, Some("store_unavailable")),
+        "{v}"
+    );
+    // A denial that cannot be recorded is refused.
+    let r = send(p.proxy, b"CONNECT evil.test:443 HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert_eq!((r.status, r.header("x-egress-error")), (503, Some("facts_unavailable")));
     let r = control_call(p.control, "GET", "/v1/facts", None, Some(TOKEN)).await;
     assert_eq!(r.status, 503);

@@ -447,3 +447,60 @@ async fn a_broken_fact_store_fails_closed() {
         "{m}"
     );
 }
+
+/// Bytes a client sends right behind its CONNECT (before it reads the `200`)
+/// reach the origin first and are counted; a large transfer arrives intact
+/// both ways (the tunnel's kernel-side relay).
+#[tokio::test]
+async fn bytes_sent_with_the_connect_and_bulk_transfers_cross_a_tunnel_intact() {
+    use tokio::io::AsyncReadExt;
+    let (echo, _) = echo_origin("127.0.0.2:0").await;
+    let p = TestProxy::start(&tool(echo.port())).await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    let mut s = TcpStream::connect(p.proxy).await.unwrap();
+    let target = format!("allowed.test:{}", echo.port());
+    let head = format!(
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\nearly-bytes",
+        run.auth()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let r = read_response(&mut s, true).await.unwrap();
+    assert_eq!(r.status, 200);
+    let mut got = r.body.clone();
+    while got.len() < 11 {
+        let mut b = [0u8; 64];
+        let n = s.read(&mut b).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(&got[..11], b"early-bytes");
+    // 4 MiB of varied bytes, written and read concurrently.
+    let data: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (mut rd, mut wr) = s.into_split();
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&sent).await.unwrap();
+        wr.shutdown().await.unwrap();
+    });
+    let mut back = Vec::with_capacity(data.len());
+    tokio::time::timeout(Duration::from_secs(20), rd.read_to_end(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    writer.await.unwrap();
+    assert_eq!(back.len(), data.len());
+    assert!(back == data, "bytes changed on the way");
+    let (_, v) = {
+        let t0 = Instant::now();
+        loop {
+            let (s, v) = p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+            if v["bytes"]["up"].as_u64().unwrap_or(0) > 0 || t0.elapsed() > Duration::from_secs(5) {
+                break (s, v);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert_eq!(v["bytes"]["up"].as_u64(), Some(11 + data.len() as u64), "{v}");
+    assert_eq!(v["bytes"]["down"].as_u64(), Some(11 + data.len() as u64));
+}
