@@ -78,6 +78,8 @@ class Services:
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="loom-clients-py-")
+        # Confined tools run as an unprivileged uid: their files must be readable by it.
+        os.chmod(self.dir, 0o755)
         self.procs = []
         p_listen, p_control, p_exec, p_dns = (free_port() for _ in range(4))
         with open(os.path.join(self.dir, "echo.py"), "w") as f:

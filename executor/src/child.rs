@@ -239,9 +239,13 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
             if let Some(c) = cgroup {
                 c.remove().await;
             }
+            let hint = match (e.kind(), tool.confinement.access_hint()) {
+                (std::io::ErrorKind::PermissionDenied, Some(h)) => format!(" ({h})"),
+                _ => String::new(),
+            };
             return fail_early(InvokeError::startup(
                 Phase::Spawn,
-                format!("cannot start `{}`: {e}", p.command.join(" ")),
+                format!("cannot start `{}`: {e}{hint}", p.command.join(" ")),
             ))
             .await;
         }

@@ -123,6 +123,10 @@ fn main() {
             "handed_off_listeners_are_bound_to_their_run_and_closed_at_its_end",
             || Box::pin(handoff_protocol()),
         ),
+        (
+            "a_tool_directory_the_child_cannot_enter_is_a_clear_startup_error",
+            || Box::pin(private_tool_dir()),
+        ),
         ("unprivileged_executor_enforces_what_user_namespaces_give", || {
             Box::pin(unprivileged())
         }),
@@ -1179,6 +1183,55 @@ async fn handoff_protocol() {
     assert!(
         eventually(Duration::from_secs(5), || std::net::TcpStream::connect(addr).is_err()).await,
         "the handed-off listener still accepts after its run ended"
+    );
+    proxy.shutdown().await;
+}
+
+/// A tool whose directory only root can enter: the start fails and says
+/// which uid the child runs as and what it may read.
+async fn private_tool_dir() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED a_tool_directory_the_child_cannot_enter_is_a_clear_startup_error: {why}");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.t]\negress = []\n").await;
+    let dir = TempDir::new("confine-private");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    dir.write("tool.py", "def run(input):\n    return input\n");
+    let scratch = TempDir::new("confine-private-scratch");
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"{}\"\n\
+             [tools.t]\negress = []\n[tools.t.process]\ncommand = [\"python3\", \"{}\", \"tool.py\"]\n\
+             pool = {{ warm = 0, max = 1 }}\n",
+            proxy.control,
+            scratch.path().display(),
+            runners_dir().join("loom_runner.py").display(),
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "t".into(),
+            input: json!(1),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
+    assert_eq!(
+        (e.kind, e.phase),
+        (ErrorKind::Startup, Some(egress_executor::Phase::Spawn)),
+        "{e:?}"
+    );
+    assert!(
+        e.message.contains("Permission denied") && e.message.contains("runs as uid 65534"),
+        "{e:?}"
     );
     proxy.shutdown().await;
 }

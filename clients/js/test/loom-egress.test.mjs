@@ -89,6 +89,8 @@ before(async () => {
     assert.ok(fs.existsSync(path.join(binDir, b)), `${binDir}/${b} not built (cargo build -p egress-proxy -p egress-executor)`);
   }
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'loom-clients-js-'));
+  // Confined tools run as an unprivileged uid: their files must be readable by it.
+  fs.chmodSync(dir, 0o755);
   const [pListen, pControl, pExec, pDns] = [await freePort(), await freePort(), await freePort(), await freePort()];
   fs.writeFileSync(path.join(dir, 'echo.py'), TOOL);
   fs.mkdirSync(path.join(dir, 'scratch'));
