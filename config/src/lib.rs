@@ -189,6 +189,11 @@ impl Config {
             if cfg.proxy.facts.is_relative() && !dir.as_os_str().is_empty() {
                 cfg.proxy.facts = dir.join(&cfg.proxy.facts);
             }
+            if let Some(h) = cfg.proxy.handoff.as_mut() {
+                if h.is_relative() && !dir.as_os_str().is_empty() {
+                    *h = dir.join(&*h);
+                }
+            }
             if let Some(tls) = cfg.proxy.tls.as_mut() {
                 if tls.cert.is_relative() && !dir.as_os_str().is_empty() {
                     tls.cert = dir.join(&tls.cert);

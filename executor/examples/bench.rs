@@ -2,7 +2,9 @@
 //! tool, warm dispatch round trip of an echo tool, and throughput of
 //! sequential and 8-way concurrent invocations with pool refill. Uses an
 //! in-process stand-in for the proxy's control API on 127.0.0.1:0 so the
-//! numbers are the executor's own. Run through `executor/bench/run.sh`.
+//! numbers are the executor's own. Tools run unconfined (`isolation = "off"`):
+//! confinement costs are measured by `confine_bench`. Run through
+//! `executor/bench/run.sh`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,15 +118,19 @@ async fn main() {
 [tools.py.process]
 command = ["python3", "{runner}", "echo.py"]
 pool = {{ warm = 2, max = 8 }}
+isolation = "off"
 [tools.rs.process]
 command = ["{rust}"]
 pool = {{ warm = 2, max = 8 }}
+isolation = "off"
 [tools.py8.process]
 command = ["python3", "{runner}", "echo.py"]
 pool = {{ warm = 8, max = 8 }}
+isolation = "off"
 [tools.rs8.process]
 command = ["{rust}"]
 pool = {{ warm = 8, max = 8 }}
+isolation = "off"
 "#,
         runner = runner.display(),
         rust = rust_tool.display()

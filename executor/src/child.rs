@@ -173,7 +173,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     let handed_off = handoff.is_some();
     let relay = match listener {
         None => None,
-        Some(l) => match (proxy, relay(l)) {
+        Some(l) => match (proxy, crate::relay::Relay::new(l)) {
             (Some(upstream), Ok(r)) => Some(r.start(upstream)),
             (None, _) => {
                 return fail_early(InvokeError::startup(
@@ -244,9 +244,13 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
             if let Some(c) = cgroup {
                 c.remove().await;
             }
+            let hint = match (e.kind(), tool.confinement.access_hint()) {
+                (std::io::ErrorKind::PermissionDenied, Some(h)) => format!(" ({h})"),
+                _ => String::new(),
+            };
             return fail_early(InvokeError::startup(
                 Phase::Spawn,
-                format!("cannot start `{}`: {e}", p.command.join(" ")),
+                format!("cannot start `{}`: {e}{hint}", p.command.join(" ")),
             ))
             .await;
         }
@@ -652,58 +656,5 @@ async fn drain_after_exit(
             ErrorKind::Disconnected,
             format!("the child exited ({exit}) before a result"),
         )),
-    }
-}
-
-/// The executor's side of a confined child's proxy listener (no hand-off):
-/// accepts in the child's namespace and relays each connection to the
-/// proxy's data address. The proxy sees the executor as the peer.
-struct Relay {
-    listener: tokio::net::TcpListener,
-}
-
-/// Most connections relayed at once for one child.
-const MAX_RELAYED: usize = 64;
-
-fn relay(l: std::net::TcpListener) -> std::io::Result<Relay> {
-    l.set_nonblocking(true)?;
-    Ok(Relay {
-        listener: tokio::net::TcpListener::from_std(l)?,
-    })
-}
-
-impl Relay {
-    /// Serve until the returned guard is dropped.
-    fn start(self, upstream: std::net::SocketAddr) -> tokio_util::sync::DropGuard {
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_RELAYED));
-        tokio::spawn(async move {
-            loop {
-                let permit = tokio::select! {
-                    _ = token.cancelled() => return,
-                    p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-                };
-                let accepted = tokio::select! {
-                    _ = token.cancelled() => return,
-                    a = self.listener.accept() => a,
-                };
-                let Ok((mut inner, _)) = accepted else { continue };
-                let token = token.clone();
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    let Ok(mut outer) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    let _ = inner.set_nodelay(true);
-                    let _ = outer.set_nodelay(true);
-                    tokio::select! {
-                        _ = token.cancelled() => {}
-                        _ = tokio::io::copy_bidirectional(&mut inner, &mut outer) => {}
-                    }
-                });
-            }
-        });
-        stop.drop_guard()
     }
 }

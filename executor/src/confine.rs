@@ -391,6 +391,22 @@ impl Confinement {
         &self.layers
     }
 
+    /// What to tell an operator when a confined child cannot open or enter
+    /// something: which uid it runs as and what it may read.
+    pub fn access_hint(&self) -> Option<String> {
+        if self.isolation == Isolation::Off {
+            return None;
+        }
+        let ids = match (self.has(Layer::Identity), self.ids) {
+            (true, Some((uid, gid, _))) => format!("runs as uid {uid} / gid {gid} and "),
+            _ => String::new(),
+        };
+        Some(format!(
+            "the confined child {ids}may only read system paths, its program and script files and `read_paths`: \
+             its working directory and files must be accessible to it (see docs/executor.md, Confinement)"
+        ))
+    }
+
     /// This plan with only `keep` of its layers (tests and benchmarks measure
     /// each layer alone).
     pub fn only(&self, keep: &[Layer]) -> Confinement {

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod process;
 pub mod protocol;
 pub mod reaper;
+pub mod relay;
 mod sys;
 pub mod tool;
 

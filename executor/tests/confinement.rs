@@ -119,6 +119,14 @@ fn main() {
             "a_failed_hand_off_fails_the_start_loudly",
             || Box::pin(failed_handoff()),
         ),
+        (
+            "handed_off_listeners_are_bound_to_their_run_and_closed_at_its_end",
+            || Box::pin(handoff_protocol()),
+        ),
+        (
+            "a_tool_directory_the_child_cannot_enter_is_a_clear_startup_error",
+            || Box::pin(private_tool_dir()),
+        ),
         ("unprivileged_executor_enforces_what_user_namespaces_give", || {
             Box::pin(unprivileged())
         }),
@@ -1105,6 +1113,124 @@ async fn failed_handoff() {
     assert!(
         e.message
             .contains("cannot hand the child's proxy listener to the proxy"),
+        "{e:?}"
+    );
+    proxy.shutdown().await;
+}
+
+/// The hand-off on its own (no child): the proxy serves a handed-off listener
+/// for its run only, refuses another run's credential there, refuses to adopt
+/// for an unknown run or a socket that is not listening, and closes the
+/// listener when the run ends.
+async fn handoff_protocol() {
+    use egress_e2e::harness::basic;
+    let dns = FakeDns::start().await;
+    let origin = http_origin("127.0.0.2:0").await;
+    let dir = TempDir::new("handoff");
+    let sock = dir.path().join("handoff.sock");
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\ncontrol = \"127.0.0.1:0\"\nfacts = \":memory:\"\nhandoff = \"{}\"\n\
+         allow_ranges = [\"127.0.0.2/32\"]\n[proxy.dns]\nservers = [\"{}\"]\n[tools.t]\negress = [\"127.0.0.2:{}\"]\n",
+        sock.display(),
+        dns.addr,
+        origin.addr.port()
+    );
+    let proxy = TestProxy::start_config(dns, &text, None, None).await;
+    let run = proxy.run("t").await;
+    let other = proxy.run("t").await;
+
+    // Unknown run, and a socket that is not listening: refused.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let e = egress_executor::handoff::send(&sock, "no-such-run", &l)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no such run"), "{e}");
+    let not_listening = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let fake = std::net::TcpListener::from(std::os::fd::OwnedFd::from(not_listening));
+    let e = egress_executor::handoff::send(&sock, &run.id, &fake).await.unwrap_err();
+    assert!(e.to_string().contains("not a listening socket"), "{e}");
+
+    let addr = l.local_addr().unwrap();
+    egress_executor::handoff::send(&sock, &run.id, &l).await.unwrap();
+    drop(l); // the proxy holds the only copy now
+    let port = origin.addr.port();
+    let get = |id: String, secret: String| async move {
+        let req = format!(
+            "GET http://127.0.0.2:{port}/ HTTP/1.1\r\nHost: 127.0.0.2:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+            basic(&id, &secret),
+        );
+        egress_e2e::raw::send(addr, req.as_bytes()).await
+    };
+    let ok = get(run.id.clone(), run.secret.clone()).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let stolen = get(other.id.clone(), other.secret.clone()).await;
+    assert_eq!(stolen.status, 407, "{}", stolen.text());
+    assert_eq!(stolen.header("x-egress-deny-reason"), Some("auth_invalid"));
+    let facts = proxy.facts().await;
+    let f = facts
+        .iter()
+        .rev()
+        .find(|f| f.reason == "auth_invalid")
+        .expect("an auth_invalid fact");
+    assert_eq!(
+        f.run_id.as_deref(),
+        Some(run.id.as_str()),
+        "recorded against the bound run"
+    );
+
+    // The run ends: the listener is closed.
+    proxy.end(&run).await;
+    assert!(
+        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(addr).is_err()).await,
+        "the handed-off listener still accepts after its run ended"
+    );
+    proxy.shutdown().await;
+}
+
+/// A tool whose directory only root can enter: the start fails and says
+/// which uid the child runs as and what it may read.
+async fn private_tool_dir() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED a_tool_directory_the_child_cannot_enter_is_a_clear_startup_error: {why}");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.t]\negress = []\n").await;
+    let dir = TempDir::new("confine-private");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    dir.write("tool.py", "def run(input):\n    return input\n");
+    let scratch = TempDir::new("confine-private-scratch");
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"{}\"\n\
+             [tools.t]\negress = []\n[tools.t.process]\ncommand = [\"python3\", \"{}\", \"tool.py\"]\n\
+             pool = {{ warm = 0, max = 1 }}\n",
+            proxy.control,
+            scratch.path().display(),
+            runners_dir().join("loom_runner.py").display(),
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "t".into(),
+            input: json!(1),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
+    assert_eq!(
+        (e.kind, e.phase),
+        (ErrorKind::Startup, Some(egress_executor::Phase::Spawn)),
+        "{e:?}"
+    );
+    assert!(
+        e.message.contains("Permission denied") && e.message.contains("runs as uid 65534"),
         "{e:?}"
     );
     proxy.shutdown().await;
