@@ -19,7 +19,8 @@ use crate::executor::{Executor, InvocationRequest};
 /// and must not be able to invoke other tools.
 pub fn router(exec: Arc<Executor>) -> Router {
     let v1 = Router::new()
-        .route("/v1/invocations", post(invoke))
+        .route("/v1/invocations", post(invoke).get(list_invocations))
+        .route("/v1/invocations/{id}", get(get_invocation))
         .route("/v1/invocations/{id}/abort", post(abort))
         .route_layer(axum::middleware::from_fn_with_state(exec.clone(), require_token));
     Router::new()
@@ -77,6 +78,67 @@ async fn invoke(
     let status = result.error.as_ref().map(|e| e.kind.http_status()).unwrap_or(200);
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     (status, Json(result)).into_response()
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InvocationFilter {
+    tool: Option<String>,
+    /// `running` or `done`.
+    state: Option<String>,
+    /// `ok` or an error kind.
+    outcome: Option<String>,
+    /// The last `invocation_id` of the previous page.
+    after: Option<String>,
+    /// 1-1000, default 100.
+    limit: Option<usize>,
+}
+
+/// `GET /v1/invocations`: running and recent invocations, newest first.
+async fn list_invocations(
+    State(exec): State<Arc<Executor>>,
+    q: Result<axum::extract::Query<InvocationFilter>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let f = match q {
+        Ok(axum::extract::Query(f)) => f,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": {"code": "bad_request", "message": e.body_text()}})),
+            )
+                .into_response()
+        }
+    };
+    if f.state.as_deref().is_some_and(|s| s != "running" && s != "done") {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"code": "bad_request", "message": "state must be running or done"}})),
+        )
+            .into_response();
+    }
+    let limit = f.limit.unwrap_or(100).clamp(1, 1000);
+    let (invocations, next) = exec.invocations(
+        f.tool.as_deref(),
+        f.state.as_deref(),
+        f.outcome.as_deref(),
+        f.after.as_deref(),
+        limit,
+    );
+    Json(json!({"invocations": invocations, "next": next})).into_response()
+}
+
+/// `GET /v1/invocations/{id}`: by invocation id, run id or idempotency key;
+/// the whole result once done, the summary while it runs.
+async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
+    match exec.invocation(&id) {
+        Some(crate::executor::Found::Done(r)) => Json(json!({"state": "done", "result": r})).into_response(),
+        Some(crate::executor::Found::Running(s)) => Json(json!({"state": "running", "invocation": s})).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": {"code": "not_found", "message": format!("no invocation `{id}` running or among the last {} finished", crate::executor::JOURNAL_MAX)}})),
+        )
+            .into_response(),
+    }
 }
 
 async fn abort(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {

@@ -469,6 +469,7 @@ impl Warm {
             })
             .inc_by(emits.len() as u64);
         InvocationResult {
+            invocation_id: None,
             ok: error.is_none(),
             tool: self.tool.id.clone(),
             output,

@@ -128,6 +128,9 @@ impl InvokeError {
 /// The body of an invocation's answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct InvocationResult {
+    /// The executor's id of this invocation (`GET /v1/invocations/{id}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
     pub ok: bool,
     pub tool: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -153,6 +156,7 @@ impl InvocationResult {
     /// A failure before any child was involved.
     pub fn failed(tool: &str, error: InvokeError) -> Self {
         InvocationResult {
+            invocation_id: None,
             ok: false,
             tool: tool.to_string(),
             output: None,

@@ -59,6 +59,59 @@ pub struct Executor {
     inflight: Mutex<HashMap<String, CancellationToken>>,
     /// Invocations by idempotency key, running or finished within the window.
     idempotency: Mutex<HashMap<String, Remembered>>,
+    /// Running and recently finished invocations (`GET /v1/invocations`).
+    journal: Mutex<Journal>,
+}
+
+/// Finished invocations kept for `GET /v1/invocations` (the oldest go first).
+pub const JOURNAL_MAX: usize = 1000;
+
+/// One invocation as `GET /v1/invocations` lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InvocationSummary {
+    pub invocation_id: String,
+    pub tool: String,
+    /// `running` or `done`.
+    pub state: &'static str,
+    /// `ok` or the error kind, once done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Journal {
+    running: HashMap<String, InvocationSummary>,
+    /// Newest last.
+    done: std::collections::VecDeque<(InvocationSummary, InvocationResult)>,
+}
+
+/// What `GET /v1/invocations/{id}` finds.
+#[derive(Debug)]
+pub enum Found {
+    Running(InvocationSummary),
+    Done(Box<InvocationResult>),
+}
+
+/// Removes a running entry whose invocation was dropped unfinished.
+struct Journaled<'a> {
+    exec: &'a Executor,
+    id: Option<String>,
+}
+
+impl Drop for Journaled<'_> {
+    fn drop(&mut self) {
+        if let (Some(id), Ok(mut j)) = (self.id.take(), self.exec.journal.lock()) {
+            j.running.remove(&id);
+        }
+    }
 }
 
 /// How long a finished invocation's answer is kept for its idempotency key.
@@ -158,6 +211,7 @@ impl Executor {
             config,
             inflight: Mutex::new(HashMap::new()),
             idempotency: Mutex::new(HashMap::new()),
+            journal: Mutex::new(Journal::default()),
         }))
     }
 
@@ -355,15 +409,115 @@ impl Executor {
 
     async fn invoke_once(&self, req: InvocationRequest) -> InvocationResult {
         let t0 = Instant::now();
-        let result = self.invoke_inner(req.clone()).await;
-        let mut result = result;
+        let id = uuid::Uuid::new_v4().to_string();
+        let summary = InvocationSummary {
+            invocation_id: id.clone(),
+            tool: req.tool.clone(),
+            state: "running",
+            outcome: None,
+            run_id: req.run_id.clone(),
+            idempotency_key: req.idempotency_key.clone(),
+            started_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            duration_ms: None,
+        };
+        if let Ok(mut j) = self.journal.lock() {
+            j.running.insert(id.clone(), summary.clone());
+        }
+        let mut guard = Journaled {
+            exec: self,
+            id: Some(id.clone()),
+        };
+        let mut result = self.invoke_inner(req.clone()).await;
+        result.invocation_id = Some(id.clone());
         result.duration_ms = t0.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
         if self.pools.contains_key(&req.tool) {
             self.shared
                 .metrics
                 .outcome(&req.tool, result.outcome(), t0.elapsed().as_secs_f64());
         }
+        guard.id = None;
+        if let Ok(mut j) = self.journal.lock() {
+            j.running.remove(&id);
+            let done = InvocationSummary {
+                state: "done",
+                outcome: Some(result.outcome()),
+                run_id: result.run_id.clone(),
+                duration_ms: Some(result.duration_ms),
+                ..summary
+            };
+            if j.done.len() >= JOURNAL_MAX {
+                j.done.pop_front();
+            }
+            j.done.push_back((done, result.clone()));
+        }
         result
+    }
+
+    /// Running and recently finished invocations, newest first, filtered
+    /// (`tool`, `state`, `outcome`) and paged (`after`: the last id of the
+    /// previous page).
+    pub fn invocations(
+        &self,
+        tool: Option<&str>,
+        state: Option<&str>,
+        outcome: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<InvocationSummary>, Option<String>) {
+        let Ok(j) = self.journal.lock() else {
+            return (vec![], None);
+        };
+        let mut running: Vec<&InvocationSummary> = j.running.values().collect();
+        running.sort_by(|a, b| {
+            b.started_at_ms
+                .cmp(&a.started_at_ms)
+                .then(b.invocation_id.cmp(&a.invocation_id))
+        });
+        let all = running.into_iter().chain(j.done.iter().rev().map(|(s, _)| s));
+        let mut seen_after = after.is_none();
+        let mut out = vec![];
+        let mut more = false;
+        for s in all {
+            if !seen_after {
+                seen_after = after == Some(s.invocation_id.as_str());
+                continue;
+            }
+            let keep = tool.is_none_or(|t| s.tool == t)
+                && state.is_none_or(|st| s.state == st)
+                && outcome.is_none_or(|o| s.outcome == Some(o));
+            if keep {
+                if out.len() == limit {
+                    more = true;
+                    break;
+                }
+                out.push(s.clone());
+            }
+        }
+        let next = if more {
+            out.last().map(|s| s.invocation_id.clone())
+        } else {
+            None
+        };
+        (out, next)
+    }
+
+    /// One invocation by its invocation id, run id or idempotency key.
+    pub fn invocation(&self, id: &str) -> Option<Found> {
+        let j = self.journal.lock().ok()?;
+        let matches = |s: &InvocationSummary| {
+            s.invocation_id == id || s.run_id.as_deref() == Some(id) || s.idempotency_key.as_deref() == Some(id)
+        };
+        if let Some(s) = j.running.values().find(|s| matches(s)) {
+            return Some(Found::Running(s.clone()));
+        }
+        j.done
+            .iter()
+            .rev()
+            .find(|(s, _)| matches(s))
+            .map(|(_, r)| Found::Done(Box::new(r.clone())))
     }
 
     async fn invoke_inner(&self, req: InvocationRequest) -> InvocationResult {

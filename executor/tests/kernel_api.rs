@@ -222,3 +222,68 @@ async fn check_and_doctor_fail_on_what_would_break_a_tool() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invocations_are_listed_newest_first_filtered_paged_and_found_by_any_id() {
+    let Some(_) = python() else { return };
+    let (_control, _dir, exec) = setup("journal").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = egress_executor::api::router(exec.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let ok = exec.invoke(req(json!({"n": 1}), "j-ok")).await;
+    assert!(ok.ok);
+    let failed = exec.invoke(req(json!({"n": 2, "then": "raise"}), "j-err")).await;
+    assert!(!failed.ok);
+    let e2 = exec.clone();
+    let slow = tokio::spawn(async move { e2.invoke(req(json!({"n": 3, "sleep": 1.5}), "j-slow")).await });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (status, body) = http(addr, "GET", "/v1/invocations", None).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let keys: Vec<&str> = v["invocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["j-slow", "j-err", "j-ok"], "{v}");
+    assert_eq!(v["invocations"][0]["state"], "running");
+    assert_eq!(v["invocations"][1]["outcome"], "tool_error");
+    let (_, body) = http(addr, "GET", "/v1/invocations?outcome=ok", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["invocations"].as_array().unwrap().len(), 1);
+    assert_eq!(v["invocations"][0]["run_id"], json!(ok.run_id));
+    // Paging one at a time walks the same list.
+    let mut walked = vec![];
+    let mut after = String::new();
+    loop {
+        let (_, body) = http(addr, "GET", &format!("/v1/invocations?limit=1{after}"), None).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        walked.push(v["invocations"][0]["idempotency_key"].as_str().unwrap().to_owned());
+        match v["next"].as_str() {
+            Some(n) => after = format!("&after={n}"),
+            None => break,
+        }
+    }
+    assert_eq!(walked, ["j-slow", "j-err", "j-ok"]);
+    // By invocation id, run id or idempotency key.
+    for id in [
+        ok.invocation_id.clone().unwrap(),
+        ok.run_id.clone().unwrap(),
+        "j-ok".to_owned(),
+    ] {
+        let (status, body) = http(addr, "GET", &format!("/v1/invocations/{id}"), None).await;
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["state"], "done");
+        assert_eq!(v["result"]["output"], json!(ok.output));
+    }
+    let (_, body) = http(addr, "GET", "/v1/invocations/j-slow", None).await;
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["state"], "running");
+    let (status, _) = http(addr, "GET", "/v1/invocations/nope", None).await;
+    assert_eq!(status, 404);
+    let (status, _) = http(addr, "GET", "/v1/invocations?state=sleeping", None).await;
+    assert_eq!(status, 400);
+    assert!(slow.await.unwrap().ok);
+}
