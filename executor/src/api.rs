@@ -1,15 +1,19 @@
-//! The kernel-facing HTTP API of `egress-executor serve`:
-//! `POST /v1/invocations`, `POST /v1/invocations/{id}/abort`, `GET /metrics`,
-//! `GET /healthz`. Error kinds map to HTTP statuses in `ErrorKind::http_status`.
+//! The kernel-facing HTTP API of `egress-executor serve`: invocations (run,
+//! list, look up, abort), `GET /metrics`, `GET /healthz`, and its OpenAPI
+//! 3.1 document at `/v1/openapi.json`, generated from the handlers (a route
+//! cannot exist without its entry). Error kinds map to HTTP statuses in
+//! `ErrorKind::http_status`.
 
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
+use utoipa::OpenApi as _;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
 use crate::executor::{Executor, InvocationRequest};
@@ -18,16 +22,63 @@ use crate::executor::{Executor, InvocationRequest};
 /// the proxy's control API: tools share the host's loopback unless confined,
 /// and must not be able to invoke other tools.
 pub fn router(exec: Arc<Executor>) -> Router {
-    let v1 = Router::new()
-        .route("/v1/invocations", post(invoke).get(list_invocations))
-        .route("/v1/invocations/{id}", get(get_invocation))
-        .route("/v1/invocations/{id}/abort", post(abort))
-        .route_layer(axum::middleware::from_fn_with_state(exec.clone(), require_token));
+    let (v1, mut doc) = v1_routes().split_for_parts();
+    let (open, open_doc) = open_routes().split_for_parts();
+    doc.merge(open_doc);
+    let doc = Arc::new(doc);
+    let v1 = v1.route_layer(axum::middleware::from_fn_with_state(exec.clone(), require_token));
     Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
+        .merge(open)
+        .route(
+            "/v1/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move { Json(doc.as_ref().clone()) }
+            }),
+        )
         .merge(v1)
         .with_state(exec)
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(info(
+    title = "Loom Egress executor API",
+    description = "Invoke tools as single-use confined children. Everything under /v1 needs `Authorization: Bearer <control token>` (the proxy's)."
+))]
+struct ApiDoc;
+
+fn v1_routes() -> OpenApiRouter<Arc<Executor>> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(invoke, list_invocations))
+        .routes(routes!(get_invocation))
+        .routes(routes!(abort))
+}
+
+fn open_routes() -> OpenApiRouter<Arc<Executor>> {
+    OpenApiRouter::new().routes(routes!(metrics)).routes(routes!(healthz))
+}
+
+/// The OpenAPI 3.1 document of this API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = v1_routes().split_for_parts();
+    let (_, open) = open_routes().split_for_parts();
+    doc.merge(open);
+    doc
+}
+
+/// `GET /v1/invocations` answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct InvocationList {
+    pub invocations: Vec<crate::executor::InvocationSummary>,
+    /// The `after` of the next page; `null` on the last one.
+    pub next: Option<String>,
+}
+
+/// An error that is not an invocation's answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ApiErrorBody {
+    #[schema(value_type = Object)]
+    pub error: serde_json::Value,
 }
 
 async fn require_token(
@@ -40,8 +91,9 @@ async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
     let expected = exec.control_token();
     match (presented, expected) {
         (Some(p), Some(e)) if bool::from(p.as_bytes().ct_eq(e.as_bytes())) => next.run(req).await,
@@ -63,6 +115,16 @@ async fn require_token(
     }
 }
 
+#[utoipa::path(post, path = "/v1/invocations", tag = "invocations", request_body = InvocationRequest,
+    responses(
+        (status = 200, description = "The invocation ran: `ok`, or the tool's failure (tool_error, timeout, aborted, disconnected, protocol, startup)", body = InvocationResult),
+        (status = 400, description = "bad_request", body = InvocationResult),
+        (status = 401, description = "unauthorized", body = ApiErrorBody),
+        (status = 404, description = "unknown_tool", body = InvocationResult),
+        (status = 409, description = "idempotency_conflict", body = InvocationResult),
+        (status = 502, description = "proxy: the proxy's control API failed", body = InvocationResult),
+        (status = 503, description = "busy: no child within the pool's bounds", body = InvocationResult),
+    ))]
 async fn invoke(
     State(exec): State<Arc<Executor>>,
     body: Result<Json<InvocationRequest>, axum::extract::rejection::JsonRejection>,
@@ -95,6 +157,19 @@ struct InvocationFilter {
 }
 
 /// `GET /v1/invocations`: running and recent invocations, newest first.
+#[utoipa::path(get, path = "/v1/invocations", tag = "invocations",
+    params(
+        ("tool" = Option<String>, Query, description = "Only this tool"),
+        ("state" = Option<String>, Query, description = "running or done"),
+        ("outcome" = Option<String>, Query, description = "ok or an error kind"),
+        ("after" = Option<String>, Query, description = "The last invocation_id of the previous page"),
+        ("limit" = Option<usize>, Query, description = "1-1000, default 100"),
+    ),
+    responses(
+        (status = 200, description = "Newest first", body = InvocationList),
+        (status = 400, description = "bad_request", body = ApiErrorBody),
+        (status = 401, description = "unauthorized", body = ApiErrorBody),
+    ))]
 async fn list_invocations(
     State(exec): State<Arc<Executor>>,
     q: Result<axum::extract::Query<InvocationFilter>, axum::extract::rejection::QueryRejection>,
@@ -124,11 +199,18 @@ async fn list_invocations(
         f.after.as_deref(),
         limit,
     );
-    Json(json!({"invocations": invocations, "next": next})).into_response()
+    Json(InvocationList { invocations, next }).into_response()
 }
 
 /// `GET /v1/invocations/{id}`: by invocation id, run id or idempotency key;
 /// the whole result once done, the summary while it runs.
+#[utoipa::path(get, path = "/v1/invocations/{id}", tag = "invocations",
+    params(("id" = String, Path, description = "Invocation id, run id or idempotency key")),
+    responses(
+        (status = 200, description = "`{\"state\": \"done\", \"result\": …}` or `{\"state\": \"running\", \"invocation\": …}`", body = Object),
+        (status = 401, description = "unauthorized", body = ApiErrorBody),
+        (status = 404, description = "not_found", body = ApiErrorBody),
+    ))]
 async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
     match exec.invocation(&id) {
         Some(crate::executor::Found::Done(r)) => Json(json!({"state": "done", "result": r})).into_response(),
@@ -141,6 +223,13 @@ async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String
     }
 }
 
+#[utoipa::path(post, path = "/v1/invocations/{id}/abort", tag = "invocations",
+    params(("id" = String, Path, description = "Run id or idempotency key of an invocation in flight")),
+    responses(
+        (status = 200, description = "`{\"aborted\": true, \"id\"}`; the invocation answers `aborted`", body = Object),
+        (status = 401, description = "unauthorized", body = ApiErrorBody),
+        (status = 404, description = "not_found: nothing in flight with that id", body = ApiErrorBody),
+    ))]
 async fn abort(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
     if exec.abort(&id) {
         (StatusCode::OK, Json(json!({"aborted": true, "id": id}))).into_response()
@@ -153,6 +242,7 @@ async fn abort(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Res
     }
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "health", responses((status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text")))]
 async fn metrics(State(exec): State<Arc<Executor>>) -> Response {
     (
         [(
@@ -164,6 +254,7 @@ async fn metrics(State(exec): State<Arc<Executor>>) -> Response {
         .into_response()
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "The process serves", body = String)))]
 async fn healthz() -> &'static str {
     "ok\n"
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// The kind of a failed invocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The child did not reach `ready` (see `phase`).
@@ -84,7 +84,7 @@ impl ErrorKind {
 
 /// Startup phase: `spawn` (to `booted`: an environment fault) or `load`
 /// (`booted` to `ready`: a tool fault).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Spawn,
@@ -92,7 +92,7 @@ pub enum Phase {
 }
 
 /// A typed invocation error.
-#[derive(Debug, Clone, Serialize, thiserror::Error)]
+#[derive(Debug, Clone, Serialize, thiserror::Error, utoipa::ToSchema)]
 #[error("{}{}: {message}", kind.as_str(), phase.map(|p| format!("({})", match p { Phase::Spawn => "spawn", Phase::Load => "load" })).unwrap_or_default())]
 pub struct InvokeError {
     pub kind: ErrorKind,
@@ -126,7 +126,7 @@ impl InvokeError {
 }
 
 /// The body of an invocation's answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct InvocationResult {
     /// The executor's id of this invocation (`GET /v1/invocations/{id}`).
     #[serde(skip_serializing_if = "Option::is_none")]

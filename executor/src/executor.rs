@@ -38,7 +38,7 @@ pub fn warm_max_idle(max_run_ms: u64, p: &ProcessConfig) -> Duration {
 }
 
 /// `POST /v1/invocations` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InvocationRequest {
     pub tool: String,
@@ -67,14 +67,16 @@ pub struct Executor {
 pub const JOURNAL_MAX: usize = 1000;
 
 /// One invocation as `GET /v1/invocations` lists it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct InvocationSummary {
     pub invocation_id: String,
     pub tool: String,
     /// `running` or `done`.
+    #[schema(value_type = String)]
     pub state: &'static str,
     /// `ok` or the error kind, once done.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub outcome: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,

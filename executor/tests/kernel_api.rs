@@ -287,3 +287,55 @@ async fn invocations_are_listed_newest_first_filtered_paged_and_found_by_any_id(
     assert_eq!(status, 400);
     assert!(slow.await.unwrap().ok);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_executor_openapi_document_lists_every_route_and_describes_the_answers() {
+    let Some(_) = python() else { return };
+    let (_control, _dir, exec) = setup("openapi").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = egress_executor::api::router(exec.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (status, body) = http(addr, "GET", "/v1/openapi.json", None).await;
+    assert_eq!(status, 200);
+    let served: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(served["openapi"], "3.1.0");
+    let spec = egress_e2e::openapi::Spec::new(serde_json::to_value(egress_executor::api::openapi()).unwrap());
+    assert_eq!(&served, spec.doc());
+    let ops: Vec<String> = spec.operations().iter().map(|(m, p)| format!("{m} {p}")).collect();
+    assert_eq!(
+        ops,
+        [
+            "GET /healthz",
+            "GET /metrics",
+            "GET /v1/invocations",
+            "POST /v1/invocations",
+            "GET /v1/invocations/{id}",
+            "POST /v1/invocations/{id}/abort",
+        ]
+    );
+    // Real answers match the schemas of their status.
+    let body = json!({"tool": "count", "input": {"n": 1}, "idempotency_key": "oa-1"});
+    let op = spec.operation("POST", "/v1/invocations").unwrap();
+    assert!(op.check_request(&body).is_empty());
+    for (b, want) in [
+        (body.clone(), 200),
+        (json!({"tool": "nope"}), 404),
+        (
+            json!({"tool": "count", "input": {"n": 2}, "idempotency_key": "oa-1"}),
+            409,
+        ),
+    ] {
+        let (status, text) = http(addr, "POST", "/v1/invocations", Some(b)).await;
+        assert_eq!(status, want, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let problems = op.check_response(status, &v);
+        assert!(problems.is_empty(), "{status}: {problems:?}\n{v}");
+    }
+    let (status, text) = http(addr, "GET", "/v1/invocations", None).await;
+    let problems = spec
+        .operation("GET", "/v1/invocations")
+        .unwrap()
+        .check_response(status, &serde_json::from_str(&text).unwrap());
+    assert!(problems.is_empty(), "{problems:?}\n{text}");
+}
