@@ -214,3 +214,48 @@ async fn a_proxy_restart_is_invisible_to_the_next_invocation() {
         assert_eq!(v["output"]["echo"]["i"], i);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_does_not_kill_the_executor_and_logs_off_a_terminal_are_plain_text() {
+    let s = setup();
+    let p = ProxyProcess::start(&s.cfg, s.proxy, s.control, TOKEN, &[]);
+    let mut e = Executor::start(&s.cfg, &s.log);
+    until(s.control, "owner=exec-a&state=created", Duration::from_secs(20), |r| {
+        r.len() == 2
+    })
+    .await;
+    let _ = Command::new("kill").args(["-HUP", &e.0.id().to_string()]).status();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(e.0.try_wait().unwrap().is_none(), "SIGHUP killed the executor");
+    let r = control_call(s.executor, "GET", "/healthz", None, None).await;
+    assert_eq!(r.status, 200);
+    // Its runs are still live (nothing was stranded or ended).
+    assert_eq!(live(&runs(s.control, "owner=exec-a").await), 2);
+    let logs = std::fs::read_to_string(&s.log).unwrap();
+    assert!(logs.contains("SIGHUP ignored"), "{logs}");
+    for (who, text) in [("executor", logs), ("proxy", p.logs())] {
+        assert!(
+            !text.contains('\u{1b}'),
+            "ANSI escape codes in the {who}'s log file:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn run_json_into_a_closed_pipe_is_not_a_panic() {
+    let s = setup();
+    let _p = ProxyProcess::start(&s.cfg, s.proxy, s.control, TOKEN, &[]);
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            // 300 KB of output: more than a pipe holds, so the writer meets EPIPE.
+            "'{}' run --config '{}' --tool t --json -- /bin/sh -c 'yes | head -c 300000' | head -c 1 >/dev/null",
+            bin("egress-executor").display(),
+            s.cfg.display()
+        ))
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}
