@@ -8,15 +8,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use rustix::pipe::{PipeFlags, SpliceFlags};
-use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Most connections relayed at once for one child.
 const MAX_RELAYED: usize = 64;
-/// Bytes moved per splice call.
-const CHUNK: usize = 1 << 16;
 
 /// A child's listener, served by the executor.
 pub struct Relay {
@@ -69,43 +65,5 @@ impl Relay {
 
 /// Both directions until both reached EOF (or one failed).
 async fn carry(a: &TcpStream, b: &TcpStream) -> io::Result<()> {
-    tokio::try_join!(one_way(a, b), one_way(b, a)).map(|_| ())
-}
-
-/// Moves bytes from `src` to `dst` through a pipe until `src` reaches EOF,
-/// then half-closes `dst`. The pipe is drained before `src` is read again,
-/// so a would-block always means the socket it names has no data or no room.
-async fn one_way(src: &TcpStream, dst: &TcpStream) -> io::Result<()> {
-    let (pipe_r, pipe_w) = rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)?;
-    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
-    loop {
-        let n = loop {
-            src.readable().await?;
-            match src.try_io(Interest::READABLE, || {
-                rustix::pipe::splice(src, None, &pipe_w, None, CHUNK, flags).map_err(io::Error::from)
-            }) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        };
-        if n == 0 {
-            return match rustix::net::shutdown(dst, rustix::net::Shutdown::Write) {
-                Ok(()) | Err(rustix::io::Errno::NOTCONN) => Ok(()),
-                Err(e) => Err(e.into()),
-            };
-        }
-        let mut left = n;
-        while left > 0 {
-            dst.writable().await?;
-            match dst.try_io(Interest::WRITABLE, || {
-                rustix::pipe::splice(&pipe_r, None, dst, None, left, flags).map_err(io::Error::from)
-            }) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(m) => left -= m,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
+    egress_splice::both_ways(a, b, |_| {}, |_| {}).await
 }

@@ -13,20 +13,16 @@ use crate::finish::Finish;
 use crate::slots::Slot;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use rustix::pipe::{PipeFlags, SpliceFlags};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Bytes one `splice` moves at most (the default pipe capacity).
-const SPLICE_CHUNK: usize = 64 * 1024;
 
 /// `EGRESS_NO_SPLICE=1` makes every tunnel use the buffered copy: a
 /// diagnostics switch (and the baseline of the tunnel benchmark), read once.
@@ -146,11 +142,13 @@ pub async fn run(t: Tunnel) {
             let relay = async {
                 write_all(&upstream, &parts.read_buf).await?;
                 meter.moved(&meter.up, parts.read_buf.len());
-                tokio::try_join!(
-                    splice_one_way(&client, &upstream, &meter, &meter.up),
-                    splice_one_way(&upstream, &client, &meter, &meter.down),
+                egress_splice::both_ways(
+                    &client,
+                    &upstream,
+                    |n| meter.moved(&meter.up, n),
+                    |n| meter.moved(&meter.down, n),
                 )
-                .map(|_| ())
+                .await
             };
             bounds.watch(relay, &meter, &finish).await;
         }
@@ -228,45 +226,4 @@ async fn write_all(s: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Moves bytes from `src` to `dst` through a pipe with `splice(2)` until
-/// `src` reaches EOF, then half-closes `dst`. The pipe is drained before
-/// `src` is read again, so a full pipe never stalls a read and a would-block
-/// always means the socket it names has no data or no room.
-async fn splice_one_way(src: &TcpStream, dst: &TcpStream, meter: &Meter, counter: &AtomicU64) -> io::Result<()> {
-    let (pipe_r, pipe_w) = rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)?;
-    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
-    loop {
-        let n = loop {
-            src.readable().await?;
-            match src.try_io(Interest::READABLE, || {
-                rustix::pipe::splice(src, None, &pipe_w, None, SPLICE_CHUNK, flags).map_err(io::Error::from)
-            }) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        };
-        if n == 0 {
-            // EOF: pass the half-close on; the other direction goes on.
-            return match rustix::net::shutdown(dst, rustix::net::Shutdown::Write) {
-                Ok(()) | Err(rustix::io::Errno::NOTCONN) => Ok(()),
-                Err(e) => Err(e.into()),
-            };
-        }
-        meter.moved(counter, n);
-        let mut left = n;
-        while left > 0 {
-            dst.writable().await?;
-            match dst.try_io(Interest::WRITABLE, || {
-                rustix::pipe::splice(&pipe_r, None, dst, None, left, flags).map_err(io::Error::from)
-            }) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(m) => left -= m,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
 }
