@@ -74,6 +74,16 @@ pub struct InvocationList {
     pub next: Option<String>,
 }
 
+/// An error answer that is not an invocation's result:
+/// `{"error": {"code", "message"}}`, as the proxy's control API answers.
+fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(json!({"error": {"code": code, "message": message.into()}})),
+    )
+        .into_response()
+}
+
 /// An error that is not an invocation's answer.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ApiErrorBody {
@@ -97,21 +107,21 @@ async fn require_token(
     let expected = exec.control_token();
     match (presented, expected) {
         (Some(p), Some(e)) if bool::from(p.as_bytes().ct_eq(e.as_bytes())) => next.run(req).await,
-        (_, None) => (
+        (_, None) => api_error(
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(
-                json!({"error": {"code": "no_token", "message": "the executor has no control token to check against"}}),
-            ),
-        )
-            .into_response(),
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            Json(
-                json!({"error": {"code": "unauthorized", "message": "Authorization: Bearer <control token> required"}}),
-            ),
-        )
-            .into_response(),
+            "no_token",
+            "the executor has no control token to check against",
+        ),
+        _ => {
+            let mut r = api_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Authorization: Bearer <control token> required",
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r
+        }
     }
 }
 
@@ -176,20 +186,10 @@ async fn list_invocations(
 ) -> Response {
     let f = match q {
         Ok(axum::extract::Query(f)) => f,
-        Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({"error": {"code": "bad_request", "message": e.body_text()}})),
-            )
-                .into_response()
-        }
+        Err(e) => return api_error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
     };
     if f.state.as_deref().is_some_and(|s| s != "running" && s != "done") {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"error": {"code": "bad_request", "message": "state must be running or done"}})),
-        )
-            .into_response();
+        return api_error(StatusCode::BAD_REQUEST, "bad_request", "state must be running or done");
     }
     let limit = f.limit.unwrap_or(100).clamp(1, 1000);
     let (invocations, next) = exec.invocations(
@@ -215,11 +215,14 @@ async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String
     match exec.invocation(&id) {
         Some(crate::executor::Found::Done(r)) => Json(json!({"state": "done", "result": r})).into_response(),
         Some(crate::executor::Found::Running(s)) => Json(json!({"state": "running", "invocation": s})).into_response(),
-        None => (
+        None => api_error(
             StatusCode::NOT_FOUND,
-            Json(json!({"error": {"code": "not_found", "message": format!("no invocation `{id}` running or among the last {} finished", crate::executor::JOURNAL_MAX)}})),
-        )
-            .into_response(),
+            "not_found",
+            format!(
+                "no invocation `{id}` running or among the last {} finished",
+                crate::executor::JOURNAL_MAX
+            ),
+        ),
     }
 }
 
@@ -234,11 +237,11 @@ async fn abort(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Res
     if exec.abort(&id) {
         (StatusCode::OK, Json(json!({"aborted": true, "id": id}))).into_response()
     } else {
-        (
+        api_error(
             StatusCode::NOT_FOUND,
-            Json(json!({"error": {"code": "not_found", "message": format!("no invocation `{id}` in flight")}})),
+            "not_found",
+            format!("no invocation `{id}` in flight"),
         )
-            .into_response()
     }
 }
 

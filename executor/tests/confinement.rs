@@ -776,6 +776,18 @@ pool = {{ warm = 0, max = 2 }}
     proxy.shutdown().await;
 }
 
+/// Writes `name` in `dir`: a config whose proxy control API is `control`,
+/// with its facts and the scratch directory inside `dir`, followed by `rest`
+/// (more `[executor]` keys, then `[tools.*]` tables).
+fn exec_config(dir: &TempDir, name: &str, control: std::net::SocketAddr, rest: &str) -> PathBuf {
+    dir.write(
+        name,
+        &format!(
+            "[proxy]\ncontrol = \"{control}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n{rest}"
+        ),
+    )
+}
+
 /// `egress-executor run --config F --tool T -- CMD` confines CMD as the
 /// tool's isolation says.
 async fn run_command() {
@@ -785,14 +797,12 @@ async fn run_command() {
     }
     let proxy = TestProxy::start("[tools.strict]\negress = []\n[tools.open]\negress = []\n").await;
     let dir = TempDir::new("confine-run");
-    let cfg = dir.write(
+    let cfg = exec_config(
+        &dir,
         "egress.toml",
-        &format!(
-            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
-             [tools.strict]\negress = []\n[tools.strict.process]\ncommand = [\"true\"]\n\
-             [tools.open]\negress = []\n[tools.open.process]\ncommand = [\"true\"]\nisolation = \"off\"\n",
-            proxy.control
-        ),
+        proxy.control,
+        "[tools.strict]\negress = []\n[tools.strict.process]\ncommand = [\"true\"]\n\
+         [tools.open]\negress = []\n[tools.open.process]\ncommand = [\"true\"]\nisolation = \"off\"\n",
     );
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
     let run = move |tool: &str| {
@@ -889,13 +899,13 @@ async fn runners_fetch() {
     dir.write("fetch.py", FETCH_PY);
     dir.write("fetch.js", FETCH_JS);
     let runners = runners_dir();
-    let cfg = dir.write(
+    let cfg = exec_config(
+        &dir,
         "egress.toml",
+        proxy.control,
         &format!(
-            "[proxy]\ncontrol = \"{control}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
-             [tools.py]\negress = []\n[tools.py.process]\ncommand = [\"python3\", \"{py}\", \"fetch.py\"]\npool = {{ warm = 0, max = 1 }}\n\
+            "[tools.py]\negress = []\n[tools.py.process]\ncommand = [\"python3\", \"{py}\", \"fetch.py\"]\npool = {{ warm = 0, max = 1 }}\n\
              [tools.js]\negress = []\n[tools.js.process]\ncommand = [\"node\", \"{js}\", \"fetch.js\"]\npool = {{ warm = 0, max = 1 }}\n",
-            control = proxy.control,
             py = runners.join("loom_runner.py").display(),
             js = runners.join("loom_runner.js").display(),
         ),
@@ -986,23 +996,19 @@ async fn unprivileged() {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     }
     dir.write("probe.py", PROBE_PY);
-    let cfg = dir.write(
+    let cfg = exec_config(
+        &dir,
         "egress.toml",
-        &format!(
-            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
-             [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
-             [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n",
-            proxy.control
-        ),
+        proxy.control,
+        "[tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
+         [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n",
     );
     // `run` builds every tool's plan: the best-effort tool alone in its own file.
-    let be_cfg = dir.write(
+    let be_cfg = exec_config(
+        &dir,
         "be.toml",
-        &format!(
-            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
-             [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n",
-            proxy.control
-        ),
+        proxy.control,
+        "[tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n",
     );
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
     let probe_path = dir.path().join("probe.py");
@@ -1088,13 +1094,13 @@ async fn failed_handoff() {
     }
     let proxy = TestProxy::start("[tools.t]\negress = []\n").await;
     let dir = TempDir::new("confine-nohandoff");
-    let cfg = dir.write(
+    let cfg = exec_config(
+        &dir,
         "egress.toml",
+        proxy.control,
         &format!(
-            "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"scratch\"\n\
-             proxy_handoff = \"{}\"\n[tools.t]\negress = []\n[tools.t.process]\ncommand = [\"sleep\", \"60\"]\n\
+            "proxy_handoff = \"{}\"\n[tools.t]\negress = []\n[tools.t.process]\ncommand = [\"sleep\", \"60\"]\n\
              protocol = \"plain\"\npool = {{ warm = 0, max = 1 }}\n",
-            proxy.control,
             dir.path().join("no-such.sock").display()
         ),
     );

@@ -86,11 +86,6 @@ impl Admission {
         }
     }
 
-    /// Places for established connections still free.
-    pub fn established_free(&self) -> usize {
-        self.established.available_permits()
-    }
-
     fn leave_pending(&self, id: u64) {
         if let Ok(mut q) = self.pending.lock() {
             if let Some(pos) = q.iter().position(|(i, _)| *i == id) {

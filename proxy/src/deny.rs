@@ -103,17 +103,16 @@ pub enum FetchError {
 }
 
 impl FetchError {
-    pub const ALL: [FetchError; 10] = [
+    /// The errors `egress_fetch_errors_total` counts; the others have metrics
+    /// of their own (`egress_fact_write_failures_total`,
+    /// `egress_connections_closed_total`) or are a shutdown.
+    pub const COUNTED: [FetchError; 6] = [
         FetchError::DnsNotFound,
         FetchError::DnsFailed,
         FetchError::ConnectFailed,
         FetchError::Timeout,
         FetchError::UpstreamFailed,
         FetchError::RunEnded,
-        FetchError::FactsUnavailable,
-        FetchError::ShuttingDown,
-        FetchError::ConnectionLimit,
-        FetchError::RunConnectionLimit,
     ];
 
     pub fn code(self) -> &'static str {

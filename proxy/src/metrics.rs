@@ -368,7 +368,7 @@ impl Metrics {
         };
         // Every bounded label combination exists at 0 from the start, so
         // dashboards and alerts never see "no data" for a healthy system.
-        for e in crate::deny::FetchError::ALL {
+        for e in crate::deny::FetchError::COUNTED {
             let _ = self.errors.get_or_create(&ToolReason {
                 tool: t(),
                 reason: e.code(),
