@@ -1,9 +1,66 @@
 //! The one table that maps an outcome to what the client, the fact store and
 //! the metrics see: deny reason codes (stable words shared by the
 //! `X-Egress-Deny-Reason` header, facts and metric labels) with their HTTP
-//! status, and non-policy fetch errors with their `X-Egress-Error` code.
+//! status, non-policy fetch errors with their `X-Egress-Error` code, the two
+//! kinds of fetch and the phases a fetch deadline can expire in.
 
 use http::StatusCode;
+
+/// What a fetch is: a plain-HTTP request or a CONNECT tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Connect,
+    Http,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connect => "connect",
+            Kind::Http => "http",
+        }
+    }
+}
+
+/// Where a fetch was when its deadline expired (the `phase` label of
+/// `egress_fetch_timeouts_total` and of the log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for a concurrency slot.
+    Slot,
+    /// Resolving and vetting.
+    Dns,
+    /// Dialling the vetted addresses.
+    Connect,
+    /// Waiting for (or reading) the origin's response.
+    Response,
+    /// Inside an open CONNECT tunnel.
+    Tunnel,
+    /// Still sending the request body after the response was read.
+    Upload,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 6] = [
+        Phase::Slot,
+        Phase::Dns,
+        Phase::Connect,
+        Phase::Response,
+        Phase::Tunnel,
+        Phase::Upload,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Slot => "slot",
+            Phase::Dns => "dns",
+            Phase::Connect => "connect",
+            Phase::Response => "response",
+            Phase::Tunnel => "tunnel",
+            Phase::Upload => "upload",
+        }
+    }
+}
 
 /// A policy denial. The string codes are a stable interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

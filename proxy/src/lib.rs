@@ -2,35 +2,38 @@
 //! that applies a static per-tool allowlist, rejects IP literals, resolves
 //! once and dials the pinned address, bounds every fetch by a deadline and
 //! per-run concurrency slots, records every denial as a fact before it
-//! answers, and exports Prometheus metrics. The decision path is in the README
-//! ("How one fetch is decided") and in `fetch.rs`.
+//! answers, and exports Prometheus metrics.
+//!
+//! The code is laid out by plane (`docs/architecture.md` walks it):
+//! - `data/`: the decision path of one fetch (`data::fetch`, one function
+//!   per step) and what its steps use;
+//! - `control/`: the kernels' API (runs, facts, owners, policy, SSE, reload);
+//! - `facts/`: the fact type, the [`FactSink`] and the SQLite store;
+//! - `runs/`: the run registry, owners' leases, per-run slots and idle
+//!   upstream connections;
+//! - `state` (the shared state, no listener), `listener` (accept, admission,
+//!   TLS, graceful close for both listeners), `server` (start and stop),
+//!   `deny` (the outcome table), `metrics`.
 #![forbid(unsafe_code)]
 
-pub mod admission;
-pub mod api;
-pub mod auth;
-pub mod body;
-pub mod control;
-pub mod deny;
-pub mod dns;
+mod addrs;
+mod admission;
+mod control;
+mod data;
+mod deny;
+mod dns;
 pub mod facts;
-pub mod fetch;
-pub mod finish;
-pub mod handoff;
-pub mod metrics;
-pub mod owners;
-pub mod policy;
-pub mod reload;
-pub mod runs;
-pub mod server;
-pub mod slots;
-pub mod sse;
-pub mod store;
-pub mod target;
-pub mod time;
-pub mod tls;
-pub mod token;
-pub mod tunnel;
-pub mod upstream;
+mod listener;
+mod metrics;
+mod runs;
+mod server;
+mod state;
+mod time;
+mod tls;
 
-pub use server::{start, Handle, Options, Shared, StartError};
+pub use control::openapi;
+pub use control::reload;
+pub use control::token::TokenSource;
+pub use facts::{Fact, FactError, FactQuery, FactSink, MemorySink, Recorded};
+pub use server::{start, Handle, Options, StartError};
+pub use state::Shared;

@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use egress_config::Config;
-use egress_proxy::token::TokenSource;
+use egress_proxy::TokenSource;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -172,7 +172,7 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = hup.recv() => {
-                if let Err(e) = egress_proxy::reload::reload(&shared) {
+                if let Err(e) = egress_proxy::reload(&shared) {
                     tracing::error!("policy reload rejected, the old policy stays in force: {e}");
                 }
             }

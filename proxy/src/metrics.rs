@@ -3,7 +3,7 @@
 //! never run ids, host names or addresses). Per-tool handles are resolved
 //! once per run ([`ToolMetrics`]) so the data path touches only atomics.
 
-use crate::deny::DenyReason;
+use crate::deny::{DenyReason, Kind, Phase};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -406,7 +406,12 @@ impl Metrics {
                 tool: t(),
                 state: "active",
             }),
-            timeouts: PHASES.map(|p| self.timeouts.get_or_create_owned(&ToolPhase { tool: t(), phase: p })),
+            timeouts: Phase::ALL.map(|p| {
+                self.timeouts.get_or_create_owned(&ToolPhase {
+                    tool: t(),
+                    phase: p.as_str(),
+                })
+            }),
         })
     }
 }
@@ -416,9 +421,6 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
-
-/// Deadline phases, for `egress_timeouts_total{phase}`.
-pub const PHASES: [&str; 6] = ["slot", "dns", "connect", "response", "tunnel", "upload"];
 
 /// Per-kind handles.
 pub struct KindMetrics {
@@ -482,10 +484,10 @@ pub struct ToolMetrics {
 }
 
 impl ToolMetrics {
-    pub fn kind(&self, k: crate::target::Kind) -> &KindMetrics {
+    pub fn kind(&self, k: Kind) -> &KindMetrics {
         match k {
-            crate::target::Kind::Connect => &self.kinds[0],
-            crate::target::Kind::Http => &self.kinds[1],
+            Kind::Connect => &self.kinds[0],
+            Kind::Http => &self.kinds[1],
         }
     }
 
@@ -495,8 +497,8 @@ impl ToolMetrics {
         }
     }
 
-    pub fn timeout(&self, phase: &str) {
-        if let Some(i) = PHASES.iter().position(|p| *p == phase) {
+    pub fn timeout(&self, phase: Phase) {
+        if let Some(i) = Phase::ALL.iter().position(|p| *p == phase) {
             self.timeouts[i].inc();
         }
     }

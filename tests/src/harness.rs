@@ -207,7 +207,7 @@ impl TestProxy {
 pub fn openapi() -> &'static crate::openapi::Spec {
     static SPEC: std::sync::OnceLock<crate::openapi::Spec> = std::sync::OnceLock::new();
     SPEC.get_or_init(|| {
-        let doc = serde_json::to_value(egress_proxy::control::openapi()).expect("the OpenAPI document serializes");
+        let doc = serde_json::to_value(egress_proxy::openapi()).expect("the OpenAPI document serializes");
         crate::openapi::Spec::new(doc)
     })
 }

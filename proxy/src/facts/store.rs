@@ -512,23 +512,23 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::facts::FactTarget;
+    use crate::facts::{denial, FactTarget, NewFact};
 
     fn fact(run: &str, host: &str) -> Fact {
-        Fact::denial(
-            Some(run),
-            Some("t"),
-            "not_allowlisted",
-            "enforce",
-            Some(FactTarget {
+        denial(NewFact {
+            run_id: Some(run),
+            tool: Some("t"),
+            reason: "not_allowlisted",
+            mode: "enforce",
+            target: Some(FactTarget {
                 kind: "connect".into(),
                 host: host.into(),
                 port: 443,
             }),
-            vec![],
-            "sha256:x",
-            "d".into(),
-        )
+            resolved: vec![],
+            policy: "sha256:x",
+            detail: "d".into(),
+        })
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

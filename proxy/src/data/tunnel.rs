@@ -9,8 +9,9 @@
 //! listener) a buffered copy does the same job. Counting, idle timeout,
 //! deadline and run-end cut behave the same on both paths.
 
-use crate::finish::Finish;
-use crate::slots::Slot;
+use crate::data::finish::Finish;
+use crate::deny::Phase;
+use crate::runs::slots::Slot;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use std::future::Future;
@@ -121,7 +122,7 @@ pub async fn run(t: Tunnel) {
             Ok(u) => u,
             Err(_) => { finish.failed("upgrade_failed"); return; }
         },
-        _ = tokio::time::sleep_until(deadline) => { finish.timed_out("tunnel"); return; }
+        _ = tokio::time::sleep_until(deadline) => { finish.timed_out(Phase::Tunnel); return; }
         _ = cancel.cancelled() => { finish.severed("run_ended"); return; }
     };
     let meter = Meter::new();
@@ -199,7 +200,7 @@ impl Bounds<'_> {
                     }
                     return;
                 }
-                _ = &mut deadline_sleep => { finish.timed_out("tunnel"); return; }
+                _ = &mut deadline_sleep => { finish.timed_out(Phase::Tunnel); return; }
                 _ = self.cancel.cancelled() => { finish.severed("run_ended"); return; }
                 _ = self.shutdown.cancelled() => { finish.severed("shutdown"); return; }
                 _ = &mut idle_check => {

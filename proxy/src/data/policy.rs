@@ -3,29 +3,14 @@
 //! table and the appliance's own listeners. No I/O, no async: the data plane
 //! calls these and acts on the answer.
 
+use crate::addrs::{HostAddrs, SelfAddrs};
+use crate::data::target::{Kind, Target};
 use crate::deny::DenyReason;
-use crate::target::{Kind, Target};
+use crate::runs::RunState;
 use egress_config::{Match, Mode, RangeTable, RangeVerdict, ToolPolicy};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 /// Lifecycle state of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunState {
-    Created,
-    Active,
-    Ended,
-}
-
-impl RunState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Created => "created",
-            RunState::Active => "active",
-            RunState::Ended => "ended",
-        }
-    }
-}
-
 /// Run-state gate (step 2).
 pub fn check_run(state: RunState) -> Result<(), DenyReason> {
     match state {
@@ -95,34 +80,6 @@ pub fn admit(tool: &ToolPolicy, target: &Target, method: &str) -> Admission {
         }
     }
     Admission::Allow { private }
-}
-
-/// The appliance's own listening sockets: a fetch must never loop back into them.
-#[derive(Debug, Clone, Default)]
-pub struct SelfAddrs(pub Vec<SocketAddr>);
-
-impl SelfAddrs {
-    pub fn contains(&self, ip: IpAddr, port: u16) -> bool {
-        let ip = ip.to_canonical();
-        self.0.iter().any(|l| {
-            l.port() == port
-                && (l.ip().to_canonical() == ip || ip.is_unspecified() || (l.ip().is_unspecified() && ip.is_loopback()))
-        })
-    }
-}
-
-/// The addresses of this host's own interfaces (read at start, on reload
-/// and periodically). A service listening on `0.0.0.0` of a public or VPC
-/// address is as much "inside" as loopback, so these are denied unless
-/// `allow_ranges` exempts them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostAddrs(pub Vec<IpAddr>);
-
-impl HostAddrs {
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        self.0.iter().any(|h| h.to_canonical() == ip)
-    }
 }
 
 /// Addresses after vetting (step 6), in resolver order.

@@ -1,16 +1,17 @@
-//! Policy reload without restart (`SIGHUP`, `POST /v1/policy/reload`): the
+//! The policy in force (`GET /v1/policy`) and its reload without restart
+//! (`SIGHUP`, `POST /v1/policy/reload`): the
 //! config file is read and validated again; on success the new policy (tools
 //! and ranges) is swapped in atomically for new fetches; on error the old one
 //! keeps running and every problem is reported. Listener addresses, the facts
 //! path and other `[proxy]` settings need a restart.
 
-use crate::control::ApiError;
-use crate::server::Shared;
+use crate::control::error::ApiError;
+use crate::state::Shared;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use egress_api::{ErrorBody, PolicyView, Problem, Reloaded};
 use egress_config::{Config, ConfigError};
-use serde_json::{json, Value};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,13 +52,13 @@ fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
 /// `POST /v1/policy/reload`.
 #[utoipa::path(post, path = "/v1/policy/reload", tag = "policy", security(("control_token" = [])),
     responses(
-        (status = 200, description = "The new policy is in force", body = crate::api::Reloaded),
-        (status = 409, description = "no_config_file: running on the embedded default", body = crate::api::ErrorBody),
-        (status = 422, description = "invalid_config, with every problem; the old policy stays", body = crate::api::ErrorBody),
+        (status = 200, description = "The new policy is in force", body = Reloaded),
+        (status = 409, description = "no_config_file: running on the embedded default", body = ErrorBody),
+        (status = 422, description = "invalid_config, with every problem; the old policy stays", body = ErrorBody),
     ))]
-pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<crate::api::Reloaded>, ApiError> {
+pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<Reloaded>, ApiError> {
     match reload(&sh) {
-        Ok(p) => Ok(Json(crate::api::Reloaded {
+        Ok(p) => Ok(Json(Reloaded {
             policy: p.digest.clone(),
             tools: p.tools.keys().cloned().collect(),
         })),
@@ -68,15 +69,29 @@ pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<crate:
         )),
         Err(ReloadError::Config(e)) => {
             tracing::error!(error = %e, "policy reload rejected; the old policy stays in force");
-            let problems: Vec<Value> = e
+            let problems = e
                 .problems
                 .iter()
-                .map(|p| json!({"path": p.path, "message": p.message}))
+                .map(|p| Problem {
+                    path: p.path.clone(),
+                    message: p.message.clone(),
+                })
                 .collect();
             Err(
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", format!("{e}"))
-                    .with_details(problems),
+                    .with_problems(problems),
             )
         }
     }
+}
+
+/// `GET /v1/policy`: the digest and the tools of the policy in force.
+#[utoipa::path(get, path = "/v1/policy", tag = "policy", security(("control_token" = [])),
+    responses((status = 200, description = "The policy in force", body = PolicyView)))]
+pub(super) async fn get_policy(State(sh): State<Arc<Shared>>) -> Json<PolicyView> {
+    let p = sh.policy.load();
+    Json(PolicyView {
+        policy: p.digest.clone(),
+        tools: p.tools.keys().cloned().collect(),
+    })
 }

@@ -1,31 +1,72 @@
-//! The control API's wire types: what kernels and the executor send and get
-//! back. Handlers build these (so the JSON cannot drift from the types), and
-//! the OpenAPI document at `/v1/openapi.json` is generated from them.
+//! The control API's wire types: what kernels and the executor send to the
+//! proxy's control listener and get back, and the bearer check both control
+//! listeners (the proxy's and the executor's) apply. The proxy's handlers
+//! build these types (so the JSON cannot drift from them), the OpenAPI
+//! document at `/v1/openapi.json` is generated from them, and the executor's
+//! client reads them, so the compiler checks that the two agree.
+#![forbid(unsafe_code)]
 
-use crate::facts::Fact;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
+/// The `type` of every fact.
+pub const FACT_TYPE: &str = "EGRESS_DENIED";
+/// The fact schema version kernels fold.
+pub const FACT_SCHEMA: &str = "1.7.0";
+
+/// Where a fact points.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct FactTarget {
+    /// `http` or `connect`.
+    pub kind: String,
+    pub host: String,
+    pub port: u16,
+}
+
+/// One durable denial fact (`EGRESS_DENIED`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Fact {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub schema: String,
+    /// Global order, assigned by the store.
+    pub seq: u64,
+    /// UUID, shared by identical denials folded into this fact.
+    pub id: String,
+    pub at: String,
+    pub run_id: Option<String>,
+    pub tool: Option<String>,
+    pub reason: String,
+    /// `enforce` (the fetch was denied) or `report` (allowed, recorded).
+    pub mode: String,
+    pub target: Option<FactTarget>,
+    pub resolved: Vec<String>,
+    pub policy: String,
+    pub detail: String,
+    /// How many identical denials this fact stands for (coalescing).
+    pub count: u64,
+}
+
 /// `POST /v1/runs`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     /// A tool of the config.
     pub tool: String,
     /// The kernel's own id for the run (1–128 of `A-Z a-z 0-9 - _ . ~`); a UUID when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
     /// Up to 64 labels (e.g. the kernel's id), returned in views and usable as a filter.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub labels: Option<Map<String, Value>>,
     /// `false` creates the run inactive (a warm child's): egress is denied
     /// (`run_not_active`) until `POST /v1/runs/{id}/activate`. Default `true`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activate: Option<bool>,
     /// Who creates the run; it must hold a lease (`PUT /v1/owners/{owner}`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
 }
 
@@ -135,6 +176,12 @@ pub struct Cursor {
     pub limit: Option<usize>,
 }
 
+impl Cursor {
+    /// The largest cursor the store can hold: `seq` is a signed 64-bit
+    /// SQLite integer, so anything above is refused rather than wrapped.
+    pub const MAX_AFTER: u64 = i64::MAX as u64;
+}
+
 /// A page of facts.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct FactsPage {
@@ -210,4 +257,80 @@ pub struct ErrorDetail {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
+}
+
+impl ErrorBody {
+    /// An error answer with `code` and `message`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorBody {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+                problems: None,
+            },
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header, if any. The
+/// scheme is case-insensitive (RFC 9110 §11.1); surrounding spaces are
+/// ignored.
+pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, rest) = v.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// Whether `headers` carry `expected` as their bearer token, compared in
+/// constant time.
+pub fn bearer_matches(headers: &http::HeaderMap, expected: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    bearer(headers).is_some_and(|t| bool::from(t.as_bytes().ct_eq(expected.as_bytes())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(v: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(http::header::AUTHORIZATION, http::HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for (value, token) in [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER  abc ", Some("abc")),
+            ("Basic abc", None),
+            ("Bearer", None),
+            ("abc", None),
+        ] {
+            assert_eq!(bearer(&headers(value)), token, "{value:?}");
+        }
+        assert_eq!(bearer(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn bearer_matches_only_the_exact_token() {
+        assert!(bearer_matches(&headers("bearer s3cret"), "s3cret"));
+        assert!(!bearer_matches(&headers("Bearer s3cre"), "s3cret"));
+        assert!(!bearer_matches(&headers("Bearer s3cret2"), "s3cret"));
+        assert!(!bearer_matches(&headers("Basic s3cret"), "s3cret"));
+    }
+
+    #[test]
+    fn create_run_round_trips_and_omits_absent_fields() {
+        let c = CreateRun {
+            tool: "t".into(),
+            activate: Some(false),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v, serde_json::json!({"tool": "t", "activate": false}));
+        let back: CreateRun = serde_json::from_value(v).unwrap();
+        assert_eq!(back.activate, Some(false));
+    }
 }

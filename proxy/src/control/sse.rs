@@ -3,11 +3,11 @@
 //! subscribed before the replay, so nothing falls between the two; a slow
 //! reader that lags the live feed goes back to the store by cursor.
 
-use crate::api::Cursor;
-use crate::control::ApiError;
+use crate::control::error::ApiError;
+use crate::control::facts::FactCursor;
 use crate::facts::{Fact, FactQuery};
-use crate::server::Shared;
-use axum::extract::{Query, State};
+use crate::state::Shared;
+use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use std::collections::VecDeque;
@@ -33,17 +33,16 @@ fn event(f: &Fact) -> Event {
 
 /// `GET /v1/facts/stream`.
 #[utoipa::path(get, path = "/v1/facts/stream", tag = "facts", security(("control_token" = [])),
-    params(Cursor),
+    params(egress_api::Cursor),
     responses(
         (status = 200, description = "Server-Sent Events: `event: fact`, `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
-        (status = 400, description = "bad_request", body = crate::api::ErrorBody),
-        (status = 503, description = "too_many_streams", body = crate::api::ErrorBody),
+        (status = 400, description = "bad_request", body = egress_api::ErrorBody),
+        (status = 503, description = "too_many_streams", body = egress_api::ErrorBody),
     ))]
 pub async fn stream(
     State(sh): State<Arc<Shared>>,
-    q: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
+    FactCursor(c): FactCursor,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let c = Cursor::from_query(q)?;
     let place = sh.event_streams.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,

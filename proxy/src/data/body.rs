@@ -7,10 +7,11 @@
 //! and the run's end whatever the peers' reading patterns: it cuts the
 //! upstream connection and the client connection, which drops both halves.
 
-use crate::finish::Finish;
+use crate::data::finish::Finish;
+use crate::deny::Phase;
+use crate::runs::pool::Conn;
+use crate::runs::slots::Slot;
 use crate::runs::Run;
-use crate::slots::Slot;
-use crate::upstream::{Conn, UpstreamPool};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::pin::Pin;
@@ -109,7 +110,8 @@ impl Drop for Exchange {
         if *self.response_done.get_mut() && *self.upload_done.get_mut() {
             self.finish.complete();
             if let Some(conn) = conn {
-                UpstreamPool::give_back(self.run.clone(), conn);
+                let run = self.run.clone();
+                tokio::spawn(async move { run.upstream.give_back(conn, &run.cancel).await });
             }
         }
         // Otherwise the connection is dropped here, which stops its driver.
@@ -153,9 +155,9 @@ pub async fn watchdog(
     }
     match why {
         Cut::Deadline => ex.finish.timed_out(if ex.response_done.load(Ordering::Acquire) {
-            "upload"
+            Phase::Upload
         } else {
-            "response"
+            Phase::Response
         }),
         Cut::RunEnded => ex.finish.severed("run_ended"),
         Cut::Shutdown => ex.finish.severed("shutdown"),

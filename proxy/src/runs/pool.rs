@@ -1,19 +1,23 @@
-//! Upstream HTTP/1.1 connections for plain-HTTP fetches, and the small pool
-//! of idle ones each run keeps. A pooled connection is reused only by the
+//! The small pool of idle upstream HTTP/1.1 connections each run keeps for
+//! its own plain-HTTP fetches. A pooled connection is reused only by the
 //! same run and only when its address is in the new fetch's own vetted set,
 //! so pinning is never weakened: the connection goes to an address this
 //! fetch resolved and vetted, exactly as a fresh dial would. Every
 //! connection's driver task dies when the run ends, at hard shutdown, or
 //! when a fetch abandons it mid-exchange (its [`ConnGuard`] is dropped).
+//! The connections themselves are made by `data::upstream`.
 
-use crate::body::Upload;
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+
+/// The request body type of upstream connections (the data plane's upload,
+/// boxed so that the pool does not depend on it).
+pub type UpBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
 /// How long an idle upstream connection is kept for reuse.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
@@ -22,6 +26,11 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 pub struct ConnGuard(Option<CancellationToken>);
 
 impl ConnGuard {
+    /// Guards a connection whose driver stops when `driver` is cancelled.
+    pub fn new(driver: CancellationToken) -> Self {
+        ConnGuard(Some(driver))
+    }
+
     fn disarm(&mut self) -> Option<CancellationToken> {
         self.0.take()
     }
@@ -38,7 +47,7 @@ impl Drop for ConnGuard {
 /// A connection ready to carry one exchange.
 pub struct Conn {
     pub addr: SocketAddr,
-    pub sender: SendRequest<Upload>,
+    pub sender: SendRequest<UpBody>,
     pub guard: ConnGuard,
     pub reused: bool,
 }
@@ -50,38 +59,9 @@ impl Conn {
     }
 }
 
-/// Performs the HTTP/1.1 handshake on a dialled, vetted stream and spawns its
-/// driver, bound to the run (`run_end`) and to shutdown (`hard_stop`).
-pub async fn handshake(
-    stream: TcpStream,
-    addr: SocketAddr,
-    run_end: CancellationToken,
-    hard_stop: CancellationToken,
-) -> Result<Conn, hyper::Error> {
-    let (sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake(TokioIo::new(stream))
-        .await?;
-    let abandon = CancellationToken::new();
-    let token = abandon.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = conn => {}
-            _ = run_end.cancelled() => {}
-            _ = hard_stop.cancelled() => {}
-            _ = abandon.cancelled() => {}
-        }
-    });
-    Ok(Conn {
-        addr,
-        sender,
-        guard: ConnGuard(Some(token)),
-        reused: false,
-    })
-}
-
 struct Idle {
     addr: SocketAddr,
-    sender: SendRequest<Upload>,
+    sender: SendRequest<UpBody>,
     token: CancellationToken,
     since: Instant,
 }
@@ -128,29 +108,28 @@ impl UpstreamPool {
         })
     }
 
-    /// Returns a connection whose exchange completed; waits (briefly) until
-    /// hyper has finished the message, and drops it if it cannot be reused.
-    pub fn give_back(run: std::sync::Arc<crate::runs::Run>, mut conn: Conn) {
-        tokio::spawn(async move {
-            let ready = tokio::time::timeout(Duration::from_secs(1), conn.sender.ready()).await;
-            if !matches!(ready, Ok(Ok(()))) || run.cancel.is_cancelled() {
-                return;
-            }
-            let Some(token) = conn.guard.disarm() else { return };
-            let Ok(mut idle) = run.upstream.idle.lock() else {
-                token.cancel();
-                return;
-            };
-            if idle.len() >= run.upstream.cap {
-                token.cancel();
-                return;
-            }
-            idle.push(Idle {
-                addr: conn.addr,
-                sender: conn.sender,
-                token,
-                since: Instant::now(),
-            });
+    /// Waits (briefly) until hyper has finished the message of a connection
+    /// whose exchange completed, then keeps it unless the pool is full or the
+    /// run ended meanwhile (`run_end`).
+    pub async fn give_back(&self, mut conn: Conn, run_end: &CancellationToken) {
+        let ready = tokio::time::timeout(Duration::from_secs(1), conn.sender.ready()).await;
+        if !matches!(ready, Ok(Ok(()))) || run_end.is_cancelled() {
+            return;
+        }
+        let Some(token) = conn.guard.disarm() else { return };
+        let Ok(mut idle) = self.idle.lock() else {
+            token.cancel();
+            return;
+        };
+        if idle.len() >= self.cap {
+            token.cancel();
+            return;
+        }
+        idle.push(Idle {
+            addr: conn.addr,
+            sender: conn.sender,
+            token,
+            since: Instant::now(),
         });
     }
 

@@ -4,13 +4,34 @@
 //! (papaya); the map is bounded by `max_runs` live runs plus a short-lived
 //! set of tombstones so that late requests of an ended run read `run_ended`.
 
-use crate::policy::RunState;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+pub mod owners;
+pub mod pool;
+pub mod slots;
+
+/// Where a run is in its life (the data path admits only `Active`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Created,
+    Active,
+    Ended,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Created => "created",
+            RunState::Active => "active",
+            RunState::Ended => "ended",
+        }
+    }
+}
 
 /// How long an ended run is remembered (so its credential answers `run_ended`).
 pub const TOMBSTONE_RETENTION: Duration = Duration::from_secs(300);
@@ -71,7 +92,7 @@ pub struct Run {
     pub waiting: AtomicUsize,
     pub max_waiting: usize,
     /// Idle upstream connections of this run (plain HTTP), for reuse by this run only.
-    pub upstream: crate::upstream::UpstreamPool,
+    pub upstream: pool::UpstreamPool,
     /// Which `egress_runs_active{state}` gauge counts the run (see [`Gauged`]).
     pub gauged: AtomicU8,
     /// Places for the run's established client connections.
@@ -341,7 +362,7 @@ impl Runs {
             max_slots: new.max_slots,
             waiting: AtomicUsize::new(0),
             max_waiting: new.max_waiting,
-            upstream: crate::upstream::UpstreamPool::new(new.max_slots),
+            upstream: pool::UpstreamPool::new(new.max_slots),
             gauged: AtomicU8::new(if new.activate { Gauged::ACTIVE } else { Gauged::CREATED }),
             conns: Arc::new(Semaphore::new(new.max_conns)),
             conns_max: new.max_conns,

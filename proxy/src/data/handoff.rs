@@ -21,8 +21,8 @@ use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::auth::BoundRun;
-use crate::server::Shared;
+use crate::data::auth::BoundRun;
+use crate::state::Shared;
 
 /// Prefix of a hand-off message.
 pub const MAGIC: &str = "loom-handoff/1 ";
@@ -161,7 +161,7 @@ fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
     );
     tokio::spawn(async move {
         tokio::select! {
-            _ = crate::server::accept_loop(sh2, listener, Some(bound), admission) => {}
+            _ = crate::data::serve(sh2, listener, Some(bound), admission) => {}
             // Dropping the accept loop closes the listener.
             _ = run.cancel.cancelled() => {}
         }

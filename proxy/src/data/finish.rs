@@ -5,9 +5,9 @@
 //! tool, target, decision, reason, duration, bytes). The first outcome set
 //! wins; it never logs secrets or `Proxy-Authorization`.
 
+use crate::deny::{Kind, Phase};
 use crate::metrics::{Outcome, ToolMetrics};
 use crate::runs::Run;
-use crate::target::Kind;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -68,8 +68,8 @@ impl Finish {
         self.set(Outcome::Ok, "");
     }
 
-    pub fn timed_out(&self, phase: &'static str) {
-        if self.set(Outcome::Timeout, phase) {
+    pub fn timed_out(&self, phase: Phase) {
+        if self.set(Outcome::Timeout, phase.as_str()) {
             self.tm.timeout(phase);
         }
     }
@@ -80,11 +80,6 @@ impl Finish {
 
     pub fn failed(&self, why: &'static str) {
         self.set(Outcome::Error, why);
-    }
-
-    /// Whether an outcome has been set.
-    pub fn ended(&self) -> bool {
-        self.end.get().is_some()
     }
 
     /// Sets the outcome if none is set yet; returns whether this call set it.

@@ -9,20 +9,7 @@ use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Version};
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Connect,
-    Http,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Connect => "connect",
-            Kind::Http => "http",
-        }
-    }
-}
+pub use crate::deny::Kind;
 
 /// A canonical request target.
 #[derive(Debug, Clone, PartialEq, Eq)]

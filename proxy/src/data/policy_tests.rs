@@ -1,4 +1,5 @@
 use super::*;
+use crate::runs::RunState;
 use egress_config::Config;
 
 fn policy(extra: &str) -> Config {

@@ -4,15 +4,13 @@
 //! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
 //! bounded in-memory store for tests and embedding.
 
+pub(crate) mod store;
+
 use crate::runs::{RunRecord, RunWrite};
 use futures_util::future::BoxFuture;
-use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use tokio::sync::broadcast;
-
-pub const FACT_TYPE: &str = "EGRESS_DENIED";
-pub const SCHEMA: &str = "1.7.0";
 
 /// The longest `detail` a fact (and its log line and answer) carries, in
 /// bytes: details quote attacker-controlled text (raw targets, `Host`
@@ -39,67 +37,42 @@ pub fn bounded(s: String) -> String {
 /// The most resolved addresses a fact lists.
 pub const MAX_RESOLVED: usize = 32;
 
-/// Where a fact points.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct FactTarget {
-    pub kind: String,
-    pub host: String,
-    pub port: u16,
-}
+pub use egress_api::{Fact, FactTarget, FACT_SCHEMA as SCHEMA, FACT_TYPE};
 
-/// One durable fact.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct Fact {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub schema: String,
-    pub seq: u64,
-    pub id: String,
-    pub at: String,
-    pub run_id: Option<String>,
-    pub tool: Option<String>,
-    pub reason: String,
-    /// `enforce` (the fetch was denied) or `report` (allowed, recorded).
-    pub mode: String,
+/// What a new denial fact says; [`denial`] turns it into a [`Fact`].
+pub struct NewFact<'a> {
+    pub run_id: Option<&'a str>,
+    pub tool: Option<&'a str>,
+    pub reason: &'static str,
+    /// `enforce` or `report`.
+    pub mode: &'static str,
     pub target: Option<FactTarget>,
     pub resolved: Vec<String>,
-    pub policy: String,
+    /// The digest of the policy that decided.
+    pub policy: &'a str,
     pub detail: String,
-    /// How many identical denials this fact stands for (coalescing).
-    pub count: u64,
 }
 
-impl Fact {
-    /// A new fact, not yet sequenced.
-    #[allow(clippy::too_many_arguments)]
-    pub fn denial(
-        run_id: Option<&str>,
-        tool: Option<&str>,
-        reason: &str,
-        mode: &str,
-        target: Option<FactTarget>,
-        resolved: Vec<String>,
-        policy: &str,
-        detail: String,
-    ) -> Fact {
-        let mut resolved = resolved;
-        resolved.truncate(MAX_RESOLVED);
-        Fact {
-            kind: FACT_TYPE.to_owned(),
-            schema: SCHEMA.to_owned(),
-            seq: 0,
-            id: uuid::Uuid::new_v4().to_string(),
-            at: crate::time::rfc3339(std::time::SystemTime::now()),
-            run_id: run_id.map(str::to_owned),
-            tool: tool.map(str::to_owned),
-            reason: reason.to_owned(),
-            mode: mode.to_owned(),
-            target,
-            resolved,
-            policy: policy.to_owned(),
-            detail: bounded(detail),
-            count: 1,
-        }
+/// A new fact, not yet sequenced: bounded detail and address list, a fresh
+/// `id`, the current time.
+pub fn denial(n: NewFact<'_>) -> Fact {
+    let mut resolved = n.resolved;
+    resolved.truncate(MAX_RESOLVED);
+    Fact {
+        kind: FACT_TYPE.to_owned(),
+        schema: SCHEMA.to_owned(),
+        seq: 0,
+        id: uuid::Uuid::new_v4().to_string(),
+        at: crate::time::rfc3339(std::time::SystemTime::now()),
+        run_id: n.run_id.map(str::to_owned),
+        tool: n.tool.map(str::to_owned),
+        reason: n.reason.to_owned(),
+        mode: n.mode.to_owned(),
+        target: n.target,
+        resolved,
+        policy: n.policy.to_owned(),
+        detail: bounded(n.detail),
+        count: 1,
     }
 }
 

@@ -1,0 +1,42 @@
+//! Routes without credential: liveness, readiness (503 while draining or
+//! when the fact store cannot write) and the Prometheus metrics.
+
+use crate::state::Shared;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "The process serves", body = String)))]
+pub(super) async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "health", responses(
+    (status = 200, description = "Ready", body = String),
+    (status = 503, description = "Shutting down (draining), or the fact store cannot write", body = String),
+))]
+pub(super) async fn readyz(State(sh): State<Arc<Shared>>) -> Response {
+    if sh.shutdown.is_cancelled() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
+    if !sh.facts.ready() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "fact store unavailable\n").into_response();
+    }
+    "ready\n".into_response()
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "health", responses(
+    (status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text"),
+))]
+pub(super) async fn metrics(State(sh): State<Arc<Shared>>) -> Response {
+    let body = sh.metrics.render();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}

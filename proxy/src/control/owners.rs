@@ -1,0 +1,81 @@
+//! Owner routes: an owner (a kernel or an executor) holds a lease it renews
+//! as a heartbeat; when the lease expires or is released, its live runs end.
+
+use crate::control::error::{bad_request, ApiError, ApiResult, AppJson};
+use crate::runs::owners::{Lease, OwnerError};
+use crate::runs::valid_run_id;
+use crate::runs::EndReason;
+use crate::state::Shared;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use egress_api::{ErrorBody, OwnerList, OwnerReleased, OwnerView, RenewOwner};
+use std::sync::Arc;
+
+fn owner_view(owner: &str, lease: &Lease, live_runs: usize) -> OwnerView {
+    OwnerView {
+        owner: owner.to_owned(),
+        lease_ms: lease.lease.as_millis() as u64,
+        expires_at: crate::time::rfc3339(lease.expires_at),
+        live_runs,
+    }
+}
+
+/// `PUT /v1/owners/{owner}` `{lease_ms}`: creates or renews a lease (the heartbeat).
+#[utoipa::path(put, path = "/v1/owners/{owner}", tag = "owners", security(("control_token" = [])),
+    params(("owner" = String, Path, description = "Owner name (1–128 of A-Z a-z 0-9 - _ . ~)")),
+    request_body = RenewOwner,
+    responses(
+        (status = 200, description = "Leased until expires_at", body = OwnerView),
+        (status = 400, description = "bad_request, bad_lease", body = ErrorBody),
+        (status = 429, description = "bad_lease: too many owners", body = ErrorBody),
+    ))]
+pub(super) async fn renew_owner(
+    State(sh): State<Arc<Shared>>,
+    Path(owner): Path<String>,
+    AppJson(req): AppJson<RenewOwner>,
+) -> ApiResult<Json<OwnerView>> {
+    if !valid_run_id(&owner) {
+        return Err(bad_request("owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~"));
+    }
+    let lease = sh
+        .owners
+        .renew(&owner, std::time::Duration::from_millis(req.lease_ms))
+        .map_err(|e| {
+            let status = match e {
+                OwnerError::BadLease => StatusCode::BAD_REQUEST,
+                OwnerError::TooMany => StatusCode::TOO_MANY_REQUESTS,
+            };
+            ApiError::new(status, "bad_lease", e.to_string())
+        })?;
+    Ok(Json(owner_view(&owner, &lease, sh.runs.live_runs_of(&owner).len())))
+}
+
+/// `DELETE /v1/owners/{owner}`: ends every live run of the owner and forgets it.
+#[utoipa::path(delete, path = "/v1/owners/{owner}", tag = "owners", security(("control_token" = [])),
+    params(("owner" = String, Path, description = "Owner name")),
+    responses((status = 200, description = "Its live runs ended (owner_released)", body = OwnerReleased)))]
+pub(super) async fn release_owner(State(sh): State<Arc<Shared>>, Path(owner): Path<String>) -> Json<OwnerReleased> {
+    let known = sh.owners.release(&owner);
+    let runs = sh.runs.live_runs_of(&owner);
+    let ended = runs.len();
+    for run in runs {
+        sh.end_run(&run, EndReason::OwnerReleased);
+    }
+    if ended > 0 || known {
+        tracing::info!(owner = %owner, runs = ended, "owner released; its runs ended");
+    }
+    Json(OwnerReleased { owner, ended })
+}
+
+#[utoipa::path(get, path = "/v1/owners", tag = "owners", security(("control_token" = [])),
+    responses((status = 200, description = "Owners and their leases", body = OwnerList)))]
+pub(super) async fn list_owners(State(sh): State<Arc<Shared>>) -> Json<OwnerList> {
+    let owners = sh
+        .owners
+        .list()
+        .iter()
+        .map(|(o, l)| owner_view(o, l, sh.runs.live_runs_of(o).len()))
+        .collect();
+    Json(OwnerList { owners })
+}

@@ -1,0 +1,277 @@
+//! Run routes: create (the credential is shown only in the answer),
+//! inspect, list with filters, activate a warm child's run, and end a run,
+//! which answers with its final view, its facts and a summary of its denials.
+
+use crate::control::error::{bad_request, ApiError, ApiResult, AppJson, AppQuery};
+use crate::facts::FactQuery;
+use crate::runs::{valid_run_id, EndReason, NewRun, Run, RunError, RunWrite};
+use crate::state::Shared;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use egress_api::{
+    Bytes, CreateRun, CreatedRun, DenialSummary, EndedRun, ErrorBody, RunFilter, RunList, RunView, Slots,
+};
+use serde_json::Value;
+use std::sync::Arc;
+
+pub fn run_view(run: &Run) -> RunView {
+    let (up, down) = run.bytes();
+    let (ended_at, end_reason) = match run.ended() {
+        Some((at, why)) => (Some(crate::time::rfc3339(at)), Some(why.as_str().to_owned())),
+        // Past its expiry but not yet swept: it is already ended for every fetch.
+        None if run.state() == crate::runs::RunState::Ended => {
+            (Some(crate::time::rfc3339(run.expires_at)), Some("expired".to_owned()))
+        }
+        None => (None, None),
+    };
+    RunView {
+        run_id: run.id.to_string(),
+        tool: run.tool.to_string(),
+        state: run.state().as_str().to_owned(),
+        created_at: crate::time::rfc3339(run.created_at),
+        expires_at: crate::time::rfc3339(run.expires_at),
+        labels: run.labels.clone(),
+        owner: run.owner.as_deref().map(str::to_owned),
+        slots: Slots {
+            max: run.max_slots,
+            in_use: run.max_slots - run.slots.available_permits(),
+        },
+        upstream_idle: run.upstream.len(),
+        bytes: Bytes { up, down },
+        ended_at,
+        end_reason,
+    }
+}
+
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    security(("control_token" = [])),
+    responses(
+        (status = 201, description = "Created; the secret is shown only here", body = CreatedRun),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 404, description = "unknown_tool", body = ErrorBody),
+        (status = 409, description = "run_exists, owner_not_leased", body = ErrorBody),
+        (status = 429, description = "too_many_runs", body = ErrorBody),
+        (status = 503, description = "store_unavailable: the run could not be stored durably", body = ErrorBody),
+    ))]
+pub(super) async fn create_run(
+    State(sh): State<Arc<Shared>>,
+    AppJson(req): AppJson<CreateRun>,
+) -> ApiResult<(StatusCode, Json<CreatedRun>)> {
+    let policy = sh.policy.load();
+    let tool = policy.tool(&req.tool).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_tool",
+            format!("no tool {:?} in the config", req.tool),
+        )
+    })?;
+    let id = match req.run_id {
+        Some(id) if valid_run_id(&id) => id,
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "run_id must be 1-128 characters of A-Z a-z 0-9 - _ . ~",
+            ))
+        }
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    let labels = req.labels.unwrap_or_default();
+    if labels.len() > 64 {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "at most 64 labels",
+        ));
+    }
+    let owner = match req.owner {
+        Some(o) if !valid_run_id(&o) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~",
+            ))
+        }
+        Some(o) if sh.owners.lease(&o).is_none() => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "owner_not_leased",
+                format!("owner {o:?} holds no live lease: PUT /v1/owners/{o} first"),
+            ))
+        }
+        o => o.map(|o| Arc::<str>::from(o.as_str())),
+    };
+    let secret = crate::runs::random_hex(24).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("no randomness: {e}"),
+        )
+    })?;
+    let run = sh.runs.create(
+        NewRun {
+            id,
+            tool: tool.id.clone(),
+            labels,
+            owner,
+            activate: req.activate.unwrap_or(true),
+            max_slots: tool.max_concurrent_fetches,
+            max_waiting: tool.max_queued_fetches,
+            max_conns: sh.cfg.max_connections_per_run,
+        },
+        secret.clone(),
+    )?;
+    if let Err(e) = sh.facts.save_run(RunWrite::Save(run.record())).await {
+        sh.runs.end(&run, EndReason::Ended);
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("the run could not be stored durably: {e}"),
+        ));
+    }
+    sh.run_created(&run);
+    tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
+    let proxy_url = format!("{}://{}:{}@{}", sh.proxy_scheme, run.id, secret, sh.proxy_authority);
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedRun {
+            run: run_view(&run),
+            secret,
+            proxy_url,
+        }),
+    ))
+}
+
+fn find(sh: &Shared, id: &str) -> ApiResult<Arc<Run>> {
+    sh.runs.get(id).ok_or_else(|| RunError::NotFound(id.to_owned()).into())
+}
+
+fn store_error(e: crate::facts::FactError) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string())
+}
+
+#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run", body = RunView),
+        (status = 404, description = "run_not_found (never existed, or ended more than five minutes ago)", body = ErrorBody),
+    ))]
+pub(super) async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
+    let run = find(&sh, &id)?;
+    Ok(Json(run_view(&run)))
+}
+
+#[utoipa::path(post, path = "/v1/runs/{id}/activate", tag = "runs", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "Active (activating an active run is a no-op)", body = RunView),
+        (status = 404, description = "run_not_found", body = ErrorBody),
+        (status = 409, description = "run_ended", body = ErrorBody),
+        (status = 503, description = "store_unavailable", body = ErrorBody),
+    ))]
+pub(super) async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
+    let run = sh.activate_run(&id)?;
+    sh.facts
+        .save_run(RunWrite::Save(run.record()))
+        .await
+        .map_err(store_error)?;
+    tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");
+    Ok(Json(run_view(&run)))
+}
+
+/// Ends the run and answers with its final view, its facts (up to
+/// [`END_FACTS`]) and a summary of its denials, so ending a run and
+/// collecting what it was denied is one call.
+#[utoipa::path(delete, path = "/v1/runs/{id}", tag = "runs", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "Ended: every open fetch of the run is severed", body = EndedRun),
+        (status = 404, description = "run_not_found", body = ErrorBody),
+        (status = 503, description = "facts_unavailable, store_unavailable", body = ErrorBody),
+    ))]
+pub(super) async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<EndedRun>> {
+    let run = find(&sh, &id)?;
+    sh.end_run(&run, EndReason::Ended);
+    sh.facts
+        .save_run(RunWrite::Delete(id.clone()))
+        .await
+        .map_err(store_error)?;
+    let facts = sh
+        .facts
+        .query(FactQuery {
+            after: 0,
+            limit: END_FACTS + 1,
+            run_id: Some(id),
+        })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e.to_string()))?;
+    let facts_truncated = facts.len() > END_FACTS;
+    let mut facts = facts;
+    facts.truncate(END_FACTS);
+    let mut by_reason = serde_json::Map::new();
+    let mut total = 0u64;
+    for f in &facts {
+        total += f.count;
+        let n = by_reason.get(&f.reason).and_then(Value::as_u64).unwrap_or(0);
+        by_reason.insert(f.reason.clone(), Value::from(n + f.count));
+    }
+    Ok(Json(EndedRun {
+        run: run_view(&run),
+        facts,
+        facts_truncated,
+        denials: DenialSummary { total, by_reason },
+    }))
+}
+
+/// Facts returned with an ended run (the rest by `GET /v1/runs/{id}/facts`).
+pub const END_FACTS: usize = 1000;
+
+/// `GET /v1/runs`: live runs and recently ended ones, by id, filtered and paged.
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", security(("control_token" = [])),
+    params(RunFilter),
+    responses(
+        (status = 200, description = "Runs sorted by id", body = RunList),
+        (status = 400, description = "bad_request", body = ErrorBody),
+    ))]
+pub(super) async fn list_runs(
+    State(sh): State<Arc<Shared>>,
+    AppQuery(q): AppQuery<RunFilter>,
+) -> ApiResult<Json<RunList>> {
+    let f = q;
+    if let Some(s) = &f.state {
+        if !matches!(s.as_str(), "created" | "active" | "ended") {
+            return Err(bad_request("state must be created, active or ended"));
+        }
+    }
+    let label = match &f.label {
+        Some(l) => Some(
+            l.split_once('=')
+                .ok_or_else(|| bad_request("label must be key=value"))?,
+        ),
+        None => None,
+    };
+    let limit = f.limit.unwrap_or(100).clamp(1, 1000);
+    let mut runs: Vec<Arc<Run>> = sh
+        .runs
+        .all()
+        .into_iter()
+        .filter(|r| f.tool.as_deref().is_none_or(|t| *r.tool == *t))
+        .filter(|r| f.state.as_deref().is_none_or(|s| r.state().as_str() == s))
+        .filter(|r| f.owner.as_deref().is_none_or(|o| r.owner.as_deref() == Some(o)))
+        .filter(|r| label.is_none_or(|(k, v)| r.labels.get(k).and_then(Value::as_str) == Some(v)))
+        .filter(|r| f.after.as_deref().is_none_or(|a| &*r.id > a))
+        .collect();
+    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    let more = runs.len() > limit;
+    runs.truncate(limit);
+    let next = if more {
+        runs.last().map(|r| r.id.to_string())
+    } else {
+        None
+    };
+    Ok(Json(RunList {
+        runs: runs.iter().map(|r| run_view(r)).collect(),
+        next,
+    }))
+}

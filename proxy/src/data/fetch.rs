@@ -1,0 +1,599 @@
+//! The decision path of one fetch, in the order the README gives ("How one
+//! fetch is decided"), one function per step:
+//!
+//! 1. [`authenticate`]: the run credential (`407` otherwise);
+//! 2. [`Fetch::check_run`]: the run is active and its tool configured;
+//! 3. [`Fetch::canonical_target`]: one canonical host and port;
+//! 4. [`Fetch::admit`]: allowlist and methods, before any DNS;
+//! 5. [`Fetch::acquire_slot`]: one of the run's concurrency slots;
+//! 6. [`Fetch::resolve_and_vet`]: resolve once, vet every address;
+//! 7. [`Fetch::dial`]: only the vetted addresses (or this run's idle
+//!    connection to one of them);
+//! 8. [`forward`](crate::data::forward) (plain HTTP) or
+//!    [`tunnel`](crate::data::tunnel) (CONNECT).
+//!
+//! Steps 5–7 are bounded by the fetch deadline and the run's end. Every
+//! denial is recorded as a fact before its response is written
+//! ([`Fetch::deny`]); a fact that cannot be recorded fails the request closed.
+
+use crate::admission::{self, Refused};
+use crate::data::auth::{self, AuthFailure};
+use crate::data::body::{Exchange, ProxyBody};
+use crate::data::finish::Finish;
+use crate::data::forward::{self, Exchanging};
+use crate::data::policy::{self, Admission, Denial};
+use crate::data::respond::{self, fact_target, raw_target};
+use crate::data::target::{self, Kind, Target, TargetError};
+use crate::data::tunnel;
+use crate::data::upstream::{self, Upstream};
+use crate::deny::{DenyReason, FetchError, Phase};
+use crate::facts::{NewFact, Recorded};
+use crate::metrics::{Decision, KindLabel, Outcome, ReasonLabel, ToolMetrics};
+use crate::runs::slots::{self, Slot, SlotError};
+use crate::runs::Run;
+use crate::state::Shared;
+use egress_config::{Host, Mode, Policy, ToolPolicy};
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Instant as StdInstant;
+use tokio::time::Instant;
+
+type Answer = Response<ProxyBody>;
+
+/// Why steps 5–7 gave no connection.
+enum Halt {
+    /// A recorded denial (or the error that replaced it): answer as is.
+    Answered(Answer),
+    /// A non-policy error, counted and answered with its code.
+    Failed(FetchError, String),
+    /// The fetch deadline expired (in the phase the fetch was in).
+    Timeout,
+}
+
+impl From<Answer> for Halt {
+    fn from(r: Answer) -> Halt {
+        Halt::Answered(r)
+    }
+}
+
+/// What a denial points at.
+enum Dest<'a> {
+    /// The canonical target (a fact's `target`).
+    Target(&'a Target),
+    /// The raw request target, before it could be made canonical (quoted in
+    /// the fact's detail).
+    Raw(String),
+    /// Nothing: the request is not the named run's own (a wrong secret).
+    Withheld,
+}
+
+/// Entry point: hyper service function for the data listeners. `conn` is
+/// the client connection the request arrived on (its admission, and the
+/// token that closes it).
+pub async fn handle(
+    sh: Arc<Shared>,
+    mut req: Request<Incoming>,
+    conn: Arc<admission::Conn>,
+) -> Result<Answer, Infallible> {
+    let started = StdInstant::now();
+    let kind = if req.method() == Method::CONNECT {
+        Kind::Connect
+    } else {
+        Kind::Http
+    };
+    if sh.shutdown.is_cancelled() {
+        return Ok(respond::closing(respond::error(
+            FetchError::ShuttingDown,
+            "the proxy is shutting down",
+        )));
+    }
+    // One policy snapshot decides the whole fetch and is the digest its facts carry.
+    let policy = sh.policy.load_full();
+    let run = match auth::authenticate(&sh.runs, req.headers(), req.extensions().get::<auth::BoundRun>()) {
+        Ok(run) => run,
+        Err(f) => return Ok(refuse_credential(&sh, &policy, f, kind, started, req.uri()).await),
+    };
+    if let Some(r) = establish(&sh, &conn, &run) {
+        return Ok(r);
+    }
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(&sh, &policy, Some(&run), &tm, kind, started);
+    Ok(match fetch.decide(&run, &mut req).await {
+        Ok(prepared) => fetch.carry(prepared, &run, req, &conn).await,
+        Err(r) => r,
+    })
+}
+
+/// Step 1 failed: count it, record the fact, answer `407`.
+async fn refuse_credential(
+    sh: &Shared,
+    policy: &Policy,
+    f: AuthFailure,
+    kind: Kind,
+    started: StdInstant,
+    uri: &http::Uri,
+) -> Answer {
+    sh.metrics
+        .auth_failures
+        .get_or_create(&ReasonLabel {
+            reason: f.reason.code(),
+        })
+        .inc();
+    let tm = sh.tool_metrics(f.claimed.as_ref().map(|r| &*r.tool));
+    let fetch = Fetch::new(sh, policy, f.claimed.as_deref(), &tm, kind, started);
+    fetch.deny_auth(f.reason, f.claimed.is_some(), raw_target(uri)).await
+}
+
+/// The authenticated request's connection takes its place among the
+/// proxy's and the run's established connections; or the answer that
+/// closes it.
+fn establish(sh: &Shared, conn: &admission::Conn, run: &Run) -> Option<Answer> {
+    let refused = conn.establish(Some(run)).err()?;
+    sh.count_closed("data", refused.label());
+    let (e, detail) = match refused {
+        Refused::RunLimit => (
+            FetchError::RunConnectionLimit,
+            format!(
+                "run {} already holds {} connections (proxy.max_connections_per_run)",
+                run.id, sh.cfg.max_connections_per_run
+            ),
+        ),
+        Refused::Limit => (
+            FetchError::ConnectionLimit,
+            "every connection place of the proxy is taken (proxy.max_connections)".to_owned(),
+        ),
+    };
+    Some(respond::closing(respond::error(e, &detail)))
+}
+
+/// A fetch that passed steps 1–7: what step 8 carries it on.
+struct Prepared {
+    target: Target,
+    slot: Slot,
+    upstream: Upstream,
+    finish: Finish,
+    deadline: Instant,
+}
+
+/// One fetch's context: the shared state, the policy snapshot, the run, and
+/// what the fetch has become so far.
+struct Fetch<'a> {
+    sh: &'a Shared,
+    policy: &'a Policy,
+    run: Option<&'a Run>,
+    tm: &'a Arc<ToolMetrics>,
+    kind: Kind,
+    started: StdInstant,
+    /// The [`Phase`] of the step in progress (index into `Phase::ALL`).
+    phase: AtomicU8,
+    /// Whether report mode let a denial through.
+    reported: AtomicBool,
+}
+
+impl<'a> Fetch<'a> {
+    fn new(
+        sh: &'a Shared,
+        policy: &'a Policy,
+        run: Option<&'a Run>,
+        tm: &'a Arc<ToolMetrics>,
+        kind: Kind,
+        started: StdInstant,
+    ) -> Self {
+        Fetch {
+            sh,
+            policy,
+            run,
+            tm,
+            kind,
+            started,
+            phase: AtomicU8::new(0),
+            reported: AtomicBool::new(false),
+        }
+    }
+
+    /// Steps 2–7 for an authenticated request.
+    async fn decide(&self, run: &Arc<Run>, req: &mut Request<Incoming>) -> Result<Prepared, Answer> {
+        let tool = self.check_run(run, req.uri()).await?;
+        // The fetch deadline opens now that the head is authenticated.
+        let deadline = Instant::from_std(self.started) + tool.fetch_timeout;
+        let target = self.canonical_target(req).await?;
+        let private = self.admit(&tool, &target, req.method()).await?;
+        let finish = Finish::new(
+            self.tm.clone(),
+            self.kind,
+            self.started,
+            run.clone(),
+            target.to_string(),
+        );
+        let connected = async {
+            let slot = self.acquire_slot(run, &target).await?;
+            let (dial, resolved) = self.resolve_and_vet(&tool, &target, private).await?;
+            let upstream = self.dial(run, &target, dial, &resolved).await?;
+            Ok::<_, Halt>((slot, upstream))
+        };
+        let halted = tokio::select! {
+            r = connected => r,
+            _ = tokio::time::sleep_until(deadline) => Err(Halt::Timeout),
+            _ = run.cancel.cancelled() => Err(Halt::Failed(FetchError::RunEnded, format!("run {} ended", run.id))),
+        };
+        let (slot, upstream) = match halted {
+            Ok(ok) => ok,
+            Err(halt) => return Err(self.halted(halt, finish, &run.tool, tool.fetch_timeout)),
+        };
+        finish.opened();
+        let decision = if tool.mode == Mode::Report && self.reported.load(Ordering::Relaxed) {
+            Decision::Reported
+        } else {
+            Decision::Allowed
+        };
+        self.tm.kind(self.kind).request(decision);
+        Ok(Prepared {
+            target,
+            slot,
+            upstream,
+            finish,
+            deadline,
+        })
+    }
+
+    /// The answer of a fetch that stopped in steps 5–7.
+    fn halted(&self, halt: Halt, finish: Finish, tool: &str, timeout: std::time::Duration) -> Answer {
+        let (e, detail) = match halt {
+            Halt::Answered(r) => {
+                finish.discard();
+                return r;
+            }
+            Halt::Timeout => {
+                finish.timed_out(self.phase());
+                (
+                    FetchError::Timeout,
+                    format!("fetch deadline of {} ms expired", timeout.as_millis()),
+                )
+            }
+            Halt::Failed(e, detail) => {
+                finish.failed(e.code());
+                (e, detail)
+            }
+        };
+        self.tm.kind(self.kind).request(Decision::Error);
+        self.sh.count_error(tool, e);
+        respond::error(e, &detail)
+    }
+
+    /// Step 8: forward (plain HTTP) or open the tunnel (CONNECT).
+    async fn carry(&self, p: Prepared, run: &Arc<Run>, mut req: Request<Incoming>, conn: &admission::Conn) -> Answer {
+        let Prepared {
+            target,
+            slot,
+            upstream,
+            finish,
+            deadline,
+        } = p;
+        match (self.kind, upstream) {
+            (Kind::Connect, Upstream::Stream(stream, _)) => {
+                let upgrade = hyper::upgrade::on(&mut req);
+                self.sh.tasks.spawn(tunnel::run(tunnel::Tunnel {
+                    upgrade,
+                    upstream: stream,
+                    slot,
+                    deadline,
+                    idle: self.sh.cfg.tunnel_idle_timeout,
+                    cancel: run.cancel.clone(),
+                    shutdown: self.sh.hard_stop.clone(),
+                    finish,
+                }));
+                Response::new(ProxyBody::empty())
+            }
+            (Kind::Connect, Upstream::Pooled(_)) => {
+                respond::error(FetchError::UpstreamFailed, "tunnels never use pooled connections")
+            }
+            (Kind::Http, upstream) => {
+                let (exchange, over) = Exchange::new(finish, slot, run.clone());
+                let x = Exchanging {
+                    upstream,
+                    exchange,
+                    over,
+                    deadline,
+                    client_cut: conn.cut.clone(),
+                };
+                forward::forward(self.sh, run, req, &target, x).await
+            }
+        }
+    }
+
+    /// Step 2: the run is active, and its tool still configured. Returns the
+    /// tool's policy.
+    async fn check_run(&self, run: &Run, uri: &http::Uri) -> Result<Arc<ToolPolicy>, Answer> {
+        if let Err(reason) = policy::check_run(run.state()) {
+            let detail = format!("run {} is {}", run.id, run.state().as_str());
+            return Err(self.deny(reason, detail, Dest::Raw(raw_target(uri)), &[]).await);
+        }
+        match self.policy.tool(&run.tool) {
+            Some(tool) => Ok(tool.clone()),
+            None => {
+                let detail = format!("tool {} is no longer configured", run.tool);
+                Err(self
+                    .deny(DenyReason::NotAllowlisted, detail, Dest::Raw(raw_target(uri)), &[])
+                    .await)
+            }
+        }
+    }
+
+    /// Step 3: one canonical host and port (CONNECT authority, or absolute
+    /// URI whose `Host` agrees).
+    async fn canonical_target(&self, req: &Request<Incoming>) -> Result<Target, Answer> {
+        let parsed = match self.kind {
+            Kind::Connect => target::parse_connect(req.uri()),
+            Kind::Http => target::parse_absolute(req.uri(), req.headers(), req.version()),
+        };
+        let e = match parsed {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        let (reason, detail) = match e {
+            TargetError::Bad(m) => (DenyReason::BadTarget, m),
+            TargetError::HostMismatch(m) => (DenyReason::HostMismatch, m),
+        };
+        Err(self.deny(reason, detail, Dest::Raw(raw_target(req.uri())), &[]).await)
+    }
+
+    /// Step 4: the allowlist and the tool's methods, before any DNS. Returns
+    /// whether the matching rule lets addresses in private ranges through.
+    async fn admit(&self, tool: &ToolPolicy, target: &Target, method: &Method) -> Result<bool, Answer> {
+        match policy::admit(tool, target, method.as_str()) {
+            Admission::Allow { private } => Ok(private),
+            Admission::Deny(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
+            Admission::Report { denial, private } => {
+                self.report(&denial, target, &[]).await?;
+                Ok(private)
+            }
+        }
+    }
+
+    /// Step 5: one of the run's concurrency slots (waiting in a bounded queue).
+    async fn acquire_slot(&self, run: &Run, target: &Target) -> Result<Slot, Halt> {
+        self.set_phase(Phase::Slot);
+        let t0 = StdInstant::now();
+        let slot = match slots::acquire(run, self.tm.slots_in_use.clone()).await {
+            Ok(s) => s,
+            Err(SlotError::QueueFull) => {
+                let detail = format!(
+                    "run {} already has {} fetches open and {} waiting",
+                    run.id, run.max_slots, run.max_waiting
+                );
+                return Err(self
+                    .deny(DenyReason::ConcurrencyLimit, detail, Dest::Target(target), &[])
+                    .await
+                    .into());
+            }
+            Err(SlotError::Closed) => return Err(Halt::Failed(FetchError::RunEnded, format!("run {} ended", run.id))),
+        };
+        self.tm.slot_wait.observe(t0.elapsed().as_secs_f64());
+        Ok(slot)
+    }
+
+    /// Step 6: resolve once and vet every address against the ranges, this
+    /// host's addresses and the proxy's own listeners. Returns the addresses
+    /// to dial, in order, and everything the name resolved to (for facts).
+    async fn resolve_and_vet(
+        &self,
+        tool: &ToolPolicy,
+        target: &Target,
+        private: bool,
+    ) -> Result<(Vec<IpAddr>, Vec<IpAddr>), Halt> {
+        self.set_phase(Phase::Dns);
+        let resolved = match &target.host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Name(name) => self.resolve(name).await?,
+        };
+        let vetted = policy::vet(
+            &resolved,
+            target.port,
+            &self.policy.ranges,
+            private,
+            &self.sh.me,
+            &self.sh.host_addrs.load(),
+        );
+        let denial = vetted.denial(target);
+        let mut dial = vetted.allowed;
+        if let Some(d) = denial {
+            if tool.mode == Mode::Report && d.reason.reportable() {
+                self.report(&d, target, &resolved).await?;
+                dial.extend(vetted.private.iter().copied());
+            } else {
+                return Err(self
+                    .deny(d.reason, d.detail, Dest::Target(target), &resolved)
+                    .await
+                    .into());
+            }
+        }
+        Ok((dial, resolved))
+    }
+
+    async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, Halt> {
+        let t0 = StdInstant::now();
+        let r = self.sh.dns.resolve(name).await;
+        self.sh.metrics.dns_duration.observe(t0.elapsed().as_secs_f64());
+        let (e, detail) = match r {
+            Ok(ips) => return Ok(ips),
+            Err(crate::dns::DnsError::NotFound) => (FetchError::DnsNotFound, format!("{name} has no address records")),
+            Err(crate::dns::DnsError::Failed(e)) => (FetchError::DnsFailed, format!("lookup of {name} failed: {e}")),
+        };
+        let kind = if e == FetchError::DnsNotFound {
+            "not_found"
+        } else {
+            "failed"
+        };
+        self.sh.metrics.dns_failures.get_or_create(&KindLabel { kind }).inc();
+        Err(Halt::Failed(e, detail))
+    }
+
+    /// Step 7: dial the vetted addresses in order — or reuse this run's idle
+    /// connection to one of them (plain HTTP only). A connection that
+    /// reached one of the proxy's own listeners is `self_loop`.
+    async fn dial(&self, run: &Run, target: &Target, dial: Vec<IpAddr>, resolved: &[IpAddr]) -> Result<Upstream, Halt> {
+        self.set_phase(Phase::Connect);
+        if self.kind == Kind::Http {
+            if let Some(conn) = run.upstream.take(&dial, target.port) {
+                self.sh.metrics.upstream_reused.inc();
+                return Ok(Upstream::Pooled(conn));
+            }
+        }
+        let mut last_err = None;
+        for ip in dial {
+            let addr = SocketAddr::new(ip, target.port);
+            let t0 = StdInstant::now();
+            match upstream::connect(addr).await {
+                Ok(s) if self.sh.is_self_connection(&s) => {
+                    drop(s);
+                    let detail = format!("{target} ({addr}) is the proxy's own listener");
+                    return Err(self
+                        .deny(DenyReason::SelfLoop, detail, Dest::Target(target), resolved)
+                        .await
+                        .into());
+                }
+                Ok(s) => {
+                    self.sh.metrics.connect_duration.observe(t0.elapsed().as_secs_f64());
+                    return Ok(Upstream::Stream(s, addr));
+                }
+                Err(e) => last_err = Some(format!("{addr}: {e}")),
+            }
+        }
+        Err(Halt::Failed(
+            FetchError::ConnectFailed,
+            format!(
+                "could not connect to {target}: {}",
+                last_err.unwrap_or_else(|| "no address".into())
+            ),
+        ))
+    }
+
+    fn phase(&self) -> Phase {
+        Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed))]
+    }
+
+    fn set_phase(&self, p: Phase) {
+        let i = Phase::ALL.iter().position(|x| *x == p).unwrap_or(0);
+        self.phase.store(i as u8, Ordering::Relaxed);
+    }
+
+    /// Records a denial fact, then builds the denial response.
+    async fn deny(&self, reason: DenyReason, detail: String, dest: Dest<'_>, resolved: &[IpAddr]) -> Answer {
+        self.deny_with(reason, detail.clone(), detail, dest, resolved).await
+    }
+
+    /// [`Fetch::deny`] with an answer to the client that differs from the
+    /// fact's detail. A fact that cannot be recorded fails the request
+    /// closed (`503 facts_unavailable`).
+    async fn deny_with(
+        &self,
+        reason: DenyReason,
+        answer: String,
+        detail: String,
+        dest: Dest<'_>,
+        resolved: &[IpAddr],
+    ) -> Answer {
+        let km = self.tm.kind(self.kind);
+        self.tm.denial(reason);
+        km.request(Decision::Denied);
+        let (target, detail) = match dest {
+            Dest::Target(t) => (Some(t), detail),
+            Dest::Raw(r) => (None, format!("{detail} (target {r})")),
+            Dest::Withheld => (None, detail),
+        };
+        let detail = crate::facts::bounded(detail);
+        let recorded = self
+            .record(reason, detail.clone(), target, resolved, Mode::Enforce)
+            .await;
+        km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
+        tracing::info!(
+            target: "egress::fetch",
+            run = self.run.map(|r| &*r.id).unwrap_or("-"),
+            tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
+            kind = self.kind.as_str(),
+            dest = %target.map(|t| t.to_string()).unwrap_or_default(),
+            decision = "denied",
+            reason = reason.code(),
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            detail = %detail,
+            "fetch denied"
+        );
+        match recorded {
+            Ok(recorded) => respond::denied(reason, &crate::facts::bounded(answer), &recorded.id),
+            Err(e) => respond::error(FetchError::FactsUnavailable, &e),
+        }
+    }
+
+    /// An authentication failure. The client gets the same answer whether
+    /// the credential named an existing run with a wrong secret or a run
+    /// that does not exist, so no run id can be probed. The fact of a wrong
+    /// secret goes to the named run's facts with a fixed text and no target,
+    /// so a tool cannot write its own text into another run's facts (and a
+    /// flood of them folds into counted facts).
+    async fn deny_auth(&self, reason: DenyReason, wrong_secret: bool, raw: String) -> Answer {
+        let answer = match reason {
+            DenyReason::AuthMissing => "Proxy-Authorization with the run's credential is required",
+            _ => "the credential is not valid for any live run",
+        };
+        let (fact_detail, dest) = match (reason, wrong_secret) {
+            (DenyReason::AuthMissing, _) => (answer.to_owned(), Dest::Raw(raw)),
+            (_, true) => ("a wrong secret was presented for this run".to_owned(), Dest::Withheld),
+            (_, false) => ("the credential names no known run".to_owned(), Dest::Raw(raw)),
+        };
+        self.deny_with(reason, answer.to_owned(), fact_detail, dest, &[]).await
+    }
+
+    /// Report mode: record what enforce would have denied, then go on.
+    async fn report(&self, d: &Denial, target: &Target, resolved: &[IpAddr]) -> Result<(), Answer> {
+        self.tm.denial(d.reason);
+        self.reported.store(true, Ordering::Relaxed);
+        tracing::info!(
+            target: "egress::fetch",
+            run = self.run.map(|r| &*r.id).unwrap_or("-"),
+            tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
+            kind = self.kind.as_str(),
+            dest = %target,
+            decision = "reported",
+            reason = d.reason.code(),
+            detail = %d.detail,
+            "fetch allowed in report mode"
+        );
+        self.record(d.reason, d.detail.clone(), Some(target), resolved, Mode::Report)
+            .await
+            .map(|_| ())
+            .map_err(|e| respond::error(FetchError::FactsUnavailable, &e))
+    }
+
+    /// Hands a fact to the sink and waits until it is stored.
+    async fn record(
+        &self,
+        reason: DenyReason,
+        detail: String,
+        target: Option<&Target>,
+        resolved: &[IpAddr],
+        mode: Mode,
+    ) -> Result<Recorded, String> {
+        let fact = crate::facts::denial(NewFact {
+            run_id: self.run.map(|r| &*r.id),
+            tool: self.run.map(|r| &*r.tool),
+            reason: reason.code(),
+            mode: mode.as_str(),
+            target: target.map(fact_target),
+            resolved: resolved.iter().map(|i| i.to_string()).collect(),
+            policy: &self.policy.digest,
+            detail,
+        });
+        let t0 = StdInstant::now();
+        let res = self.sh.facts.record(fact).await;
+        self.sh.metrics.fact_write_duration.observe(t0.elapsed().as_secs_f64());
+        res.map_err(|e| {
+            self.sh.metrics.fact_write_failures.inc();
+            tracing::error!(error = %e, "denial fact could not be recorded; failing the request closed");
+            format!("the denial could not be recorded ({e}); request refused")
+        })
+    }
+}

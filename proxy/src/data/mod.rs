@@ -1,0 +1,82 @@
+//! The data plane: what happens to a request on the proxy listener (or on a
+//! listener handed over for one run). [`fetch`] holds the decision path as
+//! one function per step; the other modules are what the steps use:
+//! [`auth`] (the run credential), [`target`] (the canonical target),
+//! [`policy`] (glue to the pure allowlist and range decisions), [`upstream`]
+//! (dial the vetted addresses, HTTP/1.1 handshake), [`forward`] (plain
+//! HTTP), [`tunnel`] (CONNECT), [`body`] (bodies bounded by the deadline and
+//! the run), [`finish`] (the fetch's outcome, once), [`respond`] (denial and
+//! error answers), [`handoff`] (listeners handed over by the executor). The
+//! resolver (`dns`) and the proxy's own addresses (`addrs`) are shared state.
+
+pub(crate) mod auth;
+pub(crate) mod body;
+pub(crate) mod fetch;
+pub(crate) mod finish;
+pub(crate) mod forward;
+pub(crate) mod handoff;
+pub(crate) mod policy;
+pub(crate) mod respond;
+pub(crate) mod target;
+pub(crate) mod tunnel;
+pub(crate) mod upstream;
+
+use crate::admission::{Admission, Conn};
+use crate::listener::{self, serve_one, Serve, Spec};
+use crate::state::Shared;
+use hyper::server::conn::http1::Builder;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+
+/// Serves a data listener: the proxy's own (`bound` = `None`) or one handed
+/// over for a single run, with the connection admission it belongs to.
+pub(crate) async fn serve(sh: Arc<Shared>, l: TcpListener, bound: Option<auth::BoundRun>, admission: Arc<Admission>) {
+    let mut builder = Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(sh.cfg.header_read_timeout)
+        .max_buf_size(sh.cfg.max_header_bytes.max(8192) + 1024)
+        .max_header_size(sh.cfg.max_header_bytes)
+        .max_headers(128)
+        .keep_alive(true)
+        .half_close(false);
+    let spec = Spec {
+        name: "data",
+        stop: sh.shutdown.clone(),
+        drained: true,
+    };
+    let serve = DataConn {
+        sh: sh.clone(),
+        builder: Arc::new(builder),
+        bound,
+    };
+    listener::accept_loop(sh, l, admission, spec, serve).await;
+}
+
+/// Serves fetches on one data connection.
+#[derive(Clone)]
+struct DataConn {
+    sh: Arc<Shared>,
+    builder: Arc<Builder>,
+    bound: Option<auth::BoundRun>,
+}
+
+impl Serve for DataConn {
+    async fn serve<I>(&self, io: I, conn: Arc<Conn>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sh, bound, svc_conn) = (self.sh.clone(), self.bound.clone(), conn.clone());
+        let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            if let Some(b) = &bound {
+                req.extensions_mut().insert(b.clone());
+            }
+            fetch::handle(sh.clone(), req, svc_conn.clone())
+        });
+        let c = self.builder.serve_connection(TokioIo::new(io), svc).with_upgrades();
+        serve_one(&self.sh.shutdown, &self.sh.hard_stop, &conn.cut, c).await;
+    }
+}

@@ -1,0 +1,54 @@
+//! Upstream connections of a fetch: dial the vetted addresses in order
+//! (never anything else), refuse a connection that reached one of the
+//! proxy's own listeners, and the HTTP/1.1 handshake of plain-HTTP fetches,
+//! whose connection then lives in the run's pool (`runs::pool`).
+
+use crate::runs::pool::{Conn, ConnGuard};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// Performs the HTTP/1.1 handshake on a dialled, vetted stream and spawns its
+/// driver, bound to the run (`run_end`) and to shutdown (`hard_stop`).
+pub async fn handshake(
+    stream: TcpStream,
+    addr: SocketAddr,
+    run_end: CancellationToken,
+    hard_stop: CancellationToken,
+) -> Result<Conn, hyper::Error> {
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await?;
+    let abandon = CancellationToken::new();
+    let token = abandon.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = conn => {}
+            _ = run_end.cancelled() => {}
+            _ = hard_stop.cancelled() => {}
+            _ = abandon.cancelled() => {}
+        }
+    });
+    Ok(Conn {
+        addr,
+        sender,
+        guard: ConnGuard::new(token),
+        reused: false,
+    })
+}
+
+/// The upstream connection a fetch goes out on.
+pub enum Upstream {
+    /// Freshly dialled to a vetted address.
+    Stream(TcpStream, SocketAddr),
+    /// An idle connection of the same run to an address in this fetch's vetted set.
+    Pooled(Conn),
+}
+
+/// Opens a TCP connection to one vetted address (no delay on small writes).
+pub async fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect(addr).await?;
+    let _ = s.set_nodelay(true);
+    Ok(s)
+}

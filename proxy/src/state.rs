@@ -1,0 +1,226 @@
+//! The proxy's shared state: the run registry, owners, the policy in force,
+//! the fact sink, the resolver, metrics, the stop signals and the connection
+//! admission of both listeners. Both planes hold an `Arc<Shared>`; it owns
+//! no listener (those are in `data` and `control`, started by `server`).
+
+use crate::addrs::{read_host_addrs, HostAddrs, SelfAddrs};
+use crate::admission::Admission;
+use crate::deny::FetchError;
+use crate::dns::Dns;
+use crate::facts::FactSink;
+use crate::metrics::{ListenerReason, Metrics, ToolMetrics, ToolReason, ToolWhy};
+use crate::runs::owners::{Owners, RESTART_GRACE};
+use crate::runs::{EndReason, Gauged, Run, RunError, RunWrite, Runs};
+use arc_swap::ArcSwap;
+use egress_config::{Policy, ProxyConfig};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// State shared by the data plane and the control API.
+pub struct Shared {
+    /// Random per process start: clients that see it change know the proxy
+    /// restarted (their open connections are gone; stored runs are back).
+    pub instance: String,
+    pub runs: Runs,
+    pub owners: Owners,
+    pub policy: ArcSwap<Policy>,
+    pub facts: Arc<dyn FactSink>,
+    pub dns: Dns,
+    pub me: SelfAddrs,
+    /// This host's interface addresses, refreshed on reload and by the sweeper.
+    pub host_addrs: ArcSwap<HostAddrs>,
+    pub cfg: ProxyConfig,
+    pub metrics: Metrics,
+    pub(crate) tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
+    /// Stop accepting data connections; they finish their in-flight request,
+    /// and `/readyz` answers 503 from now on.
+    pub shutdown: CancellationToken,
+    /// Close the control listener: the last step of a graceful stop, so that
+    /// kernels and load balancers can watch the drain.
+    pub control_stop: CancellationToken,
+    /// The drain timeout expired: cut tunnels and streaming bodies.
+    pub hard_stop: CancellationToken,
+    /// Client connections and tunnels, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// `host:port` clients use to reach the data listener.
+    pub proxy_authority: String,
+    pub control_token: String,
+    pub config_path: Option<PathBuf>,
+    /// TLS for both listeners, when configured.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// `http` or `https`: how clients reach the data listener.
+    pub proxy_scheme: &'static str,
+    /// Connection admission of the data and control listeners.
+    pub data_admission: Arc<Admission>,
+    pub control_admission: Arc<Admission>,
+    /// Places for concurrent `/v1/facts/stream` readers.
+    pub event_streams: Arc<Semaphore>,
+}
+
+impl Shared {
+    /// Per-tool metric handles: one lock-free lookup on the data path. A tool
+    /// gets its own handles once it is in the policy (so the label set stays
+    /// bounded by the config); anything else shares `_unknown`.
+    pub fn tool_metrics(&self, tool: Option<&str>) -> Arc<ToolMetrics> {
+        let map = self.tool_metrics.pin();
+        if let Some(m) = tool.and_then(|t| map.get(t)) {
+            return m.clone();
+        }
+        let name = match tool {
+            Some(t) if self.policy.load().tools.contains_key(t) => t,
+            _ => "_unknown",
+        };
+        map.get_or_insert_with(Arc::from(name), || self.metrics.tool(name))
+            .clone()
+    }
+
+    /// Whether a just-connected upstream socket is a connection to one of our
+    /// own listeners (catches listeners bound to unspecified addresses).
+    pub fn is_self_connection(&self, s: &TcpStream) -> bool {
+        match (s.local_addr(), s.peer_addr()) {
+            (Ok(l), Ok(p)) => l.ip() == p.ip() && self.me.0.iter().any(|m| m.port() == p.port()),
+            _ => false,
+        }
+    }
+
+    /// Re-reads this host's interface addresses (start, reload, sweeper).
+    pub fn refresh_host_addrs(&self) {
+        let now = read_host_addrs();
+        if **self.host_addrs.load() != now {
+            tracing::info!(addresses = ?now.0, "host interface addresses changed");
+            self.host_addrs.store(Arc::new(now));
+        }
+    }
+
+    /// Counts a connection closed by an admission rule.
+    pub fn count_closed(&self, listener: &'static str, reason: &'static str) {
+        self.metrics
+            .conns_refused
+            .get_or_create(&ListenerReason { listener, reason })
+            .inc();
+    }
+
+    /// Counts a non-policy fetch error (error paths only: takes the family lock).
+    pub fn count_error(&self, tool: &str, e: FetchError) {
+        self.metrics
+            .errors
+            .get_or_create(&ToolReason {
+                tool: tool.to_owned(),
+                reason: e.code(),
+            })
+            .inc();
+    }
+
+    /// Ends a run and keeps the run gauges in step. Its stored record is
+    /// dropped in the background, except at shutdown: runs survive a restart
+    /// (`DELETE /v1/runs/{id}` drops it itself, before answering).
+    pub fn end_run(&self, run: &Run, why: EndReason) -> bool {
+        let ended = self.runs.end(run, why);
+        if ended {
+            self.run_ended(run, why);
+            if !matches!(why, EndReason::Shutdown | EndReason::Ended) {
+                let facts = self.facts.clone();
+                let id = run.id.to_string();
+                tokio::spawn(async move {
+                    if let Err(e) = facts.save_run(RunWrite::Delete(id)).await {
+                        tracing::warn!(error = %e, "could not drop an ended run's record");
+                    }
+                });
+            }
+        }
+        ended
+    }
+
+    /// Brings back the runs the store kept across a restart, and gives each
+    /// of their owners a grace lease to renew.
+    pub(crate) fn restore_runs(&self) {
+        let records = match self.facts.load_runs() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "stored runs cannot be read; starting without them");
+                return;
+            }
+        };
+        let total = records.len();
+        let mut restored = 0;
+        for rec in records {
+            let id = rec.id.clone();
+            match self.runs.restore(rec) {
+                Some(run) => {
+                    if let Some(owner) = &run.owner {
+                        if self.owners.lease(owner).is_none() {
+                            let _ = self.owners.renew(owner, RESTART_GRACE);
+                        }
+                    }
+                    self.run_created(&run);
+                    restored += 1;
+                }
+                None => {
+                    let facts = self.facts.clone();
+                    tokio::spawn(async move {
+                        let _ = facts.save_run(RunWrite::Delete(id)).await;
+                    });
+                }
+            }
+        }
+        if total > 0 {
+            tracing::info!(restored, dropped = total - restored, "runs restored from the store");
+        }
+    }
+
+    /// Activates a run and moves it from the created to the active gauge.
+    pub fn activate_run(&self, id: &str) -> Result<Arc<Run>, RunError> {
+        let run = self.runs.activate(id)?;
+        if run
+            .gauged
+            .compare_exchange(Gauged::CREATED, Gauged::ACTIVE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let tm = self.tool_metrics(Some(&run.tool));
+            tm.runs_created.dec();
+            tm.runs_active.inc();
+        }
+        Ok(run)
+    }
+
+    /// Counts a new run in the gauge of its state.
+    pub fn run_created(&self, run: &Run) {
+        let tm = self.tool_metrics(Some(&run.tool));
+        match run.gauged.load(Ordering::Acquire) {
+            Gauged::CREATED => {
+                tm.runs_created.inc();
+            }
+            Gauged::ACTIVE => {
+                tm.runs_active.inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// Accounts for a run that has just ended (by its kernel, expiry or shutdown).
+    pub(crate) fn run_ended(&self, run: &Run, why: EndReason) {
+        let tm = self.tool_metrics(Some(&run.tool));
+        match run.gauged.swap(Gauged::NONE, Ordering::AcqRel) {
+            Gauged::CREATED => {
+                tm.runs_created.dec();
+            }
+            Gauged::ACTIVE => {
+                tm.runs_active.dec();
+            }
+            _ => {}
+        }
+        self.metrics
+            .runs_ended
+            .get_or_create(&ToolWhy {
+                tool: run.tool.to_string(),
+                why: why.as_str(),
+            })
+            .inc();
+        tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, why = why.as_str(), "run ended");
+    }
+}
