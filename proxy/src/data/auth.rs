@@ -151,12 +151,24 @@ mod tests {
             (vec![], Err((DenyReason::AuthMissing, None))),
             (vec![good.clone()], Ok("r1")),
             (vec![good.replacen("Basic", "bAsIc", 1)], Ok("r1")),
-            (vec![format!("Basic   {}  ", B64.encode(format!("r1:{SECRET}")))], Ok("r1")),
+            (
+                vec![format!("Basic   {}  ", B64.encode(format!("r1:{SECRET}")))],
+                Ok("r1"),
+            ),
             (vec![good.clone(), good.clone()], Err((DenyReason::AuthInvalid, None))),
             (vec![basic("r1:wrong")], Err((DenyReason::AuthInvalid, Some("r1")))),
-            (vec![basic(&format!("r1:{SECRET}x"))], Err((DenyReason::AuthInvalid, Some("r1")))),
-            (vec![basic(&format!("nope:{SECRET}"))], Err((DenyReason::AuthInvalid, None))),
-            (vec![basic(&format!("r1{SECRET}"))], Err((DenyReason::AuthInvalid, None))),
+            (
+                vec![basic(&format!("r1:{SECRET}x"))],
+                Err((DenyReason::AuthInvalid, Some("r1"))),
+            ),
+            (
+                vec![basic(&format!("nope:{SECRET}"))],
+                Err((DenyReason::AuthInvalid, None)),
+            ),
+            (
+                vec![basic(&format!("r1{SECRET}"))],
+                Err((DenyReason::AuthInvalid, None)),
+            ),
             (vec![format!("Bearer {SECRET}")], Err((DenyReason::AuthInvalid, None))),
             (vec!["Basic".into()], Err((DenyReason::AuthInvalid, None))),
             (vec!["Basic !!!not-base64".into()], Err((DenyReason::AuthInvalid, None))),
