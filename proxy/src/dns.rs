@@ -1,12 +1,19 @@
 //! Resolve once, with hickory-resolver only: never `getaddrinfo`, never the
 //! hosts file, no search domains (names are fully qualified). The addresses
 //! returned are the ones the caller vets and dials; nothing re-resolves.
+//!
+//! The data path resolves through [`Resolve`] and dials through [`Dial`],
+//! held in the shared state: [`Dns`] and [`TcpDial`] in the proxy, fakes in
+//! unit tests (so deadlines and cut-offs are tested with paused time).
 
 use egress_config::DnsConfig;
+use futures_util::future::BoxFuture;
 use hickory_resolver::config::{ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
-use std::net::IpAddr;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use tokio::net::TcpStream;
 
 /// Why a lookup gave no addresses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,7 +69,7 @@ impl Dns {
     }
 
     /// Resolves a canonical name (A and AAAA) once.
-    pub async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, DnsError> {
+    async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, DnsError> {
         let mut fqdn = String::with_capacity(name.len() + 1);
         fqdn.push_str(name);
         fqdn.push('.');
@@ -78,5 +85,34 @@ impl Dns {
             Err(e) if e.is_nx_domain() || e.is_no_records_found() => Err(DnsError::NotFound),
             Err(e) => Err(DnsError::Failed(e.to_string())),
         }
+    }
+}
+
+/// How the data path resolves a canonical name (A and AAAA, once).
+pub trait Resolve: Send + Sync + 'static {
+    fn resolve<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, DnsError>>;
+}
+
+impl Resolve for Dns {
+    fn resolve<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, DnsError>> {
+        Box::pin(self.lookup(name))
+    }
+}
+
+/// How the data path opens a TCP connection to one vetted address.
+pub trait Dial: Send + Sync + 'static {
+    fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<TcpStream>>;
+}
+
+/// Dials with the operating system, without delay on small writes.
+pub struct TcpDial;
+
+impl Dial for TcpDial {
+    fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<TcpStream>> {
+        Box::pin(async move {
+            let s = TcpStream::connect(addr).await?;
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        })
     }
 }

@@ -3,26 +3,19 @@
 //! the sweeper (run expiry, owners' leases, host addresses), and stops them
 //! in order on shutdown (drain, cut, end runs, close the control listener).
 
-use crate::addrs::read_host_addrs;
 use crate::addrs::SelfAddrs;
-use crate::admission::Admission;
-use crate::dns::Dns;
+use crate::dns::{Dns, TcpDial};
 use crate::facts::{FactSink, MemorySink};
 use crate::metrics::Metrics;
-use crate::runs::owners::Owners;
-use crate::runs::{EndReason, Runs};
-use crate::state::Shared;
-use arc_swap::ArcSwap;
+use crate::runs::EndReason;
+use crate::state::{Parts, Shared};
 use egress_config::Config;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// How to start a proxy.
 pub struct Options {
@@ -160,51 +153,20 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         Some(t) => Some(crate::tls::acceptor(t)?),
         None => None,
     };
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let evicted = |listener| {
-        metrics
-            .conns_refused
-            .get_or_create(&crate::metrics::ListenerReason {
-                listener,
-                reason: "evicted",
-            })
-            .clone()
-    };
-    let data_admission = Admission::new(pc.max_pending_connections, pc.max_connections, evicted("data"));
-    let control_admission = Admission::new(
-        pc.max_pending_connections,
-        pc.max_control_connections,
-        evicted("control"),
+    let shared = Shared::new(
+        &cfg,
+        Parts {
+            facts,
+            metrics,
+            resolver: Arc::new(dns),
+            dialer: Arc::new(TcpDial),
+            me: SelfAddrs(vec![proxy_addr, control_addr]),
+            proxy_authority: advertised(proxy_addr),
+            control_token: token.clone(),
+            config_path: opts.config_path,
+            tls,
+        },
     );
-    let shared = Arc::new(Shared {
-        instance: uuid::Uuid::new_v4().to_string(),
-        runs: Runs::new(pc.max_runs, pc.max_run),
-        owners: Owners::default(),
-        policy: ArcSwap::new(cfg.policy.clone()),
-        facts,
-        dns,
-        me: SelfAddrs(vec![proxy_addr, control_addr]),
-        host_addrs: ArcSwap::from_pointee(read_host_addrs()),
-        cfg: pc.clone(),
-        metrics,
-        tool_metrics: papaya::HashMap::new(),
-        shutdown: CancellationToken::new(),
-        control_stop: CancellationToken::new(),
-        hard_stop: CancellationToken::new(),
-        tasks: TaskTracker::new(),
-        proxy_authority: advertised(proxy_addr),
-        control_token: token.clone(),
-        config_path: opts.config_path,
-        tls,
-        proxy_scheme: scheme,
-        data_admission,
-        control_admission,
-        event_streams: Arc::new(Semaphore::new(pc.max_event_streams)),
-    });
-    for tool in cfg.policy.tools.keys() {
-        shared.tool_metrics(Some(tool));
-    }
-    shared.tool_metrics(None);
     shared.restore_runs();
     shared.metrics.set_config(None, &cfg.policy.digest);
     let mut tasks = JoinSet::new();

@@ -6,13 +6,13 @@
 use crate::addrs::{read_host_addrs, HostAddrs, SelfAddrs};
 use crate::admission::Admission;
 use crate::deny::FetchError;
-use crate::dns::Dns;
+use crate::dns::{Dial, Resolve};
 use crate::facts::FactSink;
 use crate::metrics::{ListenerReason, Metrics, ToolMetrics, ToolReason, ToolWhy};
 use crate::runs::owners::{Owners, RESTART_GRACE};
 use crate::runs::{EndReason, Gauged, Run, RunError, RunWrite, Runs};
 use arc_swap::ArcSwap;
-use egress_config::{Policy, ProxyConfig};
+use egress_config::{Config, Policy, ProxyConfig};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,13 +30,15 @@ pub struct Shared {
     pub owners: Owners,
     pub policy: ArcSwap<Policy>,
     pub facts: Arc<dyn FactSink>,
-    pub dns: Dns,
+    /// How fetches resolve names and dial vetted addresses.
+    pub resolver: Arc<dyn Resolve>,
+    pub dialer: Arc<dyn Dial>,
     pub me: SelfAddrs,
     /// This host's interface addresses, refreshed on reload and by the sweeper.
     pub host_addrs: ArcSwap<HostAddrs>,
     pub cfg: ProxyConfig,
     pub metrics: Metrics,
-    pub(crate) tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
+    tool_metrics: papaya::HashMap<Arc<str>, Arc<ToolMetrics>>,
     /// Stop accepting data connections; they finish their in-flight request,
     /// and `/readyz` answers 503 from now on.
     pub shutdown: CancellationToken,
@@ -62,7 +64,71 @@ pub struct Shared {
     pub event_streams: Arc<Semaphore>,
 }
 
+/// What [`Shared::new`] needs besides the config.
+pub(crate) struct Parts {
+    pub facts: Arc<dyn FactSink>,
+    pub metrics: Metrics,
+    pub resolver: Arc<dyn Resolve>,
+    pub dialer: Arc<dyn Dial>,
+    pub me: SelfAddrs,
+    pub proxy_authority: String,
+    pub control_token: String,
+    pub config_path: Option<PathBuf>,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
 impl Shared {
+    /// The state of a proxy with `cfg`, every tool's metrics created at 0.
+    pub(crate) fn new(cfg: &Config, p: Parts) -> Arc<Shared> {
+        let pc = &cfg.proxy;
+        let evicted = |listener| {
+            p.metrics
+                .conns_refused
+                .get_or_create(&ListenerReason {
+                    listener,
+                    reason: "evicted",
+                })
+                .clone()
+        };
+        let data_admission = Admission::new(pc.max_pending_connections, pc.max_connections, evicted("data"));
+        let control_admission = Admission::new(
+            pc.max_pending_connections,
+            pc.max_control_connections,
+            evicted("control"),
+        );
+        let shared = Arc::new(Shared {
+            instance: uuid::Uuid::new_v4().to_string(),
+            runs: Runs::new(pc.max_runs, pc.max_run),
+            owners: Owners::default(),
+            policy: ArcSwap::new(cfg.policy.clone()),
+            facts: p.facts,
+            resolver: p.resolver,
+            dialer: p.dialer,
+            me: p.me,
+            host_addrs: ArcSwap::from_pointee(read_host_addrs()),
+            cfg: pc.clone(),
+            metrics: p.metrics,
+            tool_metrics: papaya::HashMap::new(),
+            shutdown: CancellationToken::new(),
+            control_stop: CancellationToken::new(),
+            hard_stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            proxy_authority: p.proxy_authority,
+            control_token: p.control_token,
+            config_path: p.config_path,
+            proxy_scheme: if p.tls.is_some() { "https" } else { "http" },
+            tls: p.tls,
+            data_admission,
+            control_admission,
+            event_streams: Arc::new(Semaphore::new(pc.max_event_streams)),
+        });
+        for tool in cfg.policy.tools.keys() {
+            shared.tool_metrics(Some(tool));
+        }
+        shared.tool_metrics(None);
+        shared
+    }
+
     /// Per-tool metric handles: one lock-free lookup on the data path. A tool
     /// gets its own handles once it is in the policy (so the label set stays
     /// bounded by the config); anything else shares `_unknown`.

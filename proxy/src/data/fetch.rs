@@ -25,8 +25,9 @@ use crate::data::policy::{self, Admission, Denial};
 use crate::data::respond::{self, fact_target, raw_target};
 use crate::data::target::{self, Kind, Target, TargetError};
 use crate::data::tunnel;
-use crate::data::upstream::{self, Upstream};
+use crate::data::upstream::Upstream;
 use crate::deny::{DenyReason, FetchError, Phase};
+use crate::dns::DnsError;
 use crate::facts::{NewFact, Recorded};
 use crate::metrics::{Decision, KindLabel, Outcome, ReasonLabel, ToolMetrics};
 use crate::runs::slots::{self, Slot, SlotError};
@@ -79,7 +80,7 @@ pub async fn handle(
     mut req: Request<Incoming>,
     conn: Arc<admission::Conn>,
 ) -> Result<Answer, Infallible> {
-    let started = StdInstant::now();
+    let started = Instant::now();
     let kind = if req.method() == Method::CONNECT {
         Kind::Connect
     } else {
@@ -114,7 +115,7 @@ async fn refuse_credential(
     policy: &Policy,
     f: AuthFailure,
     kind: Kind,
-    started: StdInstant,
+    started: Instant,
     uri: &http::Uri,
 ) -> Answer {
     sh.metrics
@@ -167,7 +168,7 @@ struct Fetch<'a> {
     run: Option<&'a Run>,
     tm: &'a Arc<ToolMetrics>,
     kind: Kind,
-    started: StdInstant,
+    started: Instant,
     /// The [`Phase`] of the step in progress (index into `Phase::ALL`).
     phase: AtomicU8,
     /// Whether report mode let a denial through.
@@ -181,7 +182,7 @@ impl<'a> Fetch<'a> {
         run: Option<&'a Run>,
         tm: &'a Arc<ToolMetrics>,
         kind: Kind,
-        started: StdInstant,
+        started: Instant,
     ) -> Self {
         Fetch {
             sh,
@@ -199,7 +200,7 @@ impl<'a> Fetch<'a> {
     async fn decide(&self, run: &Arc<Run>, req: &mut Request<Incoming>) -> Result<Prepared, Answer> {
         let tool = self.check_run(run, req.uri()).await?;
         // The fetch deadline opens now that the head is authenticated.
-        let deadline = Instant::from_std(self.started) + tool.fetch_timeout;
+        let deadline = self.started + tool.fetch_timeout;
         let target = self.canonical_target(req).await?;
         let private = self.admit(&tool, &target, req.method()).await?;
         let finish = Finish::new(
@@ -416,12 +417,12 @@ impl<'a> Fetch<'a> {
 
     async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, Halt> {
         let t0 = StdInstant::now();
-        let r = self.sh.dns.resolve(name).await;
+        let r = self.sh.resolver.resolve(name).await;
         self.sh.metrics.dns_duration.observe(t0.elapsed().as_secs_f64());
         let (e, detail) = match r {
             Ok(ips) => return Ok(ips),
-            Err(crate::dns::DnsError::NotFound) => (FetchError::DnsNotFound, format!("{name} has no address records")),
-            Err(crate::dns::DnsError::Failed(e)) => (FetchError::DnsFailed, format!("lookup of {name} failed: {e}")),
+            Err(DnsError::NotFound) => (FetchError::DnsNotFound, format!("{name} has no address records")),
+            Err(DnsError::Failed(e)) => (FetchError::DnsFailed, format!("lookup of {name} failed: {e}")),
         };
         let kind = if e == FetchError::DnsNotFound {
             "not_found"
@@ -447,7 +448,7 @@ impl<'a> Fetch<'a> {
         for ip in dial {
             let addr = SocketAddr::new(ip, target.port);
             let t0 = StdInstant::now();
-            match upstream::connect(addr).await {
+            match self.sh.dialer.dial(addr).await {
                 Ok(s) if self.sh.is_self_connection(&s) => {
                     drop(s);
                     let detail = format!("{target} ({addr}) is the proxy's own listener");
@@ -597,3 +598,7 @@ impl<'a> Fetch<'a> {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "fetch_tests.rs"]
+mod tests;

@@ -10,7 +10,7 @@ use crate::metrics::{Outcome, ToolMetrics};
 use crate::runs::Run;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use tokio::time::Instant;
 
 pub struct Finish {
     pub tm: Arc<ToolMetrics>,

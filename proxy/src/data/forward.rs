@@ -129,7 +129,7 @@ pub async fn forward(
                 };
                 let addr = conn.addr;
                 drop(conn);
-                let s = upstream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+                let s = sh.dialer.dial(addr).await.map_err(|e| format!("{addr}: {e}"))?;
                 let mut fresh = upstream::handshake(s, addr, run.cancel.clone(), sh.hard_stop.clone())
                     .await
                     .map_err(|e| e.to_string())?;

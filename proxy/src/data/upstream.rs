@@ -45,10 +45,3 @@ pub enum Upstream {
     /// An idle connection of the same run to an address in this fetch's vetted set.
     Pooled(Conn),
 }
-
-/// Opens a TCP connection to one vetted address (no delay on small writes).
-pub async fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
-    let s = TcpStream::connect(addr).await?;
-    let _ = s.set_nodelay(true);
-    Ok(s)
-}
