@@ -140,6 +140,10 @@ mod tests {
         h
     }
 
+    /// The run a credential authenticates as, or the reason and the run a
+    /// failure is attributed to.
+    type Want = Result<&'static str, (DenyReason, Option<&'static str>)>;
+
     /// Every shape of `Proxy-Authorization`: the outcome, and which run a
     /// failure is attributed to.
     #[test]
@@ -147,7 +151,7 @@ mod tests {
         let runs = registry();
         let good = basic(&format!("r1:{SECRET}"));
         let long = format!("Basic {}", "A".repeat(600));
-        let cases: Vec<(Vec<String>, Result<&str, (DenyReason, Option<&str>)>)> = vec![
+        let cases: Vec<(Vec<String>, Want)> = vec![
             (vec![], Err((DenyReason::AuthMissing, None))),
             (vec![good.clone()], Ok("r1")),
             (vec![good.replacen("Basic", "bAsIc", 1)], Ok("r1")),
