@@ -4,8 +4,10 @@
 //! digest). Pure: no I/O beyond reading the file, no async runtime.
 
 pub mod allowlist;
+pub mod executor;
 pub mod host;
 pub mod ranges;
+mod reader;
 mod schema;
 
 use std::collections::BTreeMap;
@@ -16,9 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use allowlist::{Allowlist, Match, Rule, RuleError};
+pub use executor::{ExecutorConfig, Isolation, ProcessConfig, Protocol};
 pub use host::{parse_authority, parse_host, Host, HostError};
 pub use ipnet::IpNet;
 pub use ranges::{RangeTable, RangeVerdict};
+pub use schema::{DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_CONCURRENT_FETCHES, DEFAULT_MAX_QUEUED_FETCHES};
 
 /// The configuration used when no file is given: loopback listeners, no tools,
 /// so every fetch is denied.
@@ -37,24 +41,35 @@ pub struct Problem {
     pub message: String,
 }
 
-/// Every problem found while loading one file.
+/// Every problem found while loading one file: unknown keys, values of the
+/// wrong type and invalid values alike (only a syntax error stops the
+/// reading, so it comes alone).
 #[derive(Debug, Clone, thiserror::Error)]
 pub struct ConfigError {
     pub file: String,
     pub problems: Vec<Problem>,
 }
 
+impl ConfigError {
+    /// One line per problem: `file: key.path: message`.
+    pub fn lines(&self) -> impl Iterator<Item = String> + '_ {
+        self.problems.iter().map(|p| {
+            if p.path.is_empty() {
+                format!("{}: {}", self.file, p.message)
+            } else {
+                format!("{}: {}: {}", self.file, p.path, p.message)
+            }
+        })
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.problems.iter().enumerate() {
+        for (i, line) in self.lines().enumerate() {
             if i > 0 {
                 writeln!(f)?;
             }
-            if p.path.is_empty() {
-                write!(f, "{}: {}", self.file, p.message)?;
-            } else {
-                write!(f, "{}: {}: {}", self.file, p.path, p.message)?;
-            }
+            f.write_str(&line)?;
         }
         Ok(())
     }
@@ -90,12 +105,13 @@ pub struct ToolPolicy {
     /// Upper-case HTTP methods allowed for plain-HTTP fetches (`None` = any;
     /// `CONNECT` must be listed to allow tunnels when set).
     pub methods: Option<Vec<String>>,
-    /// The `[tools.<id>.process]` table, validated by the executor.
-    pub process: Option<toml::Table>,
+    /// `[tools.<id>.process]`: how the executor runs the tool (`None`: the
+    /// executor does not serve it).
+    pub process: Option<ProcessConfig>,
 }
 
 /// DNS settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DnsConfig {
     /// Name servers; empty = the system resolver configuration (resolv.conf).
     pub servers: Vec<SocketAddr>,
@@ -103,7 +119,7 @@ pub struct DnsConfig {
 }
 
 /// The `[proxy]` section, validated.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
     pub listen: SocketAddr,
     pub control: SocketAddr,
@@ -138,8 +154,39 @@ pub struct ProxyConfig {
     pub tls: Option<TlsConfig>,
 }
 
+/// The defaults of every `[proxy]` key.
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
+            control: SocketAddr::from(([127, 0, 0, 1], 3129)),
+            facts: PathBuf::from("var/egress-facts.db"),
+            handoff: None,
+            max_run: Duration::from_secs(3600),
+            max_runs: 10_000,
+            dns: DnsConfig {
+                servers: vec![],
+                timeout: Duration::from_secs(2),
+            },
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 32 * 1024,
+            tunnel_idle_timeout: Duration::from_secs(120),
+            max_connections: 4096,
+            max_pending_connections: 256,
+            pending_head_timeout: Duration::from_secs(3),
+            max_connections_per_run: 64,
+            max_control_connections: 256,
+            max_event_streams: 32,
+            facts_max_bytes: 1024 * 1024 * 1024,
+            facts_retention: Duration::from_secs(720 * 3600),
+            drain_timeout: Duration::from_secs(10),
+            tls: None,
+        }
+    }
+}
+
 /// Certificate and key for TLS on both listeners.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsConfig {
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -168,42 +215,34 @@ pub struct Config {
     pub source: String,
     pub proxy: ProxyConfig,
     pub policy: Arc<Policy>,
-    /// The `[executor]` table, validated by the executor.
-    pub executor: Option<toml::Table>,
+    pub executor: ExecutorConfig,
 }
 
 impl Config {
-    /// Reads and validates a file.
+    /// Reads and validates a file; relative paths in it are relative to the
+    /// file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            problems: vec![Problem {
-                path: String::new(),
-                message: format!("cannot read file: {e}"),
-            }],
-        })?;
-        let mut cfg = Config::parse(&text, &file)?;
-        // Relative paths in the file are relative to the file's directory.
-        if let Some(dir) = path.parent() {
-            if cfg.proxy.facts.is_relative() && !dir.as_os_str().is_empty() {
-                cfg.proxy.facts = dir.join(&cfg.proxy.facts);
-            }
-            if let Some(h) = cfg.proxy.handoff.as_mut() {
-                if h.is_relative() && !dir.as_os_str().is_empty() {
-                    *h = dir.join(&*h);
-                }
-            }
-            if let Some(tls) = cfg.proxy.tls.as_mut() {
-                if tls.cert.is_relative() && !dir.as_os_str().is_empty() {
-                    tls.cert = dir.join(&tls.cert);
-                }
-                if tls.key.is_relative() && !dir.as_os_str().is_empty() {
-                    tls.key = dir.join(&tls.key);
-                }
-            }
+        let dir = path.parent().unwrap_or(Path::new(""));
+        Config::load_relative_to(path, dir)
+    }
+
+    /// Reads and validates a file; relative paths in it are resolved against
+    /// `dir` (the executor passes the file's directory made absolute, so a
+    /// child that starts elsewhere still finds them).
+    pub fn load_relative_to(path: &Path, dir: &Path) -> Result<Config, ConfigError> {
+        let (file, config, problems) = read(path, dir);
+        verdict(file, config, problems)
+    }
+
+    /// Reads a file as far as it goes, for a checker that wants to look
+    /// further than the schema (the executor's `check` looks for each tool's
+    /// program and files): see [`Checked`].
+    pub fn check_relative_to(path: &Path, dir: &Path) -> Checked {
+        let (file, config, problems) = read(path, dir);
+        Checked {
+            config,
+            error: (!problems.is_empty()).then_some(ConfigError { file, problems }),
         }
-        Ok(cfg)
     }
 
     /// The embedded default configuration.
@@ -215,21 +254,160 @@ impl Config {
         }
     }
 
-    /// Parses and validates config text; `file` names it in errors.
+    /// Parses and validates config text; `file` names it in errors. Relative
+    /// paths stay as written.
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        schema::parse(text, file)
+        Config::parse_relative_to(text, file, Path::new(""))
     }
+
+    /// Parses and validates config text, resolving relative paths against
+    /// `dir` (a process `cwd` of `.`, the default, becomes `dir` itself).
+    pub fn parse_relative_to(text: &str, file: &str, dir: &Path) -> Result<Config, ConfigError> {
+        let (config, problems) = schema::parse(text, file, dir);
+        verdict(file.to_owned(), config, problems)
+    }
+}
+
+/// The file's name, what could be read of it, and every problem.
+fn read(path: &Path, dir: &Path) -> (String, Option<Config>, Vec<Problem>) {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let (config, problems) = schema::parse(&text, &file, dir);
+            (file, config, problems)
+        }
+        Err(e) => {
+            let unreadable = Problem {
+                path: String::new(),
+                message: format!("cannot read file: {e}"),
+            };
+            (file, None, vec![unreadable])
+        }
+    }
+}
+
+/// A configuration only when it has no problem.
+fn verdict(file: String, config: Option<Config>, problems: Vec<Problem>) -> Result<Config, ConfigError> {
+    match config {
+        Some(config) if problems.is_empty() => Ok(config),
+        _ => Err(ConfigError { file, problems }),
+    }
+}
+
+/// A file read as far as it goes: `config` is `None` only when the file
+/// cannot be read or is not TOML; otherwise an invalid value reads as its
+/// default (and is one of `error`'s problems) and a process section whose
+/// `command` is unusable reads as absent.
+#[derive(Debug)]
+pub struct Checked {
+    pub config: Option<Config>,
+    pub error: Option<ConfigError>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
+    /// Every default of the file, spelled out: changing one is a decision
+    /// this test makes visible (and adding a field makes it fail to compile).
     #[test]
-    fn embedded_default_is_valid_and_denies_everything() {
+    fn the_complete_default_configuration() {
         let c = Config::embedded_default();
-        assert!(c.policy.tools.is_empty());
-        assert_eq!(c.proxy.listen, "127.0.0.1:3128".parse().unwrap());
-        assert_eq!(c.proxy.control, "127.0.0.1:3129".parse().unwrap());
+        assert_eq!(c.source, "<embedded default>");
+        assert_eq!(
+            c.proxy,
+            ProxyConfig {
+                listen: "127.0.0.1:3128".parse().unwrap(),
+                control: "127.0.0.1:3129".parse().unwrap(),
+                facts: PathBuf::from("var/egress-facts.db"),
+                handoff: None,
+                max_run: Duration::from_millis(3_600_000),
+                max_runs: 10_000,
+                dns: DnsConfig {
+                    servers: vec![],
+                    timeout: Duration::from_millis(2000),
+                },
+                header_read_timeout: Duration::from_millis(10_000),
+                max_header_bytes: 32_768,
+                tunnel_idle_timeout: Duration::from_millis(120_000),
+                max_connections: 4096,
+                max_pending_connections: 256,
+                pending_head_timeout: Duration::from_millis(3000),
+                max_connections_per_run: 64,
+                max_control_connections: 256,
+                max_event_streams: 32,
+                facts_max_bytes: 1024 << 20,
+                facts_retention: Duration::from_secs(720 * 3600),
+                drain_timeout: Duration::from_millis(10_000),
+                tls: None,
+            }
+        );
+        assert_eq!(
+            c.executor,
+            ExecutorConfig {
+                listen: "127.0.0.1:3130".parse().unwrap(),
+                scratch_dir: std::env::temp_dir().join("loom-egress"),
+                pid_namespace: true,
+                stdout_cap_bytes: 1 << 20,
+                stderr_cap_bytes: 16 << 10,
+                max_message_bytes: 1 << 20,
+                max_run_bytes: 16 << 20,
+                child_uid: 65534,
+                child_gid: 65534,
+                child_uid_count: 1,
+                cgroup: None,
+                proxy_handoff: None,
+                name: "egress-executor".into(),
+                lease_ms: 15_000,
+            }
+        );
+        assert!(c.policy.tools.is_empty(), "no tools: every fetch is denied");
+        assert!(c.policy.ranges.allow_ranges().is_empty() && c.policy.ranges.deny_ranges().is_empty());
+        // The digest of the empty policy (the canonical text is empty).
+        assert_eq!(
+            c.policy.digest,
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+
+        // The embedded text only restates defaults: an empty file is the same.
+        let empty = Config::parse("", "empty.toml").unwrap();
+        assert_eq!((empty.proxy, empty.executor), (c.proxy, c.executor));
+
+        // A tool that sets nothing but its command.
+        let c = Config::parse("[tools.t.process]\ncommand = [\"x\"]\n", "t.toml").unwrap();
+        let t = c.policy.tool("t").unwrap();
+        assert_eq!(
+            (
+                t.fetch_timeout,
+                t.max_concurrent_fetches,
+                t.max_queued_fetches,
+                t.mode,
+                &t.methods
+            ),
+            (Duration::from_millis(30_000), 8, 64, Mode::Enforce, &None)
+        );
+        assert!(t.allowlist.rules().is_empty());
+        assert_eq!(
+            t.process,
+            Some(ProcessConfig {
+                command: vec!["x".into()],
+                cwd: PathBuf::from("."),
+                env: BTreeMap::new(),
+                path: "/usr/local/bin:/usr/bin:/bin".into(),
+                lang: "C.UTF-8".into(),
+                cold_start_ms: 10_000,
+                timeout_ms: 30_000,
+                warm: 1,
+                max: 8,
+                queue: 64,
+                isolation: Isolation::Strict,
+                protocol: Protocol::Loom,
+                read_paths: vec![],
+                memory_mb: 512,
+                max_pids: 64,
+                cpu_ms: 40_000,
+            })
+        );
     }
 }

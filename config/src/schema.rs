@@ -1,263 +1,124 @@
-//! The file format: serde structs that mirror the TOML (unknown keys are
-//! errors), and the validation pass that turns them into [`Config`], naming
-//! every problem by its key path.
+//! The file format: the walk over the TOML that types every section
+//! (`[proxy]`, `[tools.<id>]`, and through [`crate::executor`] `[executor]`
+//! and `[tools.<id>.process]`), validates it and builds [`Config`], naming
+//! every problem by its key path. Only a syntax error stops the walk early.
 
-use crate::allowlist::{Allowlist, Rule};
+use crate::allowlist::{Allowlist, Rule, RuleError};
+use crate::executor;
 use crate::ranges::RangeTable;
-use crate::{Config, ConfigError, DnsConfig, Mode, Policy, Problem, ProxyConfig, TlsConfig, ToolPolicy};
+use crate::reader::{Problems, Section};
+use crate::{Config, DnsConfig, Mode, Policy, Problem, ProxyConfig, TlsConfig, ToolPolicy};
 use ipnet::IpNet;
-use serde::de::{self, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::fmt::{self, Write as _};
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    #[serde(default)]
-    proxy: RawProxy,
-    #[serde(default)]
-    tools: BTreeMap<String, RawTool>,
-    #[serde(default)]
-    executor: Option<toml::Table>,
-}
+/// Defaults of a `[tools.<id>]` table.
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_CONCURRENT_FETCHES: usize = 8;
+pub const DEFAULT_MAX_QUEUED_FETCHES: usize = 64;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawProxy {
-    listen: String,
-    control: String,
-    facts: PathBuf,
-    allow_ranges: Vec<String>,
-    deny_ranges: Vec<String>,
-    max_run_ms: u64,
-    max_runs: u64,
-    header_read_timeout_ms: u64,
-    max_header_bytes: u64,
-    tunnel_idle_timeout_ms: u64,
-    max_connections: u64,
-    max_pending_connections: u64,
-    pending_head_timeout_ms: u64,
-    max_connections_per_run: u64,
-    max_control_connections: u64,
-    max_event_streams: u64,
-    facts_max_mb: u64,
-    facts_retention_hours: u64,
-    drain_timeout_ms: u64,
-    dns: RawDns,
-    tls: Option<RawTls>,
-    handoff: Option<PathBuf>,
-}
+const MIB: u64 = 1024 * 1024;
+const HOUR: u64 = 3600;
 
-impl Default for RawProxy {
-    fn default() -> Self {
-        RawProxy {
-            listen: "127.0.0.1:3128".into(),
-            control: "127.0.0.1:3129".into(),
-            facts: PathBuf::from("var/egress-facts.db"),
-            allow_ranges: vec![],
-            deny_ranges: vec![],
-            max_run_ms: 3_600_000,
-            max_runs: 10_000,
-            header_read_timeout_ms: 10_000,
-            max_header_bytes: 32 * 1024,
-            tunnel_idle_timeout_ms: 120_000,
-            max_connections: 4096,
-            max_pending_connections: 256,
-            pending_head_timeout_ms: 3_000,
-            max_connections_per_run: 64,
-            max_control_connections: 256,
-            max_event_streams: 32,
-            facts_max_mb: 1024,
-            facts_retention_hours: 720,
-            drain_timeout_ms: 10_000,
-            dns: RawDns::default(),
-            tls: None,
-            handoff: None,
+/// The file as far as it can be read (an invalid value reads as its
+/// default), and every problem; no configuration if it is not TOML.
+pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<Problem>) {
+    let root: toml::Table = match toml::from_str(text) {
+        Ok(t) => t,
+        Err(e) => {
+            let syntax = Problem {
+                path: String::new(),
+                message: one_line(&e.to_string()),
+            };
+            return (None, vec![syntax]);
         }
+    };
+    let mut p = Problems::default();
+    let mut top = Section::new("", Some(toml::Value::Table(root)), &mut p);
+    let (mut proxy, allow, deny) = {
+        let mut s = top.table("proxy");
+        let r = proxy(&mut s);
+        s.finish();
+        r
+    };
+    let tables = top.table("tools").entries();
+    let mut tools = BTreeMap::new();
+    for (id, v) in tables {
+        let mut s = Section::new(format!("tools.{id}"), Some(v), top.problems);
+        let t = tool(&id, &mut s);
+        s.finish();
+        tools.insert(id, t);
     }
-}
+    let mut executor = {
+        let mut s = top.table("executor");
+        let r = executor::executor(&mut s);
+        s.finish();
+        r
+    };
+    top.finish();
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawDns {
-    servers: Vec<String>,
-    timeout_ms: u64,
-}
-
-impl Default for RawDns {
-    fn default() -> Self {
-        RawDns {
-            servers: vec![],
-            timeout_ms: 2000,
+    // Relative paths in the file are relative to `dir`.
+    let rel = |p: &mut PathBuf| {
+        if !dir.as_os_str().is_empty() && p.is_relative() {
+            *p = if p.as_os_str() == "." {
+                dir.to_path_buf()
+            } else {
+                dir.join(&*p)
+            };
         }
+    };
+    rel(&mut proxy.facts);
+    proxy.handoff.iter_mut().for_each(rel);
+    if let Some(tls) = proxy.tls.as_mut() {
+        rel(&mut tls.cert);
+        rel(&mut tls.key);
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTls {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTool {
-    #[serde(default)]
-    egress: Vec<RawRule>,
-    #[serde(default = "default_fetch_timeout")]
-    fetch_timeout_ms: u64,
-    #[serde(default = "default_max_concurrent")]
-    max_concurrent_fetches: u64,
-    #[serde(default = "default_max_queued")]
-    max_queued_fetches: u64,
-    #[serde(default)]
-    mode: RawMode,
-    #[serde(default)]
-    methods: Option<Vec<String>>,
-    #[serde(default)]
-    process: Option<toml::Table>,
-}
-
-fn default_fetch_timeout() -> u64 {
-    30_000
-}
-fn default_max_concurrent() -> u64 {
-    8
-}
-fn default_max_queued() -> u64 {
-    64
-}
-
-#[derive(Deserialize, Default, Clone, Copy)]
-#[serde(rename_all = "lowercase")]
-enum RawMode {
-    #[default]
-    Enforce,
-    Report,
-}
-
-/// An allowlist entry: `"host:port"` or `{ host, port, private }`.
-enum RawRule {
-    Str(String),
-    Table { host: String, port: u64, private: bool },
-}
-
-impl<'de> Deserialize<'de> for RawRule {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawRule;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(r#""host:port" or { host = "...", port = N, private = bool }"#)
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawRule, E> {
-                Ok(RawRule::Str(v.to_owned()))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<RawRule, A::Error> {
-                let (mut host, mut port, mut private) = (None, None, false);
-                while let Some(k) = m.next_key::<String>()? {
-                    match k.as_str() {
-                        "host" => host = Some(m.next_value::<String>()?),
-                        "port" => port = Some(m.next_value::<u64>()?),
-                        "private" => private = m.next_value::<bool>()?,
-                        other => {
-                            return Err(de::Error::unknown_field(other, &["host", "port", "private"]));
-                        }
-                    }
-                }
-                let host = host.ok_or_else(|| de::Error::missing_field("host"))?;
-                let port = port.ok_or_else(|| de::Error::missing_field("port"))?;
-                Ok(RawRule::Table { host, port, private })
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-struct Problems(Vec<Problem>);
-
-impl Problems {
-    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
-    }
-
-    fn addr(&mut self, path: &str, v: &str) -> SocketAddr {
-        match v.parse::<SocketAddr>() {
-            Ok(a) => a,
-            Err(_) => {
-                self.push(
-                    path,
-                    format!("{v:?} is not an ip:port socket address (names are not resolved here)"),
-                );
-                SocketAddr::from(([127, 0, 0, 1], 0))
-            }
+    rel(&mut executor.scratch_dir);
+    executor.cgroup.iter_mut().for_each(rel);
+    executor.proxy_handoff.iter_mut().for_each(rel);
+    for t in tools.values_mut() {
+        if let Some(process) = t.process.as_mut() {
+            rel(&mut process.cwd);
+            process.read_paths.iter_mut().for_each(rel);
         }
     }
 
-    fn range(&mut self, path: &str, lo: u64, hi: u64, v: u64) -> u64 {
-        if v < lo || v > hi {
-            self.push(path, format!("{v} is out of range {lo}..={hi}"));
+    let mut canon = String::new();
+    for (id, t) in &tools {
+        let _ = writeln!(canon, "tool {id} mode={} methods={:?}", t.mode.as_str(), t.methods);
+        let mut sorted: Vec<String> = t.allowlist.rules().iter().map(|r| r.to_string()).collect();
+        sorted.sort();
+        for r in sorted {
+            let _ = writeln!(canon, "  {r}");
         }
-        v.clamp(lo, hi)
     }
-
-    fn nets(&mut self, path: &str, list: &[String]) -> Vec<IpNet> {
-        let mut out = vec![];
-        for (i, s) in list.iter().enumerate() {
-            match s.parse::<IpNet>() {
-                Ok(n) => out.push(n.trunc()),
-                Err(_) => match s.parse::<std::net::IpAddr>() {
-                    Ok(ip) => out.push(IpNet::from(ip)),
-                    Err(_) => self.push(
-                        format!("{path}[{i}]"),
-                        format!("{s:?} is not a CIDR (e.g. \"10.0.0.0/8\")"),
-                    ),
-                },
-            }
-        }
-        out
+    for n in &allow {
+        let _ = writeln!(canon, "allow {n}");
     }
-}
-
-fn valid_tool_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-        && !id.starts_with('_')
-}
-
-pub(crate) fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-    let de = toml::Deserializer::parse(text).map_err(|e| ConfigError {
-        file: file.to_owned(),
-        problems: vec![Problem {
-            path: String::new(),
-            message: one_line(&e.to_string()),
-        }],
-    })?;
-    let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        ConfigError {
-            file: file.to_owned(),
-            problems: vec![Problem {
-                path,
-                message: one_line(&e.into_inner().to_string()),
-            }],
-        }
-    })?;
-    validate(raw, file)
+    for n in &deny {
+        let _ = writeln!(canon, "deny {n}");
+    }
+    let digest = Sha256::digest(canon.as_bytes());
+    let mut hex = String::with_capacity(7 + 64);
+    hex.push_str("sha256:");
+    for b in digest {
+        let _ = write!(hex, "{b:02x}");
+    }
+    let config = Config {
+        source: file.to_owned(),
+        proxy,
+        policy: Arc::new(Policy {
+            tools: tools.into_iter().map(|(id, t)| (id, Arc::new(t))).collect(),
+            ranges: RangeTable::new(allow, deny),
+            digest: hex,
+        }),
+        executor,
+    };
+    (Some(config), p.0)
 }
 
 /// toml errors are multi-line with a source excerpt; keep the message and position.
@@ -278,200 +139,181 @@ fn one_line(s: &str) -> String {
     }
 }
 
-fn validate(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
-    let mut p = Problems(vec![]);
-    let rp = raw.proxy;
-    let listen = p.addr("proxy.listen", &rp.listen);
-    let control = p.addr("proxy.control", &rp.control);
+/// Reads `[proxy]`; also returns its allow and deny ranges.
+fn proxy(s: &mut Section) -> (ProxyConfig, Vec<IpNet>, Vec<IpNet>) {
+    let d = ProxyConfig::default();
+    let listen = s.addr("listen", d.listen);
+    let control = s.addr("control", d.control);
     if listen == control && listen.port() != 0 {
-        p.push("proxy.control", "must differ from proxy.listen");
+        let at = s.at("control");
+        s.problems.push(at, "must differ from proxy.listen");
     }
-    if rp.facts.as_os_str().is_empty() {
-        p.push("proxy.facts", "must be a file path");
+    let facts: PathBuf = s.or("facts", d.facts);
+    if facts.as_os_str().is_empty() {
+        let at = s.at("facts");
+        s.problems.push(at, "must be a file path");
     }
-    let allow = p.nets("proxy.allow_ranges", &rp.allow_ranges);
-    let deny = p.nets("proxy.deny_ranges", &rp.deny_ranges);
-    let max_run_ms = p.range("proxy.max_run_ms", 1000, 7 * 24 * 3_600_000, rp.max_run_ms);
-    let max_runs = p.range("proxy.max_runs", 1, 1_000_000, rp.max_runs);
-    let hrt = p.range("proxy.header_read_timeout_ms", 100, 300_000, rp.header_read_timeout_ms);
-    let mhb = p.range("proxy.max_header_bytes", 1024, 1024 * 1024, rp.max_header_bytes);
-    let idle = p.range(
-        "proxy.tunnel_idle_timeout_ms",
-        100,
-        24 * 3_600_000,
-        rp.tunnel_idle_timeout_ms,
-    );
-    let maxc = p.range("proxy.max_connections", 1, 1_000_000, rp.max_connections);
-    let pending = p.range(
-        "proxy.max_pending_connections",
-        1,
-        1_000_000,
-        rp.max_pending_connections,
-    );
-    let pending_head = p.range(
-        "proxy.pending_head_timeout_ms",
-        100,
-        300_000,
-        rp.pending_head_timeout_ms,
-    );
-    let per_run = p.range(
-        "proxy.max_connections_per_run",
-        1,
-        1_000_000,
-        rp.max_connections_per_run,
-    );
-    let control_conns = p.range(
-        "proxy.max_control_connections",
-        1,
-        1_000_000,
-        rp.max_control_connections,
-    );
-    let streams = p.range("proxy.max_event_streams", 1, 100_000, rp.max_event_streams);
-    let facts_mb = p.range("proxy.facts_max_mb", 1, 16 * 1024 * 1024, rp.facts_max_mb);
-    let retention = p.range(
-        "proxy.facts_retention_hours",
-        1,
-        100 * 365 * 24,
-        rp.facts_retention_hours,
-    );
-    let drain = p.range("proxy.drain_timeout_ms", 0, 3_600_000, rp.drain_timeout_ms);
-    let dns_timeout = p.range("proxy.dns.timeout_ms", 1, 60_000, rp.dns.timeout_ms);
-    let mut servers = vec![];
-    for (i, s) in rp.dns.servers.iter().enumerate() {
-        servers.push(p.addr(&format!("proxy.dns.servers[{i}]"), s));
-    }
-
-    let mut tools = BTreeMap::new();
-    let mut canon = String::new();
-    for (id, t) in raw.tools {
-        let base = format!("tools.{id}");
-        if !valid_tool_id(&id) {
-            p.push(
-                &base,
-                "tool ids are 1-64 characters of a-z, 0-9, '_' and '-' (they become metric labels)",
-            );
+    let allow = nets(s, "allow_ranges");
+    let deny = nets(s, "deny_ranges");
+    let dns = {
+        let mut t = s.table("dns");
+        let mut servers = vec![];
+        for (at, v) in t.list::<String>("servers").unwrap_or_default() {
+            servers.extend(t.problems.addr(&at, &v));
         }
-        let mut rules = vec![];
-        for (i, r) in t.egress.iter().enumerate() {
-            let path = format!("{base}.egress[{i}]");
-            let parsed = match r {
-                RawRule::Str(s) => Rule::parse_str(s),
-                RawRule::Table { host, port, private } => match u16::try_from(*port) {
-                    Ok(port) => Rule::parse(host, port, *private),
-                    Err(_) => Err(crate::RuleError::BadPort),
-                },
-            };
-            match parsed {
-                Ok(rule) => rules.push(rule),
-                Err(e) => p.push(path, e.to_string()),
+        let timeout = t.millis("timeout_ms", 1..=60_000, d.dns.timeout);
+        t.finish();
+        DnsConfig { servers, timeout }
+    };
+    let tls = s.optional_table("tls").map(|mut t| {
+        let cert = t.required("cert", "a PEM certificate chain file");
+        let key = t.required("key", "a PEM private key file");
+        t.finish();
+        TlsConfig {
+            cert: cert.unwrap_or_default(),
+            key: key.unwrap_or_default(),
+        }
+    });
+    let cfg = ProxyConfig {
+        listen,
+        control,
+        facts,
+        handoff: s.get("handoff"),
+        max_run: s.millis("max_run_ms", 1000..=7 * 24 * 3_600_000, d.max_run),
+        max_runs: s.count("max_runs", 1..=1_000_000, d.max_runs),
+        dns,
+        header_read_timeout: s.millis("header_read_timeout_ms", 100..=300_000, d.header_read_timeout),
+        max_header_bytes: s.count("max_header_bytes", 1024..=1024 * 1024, d.max_header_bytes),
+        tunnel_idle_timeout: s.millis("tunnel_idle_timeout_ms", 100..=24 * 3_600_000, d.tunnel_idle_timeout),
+        max_connections: s.count("max_connections", 1..=1_000_000, d.max_connections),
+        max_pending_connections: s.count("max_pending_connections", 1..=1_000_000, d.max_pending_connections),
+        pending_head_timeout: s.millis("pending_head_timeout_ms", 100..=300_000, d.pending_head_timeout),
+        max_connections_per_run: s.count("max_connections_per_run", 1..=1_000_000, d.max_connections_per_run),
+        max_control_connections: s.count("max_control_connections", 1..=1_000_000, d.max_control_connections),
+        max_event_streams: s.count("max_event_streams", 1..=100_000, d.max_event_streams),
+        facts_max_bytes: s.int("facts_max_mb", 1..=16 * 1024 * 1024, d.facts_max_bytes / MIB) * MIB,
+        facts_retention: Duration::from_secs(
+            s.int(
+                "facts_retention_hours",
+                1..=100 * 365 * 24,
+                d.facts_retention.as_secs() / HOUR,
+            ) * HOUR,
+        ),
+        drain_timeout: s.millis("drain_timeout_ms", 0..=3_600_000, d.drain_timeout),
+        tls,
+    };
+    (cfg, allow, deny)
+}
+
+/// A list of CIDRs (or single addresses) under `key`.
+fn nets(s: &mut Section, key: &'static str) -> Vec<IpNet> {
+    let mut out = vec![];
+    for (at, v) in s.list::<String>(key).unwrap_or_default() {
+        match v.parse::<IpNet>() {
+            Ok(n) => out.push(n.trunc()),
+            Err(_) => match v.parse::<std::net::IpAddr>() {
+                Ok(ip) => out.push(IpNet::from(ip)),
+                Err(_) => s
+                    .problems
+                    .push(at, format!("{v:?} is not a CIDR (e.g. \"10.0.0.0/8\")")),
+            },
+        }
+    }
+    out
+}
+
+fn valid_tool_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && !id.starts_with('_')
+}
+
+/// Reads `[tools.<id>]` with its `process` table.
+fn tool(id: &str, s: &mut Section) -> ToolPolicy {
+    if !valid_tool_id(id) {
+        let at = s.path().to_owned();
+        s.problems.push(
+            at,
+            "tool ids are 1-64 characters of a-z, 0-9, '_' and '-' (they become metric labels)",
+        );
+    }
+    let mut rules = vec![];
+    for (at, v) in s.list::<toml::Value>("egress").unwrap_or_default() {
+        if let Some(rule) = egress_rule(at, v, s) {
+            rules.push(rule);
+        }
+    }
+    let methods = s.list::<String>("methods").map(|ms| {
+        ms.into_iter()
+            .filter_map(|(at, m)| {
+                let up = m.to_ascii_uppercase();
+                if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
+                    s.problems.push(at, format!("{m:?} is not an HTTP method"));
+                    None
+                } else {
+                    Some(up)
+                }
+            })
+            .collect()
+    });
+    let process = s.optional_table("process").and_then(|mut t| {
+        let p = executor::process(&mut t);
+        t.finish();
+        p
+    });
+    ToolPolicy {
+        id: Arc::from(id),
+        allowlist: Allowlist::new(rules),
+        fetch_timeout: s.millis("fetch_timeout_ms", 1..=24 * 3_600_000, DEFAULT_FETCH_TIMEOUT),
+        max_concurrent_fetches: s.count("max_concurrent_fetches", 1..=65_536, DEFAULT_MAX_CONCURRENT_FETCHES),
+        max_queued_fetches: s.count("max_queued_fetches", 0..=65_536, DEFAULT_MAX_QUEUED_FETCHES),
+        mode: s.choice(
+            "mode",
+            &[("enforce", Mode::Enforce), ("report", Mode::Report)],
+            Mode::Enforce,
+        ),
+        methods,
+        process,
+    }
+}
+
+/// An allowlist entry: `"host:port"` or `{ host, port, private }`.
+fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<Rule> {
+    let parsed = match v {
+        toml::Value::String(v) => Rule::parse_str(&v),
+        toml::Value::Table(_) => {
+            let mut t = Section::new(at.clone(), Some(v), s.problems);
+            let host: Option<String> = t.required("host", "a host name or address");
+            let port: Option<u64> = t.required("port", "1-65535");
+            let private = t.or("private", false);
+            t.finish();
+            let (host, port) = (host?, port?);
+            match u16::try_from(port) {
+                Ok(port) => Rule::parse(&host, port, private),
+                Err(_) => Err(RuleError::BadPort),
             }
         }
-        let fetch = p.range(
-            &format!("{base}.fetch_timeout_ms"),
-            1,
-            24 * 3_600_000,
-            t.fetch_timeout_ms,
-        );
-        let maxc = p.range(
-            &format!("{base}.max_concurrent_fetches"),
-            1,
-            65_536,
-            t.max_concurrent_fetches,
-        );
-        let maxq = p.range(&format!("{base}.max_queued_fetches"), 0, 65_536, t.max_queued_fetches);
-        let methods = t.methods.map(|ms| {
-            ms.iter()
-                .enumerate()
-                .filter_map(|(i, m)| {
-                    let up = m.to_ascii_uppercase();
-                    if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
-                        p.push(format!("{base}.methods[{i}]"), format!("{m:?} is not an HTTP method"));
-                        None
-                    } else {
-                        Some(up)
-                    }
-                })
-                .collect::<Vec<_>>()
-        });
-        let mode = match t.mode {
-            RawMode::Enforce => Mode::Enforce,
-            RawMode::Report => Mode::Report,
-        };
-        let _ = writeln!(canon, "tool {id} mode={} methods={methods:?}", mode.as_str());
-        let mut sorted: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
-        sorted.sort();
-        for r in sorted {
-            let _ = writeln!(canon, "  {r}");
+        other => {
+            s.problems.push(
+                at,
+                format!(
+                    r#"must be "host:port" or {{ host = "...", port = N, private = bool }}, not {}"#,
+                    other.type_str()
+                ),
+            );
+            return None;
         }
-        let policy = ToolPolicy {
-            id: Arc::from(id.as_str()),
-            allowlist: Allowlist::new(rules),
-            fetch_timeout: Duration::from_millis(fetch),
-            max_concurrent_fetches: maxc as usize,
-            max_queued_fetches: maxq as usize,
-            mode,
-            methods,
-            process: t.process,
-        };
-        tools.insert(id, Arc::new(policy));
+    };
+    match parsed {
+        Ok(rule) => Some(rule),
+        Err(e) => {
+            s.problems.push(at, e.to_string());
+            None
+        }
     }
-    for n in &allow {
-        let _ = writeln!(canon, "allow {n}");
-    }
-    for n in &deny {
-        let _ = writeln!(canon, "deny {n}");
-    }
-
-    let tls = rp.tls.map(|t| TlsConfig {
-        cert: t.cert,
-        key: t.key,
-    });
-    if !p.0.is_empty() {
-        return Err(ConfigError {
-            file: file.to_owned(),
-            problems: p.0,
-        });
-    }
-    let digest = Sha256::digest(canon.as_bytes());
-    let mut hex = String::with_capacity(7 + 64);
-    hex.push_str("sha256:");
-    for b in digest {
-        let _ = write!(hex, "{b:02x}");
-    }
-    Ok(Config {
-        source: file.to_owned(),
-        proxy: ProxyConfig {
-            listen,
-            control,
-            facts: rp.facts,
-            handoff: rp.handoff,
-            max_run: Duration::from_millis(max_run_ms),
-            max_runs: max_runs as usize,
-            dns: DnsConfig {
-                servers,
-                timeout: Duration::from_millis(dns_timeout),
-            },
-            header_read_timeout: Duration::from_millis(hrt),
-            max_header_bytes: mhb as usize,
-            tunnel_idle_timeout: Duration::from_millis(idle),
-            max_connections: maxc as usize,
-            max_pending_connections: pending as usize,
-            pending_head_timeout: Duration::from_millis(pending_head),
-            max_connections_per_run: per_run as usize,
-            max_control_connections: control_conns as usize,
-            max_event_streams: streams as usize,
-            facts_max_bytes: facts_mb * 1024 * 1024,
-            facts_retention: Duration::from_secs(retention * 3600),
-            drain_timeout: Duration::from_millis(drain),
-            tls,
-        },
-        policy: Arc::new(Policy {
-            tools,
-            ranges: RangeTable::new(allow, deny),
-            digest: hex,
-        }),
-        executor: raw.executor,
-    })
 }
 
 #[cfg(test)]
@@ -557,6 +399,49 @@ command = ["python3", "tools/weather.py"]
         ] {
             assert!(e.contains(want), "missing {want:?} in:\n{e}");
         }
+    }
+
+    /// Unknown keys, wrong types and invalid values of every section come
+    /// in one report, in the order of the walk (proxy, tools, executor).
+    #[test]
+    fn every_problem_of_every_section_is_reported_at_once() {
+        let e = errors(
+            r#"
+[proxy]
+listen = "127.0.0.1:3128"
+control = 3129
+max_runs = "many"
+listne = "x"
+[proxy.dns]
+servers = ["127.0.0.1:53", 53]
+[tools.web]
+egress = ["api.example:443", 443, { host = "db.internal", port = 70000 }]
+mode = "audit"
+[tools.web.process]
+command = ["python3", "web.py"]
+pool = { warm = 3, max = 2 }
+isolation = "tight"
+[executor]
+lease_ms = "15s"
+child_uid = 0
+[extra]
+"#,
+        );
+        assert_eq!(
+            e,
+            r#"bad.toml: proxy.control: invalid type: integer `3129`, expected a string
+bad.toml: proxy.dns.servers[1]: invalid type: integer `53`, expected a string
+bad.toml: proxy.max_runs: invalid type: string "many", expected u64
+bad.toml: proxy.listne: unknown key (expected one of: allow_ranges, control, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
+bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool }, not integer
+bad.toml: tools.web.egress[2]: port must be a decimal number in 1..=65535
+bad.toml: tools.web.process.pool.warm: is 3, more than pool.max = 2
+bad.toml: tools.web.process.isolation: "tight" is not one of "strict", "best_effort", "off"
+bad.toml: tools.web.mode: "audit" is not one of "enforce", "report"
+bad.toml: executor.lease_ms: invalid type: string "15s", expected u64
+bad.toml: executor.child_uid: must not be 0 (root)
+bad.toml: extra: unknown key (expected one of: executor, proxy, tools)"#
+        );
     }
 
     #[test]

@@ -32,9 +32,9 @@ pub enum StartError {
 /// How long a warm child may wait for dispatch: its run (created at spawn)
 /// must still have `cold_start_ms + timeout_ms` and a margin left when it is
 /// dispatched, so it is recycled before then.
-pub fn warm_max_idle(max_run_ms: u64, p: &ProcessConfig) -> Duration {
-    let reserve = p.cold_start_ms + p.timeout_ms + 5_000;
-    Duration::from_millis(max_run_ms.saturating_sub(reserve).max(max_run_ms / 2))
+pub fn warm_max_idle(max_run: Duration, p: &ProcessConfig) -> Duration {
+    let reserve = Duration::from_millis(p.cold_start_ms + p.timeout_ms + 5_000);
+    max_run.saturating_sub(reserve).max(max_run / 2)
 }
 
 /// `POST /v1/invocations` body.
@@ -203,7 +203,7 @@ impl Executor {
         let pools = specs
             .into_iter()
             .map(|s| {
-                let max_idle = warm_max_idle(config.max_run_ms, &s.process);
+                let max_idle = warm_max_idle(config.max_run, &s.process);
                 (s.id.clone(), Pool::new(s, shared.clone(), max_idle))
             })
             .collect();

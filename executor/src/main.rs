@@ -132,28 +132,15 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Problems of the file that need no running service: the proxy's schema
-/// (every problem, with key paths), the executor's, and for every tool with a
-/// process section its command (found on its `path`) and the files its
-/// arguments name relative to its `cwd` (a runner and the tool's code).
+/// Problems of the file that need no running service: the whole schema
+/// (every problem, with key paths, from `egress-config`), then for every
+/// tool with a process section its command (found on its `path`) and the
+/// files its arguments name relative to its `cwd` (a runner and the tool's code).
 fn static_problems(file: &std::path::Path) -> Vec<String> {
-    let mut problems = vec![];
-    if let Err(e) = egress_config::Config::load(file) {
-        problems.extend(
-            e.problems
-                .iter()
-                .map(|p| format!("{}: {}: {}", file.display(), p.path, p.message)),
-        );
-        if e.problems.is_empty() {
-            problems.push(e.to_string());
-        }
-    }
-    let config = match Config::load(file) {
-        Ok(c) => c,
-        Err(e) => {
-            problems.push(e.to_string());
-            return problems;
-        }
+    let (config, error) = Config::check(file);
+    let mut problems: Vec<String> = error.iter().flat_map(|e| e.lines()).collect();
+    let Some(config) = config else {
+        return problems;
     };
     for (tool, process) in &config.tools {
         let Some(p) = process else { continue };

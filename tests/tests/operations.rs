@@ -1,6 +1,6 @@
 //! The proxy as an operated daemon, run as a real process where it matters:
 //! durable facts across `kill -9`, SIGTERM drain, SIGHUP and API reload, the
-//! `check` command, the embedded default, TLS on both listeners, exact
+//! `check` command (and the executor's, on the same file), the embedded default, TLS on both listeners, exact
 //! metric deltas, the live fact stream and structured logs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -239,6 +239,54 @@ async fn reload_over_the_api() {
     let r = control_call(p.control, "POST", "/v1/runs", Some(json!({"tool": "new"})), Some(TOKEN)).await;
     assert_eq!(r.status, 201);
     p.shutdown().await;
+}
+
+/// Both binaries' `check` read the one schema: every problem of every
+/// section (the proxy's, the tools', the executor's), each on its own line
+/// with its key path, exit 1; a valid file passes both.
+#[test]
+fn check_validates_the_whole_file_in_both_binaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("egress.toml");
+    let check = |name: &str| {
+        let out = Command::new(bin(name))
+            .args(["check", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    std::fs::write(
+        &cfg,
+        "[proxy]\nmax_runs = \"many\"\n[tools.web]\negress = [\"a.test:443\"]\n[tools.web.process]\ncommand = [\"true\"]\nisolation = \"tight\"\n[executor]\nlisen = \"127.0.0.1:1\"\nchild_uid = 0\n",
+    )
+    .unwrap();
+    let file = cfg.display().to_string();
+    let want = [
+        format!("{file}: proxy.max_runs: invalid type: string \"many\", expected u64"),
+        format!("{file}: tools.web.process.isolation: \"tight\" is not one of \"strict\", \"best_effort\", \"off\""),
+        format!("{file}: executor.child_uid: must not be 0 (root)"),
+        format!("{file}: executor.lisen: unknown key"),
+    ];
+    for name in ["egress-proxy", "egress-executor"] {
+        let (code, text) = check(name);
+        assert_eq!(code, Some(1), "{name}: {text}");
+        for line in &want {
+            assert!(
+                text.lines().any(|l| l.starts_with(line.as_str())),
+                "{name} did not report {line:?}:\n{text}"
+            );
+        }
+    }
+    std::fs::write(
+        &cfg,
+        "[tools.web]\negress = [\"a.test:443\"]\n[tools.web.process]\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    for name in ["egress-proxy", "egress-executor"] {
+        let (code, text) = check(name);
+        assert_eq!(code, Some(0), "{name}: {text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,391 @@
+//! The executor's part of the file: `[executor]` (how the executor serves
+//! and confines) and `[tools.<id>.process]` (how one tool's children start,
+//! pool and are limited), typed with their defaults, and their validation.
+
+use crate::reader::Section;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// `PATH` of a child when its tool sets no `path`.
+pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// `LANG` of a child when its tool sets no `lang`.
+pub const DEFAULT_LANG: &str = "C.UTF-8";
+/// The unprivileged uid and gid of confined children (`nobody`).
+pub const DEFAULT_CHILD_ID: u32 = 65534;
+
+/// Variables the executor sets itself; `env` may not name them.
+pub const RESERVED_ENV: &[&str] = &[
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "NODE_USE_ENV_PROXY",
+    "LOOM_IPC_FDS",
+    "TMPDIR",
+    "PATH",
+    "LANG",
+];
+
+/// `[executor]`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorConfig {
+    pub listen: SocketAddr,
+    /// Parent of the per-run scratch directories.
+    pub scratch_dir: PathBuf,
+    /// Use a PID namespace per child where the host allows it.
+    pub pid_namespace: bool,
+    /// Bytes of stdout kept per child (head), and of stderr (tail).
+    pub stdout_cap_bytes: usize,
+    pub stderr_cap_bytes: usize,
+    /// Largest protocol line, and all protocol bytes of one run.
+    pub max_message_bytes: usize,
+    pub max_run_bytes: usize,
+    /// Unprivileged uid/gid of confined children: `child_uid_count`
+    /// consecutive ids from these, one per child in turn.
+    pub child_uid: u32,
+    pub child_gid: u32,
+    pub child_uid_count: u32,
+    /// A delegated cgroup v2 directory for per-child cgroups (else v1).
+    pub cgroup: Option<PathBuf>,
+    /// Unix socket of the proxy's listener hand-off (unset: relay).
+    pub proxy_handoff: Option<PathBuf>,
+    /// The owner name `serve` creates runs under on the proxy (one per
+    /// executor: a restarted instance ends what its predecessor left).
+    pub name: String,
+    /// The owner lease `serve` holds and renews every third of it: after a
+    /// crash, the proxy ends the executor's runs within this (milliseconds).
+    pub lease_ms: u64,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 3130)),
+            scratch_dir: std::env::temp_dir().join("loom-egress"),
+            pid_namespace: true,
+            stdout_cap_bytes: 1 << 20,
+            stderr_cap_bytes: 16 << 10,
+            max_message_bytes: 1 << 20,
+            max_run_bytes: 16 << 20,
+            child_uid: DEFAULT_CHILD_ID,
+            child_gid: DEFAULT_CHILD_ID,
+            child_uid_count: 1,
+            cgroup: None,
+            proxy_handoff: None,
+            name: "egress-executor".into(),
+            lease_ms: 15_000,
+        }
+    }
+}
+
+/// `isolation` of a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// No confinement layer.
+    Off,
+    /// Every layer the host can provide; one warning per missing layer.
+    BestEffort,
+    /// Every layer, or the pool does not start.
+    Strict,
+}
+
+/// `protocol` of a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Loom,
+    Plain,
+}
+
+/// `[tools.<id>.process]`, validated. Times are in milliseconds, as the keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessConfig {
+    pub command: Vec<String>,
+    /// Working directory; `.` (the default) is the config file's directory.
+    pub cwd: PathBuf,
+    /// Extra environment: literal values (never passed through from the
+    /// executor's own environment).
+    pub env: BTreeMap<String, String>,
+    pub path: String,
+    pub lang: String,
+    pub cold_start_ms: u64,
+    pub timeout_ms: u64,
+    /// `[pool]`: children kept started, at most alive, invocations waiting.
+    pub warm: usize,
+    pub max: usize,
+    pub queue: usize,
+    pub isolation: Isolation,
+    pub protocol: Protocol,
+    /// Extra paths a confined child may read (and execute).
+    pub read_paths: Vec<PathBuf>,
+    /// cgroup memory limit of a confined child (its whole tree).
+    pub memory_mb: u64,
+    /// cgroup process limit of a confined child (its whole tree).
+    pub max_pids: u64,
+    /// CPU time limit (RLIMIT_CPU, rounded up to whole seconds) per process.
+    pub cpu_ms: u64,
+}
+
+impl ProcessConfig {
+    /// A process section that sets only `command`: every other key at its
+    /// default.
+    pub fn new(command: Vec<String>) -> Self {
+        let (cold_start_ms, timeout_ms) = (10_000, 30_000);
+        ProcessConfig {
+            command,
+            cwd: PathBuf::from("."),
+            env: BTreeMap::new(),
+            path: DEFAULT_PATH.into(),
+            lang: DEFAULT_LANG.into(),
+            cold_start_ms,
+            timeout_ms,
+            warm: 1,
+            max: 8,
+            queue: 64,
+            isolation: Isolation::Strict,
+            protocol: Protocol::Loom,
+            read_paths: vec![],
+            memory_mb: 512,
+            max_pids: 64,
+            cpu_ms: cold_start_ms + timeout_ms,
+        }
+    }
+}
+
+impl ProcessConfig {
+    /// The settings of an ad-hoc command (`egress-executor run -- CMD`) in
+    /// `cwd`: plain protocol, no pool, and otherwise what a process section
+    /// that sets only `command` gets (strict isolation included).
+    pub fn ad_hoc(command: Vec<String>, cwd: PathBuf) -> Self {
+        ProcessConfig {
+            cwd,
+            warm: 0,
+            max: 1,
+            queue: 0,
+            protocol: Protocol::Plain,
+            ..ProcessConfig::new(command)
+        }
+    }
+}
+
+/// Reads `[executor]`.
+pub(crate) fn executor(s: &mut Section) -> ExecutorConfig {
+    let d = ExecutorConfig::default();
+    let cfg = ExecutorConfig {
+        listen: s.addr("listen", d.listen),
+        scratch_dir: s.or("scratch_dir", d.scratch_dir),
+        pid_namespace: s.or("pid_namespace", d.pid_namespace),
+        stdout_cap_bytes: s.or("stdout_cap_bytes", d.stdout_cap_bytes),
+        stderr_cap_bytes: s.or("stderr_cap_bytes", d.stderr_cap_bytes),
+        max_message_bytes: s.count("max_message_bytes", 64..=u64::MAX, d.max_message_bytes),
+        max_run_bytes: s.count("max_run_bytes", 64..=u64::MAX, d.max_run_bytes),
+        child_uid: s.or("child_uid", d.child_uid),
+        child_gid: s.or("child_gid", d.child_gid),
+        child_uid_count: s.or("child_uid_count", d.child_uid_count),
+        cgroup: s.get("cgroup"),
+        proxy_handoff: s.get("proxy_handoff"),
+        name: s.or("name", d.name),
+        lease_ms: s.int("lease_ms", 1_000..=600_000, d.lease_ms),
+    };
+    let name_ok = !cfg.name.is_empty()
+        && cfg.name.len() <= 128
+        && cfg
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'));
+    if !name_ok {
+        let at = s.at("name");
+        s.problems.push(at, "must be 1-128 characters of A-Z a-z 0-9 - _ . ~");
+    }
+    for (key, v) in [("child_uid", cfg.child_uid), ("child_gid", cfg.child_gid)] {
+        if v == 0 {
+            let at = s.at(key);
+            s.problems.push(at, "must not be 0 (root)");
+        }
+    }
+    if cfg.child_uid_count == 0 {
+        let at = s.at("child_uid_count");
+        s.problems.push(at, "must be at least 1");
+    }
+    cfg
+}
+
+/// Reads `[tools.<id>.process]`; `None` when `command` is unusable.
+pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
+    let command: Option<Vec<String>> = s.required("command", "an array: program and arguments");
+    let d = ProcessConfig::new(vec![]);
+    let cold_start_ms = s.int("cold_start_ms", 1..=u64::MAX, d.cold_start_ms);
+    let timeout_ms = s.int("timeout_ms", 1..=u64::MAX, d.timeout_ms);
+    let mut env = BTreeMap::new();
+    let mut env_section = s.table("env");
+    for (k, v) in env_section.entries() {
+        let at = env_section.at(&k);
+        let Some(v) = env_section.problems.typed::<String>(&at, v) else {
+            continue;
+        };
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            env_section.problems.push(at, "is not a valid variable");
+        } else if RESERVED_ENV.contains(&k.as_str()) {
+            env_section.problems.push(
+                at,
+                "is set by the executor and cannot be configured here (use `path`/`lang` for PATH/LANG)",
+            );
+        } else {
+            env.insert(k, v);
+        }
+    }
+    env_section.finish();
+    let mut pool = s.table("pool");
+    let warm = pool.or("warm", d.warm);
+    let max = pool.count("max", 1..=u64::MAX, d.max);
+    let queue = pool.or("queue", d.queue);
+    if warm > max {
+        let at = pool.at("warm");
+        pool.problems.push(at, format!("is {warm}, more than pool.max = {max}"));
+    }
+    pool.finish();
+    let p = ProcessConfig {
+        command: vec![],
+        cwd: s.or("cwd", d.cwd),
+        env,
+        path: s.or("path", d.path),
+        lang: s.or("lang", d.lang),
+        cold_start_ms,
+        timeout_ms,
+        warm,
+        max,
+        queue,
+        isolation: s.choice(
+            "isolation",
+            &[
+                ("strict", Isolation::Strict),
+                ("best_effort", Isolation::BestEffort),
+                ("off", Isolation::Off),
+            ],
+            d.isolation,
+        ),
+        protocol: s.choice(
+            "protocol",
+            &[("loom", Protocol::Loom), ("plain", Protocol::Plain)],
+            d.protocol,
+        ),
+        read_paths: s
+            .list("read_paths")
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect(),
+        memory_mb: s.int("memory_mb", 8..=u64::MAX, d.memory_mb),
+        max_pids: s.int("max_pids", 1..=u64::MAX, d.max_pids),
+        cpu_ms: s.int("cpu_ms", 1..=u64::MAX, cold_start_ms.saturating_add(timeout_ms)),
+    };
+    let command = command?;
+    let at = s.at("command");
+    if command.first().is_none_or(|c| c.is_empty()) {
+        s.problems.push(at, "must name a program");
+        return None;
+    }
+    if command.iter().any(|a| a.contains('\0')) {
+        s.problems.push(at, "must not contain NUL bytes");
+        return None;
+    }
+    Some(ProcessConfig { command, ..p })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Isolation, Protocol};
+    use std::path::{Path, PathBuf};
+
+    fn errors(text: &str) -> String {
+        Config::parse(text, "egress.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn unknown_keys_name_their_path() {
+        let e = errors("[executor]\nlisten = \"127.0.0.1:1\"\nlisen = 2\n");
+        assert!(
+            e.starts_with("egress.toml: executor.lisen: unknown key (expected one of: "),
+            "{e}"
+        );
+        let e = errors("[tools.t.process]\ncommand = [\"x\"]\ntimeout = 3\n");
+        assert!(e.contains("tools.t.process.timeout: unknown key"), "{e}");
+        let e = errors("[tools.t.process]\ncommand = [\"x\"]\npool = { warm = 1, maximum = 3 }\n");
+        assert!(e.contains("tools.t.process.pool.maximum: unknown key"), "{e}");
+    }
+
+    /// Each bad value is one problem, at its key path.
+    #[test]
+    fn invalid_values_are_errors() {
+        const P: &str = "tools.t.process";
+        for (section, body, key) in [
+            (P, "command = []", "command"),
+            (P, "command = [\"x\"]\npool = { warm = 9, max = 2 }", "pool.warm"),
+            (P, "command = [\"x\"]\npool = { max = 0 }", "pool.max"),
+            (P, "command = [\"x\"]\nisolation = \"tight\"", "isolation"),
+            (P, "command = [\"x\"]\nprotocol = \"grpc\"", "protocol"),
+            (P, "command = [\"x\"]\nenv = { PATH = \"/bin\" }", "env.PATH"),
+            (P, "command = [\"x\"]\nenv = { \"A=B\" = \"1\" }", "env.A=B"),
+            (P, "command = [\"x\"]\ntimeout_ms = 0", "timeout_ms"),
+            (P, "command = [\"x\"]\ncold_start_ms = 0", "cold_start_ms"),
+            (P, "command = [\"x\"]\nmax_pids = 0", "max_pids"),
+            (P, "command = [\"x\"]\nmemory_mb = 1", "memory_mb"),
+            (P, "command = [\"x\"]\ncpu_ms = 0", "cpu_ms"),
+            (P, "command = \"x\"", "command"),
+            (P, "cwd = \"/\"", "command"),
+            ("executor", "child_uid = 0", "child_uid"),
+            ("executor", "child_gid = 0", "child_gid"),
+            ("executor", "child_uid_count = 0", "child_uid_count"),
+            ("executor", "lease_ms = 10", "lease_ms"),
+            ("executor", "name = \"a b\"", "name"),
+            ("executor", "max_message_bytes = 8", "max_message_bytes"),
+            ("executor", "listen = \"localhost:1\"", "listen"),
+            ("executor", "pid_namespace = \"yes\"", "pid_namespace"),
+        ] {
+            let e = errors(&format!("[{section}]\n{body}\n"));
+            assert!(e.starts_with(&format!("egress.toml: {section}.{key}: ")), "{body}: {e}");
+            assert_eq!(e.lines().count(), 1, "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn isolation_levels_and_limits_parse() {
+        for (v, want) in [
+            ("strict", Isolation::Strict),
+            ("best_effort", Isolation::BestEffort),
+            ("off", Isolation::Off),
+        ] {
+            let c = Config::parse(
+                &format!("[tools.t.process]\ncommand = [\"x\"]\nisolation = \"{v}\"\n"),
+                "f",
+            )
+            .unwrap();
+            assert_eq!(c.policy.tools["t"].process.as_ref().unwrap().isolation, want);
+        }
+        let c = Config::parse_relative_to(
+            "[tools.t.process]\ncommand = [\"x\"]\nprotocol = \"plain\"\nread_paths = [\"data\", \"/srv/x\"]\nmemory_mb = 64\nmax_pids = 9\ncpu_ms = 1500\npool = { warm = 0, max = 2, queue = 0 }\n",
+            "f",
+            Path::new("/etc/loom"),
+        )
+        .unwrap();
+        let p = c.policy.tools["t"].process.clone().unwrap();
+        assert_eq!(p.read_paths, [PathBuf::from("/etc/loom/data"), PathBuf::from("/srv/x")]);
+        assert_eq!(p.cwd, Path::new("/etc/loom"));
+        assert_eq!((p.memory_mb, p.max_pids, p.cpu_ms), (64, 9, 1500));
+        assert_eq!((p.warm, p.max, p.queue, p.protocol), (0, 2, 0, Protocol::Plain));
+    }
+
+    #[test]
+    fn cpu_defaults_to_cold_start_plus_timeout() {
+        let c = Config::parse(
+            "[tools.t.process]\ncommand = [\"x\"]\ncold_start_ms = 1000\ntimeout_ms = 2000\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.policy.tools["t"].process.as_ref().unwrap().cpu_ms, 3000);
+    }
+}
