@@ -18,7 +18,9 @@ pub mod protocol;
 pub mod reaper;
 pub mod relay;
 mod sys;
-pub mod tool;
+
+/// The Rust tool SDK, re-exported under its former path.
+pub use egress_tool as tool;
 
 pub use config::Config;
 pub use error::{ErrorKind, InvocationResult, InvokeError, Phase};

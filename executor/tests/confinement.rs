@@ -36,7 +36,7 @@ type Case = (&'static str, fn() -> TestFuture);
 
 fn main() {
     if std::env::var_os("LOOM_IPC_FDS").is_some() {
-        let r = egress_executor::tool::serve(|| Ok(()), |(), inv, emit| attack(&inv.input, emit));
+        let r = egress_tool::serve(|| Ok(()), |(), inv, emit| attack(&inv.input, emit));
         std::process::exit(i32::from(r.is_err()));
     }
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
