@@ -11,6 +11,7 @@ pub mod control;
 pub mod error;
 pub mod executor;
 pub mod handoff;
+pub mod kill;
 pub mod metrics;
 pub mod pool;
 pub mod process;

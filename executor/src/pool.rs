@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::child::{self, Request, Shared, ToolSpec, Warm};
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
+use crate::kill::KillReason;
 
 /// A ready child as the pool holds it: the way to its task. Once handed to
 /// an invocation it carries the busy count.
@@ -467,7 +468,7 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
             }
             None => {
                 // Every handle is gone: evicted, or the pool closed.
-                warm.discard("evicted").await;
+                warm.discard(KillReason::Evicted).await;
                 return;
             }
         },
@@ -478,11 +479,11 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
     match unusable {
         Some(u) => {
             tracing::warn!(tool = %pool.tool.id, pid = warm.pid(), reason = %u.0, "warm child unusable; replacing it");
-            warm.discard("warm_death").await;
+            warm.discard(KillReason::WarmDeath).await;
             pool.on_warm_gone(id, true);
         }
         None => {
-            warm.discard("recycled").await;
+            warm.discard(KillReason::Recycled).await;
             pool.on_warm_gone(id, false);
         }
     }
