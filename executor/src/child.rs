@@ -28,6 +28,9 @@ use crate::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
 const PIPE_GRACE: Duration = Duration::from_millis(500);
 /// Most emits kept per run (bytes are bounded by `max_run_bytes`).
 const MAX_EMITS: usize = 10_000;
+/// Facts returned with an invocation: one page of `GET /v1/runs/{id}/facts`
+/// at its default limit (the rest stay on the proxy).
+const FACTS_KEPT: usize = 100;
 
 /// What every child shares: the spawner thread, the proxy client, metrics.
 #[derive(Debug)]
@@ -422,7 +425,8 @@ impl Warm {
         }
     }
 
-    /// Kill the tree and reap it, then collect its output: `(stdout head, stderr tail, exit)`.
+    /// Kill the tree and reap it (once this returns, no process of the tree
+    /// is left), then collect its output: `(stdout head, stderr tail, exit)`.
     async fn stop(&mut self, reason: KillReason) -> (String, String, Option<String>) {
         let exit = match self.process.kill_and_reap().await {
             Ok(s) => Some(s.to_string()),
@@ -494,25 +498,17 @@ impl Warm {
         let _ = self.shared.control.end(&self.run.run_id).await;
     }
 
-    /// Run exactly one invocation on this child, then kill it.
-    pub async fn dispatch(mut self, req: Request) -> InvocationResult {
+    /// Run exactly one invocation on this child, then kill it. The answer is
+    /// complete once the tree is dead and the run ended (its facts read with
+    /// the same call); the rest (relay, cgroup, scratch directory) is left to
+    /// [`Teardown::finish`], after the caller has its answer.
+    pub async fn dispatch(mut self, req: Request) -> (InvocationResult, Teardown) {
         let t0 = Instant::now();
         let deadline = tokio::time::Instant::now() + req.timeout;
         let outcome = self.converse(&req, deadline).await;
         let (stdout, stderr_tail, exit) = self.stop(KillReason::after(&outcome)).await;
-        self.tidy().await;
-        let control = &self.shared.control;
         let run_id = self.run.run_id.clone();
-        let ended = control.end(&run_id).await;
-        let (facts, facts_error) = match control.facts(&run_id).await {
-            Ok(f) => (f, None),
-            Err(e) => (Vec::new(), Some(e.to_string())),
-        };
-        let facts_error = match (facts_error, ended) {
-            (Some(e), _) => Some(e),
-            (None, Err(e)) => Some(format!("ending the run: {e}")),
-            (None, Ok(())) => None,
-        };
+        let (facts, facts_error) = self.end_run().await;
         let (output, emits, error) = match outcome {
             Ok((output, emits)) => (Some(output), emits, None),
             Err(mut e) => {
@@ -531,7 +527,7 @@ impl Warm {
                 tool: self.tool.id.clone(),
             })
             .inc_by(emits.len() as u64);
-        InvocationResult {
+        let result = InvocationResult {
             invocation_id: None,
             ok: error.is_none(),
             tool: self.tool.id.clone(),
@@ -544,6 +540,28 @@ impl Warm {
             stdout,
             exit,
             duration_ms: ms(t0.elapsed()),
+        };
+        (result, Teardown(self))
+    }
+
+    /// End the run and read its facts: from the answer to the end itself
+    /// when the proxy includes them, otherwise (an older proxy, or more facts
+    /// than it includes) with a second call.
+    async fn end_run(&self) -> (Vec<Value>, Option<String>) {
+        let control = &self.shared.control;
+        let run_id = &self.run.run_id;
+        let ended = match control.end_with_facts(run_id).await {
+            Ok(Some(mut facts)) => {
+                facts.truncate(FACTS_KEPT);
+                return (facts, None);
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        match (control.facts(run_id).await, ended) {
+            (Err(e), _) => (Vec::new(), Some(e.to_string())),
+            (Ok(f), Err(e)) => (f, Some(format!("ending the run: {e}"))),
+            (Ok(f), Ok(())) => (f, None),
         }
     }
 
@@ -663,6 +681,17 @@ impl Drop for Warm {
                 rt.spawn(c.remove());
             }
         }
+    }
+}
+
+/// A dispatched child whose tree is dead and whose run is ended, with its
+/// relay, cgroup and scratch directory still to remove.
+#[derive(Debug)]
+pub struct Teardown(Warm);
+
+impl Teardown {
+    pub async fn finish(mut self) {
+        self.0.tidy().await;
     }
 }
 

@@ -119,15 +119,19 @@ impl Process {
         }
     }
 
-    /// Kill the tree and reap the leader. With a PID namespace, once this
-    /// returns every process of the tree is gone.
+    /// Kill the tree and reap the leader; once this returns every process
+    /// of the tree is gone. In a PID namespace the kernel guarantees that:
+    /// the init's exit status is only reported after every other process of
+    /// its namespace was killed and reaped. In process-group mode, members of
+    /// the group that outlived the leader are killed, and descendants that
+    /// left the group (re-parented to this subreaper) are swept.
     pub async fn kill_and_reap(&mut self) -> io::Result<ExitInfo> {
         self.kill_tree();
         let s = self.wait().await?;
-        // Members of the group that outlived the leader (process-group mode),
-        // and descendants that left the group and were re-parented to us.
-        let _ = rustix::process::kill_process_group(self.pid, Signal::KILL);
-        self.reaper.sweep();
+        if !self.pid_namespace {
+            let _ = rustix::process::kill_process_group(self.pid, Signal::KILL);
+            self.reaper.sweep();
+        }
         Ok(s)
     }
 }
