@@ -117,13 +117,16 @@ fn quantile_ms(v: &mut [Duration], q: f64) -> f64 {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: dispatch_bench EGRESS_PROXY EGRESS_EXECUTOR RUST_ECHO [N]";
+    let usage = "usage: dispatch_bench EGRESS_PROXY EGRESS_EXECUTOR RUST_ECHO [N [memory]]";
     let bin = |i: usize| {
         let p = PathBuf::from(args.get(i).unwrap_or_else(|| panic!("{usage}")));
         std::fs::canonicalize(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     };
     let (proxy_bin, exec_bin, echo) = (bin(1), bin(2), bin(3));
     let n: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(200);
+    // `memory`: the proxy keeps facts and runs in memory, so its durable
+    // writes (create, end) leave the measurement.
+    let in_memory = args.get(5).is_some_and(|a| a == "memory");
     let runners = Path::new(env!("CARGO_MANIFEST_DIR")).join("runners");
     let dir = std::env::temp_dir().join(format!("loom-dispatch-bench-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("var")).unwrap_or_else(|e| panic!("{e}"));
@@ -131,7 +134,7 @@ async fn main() {
     std::fs::write(dir.join("echo.js"), "exports.run = (input) => input;\n").unwrap_or_else(|e| panic!("{e}"));
 
     println!(
-        "# {} cores, kernel {}, {} processes on the host, N = {n}\n",
+        "# {} cores, kernel {}, {} processes on the host, N = {n}, facts {}\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
@@ -142,8 +145,11 @@ async fn main() {
                 .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
                 .count())
             .unwrap_or(0),
+        if in_memory { "in memory" } else { "in SQLite" },
     );
-    println!("| warm dispatch through the API | isolation | p50 ms | p99 ms | exit of the child |\n|---|---|---|---|---|");
+    println!(
+        "| warm dispatch through the API | isolation | p50 ms | p99 ms | exit of the child |\n|---|---|---|---|---|"
+    );
     for isolation in ["off", "strict"] {
         let (control, listen, data) = (free_port(), free_port(), free_port());
         let handoff = dir.join(format!("var/handoff-{isolation}.sock"));
@@ -175,7 +181,11 @@ egress = []
 command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
 {pool}
 "#,
-            facts = dir.join(format!("var/facts-{isolation}.db")).display(),
+            facts = if in_memory {
+                ":memory:".to_string()
+            } else {
+                dir.join(format!("var/facts-{isolation}.db")).display().to_string()
+            },
             handoff = handoff.display(),
             scratch = dir.join("scratch").display(),
             echo = echo.display(),
@@ -211,7 +221,9 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
                 v.push(t0.elapsed());
                 let r: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
                 assert!(status == 200 && r["ok"] == json!(true), "{status} {answer}");
-                *exits.entry(r["exit"].as_str().unwrap_or("none").to_string()).or_default() += 1;
+                *exits
+                    .entry(r["exit"].as_str().unwrap_or("none").to_string())
+                    .or_default() += 1;
             }
             let exits: Vec<String> = exits.iter().map(|(k, c)| format!("{k} ×{c}")).collect();
             println!(
