@@ -8,5 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 N="${1:-50}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-cargo build --release -p egress-executor --example confine_bench --example rust_echo
+cargo build --release -p egress-executor --example confine_bench -p egress-tool --example rust_echo
 "$CARGO_TARGET_DIR/release/examples/confine_bench" "$CARGO_TARGET_DIR/release/examples/rust_echo" "$N"

@@ -167,7 +167,7 @@ isolation = "off"
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             v.push(t0.elapsed());
-            w.discard("done").await;
+            w.discard(egress_executor::kill::KillReason::Done).await;
         }
         out.push(stats(name, v));
     }

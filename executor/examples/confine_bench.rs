@@ -51,7 +51,7 @@ async fn cold_starts(sh: &Arc<Shared>, cfg: &Config, tool: &str, c: Confinement,
         let t0 = Instant::now();
         let w = child::start(sh, &spec, None).await.unwrap_or_else(|e| panic!("{e}"));
         v.push(t0.elapsed());
-        w.discard("done").await;
+        w.discard(egress_executor::kill::KillReason::Done).await;
     }
     v
 }

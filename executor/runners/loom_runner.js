@@ -20,6 +20,7 @@
  */
 
 const fs = require('fs');
+const net = require('net');
 const path = require('path');
 
 function channel() {
@@ -34,7 +35,10 @@ function channel() {
   let waiting = null;
   let ended = false;
   const lines = [];
-  const stream = fs.createReadStream(null, { fd: rfd, autoClose: true });
+  // A socket handle (epoll), not fs.createReadStream: the latter parks a
+  // blocking read() in a libuv worker thread, and exit then waits for that
+  // thread forever, so the child never exited on its own.
+  const stream = new net.Socket({ fd: rfd, readable: true, writable: false });
   stream.on('data', (chunk) => {
     buf = Buffer.concat([buf, chunk]);
     let i;

@@ -17,6 +17,7 @@ use crate::config::{ExecutorSection, ProcessConfig, Protocol};
 use crate::confine::{CgroupDirs, Confinement, Prepared};
 use crate::control::{ControlClient, RunCreds};
 use crate::error::{ErrorKind, InvocationResult, InvokeError, Phase};
+use crate::kill::KillReason;
 use crate::metrics::Metrics;
 use crate::process::{self, Capture, Launch, Process, Spawner};
 use crate::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
@@ -27,6 +28,9 @@ use crate::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
 const PIPE_GRACE: Duration = Duration::from_millis(500);
 /// Most emits kept per run (bytes are bounded by `max_run_bytes`).
 const MAX_EMITS: usize = 10_000;
+/// Facts returned with an invocation: one page of `GET /v1/runs/{id}/facts`
+/// at its default limit (the rest stay on the proxy).
+const FACTS_KEPT: usize = 100;
 
 /// What every child shares: the spawner thread, the proxy client, metrics.
 #[derive(Debug)]
@@ -100,103 +104,196 @@ fn ms(d: Duration) -> u64 {
 
 /// Start a child for `tool`, bound to a new run (`run_id` if the kernel chose
 /// one). Bounded by `cold_start_ms`: spawn→`booted` is phase `spawn`,
-/// `booted`→`ready` is phase `load`.
+/// `booted`→`ready` is phase `load`. The phases: create the run, make the
+/// scratch directory, prepare confinement, connect the child's proxy
+/// listener (hand-off or relay), launch, wait for `ready`.
 pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&str>) -> Result<Warm, InvokeError> {
     let t0 = Instant::now();
-    let cold = Duration::from_millis(tool.process.cold_start_ms);
-    let deadline = tokio::time::Instant::now() + cold;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(tool.process.cold_start_ms);
     let id = shared.next_id();
-    let m = &shared.metrics;
     // Read before the run is created: a proxy restart after this makes the
     // child stale, never the other way round.
     let generation = shared.control.generation();
-
-    let run = match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id)).await {
-        Ok(Ok(run)) => run,
-        Ok(Err(e)) => return Err(InvokeError::new(ErrorKind::Proxy, e.to_string())),
-        Err(_) => {
-            return Err(InvokeError::startup(
-                Phase::Spawn,
-                format!(
-                    "creating the run did not finish within cold_start_ms = {}",
-                    tool.process.cold_start_ms
-                ),
-            ))
-        }
-    };
-
+    let run = create_run(shared, tool, run_id, deadline).await?;
     let scratch = shared
         .exec
         .scratch_dir
         .join(format!("{}-{}-{}", tool.id, std::process::id(), id));
-    let fail_early = |e: InvokeError| async {
-        let _ = shared.control.end(&run.run_id).await;
-        let _ = tokio::fs::remove_dir_all(&scratch).await;
-        Err(e)
+    let early = Abandon {
+        shared,
+        run: &run,
+        scratch: &scratch,
     };
     if let Err(e) = make_scratch(&scratch) {
-        return fail_early(InvokeError::startup(
-            Phase::Spawn,
-            format!("cannot create scratch directory {}: {e}", scratch.display()),
-        ))
-        .await;
+        return Err(early
+            .fail(format!("cannot create scratch directory {}: {e}", scratch.display()))
+            .await);
     }
-    let p = &tool.process;
-    let program = process::resolve_program(&p.command[0], &p.path, &p.cwd).ok();
-    let files = crate::confine::command_files(&p.command, program.as_deref(), &p.cwd);
-    let proxy = crate::confine::proxy_addr(&run.proxy_url);
-    let prepared = tool
-        .confinement
-        .prepare(&tool.id, &scratch, &files, proxy.map_or(0, |a| a.port()));
-    let prepared = match prepared {
-        Ok(c) => c,
-        Err(e) => {
-            return fail_early(InvokeError::startup(
-                Phase::Spawn,
-                format!("cannot prepare the confinement of `{}`: {e}", tool.id),
-            ))
-            .await
-        }
-    };
     let Prepared {
         child: confine,
         listener,
         cgroup,
-    } = prepared;
-    // Hand-off: the proxy accepts in the namespace itself, bound to this
-    // run. Done while the child starts (connections wait in the listener's
-    // backlog meanwhile; the run is not active before dispatch anyway).
+    } = match prepare(tool, &run, &scratch) {
+        Ok(p) => p,
+        Err(e) => return Err(early.fail(e).await),
+    };
+    let ProxyPath {
+        handoff,
+        relay,
+        child_proxy_url,
+    } = match proxy_path(shared, &run, listener) {
+        Ok(p) => p,
+        Err(e) => return Err(early.fail(e).await),
+    };
+    let launched = match launch(shared, tool, &run, &scratch, &child_proxy_url, confine, handoff).await {
+        Ok(l) => l,
+        Err(e) => {
+            if let Some(c) = cgroup {
+                c.remove().await;
+            }
+            return Err(early.fail(e).await);
+        }
+    };
+    let mut warm = Warm {
+        id,
+        generation,
+        tool: tool.clone(),
+        shared: shared.clone(),
+        run,
+        process: launched.process,
+        ipc: None,
+        stdin: launched.stdin,
+        stdout: Some(launched.stdout),
+        stderr: Some(launched.stderr),
+        scratch,
+        cleaned: false,
+        relay,
+        cgroup,
+        emits: Vec::new(),
+    };
+    let m = &shared.metrics;
+    let Some((ipc_tx, ipc_rx)) = launched.ipc else {
+        // Plain children are ready once spawned.
+        let dt = t0.elapsed().as_secs_f64();
+        m.cold_start(&tool.id, "spawn", dt);
+        m.cold_start(&tool.id, "total", dt);
+        return Ok(warm);
+    };
+    let reader = LineReader::new(ipc_rx, shared.exec.max_message_bytes, shared.exec.max_run_bytes);
+    match warm.wait_ready(reader, t0, deadline).await {
+        Ok(reader) => {
+            warm.ipc = Some((ipc_tx, reader));
+            Ok(warm)
+        }
+        Err(e) => Err(warm.fail_start(e).await),
+    }
+}
+
+/// Phase 1: the child's run on the proxy, created inactive.
+async fn create_run(
+    shared: &Shared,
+    tool: &ToolSpec,
+    run_id: Option<&str>,
+    deadline: tokio::time::Instant,
+) -> Result<RunCreds, InvokeError> {
+    match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id)).await {
+        Ok(Ok(run)) => Ok(run),
+        Ok(Err(e)) => Err(InvokeError::new(ErrorKind::Proxy, e.to_string())),
+        Err(_) => Err(InvokeError::startup(
+            Phase::Spawn,
+            format!(
+                "creating the run did not finish within cold_start_ms = {}",
+                tool.process.cold_start_ms
+            ),
+        )),
+    }
+}
+
+/// Undoes the first phases when a later one fails: ends the run and removes
+/// the scratch directory.
+struct Abandon<'a> {
+    shared: &'a Shared,
+    run: &'a RunCreds,
+    scratch: &'a std::path::Path,
+}
+
+impl Abandon<'_> {
+    async fn fail(self, message: String) -> InvokeError {
+        let _ = self.shared.control.end(&self.run.run_id).await;
+        let _ = tokio::fs::remove_dir_all(self.scratch).await;
+        InvokeError::startup(Phase::Spawn, message)
+    }
+}
+
+/// Phase 3: the confinement the child applies to itself, planned for its
+/// command, scratch directory and proxy port.
+fn prepare(tool: &ToolSpec, run: &RunCreds, scratch: &std::path::Path) -> Result<Prepared, String> {
+    let p = &tool.process;
+    let program = process::resolve_program(&p.command[0], &p.path, &p.cwd).ok();
+    let files = crate::confine::command_files(&p.command, program.as_deref(), &p.cwd);
+    let proxy = crate::confine::proxy_addr(&run.proxy_url);
+    tool.confinement
+        .prepare(&tool.id, scratch, &files, proxy.map_or(0, |a| a.port()))
+        .map_err(|e| format!("cannot prepare the confinement of `{}`: {e}", tool.id))
+}
+
+/// How a child reaches its run's proxy.
+struct ProxyPath {
+    /// The in-namespace listener to hand to the proxy, and the hand-off socket.
+    handoff: Option<(std::net::TcpListener, PathBuf)>,
+    /// Stops the relay of the in-namespace listener when dropped.
+    relay: Option<tokio_util::sync::DropGuard>,
+    /// The proxy URL in the child's environment.
+    child_proxy_url: String,
+}
+
+/// Phase 4: with an in-namespace listener, either hand it to the proxy
+/// (which then accepts in the namespace itself, bound to this run) or relay
+/// it to the proxy's data port; without one, the run's URL as it is.
+fn proxy_path(shared: &Shared, run: &RunCreds, listener: Option<std::net::TcpListener>) -> Result<ProxyPath, String> {
     let (handoff, listener) = match (listener, &shared.exec.proxy_handoff) {
         (Some(l), Some(path)) => (Some((l, path.clone())), None),
         (l, _) => (None, l),
     };
-    let handed_off = handoff.is_some();
     let relay = match listener {
         None => None,
-        Some(l) => match (proxy, crate::relay::Relay::new(l)) {
+        Some(l) => match (crate::confine::proxy_addr(&run.proxy_url), crate::relay::Relay::new(l)) {
             (Some(upstream), Ok(r)) => Some(r.start(upstream)),
             (None, _) => {
-                return fail_early(InvokeError::startup(
-                    Phase::Spawn,
-                    format!("the run's proxy URL names no IP address and port: {}", run.proxy_url),
+                return Err(format!(
+                    "the run's proxy URL names no IP address and port: {}",
+                    run.proxy_url
                 ))
-                .await
             }
-            (_, Err(e)) => {
-                return fail_early(InvokeError::startup(
-                    Phase::Spawn,
-                    format!("cannot serve the in-namespace proxy listener: {e}"),
-                ))
-                .await
-            }
+            (_, Err(e)) => return Err(format!("cannot serve the in-namespace proxy listener: {e}")),
         },
     };
-    let proxy_url = if relay.is_some() || handed_off {
+    let child_proxy_url = if relay.is_some() || handoff.is_some() {
         crate::confine::child_proxy_url(&run.proxy_url)
     } else {
         run.proxy_url.clone()
     };
-    let mut env = process::child_env(&proxy_url, &scratch, &p.path, &p.lang, &p.env);
+    Ok(ProxyPath {
+        handoff,
+        relay,
+        child_proxy_url,
+    })
+}
+
+/// Phase 5: start the process with its scrubbed environment, handing its
+/// listener to the proxy meanwhile (connections wait in the listener's
+/// backlog; the run is not active before dispatch anyway).
+async fn launch(
+    shared: &Shared,
+    tool: &ToolSpec,
+    run: &RunCreds,
+    scratch: &std::path::Path,
+    proxy_url: &str,
+    confine: crate::sys::ChildConfine,
+    handoff: Option<(std::net::TcpListener, PathBuf)>,
+) -> Result<process::Launched, String> {
+    let p = &tool.process;
+    let mut env = process::child_env(proxy_url, scratch, &p.path, &p.lang, &p.env);
     let plain = p.protocol == Protocol::Plain;
     if plain {
         env.retain(|(k, _)| k != protocol::IPC_FDS_VAR);
@@ -224,113 +321,20 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     let (launched, handed) = tokio::join!(launch, handing);
     // The proxy holds the listener now (or the start fails): no copy here.
     drop(handoff);
-    let launched = match (launched, handed) {
+    match (launched, handed) {
         (Ok(mut l), Err(e)) => {
             let _ = l.process.kill_and_reap().await;
-            if let Some(c) = cgroup {
-                c.remove().await;
-            }
-            return fail_early(InvokeError::startup(
-                Phase::Spawn,
-                format!("cannot hand the child's proxy listener to the proxy: {e}"),
-            ))
-            .await;
+            Err(format!("cannot hand the child's proxy listener to the proxy: {e}"))
         }
-        (l, _) => l,
-    };
-    let launched = match launched {
-        Ok(l) => l,
-        Err(e) => {
-            if let Some(c) = cgroup {
-                c.remove().await;
-            }
+        (Ok(l), Ok(())) => Ok(l),
+        (Err(e), _) => {
             let hint = match (e.kind(), tool.confinement.access_hint()) {
                 (std::io::ErrorKind::PermissionDenied, Some(h)) => format!(" ({h})"),
                 _ => String::new(),
             };
-            return fail_early(InvokeError::startup(
-                Phase::Spawn,
-                format!("cannot start `{}`: {e}{hint}", p.command.join(" ")),
-            ))
-            .await;
+            Err(format!("cannot start `{}`: {e}{hint}", p.command.join(" ")))
         }
-    };
-    let mut warm = Warm {
-        id,
-        generation,
-        tool: tool.clone(),
-        shared: shared.clone(),
-        run,
-        process: launched.process,
-        ipc: None,
-        stdin: launched.stdin,
-        stdout: Some(launched.stdout),
-        stderr: Some(launched.stderr),
-        scratch,
-        cleaned: false,
-        relay,
-        cgroup,
-        emits: Vec::new(),
-    };
-    if plain {
-        // Plain children are ready once spawned.
-        let dt = t0.elapsed().as_secs_f64();
-        m.cold_start(&tool.id, "spawn", dt);
-        m.cold_start(&tool.id, "total", dt);
-        return Ok(warm);
     }
-    let Some((ipc_tx, ipc_rx)) = launched.ipc else {
-        return Err(warm
-            .fail_start(InvokeError::startup(Phase::Spawn, "no IPC pipes"))
-            .await);
-    };
-    let mut reader = LineReader::new(ipc_rx, shared.exec.max_message_bytes, shared.exec.max_run_bytes);
-    let mut phase = Phase::Spawn;
-    let mut booted_at = None;
-    let failure: InvokeError = loop {
-        let next = tokio::select! {
-            // Lines written before an exit are read before the exit is seen.
-            biased;
-            r = reader.next() => r,
-            s = warm.process.wait() => {
-                let how = s.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                break InvokeError::startup(phase, format!("the child exited ({how}) before `ready`"));
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                break InvokeError::startup(phase, format!(
-                    "no `{}` within cold_start_ms = {}",
-                    if phase == Phase::Spawn { "booted" } else { "ready" },
-                    p.cold_start_ms
-                ));
-            }
-        };
-        match next {
-            Read::Msg(ChildMsg::Booted) if phase == Phase::Spawn => {
-                phase = Phase::Load;
-                booted_at = Some(Instant::now());
-                m.cold_start(&tool.id, "spawn", t0.elapsed().as_secs_f64());
-            }
-            Read::Msg(ChildMsg::Ready) if phase == Phase::Load => {
-                if let Some(b) = booted_at {
-                    m.cold_start(&tool.id, "load", b.elapsed().as_secs_f64());
-                }
-                m.cold_start(&tool.id, "total", t0.elapsed().as_secs_f64());
-                warm.ipc = Some((ipc_tx, reader));
-                return Ok(warm);
-            }
-            Read::Msg(ChildMsg::Error { message }) => {
-                break InvokeError::startup(phase, format!("the tool failed to start: {message}"))
-            }
-            Read::Msg(other) => {
-                break InvokeError::startup(phase, format!("protocol violation: `{}` before `ready`", other.kind()))
-            }
-            Read::Violation(v) => break InvokeError::startup(phase, format!("protocol violation: {v}")),
-            Read::Eof | Read::Failed(_) => {
-                break InvokeError::startup(phase, "the child closed its IPC pipe (exited?) before `ready`")
-            }
-        }
-    };
-    Err(warm.fail_start(failure).await)
 }
 
 fn make_scratch(dir: &std::path::Path) -> std::io::Result<()> {
@@ -357,7 +361,73 @@ impl Warm {
         self.process.pid()
     }
 
-    async fn cleanup(&mut self, reason: &'static str) -> (String, String, Option<String>) {
+    /// Phase 6 of `start`: read `booted` then `ready` before `deadline`.
+    async fn wait_ready(
+        &mut self,
+        mut reader: LineReader<pipe::Receiver>,
+        t0: Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<LineReader<pipe::Receiver>, InvokeError> {
+        let m = &self.shared.metrics;
+        let tool = &self.tool.id;
+        let mut phase = Phase::Spawn;
+        let mut booted_at = None;
+        loop {
+            let next = tokio::select! {
+                // Lines written before an exit are read before the exit is seen.
+                biased;
+                r = reader.next() => r,
+                s = self.process.wait() => {
+                    let how = s.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                    return Err(InvokeError::startup(phase, format!("the child exited ({how}) before `ready`")));
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(InvokeError::startup(phase, format!(
+                        "no `{}` within cold_start_ms = {}",
+                        if phase == Phase::Spawn { "booted" } else { "ready" },
+                        self.tool.process.cold_start_ms
+                    )));
+                }
+            };
+            match next {
+                Read::Msg(ChildMsg::Booted) if phase == Phase::Spawn => {
+                    phase = Phase::Load;
+                    booted_at = Some(Instant::now());
+                    m.cold_start(tool, "spawn", t0.elapsed().as_secs_f64());
+                }
+                Read::Msg(ChildMsg::Ready) if phase == Phase::Load => {
+                    if let Some(b) = booted_at {
+                        m.cold_start(tool, "load", b.elapsed().as_secs_f64());
+                    }
+                    m.cold_start(tool, "total", t0.elapsed().as_secs_f64());
+                    return Ok(reader);
+                }
+                Read::Msg(ChildMsg::Error { message }) => {
+                    return Err(InvokeError::startup(
+                        phase,
+                        format!("the tool failed to start: {message}"),
+                    ))
+                }
+                Read::Msg(other) => {
+                    return Err(InvokeError::startup(
+                        phase,
+                        format!("protocol violation: `{}` before `ready`", other.kind()),
+                    ))
+                }
+                Read::Violation(v) => return Err(InvokeError::startup(phase, format!("protocol violation: {v}"))),
+                Read::Eof | Read::Failed(_) => {
+                    return Err(InvokeError::startup(
+                        phase,
+                        "the child closed its IPC pipe (exited?) before `ready`",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Kill the tree and reap it (once this returns, no process of the tree
+    /// is left), then collect its output: `(stdout head, stderr tail, exit)`.
+    async fn stop(&mut self, reason: KillReason) -> (String, String, Option<String>) {
         let exit = match self.process.kill_and_reap().await {
             Ok(s) => Some(s.to_string()),
             Err(_) => None,
@@ -373,17 +443,23 @@ impl Warm {
             }
         };
         let (out, err) = tokio::join!(finish(self.stdout.take()), finish(self.stderr.take()));
+        (out.head_text(), err.tail_text(), exit)
+    }
+
+    /// What is left once the tree is dead: stop the relay, remove the
+    /// cgroup and the scratch directory.
+    async fn tidy(&mut self) {
         self.relay = None;
         if let Some(c) = self.cgroup.take() {
             c.remove().await;
         }
         let _ = tokio::fs::remove_dir_all(&self.scratch).await;
         self.cleaned = true;
-        (out.head_text(), err.tail_text(), exit)
     }
 
     async fn fail_start(mut self, mut e: InvokeError) -> InvokeError {
-        let (_, tail, _) = self.cleanup("startup").await;
+        let (_, tail, _) = self.stop(KillReason::Startup).await;
+        self.tidy().await;
         let _ = self.shared.control.end(&self.run.run_id).await;
         e.stderr_tail = tail;
         e
@@ -416,40 +492,23 @@ impl Warm {
     }
 
     /// Kill a child that will not be used; end its run.
-    pub async fn discard(mut self, reason: &'static str) {
-        self.cleanup(reason).await;
+    pub async fn discard(mut self, reason: KillReason) {
+        self.stop(reason).await;
+        self.tidy().await;
         let _ = self.shared.control.end(&self.run.run_id).await;
     }
 
-    /// Run exactly one invocation on this child, then kill it.
-    pub async fn dispatch(mut self, req: Request) -> InvocationResult {
+    /// Run exactly one invocation on this child, then kill it. The answer is
+    /// complete once the tree is dead and the run ended (its facts read with
+    /// the same call); the rest (relay, cgroup, scratch directory) is left to
+    /// [`Teardown::finish`], after the caller has its answer.
+    pub async fn dispatch(mut self, req: Request) -> (InvocationResult, Teardown) {
         let t0 = Instant::now();
         let deadline = tokio::time::Instant::now() + req.timeout;
         let outcome = self.converse(&req, deadline).await;
-        let kill_reason = match &outcome {
-            Ok(_) => "done",
-            Err(e) => match e.kind {
-                ErrorKind::Timeout => "timeout",
-                ErrorKind::Aborted => "abort",
-                ErrorKind::Protocol => "protocol",
-                ErrorKind::Disconnected => "disconnected",
-                ErrorKind::Proxy => "proxy_error",
-                _ => "done",
-            },
-        };
-        let (stdout, stderr_tail, exit) = self.cleanup(kill_reason).await;
-        let control = &self.shared.control;
+        let (stdout, stderr_tail, exit) = self.stop(KillReason::after(&outcome)).await;
         let run_id = self.run.run_id.clone();
-        let ended = control.end(&run_id).await;
-        let (facts, facts_error) = match control.facts(&run_id).await {
-            Ok(f) => (f, None),
-            Err(e) => (Vec::new(), Some(e.to_string())),
-        };
-        let facts_error = match (facts_error, ended) {
-            (Some(e), _) => Some(e),
-            (None, Err(e)) => Some(format!("ending the run: {e}")),
-            (None, Ok(())) => None,
-        };
+        let (facts, facts_error) = self.end_run().await;
         let (output, emits, error) = match outcome {
             Ok((output, emits)) => (Some(output), emits, None),
             Err(mut e) => {
@@ -468,7 +527,7 @@ impl Warm {
                 tool: self.tool.id.clone(),
             })
             .inc_by(emits.len() as u64);
-        InvocationResult {
+        let result = InvocationResult {
             invocation_id: None,
             ok: error.is_none(),
             tool: self.tool.id.clone(),
@@ -481,6 +540,28 @@ impl Warm {
             stdout,
             exit,
             duration_ms: ms(t0.elapsed()),
+        };
+        (result, Teardown(self))
+    }
+
+    /// End the run and read its facts: from the answer to the end itself
+    /// when the proxy includes them, otherwise (an older proxy, or more facts
+    /// than it includes) with a second call.
+    async fn end_run(&self) -> (Vec<Value>, Option<String>) {
+        let control = &self.shared.control;
+        let run_id = &self.run.run_id;
+        let ended = match control.end_with_facts(run_id).await {
+            Ok(Some(mut facts)) => {
+                facts.truncate(FACTS_KEPT);
+                return (facts, None);
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        match (control.facts(run_id).await, ended) {
+            (Err(e), _) => (Vec::new(), Some(e.to_string())),
+            (Ok(f), Err(e)) => (f, Some(format!("ending the run: {e}"))),
+            (Ok(f), Ok(())) => (f, None),
         }
     }
 
@@ -600,6 +681,17 @@ impl Drop for Warm {
                 rt.spawn(c.remove());
             }
         }
+    }
+}
+
+/// A dispatched child whose tree is dead and whose run is ended, with its
+/// relay, cgroup and scratch directory still to remove.
+#[derive(Debug)]
+pub struct Teardown(Warm);
+
+impl Teardown {
+    pub async fn finish(mut self) {
+        self.0.tidy().await;
     }
 }
 

@@ -195,9 +195,21 @@ impl ControlClient {
 
     /// `DELETE /v1/runs/{id}`: revoke the credential, sever its connections.
     pub async fn end(&self, run_id: &str) -> Result<(), ControlError> {
-        self.call("DELETE", &format!("/v1/runs/{}", path_segment(run_id)), None, "end run")
-            .await
-            .map(|_| ())
+        self.end_with_facts(run_id).await.map(|_| ())
+    }
+
+    /// [`end`](Self::end), and the run's facts from its answer when they are
+    /// all there (`None` from a proxy that does not include them, or when
+    /// `facts_truncated`: then read them with [`facts`](Self::facts)).
+    pub async fn end_with_facts(&self, run_id: &str) -> Result<Option<Vec<Value>>, ControlError> {
+        let mut v = self
+            .call("DELETE", &format!("/v1/runs/{}", path_segment(run_id)), None, "end run")
+            .await?;
+        let complete = v.get("facts_truncated").and_then(Value::as_bool) == Some(false);
+        Ok(match v.get_mut("facts").map(Value::take) {
+            Some(Value::Array(facts)) if complete => Some(facts),
+            _ => None,
+        })
     }
 
     /// Check reachability and the token: `GET /v1/runs/{id}` of a run that

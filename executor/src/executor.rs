@@ -640,13 +640,16 @@ impl Executor {
         let t0 = Instant::now();
         let mut result = match child::start(&self.shared, &spec, None).await {
             Ok(warm) => {
-                warm.dispatch(Request {
-                    input,
-                    idempotency_key: None,
-                    timeout: Duration::from_millis(spec.process.timeout_ms),
-                    cancel,
-                })
-                .await
+                let (result, teardown) = warm
+                    .dispatch(Request {
+                        input,
+                        idempotency_key: None,
+                        timeout: Duration::from_millis(spec.process.timeout_ms),
+                        cancel,
+                    })
+                    .await;
+                teardown.finish().await;
+                result
             }
             Err(e) => InvocationResult::failed(tool, e),
         };
@@ -655,7 +658,8 @@ impl Executor {
     }
 
     /// Make this process the subreaper of its children's descendants and
-    /// sweep escapees (see `reaper`) after every kill and twice a second.
+    /// sweep escapees (see `reaper`) after every kill of a process-group
+    /// child and twice a second.
     /// Only for a process whose children all come from this executor.
     pub fn enable_subreaper(&self) -> std::io::Result<()> {
         let reaper = self.shared.spawner.reaper().clone();

@@ -11,6 +11,7 @@ pub mod control;
 pub mod error;
 pub mod executor;
 pub mod handoff;
+pub mod kill;
 pub mod metrics;
 pub mod pool;
 pub mod process;
@@ -18,7 +19,9 @@ pub mod protocol;
 pub mod reaper;
 pub mod relay;
 mod sys;
-pub mod tool;
+
+/// The Rust tool SDK, re-exported under its former path.
+pub use egress_tool as tool;
 
 pub use config::Config;
 pub use error::{ErrorKind, InvocationResult, InvokeError, Phase};

@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets_range, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::kill::KillReason;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ToolLabel {
     pub tool: String,
@@ -127,11 +129,11 @@ impl Metrics {
         out
     }
 
-    pub fn kill(&self, tool: &str, reason: &'static str) {
+    pub fn kill(&self, tool: &str, reason: KillReason) {
         self.kills
             .get_or_create(&ReasonLabels {
                 tool: tool.to_string(),
-                reason,
+                reason: reason.as_str(),
             })
             .inc();
     }
@@ -157,20 +159,6 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Every kill reason (the `reason` label of `executor_kills_total`).
-    pub const KILL_REASONS: [&'static str; 10] = [
-        "done",
-        "timeout",
-        "abort",
-        "protocol",
-        "disconnected",
-        "proxy_error",
-        "startup",
-        "evicted",
-        "warm_death",
-        "recycled",
-    ];
-
     /// Creates every bounded series of `tool` at 0, so dashboards and alerts
     /// see a healthy tool as 0, never as "no data".
     pub fn register_tool(&self, tool: &str) {
@@ -178,8 +166,11 @@ impl Metrics {
         for outcome in std::iter::once("ok").chain(crate::error::ErrorKind::ALL.iter().map(|k| k.as_str())) {
             let _ = self.invocations.get_or_create(&OutcomeLabels { tool: t(), outcome });
         }
-        for reason in Self::KILL_REASONS {
-            let _ = self.kills.get_or_create(&ReasonLabels { tool: t(), reason });
+        for reason in KillReason::ALL {
+            let _ = self.kills.get_or_create(&ReasonLabels {
+                tool: t(),
+                reason: reason.as_str(),
+            });
         }
         self.pool_state(tool, 0, 0, 0);
         let _ = self.emits.get_or_create(&ToolLabel { tool: t() });
@@ -210,7 +201,7 @@ mod tests {
         m.pool_state("echo", 1, 0, 0);
         m.cold_start("echo", "spawn", 0.01);
         m.outcome("echo", "ok", 0.002);
-        m.kill("echo", "timeout");
+        m.kill("echo", KillReason::Timeout);
         let text = m.encode();
         for needle in [
             "executor_pool_ready{tool=\"echo\"} 1",

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::child::{self, Request, Shared, ToolSpec, Warm};
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
+use crate::kill::KillReason;
 
 /// A ready child as the pool holds it: the way to its task. Once handed to
 /// an invocation it carries the busy count.
@@ -87,6 +88,10 @@ pub struct Pool {
     /// Child tasks alive (starting, warm, busy, or being cleaned up).
     live: AtomicUsize,
 }
+
+/// How long the refill behind an invocation that found more than one ready
+/// child waits at most for that invocation's answer.
+const REFILL_DELAY: Duration = Duration::from_millis(50);
 
 /// How many times an invocation moves on to another child when the one it
 /// was handed died before the invoke reached it.
@@ -250,7 +255,15 @@ impl Pool {
             }
             if let Some(mut h) = st.ready.pop_front() {
                 h.busy = Some(self.mark_busy());
-                self.ensure(&mut st);
+                if st.ready.is_empty() {
+                    self.ensure(&mut st);
+                } else {
+                    // Not dry: the refill waits for this invocation's answer
+                    // (its slot's release refills), or REFILL_DELAY, so that
+                    // starting a child does not compete with the dispatch.
+                    self.publish(&st);
+                    self.refill_after(REFILL_DELAY);
+                }
                 return Ok(h);
             }
             let total = st.ready.len() + st.starting + self.busy();
@@ -395,6 +408,11 @@ impl Pool {
         st.failures = st.failures.saturating_add(1);
         let delay = Duration::from_millis(100u64.saturating_mul(1 << st.failures.min(9))).min(Duration::from_secs(30));
         st.backoff_until = Some(Instant::now() + delay);
+        self.refill_after(delay);
+    }
+
+    /// Fill the pool after `delay`.
+    fn refill_after(&self, delay: Duration) {
         if let Some(me) = self.me.upgrade() {
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
@@ -459,15 +477,17 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
     let unusable = tokio::select! {
         d = rx.recv() => match d {
             Some(Dispatch { req, reply, busy }) => {
-                let result = warm.dispatch(req).await;
-                // The child is dead: free its slot, then answer.
-                drop(busy);
+                let (result, teardown) = warm.dispatch(req).await;
+                // The tree is dead and its run ended: answer, then free the
+                // slot (which starts the refill), then tidy up.
                 let _ = reply.send(result);
+                drop(busy);
+                teardown.finish().await;
                 return;
             }
             None => {
                 // Every handle is gone: evicted, or the pool closed.
-                warm.discard("evicted").await;
+                warm.discard(KillReason::Evicted).await;
                 return;
             }
         },
@@ -478,11 +498,11 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
     match unusable {
         Some(u) => {
             tracing::warn!(tool = %pool.tool.id, pid = warm.pid(), reason = %u.0, "warm child unusable; replacing it");
-            warm.discard("warm_death").await;
+            warm.discard(KillReason::WarmDeath).await;
             pool.on_warm_gone(id, true);
         }
         None => {
-            warm.discard("recycled").await;
+            warm.discard(KillReason::Recycled).await;
             pool.on_warm_gone(id, false);
         }
     }

@@ -1,59 +1,12 @@
-//! The child protocol: newline-delimited JSON on fds 3 (child reads) and 4
-//! (child writes). Message types for both directions and a bounded line
-//! reader; the rules (order, caps, what is a violation) are in
+//! The executor's side of the child protocol: a bounded reader of the
+//! child's newline-delimited JSON on fd 4. The message types and the
+//! encoding are shared with tools through `egress_tool::protocol` (one
+//! definition); the rules (order, caps, what is a violation) are in
 //! `docs/protocol.md`.
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// The environment variable announcing the protocol's fds.
-pub const IPC_FDS_VAR: &str = "LOOM_IPC_FDS";
-/// Its value: child reads fd 3, writes fd 4.
-pub const IPC_FDS_VALUE: &str = "3,4";
-
-/// Child → parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
-pub enum ChildMsg {
-    Booted,
-    Ready,
-    Emit { fact: Value },
-    Result { output: Value },
-    Error { message: String },
-}
-
-/// Parent → child.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
-pub enum ParentMsg {
-    Invoke {
-        run_id: String,
-        input: Value,
-        idempotency_key: Option<String>,
-    },
-    Abort,
-}
-
-impl ChildMsg {
-    /// The message's `t`, for error messages.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ChildMsg::Booted => "booted",
-            ChildMsg::Ready => "ready",
-            ChildMsg::Emit { .. } => "emit",
-            ChildMsg::Result { .. } => "result",
-            ChildMsg::Error { .. } => "error",
-        }
-    }
-}
-
-/// One message encoded as a line (with the trailing newline).
-pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
-    let mut v = serde_json::to_vec(msg).unwrap_or_else(|_| b"{}".to_vec());
-    v.push(b'\n');
-    v
-}
+pub use egress_tool::protocol::{encode, ChildMsg, ParentMsg, IPC_FDS_VALUE, IPC_FDS_VAR};
 
 /// What reading the next message produced.
 #[derive(Debug)]
@@ -202,19 +155,5 @@ mod tests {
         let v = read_all(b"{\"t\":\"booted\"}\n{\"t\":", 1024, 1 << 20).await;
         assert_eq!(v[0], "booted");
         assert!(v[1].contains("unterminated"), "{v:?}");
-    }
-
-    #[test]
-    fn encodes_invoke() {
-        let line = encode(&ParentMsg::Invoke {
-            run_id: "r1".into(),
-            input: serde_json::json!({"q": 1}),
-            idempotency_key: None,
-        });
-        assert_eq!(
-            String::from_utf8(line).unwrap(),
-            "{\"t\":\"invoke\",\"run_id\":\"r1\",\"input\":{\"q\":1},\"idempotency_key\":null}\n"
-        );
-        assert_eq!(encode(&ParentMsg::Abort), b"{\"t\":\"abort\"}\n");
     }
 }

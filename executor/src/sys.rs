@@ -624,22 +624,6 @@ pub fn seccomp_available() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
 }
 
-/// Take ownership of a descriptor inherited from the parent (the tool side of
-/// the protocol: fds 3 and 4). Fails if `fd` is not open.
-pub fn adopt_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
-    if fd < 3 {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "refusing to adopt stdio"));
-    }
-    // SAFETY: fcntl(F_GETFD) only inspects the descriptor table.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the descriptor is open (checked above) and, by the protocol's
-    // contract, inherited for this purpose and owned by no other object; the
-    // caller adopts each announced descriptor once.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 /// Register a pidfd with the tokio reactor (readable once the child exits).
 pub fn async_pidfd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: `OwnedFd` owns an open descriptor, keeps it open until the

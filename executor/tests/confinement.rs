@@ -36,7 +36,7 @@ type Case = (&'static str, fn() -> TestFuture);
 
 fn main() {
     if std::env::var_os("LOOM_IPC_FDS").is_some() {
-        let r = egress_executor::tool::serve(|| Ok(()), |(), inv, emit| attack(&inv.input, emit));
+        let r = egress_tool::serve(|| Ok(()), |(), inv, emit| attack(&inv.input, emit));
         std::process::exit(i32::from(r.is_err()));
     }
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -414,13 +414,16 @@ async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egr
         cfg.executor.clone(),
     ));
     let warm = child::start(&shared, &spec, None).await.unwrap();
-    warm.dispatch(Request {
-        input,
-        idempotency_key: None,
-        timeout: Duration::from_millis(spec.process.timeout_ms),
-        cancel: tokio_util::sync::CancellationToken::new(),
-    })
-    .await
+    let (result, teardown) = warm
+        .dispatch(Request {
+            input,
+            idempotency_key: None,
+            timeout: Duration::from_millis(spec.process.timeout_ms),
+            cancel: tokio_util::sync::CancellationToken::new(),
+        })
+        .await;
+    teardown.finish().await;
+    result
 }
 
 type Only = Option<(&'static [Layer], &'static [&'static str], &'static [&'static str])>;
@@ -754,23 +757,30 @@ pool = {{ warm = 0, max = 2 }}
         marked_processes(&marker)
     );
     if strict && only.is_none() {
-        let leftovers: Vec<PathBuf> = ["memory", "pids"]
-            .iter()
-            .flat_map(|c| {
-                std::fs::read_dir(format!("/sys/fs/cgroup/{c}/loom-egress"))
-                    .into_iter()
-                    .flatten()
-            })
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("evil-"))
-            })
-            .filter(|p| p.to_string_lossy().contains(&format!("-{}-", std::process::id())))
-            .collect();
-        assert!(leftovers.is_empty(), "cgroups left: {leftovers:?}");
+        // Removed once the tree is dead (after the answer).
+        let leftovers = || -> Vec<PathBuf> {
+            ["memory", "pids"]
+                .iter()
+                .flat_map(|c| {
+                    std::fs::read_dir(format!("/sys/fs/cgroup/{c}/loom-egress"))
+                        .into_iter()
+                        .flatten()
+                })
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("evil-"))
+                })
+                .filter(|p| p.to_string_lossy().contains(&format!("-{}-", std::process::id())))
+                .collect()
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || leftovers().is_empty()).await,
+            "cgroups left: {:?}",
+            leftovers()
+        );
     }
     exec.shutdown();
     proxy.shutdown().await;

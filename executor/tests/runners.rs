@@ -134,3 +134,48 @@ loom_runner.main(run)
     assert!(res.ok, "{res:?}");
     assert_eq!(res.output.unwrap(), json!({"doubled": 42}));
 }
+
+/// The Node runner ends its process after its one invocation instead of
+/// waiting to be killed (a pending read on fd 3 once kept it alive).
+#[tokio::test]
+async fn node_runner_exits_by_itself_after_its_invocation() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(_) = node() else {
+        eprintln!("skipped: node is not installed (apt-get install nodejs)");
+        return;
+    };
+    let dir = TempDir::new("node-exit");
+    dir.write("echo.js", "exports.run = (input) => input;\n");
+    let runner = runners_dir().join("loom_runner.js");
+    // fd 3 reads what we write to the shell's stdin, fd 4 writes to its stdout.
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("exec node \"$0\" \"$1\" 3<&0 4>&1 </dev/null >&2")
+        .arg(&runner)
+        .arg(dir.path().join("echo.js"))
+        .env("LOOM_IPC_FDS", "3,4")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), r#"{"t":"booted"}"#);
+    assert_eq!(lines.next().unwrap().unwrap(), r#"{"t":"ready"}"#);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"{\"t\":\"invoke\",\"run_id\":\"r1\",\"input\":{\"a\":1},\"idempotency_key\":null}\n")
+        .unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), r#"{"t":"result","output":{"a":1}}"#);
+    // Our end of fd 3 stays open: only the runner itself can end the process.
+    let exited = eventually(std::time::Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    })
+    .await;
+    if !exited {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    drop(stdin);
+    assert!(exited, "the Node runner was still running 10 s after its result");
+    assert!(status.success(), "{status:?}");
+}

@@ -1,4 +1,4 @@
-//! A real Rust tool through the executor, built on `egress_executor::tool`.
+//! A real Rust tool through the executor, built on the `egress_tool` SDK.
 //! This test binary is its own tool: started with `LOOM_IPC_FDS` set it
 //! serves one invocation; otherwise it runs the test, pointing the tool's
 //! command at itself (hence `harness = false`).
@@ -12,7 +12,7 @@ use support::*;
 
 fn main() {
     if std::env::var_os("LOOM_IPC_FDS").is_some() {
-        let r = egress_executor::tool::serve(
+        let r = egress_tool::serve(
             || Ok("loaded"),
             |state, inv, emit| {
                 emit(json!({"state": state})).map_err(|e| e.to_string())?;

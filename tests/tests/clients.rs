@@ -176,7 +176,7 @@ fn examples_run_as_the_readme_says() {
         return;
     };
     let Some(hello) = hello_tool() else {
-        panic!("the example Rust tool is not built: cargo build -p egress-executor --example hello_tool");
+        panic!("the example Rust tool is not built: cargo build -p egress-tool --example hello_tool");
     };
     let root = repo_root();
     let token = "example-test-token-0123456789";

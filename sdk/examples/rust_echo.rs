@@ -1,11 +1,11 @@
-//! A trivial Rust tool built on `egress_executor::tool`: echoes its input,
+//! A trivial Rust tool built on the `egress_tool` SDK: echoes its input,
 //! emitting one fact first. Used by the runner tests and the benchmark
-//! (`cargo build -p egress-executor --example rust_echo`).
+//! (`cargo build -p egress-tool --example rust_echo`).
 
 use serde_json::json;
 
 fn main() -> std::io::Result<()> {
-    egress_executor::tool::serve(
+    egress_tool::serve(
         || Ok("loaded"),
         |state, inv, emit| {
             emit(json!({"state": state})).map_err(|e| e.to_string())?;

@@ -1,5 +1,5 @@
-//! Example Rust tool on `egress_executor::tool`, used by `examples/egress.toml`
-//! (`cargo build -p egress-executor --example hello_tool`). `load` runs before
+//! Example Rust tool on the `egress_tool` SDK, used by `examples/egress.toml`
+//! (`cargo build -p egress-tool --example hello_tool`). `load` runs before
 //! `ready` (no network: the run is not active yet); the handler runs once.
 //! A Rust tool that fetches would send its requests through `HTTP_PROXY`,
 //! the run's proxy URL, like any other tool.
@@ -7,7 +7,7 @@
 use serde_json::json;
 
 fn main() -> std::io::Result<()> {
-    egress_executor::tool::serve(
+    egress_tool::serve(
         || Ok(std::time::Instant::now()),
         |loaded, inv, emit| {
             let name = inv

@@ -1,6 +1,13 @@
-//! Helper for tools written in Rust: speaks the child side of the protocol
-//! (`booted`, `ready`, one `invoke`, `emit`s, `result`/`error`) over the fds
-//! announced in `LOOM_IPC_FDS`. Blocking std I/O only; no tokio needed.
+//! Loom Egress tool SDK: a tool written in Rust speaks the child side of the
+//! executor's protocol with it (`booted`, `ready`, one `invoke`, `emit`s,
+//! `result`/`error`) over the fds announced in `LOOM_IPC_FDS`. Blocking std
+//! I/O, serde_json and libc only: no tokio, no HTTP stack. The message types
+//! in [`protocol`] are the ones the executor reads and writes. The wire is
+//! described in `docs/protocol.md`.
+
+pub mod protocol;
+
+mod fd;
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
@@ -37,8 +44,8 @@ impl Channel {
             .split_once(',')
             .and_then(|(r, w)| Some((r.trim().parse().ok()?, w.trim().parse().ok()?)))
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("bad LOOM_IPC_FDS `{spec}`")))?;
-        let rx = File::from(crate::sys::adopt_inherited_fd(r)?);
-        let tx = File::from(crate::sys::adopt_inherited_fd(w)?);
+        let rx = File::from(fd::adopt_inherited_fd(r)?);
+        let tx = File::from(fd::adopt_inherited_fd(w)?);
         let mut ch = Channel {
             rx: BufReader::new(rx),
             tx,

@@ -1,0 +1,241 @@
+//! Warm dispatch benchmark (not a test; run as root for the default PID
+//! namespaces and strict confinement): N sequential `POST /v1/invocations`
+//! through the executor's HTTP API, each answered by a warm child, for a
+//! trivial Rust tool (`rust_echo`), the Python runner and the Node runner,
+//! unconfined and strict (listener hand-off). The real `egress-proxy` and
+//! `egress-executor` binaries run as separate processes on loopback, as in a
+//! deployment; the client keeps one connection alive. Before each timed call
+//! it waits until the pool is back to its warm target (so every call finds a
+//! ready child; the refill of the previous one may still be running).
+//! Prints p50/p99 per row. Run through `executor/bench/dispatch.sh`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "dispatch-bench-token-0123456789";
+const WARM: usize = 2;
+
+/// A child process killed (and reaped) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SIGTERM first so the executor drains its children.
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+    l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"))
+}
+
+fn start(bin: &Path, config: &Path, log: &Path) -> Proc {
+    let log = std::fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let child = Command::new(bin)
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    Proc(child)
+}
+
+async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
+            let _ = s.set_nodelay(true);
+            let (tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+                .await
+                .unwrap_or_else(|e| panic!("handshake: {e}"));
+            tokio::spawn(conn);
+            return tx;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "nothing listens on {addr}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn call(tx: &mut SendRequest<Full<Bytes>>, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "executor")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.map(|b| b.to_string()).unwrap_or_default())))
+        .unwrap_or_else(|e| panic!("{e}"));
+    tx.ready().await.unwrap_or_else(|e| panic!("connection: {e}"));
+    let res = tx.send_request(req).await.unwrap_or_else(|e| panic!("request: {e}"));
+    let status = res.status().as_u16();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("body: {e}"))
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `executor_pool_ready{tool="…"}` from `/metrics`.
+async fn ready(tx: &mut SendRequest<Full<Bytes>>, tool: &str) -> usize {
+    let (_, text) = call(tx, "GET", "/metrics", None).await;
+    let series = format!("executor_pool_ready{{tool=\"{tool}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as usize)
+}
+
+fn quantile_ms(v: &mut [Duration], q: f64) -> f64 {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * q).round() as usize].as_secs_f64() * 1e3
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: dispatch_bench EGRESS_PROXY EGRESS_EXECUTOR RUST_ECHO [N [memory]]";
+    let bin = |i: usize| {
+        let p = PathBuf::from(args.get(i).unwrap_or_else(|| panic!("{usage}")));
+        std::fs::canonicalize(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let (proxy_bin, exec_bin, echo) = (bin(1), bin(2), bin(3));
+    let n: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(200);
+    // `memory`: the proxy keeps facts and runs in memory, so its durable
+    // writes (create, end) leave the measurement.
+    let in_memory = args.get(5).is_some_and(|a| a == "memory");
+    let runners = Path::new(env!("CARGO_MANIFEST_DIR")).join("runners");
+    let dir = std::env::temp_dir().join(format!("loom-dispatch-bench-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("var")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("echo.py"), "def run(input, ctx):\n    return input\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("echo.js"), "exports.run = (input) => input;\n").unwrap_or_else(|e| panic!("{e}"));
+
+    println!(
+        "# {} cores, kernel {}, {} processes on the host, N = {n}, facts {}\n",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        std::fs::read_dir("/proc")
+            .map(|d| d
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+                .count())
+            .unwrap_or(0),
+        if in_memory { "in memory" } else { "in SQLite" },
+    );
+    println!(
+        "| warm dispatch through the API | isolation | p50 ms | p99 ms | exit of the child |\n|---|---|---|---|---|"
+    );
+    for isolation in ["off", "strict"] {
+        let (control, listen, data) = (free_port(), free_port(), free_port());
+        let handoff = dir.join(format!("var/handoff-{isolation}.sock"));
+        let _ = std::fs::remove_file(&handoff);
+        let pool = format!("pool = {{ warm = {WARM}, max = 4 }}\nisolation = \"{isolation}\"");
+        let text = format!(
+            r#"[proxy]
+listen = "{data}"
+control = "{control}"
+facts = "{facts}"
+handoff = "{handoff}"
+[executor]
+listen = "{listen}"
+scratch_dir = "{scratch}"
+proxy_handoff = "{handoff}"
+[tools.rs]
+egress = []
+[tools.rs.process]
+command = ["{echo}"]
+{pool}
+[tools.py]
+egress = []
+[tools.py.process]
+command = ["python3", "{runners}/loom_runner.py", "{dir}/echo.py"]
+{pool}
+[tools.node]
+egress = []
+[tools.node.process]
+command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
+{pool}
+"#,
+            facts = if in_memory {
+                ":memory:".to_string()
+            } else {
+                dir.join(format!("var/facts-{isolation}.db")).display().to_string()
+            },
+            handoff = handoff.display(),
+            scratch = dir.join("scratch").display(),
+            echo = echo.display(),
+            runners = runners.display(),
+            dir = dir.display(),
+        );
+        let config = dir.join(format!("{isolation}.toml"));
+        std::fs::write(&config, text).unwrap_or_else(|e| panic!("{e}"));
+        let proxy = start(&proxy_bin, &config, &dir.join(format!("proxy-{isolation}.log")));
+        let _ = connect(control).await;
+        let exec = start(&exec_bin, &config, &dir.join(format!("executor-{isolation}.log")));
+        let mut tx = connect(listen).await;
+        for (name, tool) in [
+            ("Rust echo", "rs"),
+            ("Python runner echo", "py"),
+            ("Node runner echo", "node"),
+        ] {
+            let mut v = Vec::with_capacity(n);
+            let mut exits = std::collections::BTreeMap::<String, usize>::new();
+            for i in 0..n {
+                let t = Instant::now();
+                while ready(&mut tx, tool).await < WARM {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(60),
+                        "`{tool}` never got warm; see {}",
+                        dir.display()
+                    );
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let body = json!({"tool": tool, "input": {"i": i}});
+                let t0 = Instant::now();
+                let (status, answer) = call(&mut tx, "POST", "/v1/invocations", Some(body)).await;
+                v.push(t0.elapsed());
+                let r: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+                assert!(status == 200 && r["ok"] == json!(true), "{status} {answer}");
+                *exits
+                    .entry(r["exit"].as_str().unwrap_or("none").to_string())
+                    .or_default() += 1;
+            }
+            let exits: Vec<String> = exits.iter().map(|(k, c)| format!("{k} ×{c}")).collect();
+            println!(
+                "| {name} | {isolation} | {:.2} | {:.2} | {} |",
+                quantile_ms(&mut v, 0.5),
+                quantile_ms(&mut v, 0.99),
+                exits.join(", ")
+            );
+        }
+        drop(tx);
+        drop(exec);
+        drop(proxy);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

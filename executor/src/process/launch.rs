@@ -1,0 +1,240 @@
+//! The launch stage: everything a child gets at exec — its whole environment
+//! (nothing inherited from the executor), its program found on its own
+//! `PATH`, fds 0-4 wired to pipes or `/dev/null` — handed to the spawner;
+//! the parent keeps its ends and starts capturing output.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use tokio::net::unix::pipe;
+
+use super::{Capture, Process, Spawner};
+use crate::sys::{ChildConfine, ChildSpec};
+
+/// A pipe whose read end the executor keeps (non-blocking, async) and whose
+/// write end goes to the child.
+pub fn child_to_parent() -> io::Result<(pipe::Receiver, OwnedFd)> {
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let rx = pipe::Receiver::from_owned_fd(r)?;
+    Ok((rx, w))
+}
+
+/// A pipe whose write end the executor keeps and whose read end goes to the child.
+pub fn parent_to_child() -> io::Result<(OwnedFd, pipe::Sender)> {
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let tx = pipe::Sender::from_owned_fd(w)?;
+    Ok((r, tx))
+}
+
+/// `/dev/null` for a child's stdin.
+pub fn dev_null() -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?)
+}
+
+/// The whole environment of a child: nothing is inherited from the executor.
+pub fn child_env(
+    proxy_url: &str,
+    tmpdir: &Path,
+    path: &str,
+    lang: &str,
+    extra: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    for k in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        env.push((k.to_string(), proxy_url.to_string()));
+    }
+    env.push(("NO_PROXY".into(), String::new()));
+    env.push(("no_proxy".into(), String::new()));
+    // Node >= 24 honours the proxy variables in fetch/http only with this.
+    env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+    env.push((
+        crate::protocol::IPC_FDS_VAR.into(),
+        crate::protocol::IPC_FDS_VALUE.into(),
+    ));
+    env.push(("TMPDIR".into(), tmpdir.display().to_string()));
+    env.push(("PATH".into(), path.to_string()));
+    env.push(("LANG".into(), lang.to_string()));
+    for (k, v) in extra {
+        env.push((k.clone(), v.clone()));
+    }
+    env
+}
+
+/// Find `program` the way execvp would, but on the child's `PATH`, not ours.
+pub fn resolve_program(program: &str, path: &str, cwd: &Path) -> io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.contains('/') {
+        let p = Path::new(program);
+        return Ok(if p.is_relative() { cwd.join(p) } else { p.to_path_buf() });
+    }
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let candidate = Path::new(dir).join(program);
+        let candidate = if candidate.is_relative() {
+            cwd.join(candidate)
+        } else {
+            candidate
+        };
+        if let Ok(m) = std::fs::metadata(&candidate) {
+            if m.is_file() && m.permissions().mode() & 0o111 != 0 {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("`{program}` not found on PATH {path}"),
+    ))
+}
+
+fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} contains a NUL byte")))
+}
+
+/// The parent's ends of a freshly started child.
+#[derive(Debug)]
+pub struct Launched {
+    pub process: Process,
+    /// The protocol pipes (absent in plain mode).
+    pub ipc: Option<(pipe::Sender, pipe::Receiver)>,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: Capture,
+    pub stderr: Capture,
+}
+
+/// What to launch.
+pub struct Launch<'a> {
+    pub command: &'a [String],
+    pub cwd: &'a Path,
+    pub env: Vec<(String, String)>,
+    pub path: &'a str,
+    /// Plain mode: input on a stdin pipe, `/dev/null` on fds 3 and 4.
+    pub plain: bool,
+    pub pid_namespace: bool,
+    /// Confinement the child applies to itself (prepared by `confine`).
+    pub confine: ChildConfine,
+    pub stdout_cap: usize,
+    pub stderr_cap: usize,
+}
+
+/// Start a child with fds 0-4 wired and its output captured.
+pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
+    let program_name = l
+        .command
+        .first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
+    let program = resolve_program(program_name, l.path, l.cwd)?;
+    let argv = l
+        .command
+        .iter()
+        .map(|a| cstring(a.as_bytes(), "an argument"))
+        .collect::<io::Result<Vec<_>>>()?;
+    let envp = l
+        .env
+        .iter()
+        .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "an environment variable"))
+        .collect::<io::Result<Vec<_>>>()?;
+    let (ipc_in, ipc_out, ipc) = if l.plain {
+        (dev_null()?, dev_null()?, None)
+    } else {
+        let (ipc_in, ipc_tx) = parent_to_child()?;
+        let (ipc_rx, ipc_out) = child_to_parent()?;
+        (ipc_in, ipc_out, Some((ipc_tx, ipc_rx)))
+    };
+    let (out_rx, out_w) = child_to_parent()?;
+    let (err_rx, err_w) = child_to_parent()?;
+    let (stdin, stdin_tx) = if l.plain {
+        let (r, tx) = parent_to_child()?;
+        (r, Some(tx))
+    } else {
+        (dev_null()?, None)
+    };
+    let spec = ChildSpec {
+        program: cstring(program.as_os_str().as_bytes(), "the program path")?,
+        argv,
+        envp,
+        cwd: Some(cstring(l.cwd.as_os_str().as_bytes(), "the working directory")?),
+        stdin,
+        stdout: out_w,
+        stderr: err_w,
+        ipc_in,
+        ipc_out,
+        pid_namespace: l.pid_namespace,
+        confine: l.confine,
+    };
+    let process = spawner.spawn(spec).await?;
+    if l.pid_namespace && !process.in_pid_namespace() {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "cannot create PID namespaces here (needs root or CAP_SYS_ADMIN): children run in \
+                 process groups (escapees are swept only by the subreaper of the binary), and \
+                 grandchildren can outlive the executor's death; see docs/executor.md"
+            );
+        }
+    }
+    Ok(Launched {
+        process,
+        ipc,
+        stdin: stdin_tx,
+        stdout: Capture::start(out_rx, l.stdout_cap, 0),
+        stderr: Capture::start(err_rx, 0, l.stderr_cap),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_is_exactly_the_listed_keys() {
+        let mut extra = BTreeMap::new();
+        extra.insert("TOOL_MODE".to_string(), "x".to_string());
+        let env = child_env("http://r:s@127.0.0.1:3128", Path::new("/tmp/s"), "/bin", "C", &extra);
+        let keys: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "HTTP_PROXY",
+                "HTTPS_PROXY",
+                "ALL_PROXY",
+                "http_proxy",
+                "https_proxy",
+                "all_proxy",
+                "NO_PROXY",
+                "no_proxy",
+                "NODE_USE_ENV_PROXY",
+                "LOOM_IPC_FDS",
+                "TMPDIR",
+                "PATH",
+                "LANG",
+                "TOOL_MODE"
+            ]
+        );
+    }
+
+    #[test]
+    fn resolves_on_the_childs_path() {
+        let p = resolve_program("sh", "/nonexistent:/bin:/usr/bin", Path::new("/")).unwrap();
+        assert!(p.ends_with("sh"));
+        assert!(resolve_program("sh", "/nonexistent", Path::new("/")).is_err());
+        assert_eq!(
+            resolve_program("./t.py", "", Path::new("/srv")).unwrap(),
+            PathBuf::from("/srv/./t.py")
+        );
+    }
+}
