@@ -191,7 +191,7 @@ pub struct FactsPage {
 }
 
 /// `PUT /v1/owners/{owner}`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewOwner {
     /// 1 000 – 600 000.

@@ -96,18 +96,10 @@ async fn require_token(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    use subtle::ConstantTimeEq;
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim());
     let expected = exec.control_token();
-    match (presented, expected) {
-        (Some(p), Some(e)) if bool::from(p.as_bytes().ct_eq(e.as_bytes())) => next.run(req).await,
-        (_, None) => api_error(
+    match expected {
+        Some(e) if egress_api::bearer_matches(req.headers(), &e) => next.run(req).await,
+        None => api_error(
             StatusCode::SERVICE_UNAVAILABLE,
             "no_token",
             "the executor has no control token to check against",

@@ -21,6 +21,7 @@ use crate::kill::KillReason;
 use crate::metrics::Metrics;
 use crate::process::{self, Capture, Launch, Process, Spawner};
 use crate::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
+use egress_api::Fact;
 
 /// How long to wait for output pipes to close after the tree was killed.
 /// Only a descendant that escaped the kill (process-group mode) makes this
@@ -547,7 +548,7 @@ impl Warm {
     /// End the run and read its facts: from the answer to the end itself
     /// when the proxy includes them, otherwise (an older proxy, or more facts
     /// than it includes) with a second call.
-    async fn end_run(&self) -> (Vec<Value>, Option<String>) {
+    async fn end_run(&self) -> (Vec<Fact>, Option<String>) {
         let control = &self.shared.control;
         let run_id = &self.run.run_id;
         let ended = match control.end_with_facts(run_id).await {

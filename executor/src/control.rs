@@ -1,6 +1,8 @@
 //! Client of the proxy's control API: create, activate and end runs, read a
 //! run's facts. Talks HTTP/1.1 to the `[proxy] control` socket address (never
-//! a name), one short connection per call, with a bounded deadline.
+//! a name) over kept-alive connections, with a bounded deadline per call.
+//! Requests and answers are the `egress-api` types the proxy serves, so the
+//! compiler checks that the two agree.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,11 +10,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
+use egress_api::{CreateRun, CreatedRun, EndedRun, ErrorBody, Fact, FactsPage, OwnerReleased, PolicyView, RenewOwner};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 /// Largest control API response body the executor reads.
 const MAX_BODY: usize = 4 << 20;
@@ -42,7 +46,7 @@ pub enum ControlError {
 }
 
 /// A run the proxy created for one child.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct RunCreds {
     pub run_id: String,
     pub proxy_url: String,
@@ -118,11 +122,13 @@ impl ControlClient {
 
     /// `PUT /v1/owners/{owner}`: take or renew the owner's lease.
     pub async fn renew_lease(&self, owner: &str, lease: Duration) -> Result<(), ControlError> {
-        let body = json!({"lease_ms": lease.as_millis() as u64});
-        self.call(
+        let body = RenewOwner {
+            lease_ms: lease.as_millis() as u64,
+        };
+        self.call::<IgnoredAny>(
             "PUT",
             &format!("/v1/owners/{}", path_segment(owner)),
-            Some(body),
+            Some(&body),
             "renew the lease",
         )
         .await
@@ -131,15 +137,15 @@ impl ControlClient {
 
     /// `DELETE /v1/owners/{owner}`: end every run the owner left; returns how many.
     pub async fn release_owner(&self, owner: &str) -> Result<u64, ControlError> {
-        let v = self
+        let released: OwnerReleased = self
             .call(
                 "DELETE",
                 &format!("/v1/owners/{}", path_segment(owner)),
-                None,
+                NO_BODY,
                 "release the owner",
             )
             .await?;
-        Ok(v["ended"].as_u64().unwrap_or(0))
+        Ok(released.ended as u64)
     }
 
     /// The control token (also required by the executor's own `/v1` API).
@@ -167,26 +173,28 @@ impl ControlClient {
 
     /// `POST /v1/runs` with `activate: false`; `run_id` if the kernel chose it.
     pub async fn create_run(&self, tool: &str, run_id: Option<&str>) -> Result<RunCreds, ControlError> {
-        let mut body = json!({"tool": tool, "activate": false, "labels": {"source": "executor"}});
-        if let Some(id) = run_id {
-            body["run_id"] = json!(id);
-        }
-        if let Some(owner) = self.owner.lock().ok().and_then(|o| o.clone()) {
-            body["owner"] = json!(owner);
-        }
-        let v = self.call("POST", "/v1/runs", Some(body), "create run").await?;
-        serde_json::from_value(v).map_err(|e| ControlError::BadAnswer {
-            what: "create run".into(),
-            message: e.to_string(),
+        let mut labels = Map::new();
+        labels.insert("source".into(), Value::from("executor"));
+        let body = CreateRun {
+            tool: tool.to_owned(),
+            run_id: run_id.map(str::to_owned),
+            labels: Some(labels),
+            activate: Some(false),
+            owner: self.owner.lock().ok().and_then(|o| o.clone()),
+        };
+        let created: CreatedRun = self.call("POST", "/v1/runs", Some(&body), "create run").await?;
+        Ok(RunCreds {
+            run_id: created.run.run_id,
+            proxy_url: created.proxy_url,
         })
     }
 
     /// `POST /v1/runs/{id}/activate`.
     pub async fn activate(&self, run_id: &str) -> Result<(), ControlError> {
-        self.call(
+        self.call::<IgnoredAny>(
             "POST",
             &format!("/v1/runs/{}/activate", path_segment(run_id)),
-            None,
+            NO_BODY,
             "activate run",
         )
         .await
@@ -201,21 +209,25 @@ impl ControlClient {
     /// [`end`](Self::end), and the run's facts from its answer when they are
     /// all there (`None` from a proxy that does not include them, or when
     /// `facts_truncated`: then read them with [`facts`](Self::facts)).
-    pub async fn end_with_facts(&self, run_id: &str) -> Result<Option<Vec<Value>>, ControlError> {
-        let mut v = self
-            .call("DELETE", &format!("/v1/runs/{}", path_segment(run_id)), None, "end run")
+    pub async fn end_with_facts(&self, run_id: &str) -> Result<Option<Vec<Fact>>, ControlError> {
+        let ended: EndedRun = self
+            .call(
+                "DELETE",
+                &format!("/v1/runs/{}", path_segment(run_id)),
+                NO_BODY,
+                "end run",
+            )
             .await?;
-        let complete = v.get("facts_truncated").and_then(Value::as_bool) == Some(false);
-        Ok(match v.get_mut("facts").map(Value::take) {
-            Some(Value::Array(facts)) if complete => Some(facts),
-            _ => None,
-        })
+        Ok((!ended.facts_truncated).then_some(ended.facts))
     }
 
     /// Check reachability and the token: `GET /v1/runs/{id}` of a run that
     /// does not exist must answer 404 (401/403 mean the token is wrong).
     pub async fn probe(&self) -> Result<(), ControlError> {
-        match self.call("GET", "/v1/runs/loom-doctor-probe", None, "probe").await {
+        match self
+            .call::<IgnoredAny>("GET", "/v1/runs/loom-doctor-probe", NO_BODY, "probe")
+            .await
+        {
             Ok(_) => Ok(()),
             Err(ControlError::Rejected { status: 404, .. }) => Ok(()),
             Err(e) => Err(e),
@@ -224,33 +236,21 @@ impl ControlClient {
 
     /// `GET /v1/policy`: the tools the proxy knows.
     pub async fn tools(&self) -> Result<Vec<String>, ControlError> {
-        let v = self.call("GET", "/v1/policy", None, "read the policy").await?;
-        match v.get("tools").and_then(Value::as_array) {
-            Some(a) => Ok(a.iter().filter_map(Value::as_str).map(str::to_owned).collect()),
-            None => Err(ControlError::BadAnswer {
-                what: "read the policy".into(),
-                message: "no `tools` array".into(),
-            }),
-        }
+        let policy: PolicyView = self.call("GET", "/v1/policy", NO_BODY, "read the policy").await?;
+        Ok(policy.tools)
     }
 
     /// `GET /v1/runs/{id}/facts`.
-    pub async fn facts(&self, run_id: &str) -> Result<Vec<Value>, ControlError> {
-        let v = self
+    pub async fn facts(&self, run_id: &str) -> Result<Vec<Fact>, ControlError> {
+        let page: FactsPage = self
             .call(
                 "GET",
                 &format!("/v1/runs/{}/facts", path_segment(run_id)),
-                None,
+                NO_BODY,
                 "read facts",
             )
             .await?;
-        match v.get("facts") {
-            Some(Value::Array(a)) => Ok(a.clone()),
-            _ => Err(ControlError::BadAnswer {
-                what: "read facts".into(),
-                message: "no `facts` array".into(),
-            }),
-        }
+        Ok(page.facts)
     }
 
     /// A new connection to the control API.
@@ -285,25 +285,41 @@ impl ControlClient {
         }
     }
 
-    async fn call(&self, method: &str, path: &str, body: Option<Value>, what: &str) -> Result<Value, ControlError> {
+    /// One call: `body` as JSON, the answer read as `T` (an error answer as
+    /// the API's `ErrorBody`).
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&impl Serialize>,
+        what: &str,
+    ) -> Result<T, ControlError> {
         let token = self.token()?;
-        match tokio::time::timeout(self.timeout, self.call_inner(method, path, body, what, &token)).await {
-            Ok(r) => r,
-            Err(_) => Err(ControlError::Timeout {
-                what: what.to_string(),
-                ms: self.timeout.as_millis() as u64,
-            }),
-        }
+        let body = body.map(|b| serde_json::to_vec(b).unwrap_or_default());
+        let answer = match tokio::time::timeout(self.timeout, self.call_inner(method, path, body, what, &token)).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(ControlError::Timeout {
+                    what: what.to_string(),
+                    ms: self.timeout.as_millis() as u64,
+                })
+            }
+        };
+        serde_json::from_slice(&answer).map_err(|e| ControlError::BadAnswer {
+            what: what.to_string(),
+            message: e.to_string(),
+        })
     }
 
+    /// Sends one request; the body of a `2xx` answer, or `Rejected`.
     async fn call_inner(
         &self,
         method: &str,
         path: &str,
-        body: Option<Value>,
+        body: Option<Vec<u8>>,
         what: &str,
         token: &str,
-    ) -> Result<Value, ControlError> {
+    ) -> Result<Bytes, ControlError> {
         let unreachable = |m: String| ControlError::Unreachable {
             addr: self.addr,
             message: m,
@@ -312,17 +328,15 @@ impl ControlClient {
             Some(s) => (s, true),
             None => (self.connect().await?, false),
         };
-        let bytes = match &body {
-            Some(b) => Bytes::from(serde_json::to_vec(b).unwrap_or_default()),
-            None => Bytes::new(),
-        };
+        let has_body = body.is_some();
+        let bytes = body.map(Bytes::from).unwrap_or_default();
         let build = || {
             let mut req = Request::builder()
                 .method(method)
                 .uri(path)
                 .header(http::header::HOST, self.addr.to_string())
                 .header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-            if body.is_some() {
+            if has_body {
                 req = req.header(http::header::CONTENT_TYPE, "application/json");
             }
             req.body(Full::new(bytes.clone()))
@@ -353,25 +367,27 @@ impl ControlClient {
                 idle.push(sender);
             }
         }
-        let v: Value = serde_json::from_slice(&collected).unwrap_or(Value::Null);
         if !(200..300).contains(&status) {
-            let err = v.get("error");
-            let field = |k: &str| {
-                err.and_then(|e| e.get(k))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
+            let (code, message) = match serde_json::from_slice::<ErrorBody>(&collected) {
+                Ok(b) => (b.error.code, b.error.message),
+                Err(_) => (
+                    String::new(),
+                    String::from_utf8_lossy(&collected).chars().take(200).collect(),
+                ),
             };
             return Err(ControlError::Rejected {
                 what: what.to_string(),
                 status,
-                code: field("code"),
-                message: field("message"),
+                code,
+                message,
             });
         }
-        Ok(v)
+        Ok(collected)
     }
 }
+
+/// No request body (the type is only there to name one).
+const NO_BODY: Option<&()> = None;
 
 /// Percent-encode everything but unreserved characters of a path segment.
 fn path_segment(s: &str) -> String {

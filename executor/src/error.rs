@@ -141,7 +141,7 @@ pub struct InvocationResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
     /// The proxy's facts for the run (its denials).
-    pub facts: Vec<Value>,
+    pub facts: Vec<egress_api::Fact>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub facts_error: Option<String>,
     /// The child's stdout (head, capped).

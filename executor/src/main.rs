@@ -486,26 +486,20 @@ pub fn summary(r: &InvocationResult) -> String {
         .facts
         .iter()
         .map(|f| {
-            let get = |k: &str| {
-                f.get(k)
-                    .map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))
-                    .unwrap_or_default()
+            let count = if f.count > 1 {
+                format!(" x{}", f.count)
+            } else {
+                String::new()
             };
-            let t = f.get("target");
-            let host = t.and_then(|t| t.get("host")).and_then(Value::as_str).unwrap_or("?");
-            let port = t.and_then(|t| t.get("port")).map(|p| p.to_string()).unwrap_or_default();
-            let kind = t.and_then(|t| t.get("kind")).and_then(Value::as_str).unwrap_or("");
-            let count = f
-                .get("count")
-                .and_then(Value::as_u64)
-                .filter(|c| *c > 1)
-                .map(|c| format!(" x{c}"))
-                .unwrap_or_default();
+            let target = match &f.target {
+                Some(t) => format!("{}:{} {}", t.host, t.port, t.kind),
+                None => "?: ".to_owned(),
+            };
             [
-                get("seq"),
-                format!("{}{count}", get("reason")),
-                format!("{host}:{port} {kind}"),
-                get("detail"),
+                f.seq.to_string(),
+                format!("{}{count}", f.reason),
+                target,
+                f.detail.clone(),
             ]
         })
         .collect();

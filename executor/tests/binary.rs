@@ -3,15 +3,15 @@
 //! environment checked with a canary, exit codes, the denials table).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use egress_e2e::executor::*;
+use egress_e2e::fake_control::FakeControl;
+use egress_e2e::harness::TOKEN;
 use serde_json::{json, Value};
-use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-executor");
 

@@ -16,20 +16,19 @@
 //! switch, cgroups); skips loudly otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)]
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use egress_e2e::executor::*;
+use egress_e2e::harness::TOKEN;
 use egress_e2e::harness::{basic, TestProxy};
 use egress_e2e::origin::{canary, http_origin};
 use egress_e2e::FakeDns;
 use egress_executor::confine::{Confinement, Layer};
 use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
 use serde_json::{json, Value};
-use support::*;
 
 type TestFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 type Case = (&'static str, fn() -> TestFuture);

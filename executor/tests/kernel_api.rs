@@ -5,13 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::sync::Arc;
 
+use egress_e2e::executor::*;
+use egress_e2e::fake_control::FakeControl;
+use egress_e2e::harness::TOKEN;
 use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
 use serde_json::{json, Value};
-use support::*;
 
 const COUNTING_PY: &str = r#"
 import os, sys, time

@@ -4,14 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use egress_e2e::executor::*;
+use egress_e2e::fake_control::FakeControl;
+use egress_e2e::harness::TOKEN;
 use egress_executor::{Config, ErrorKind, Executor, InvocationRequest, Phase};
 use serde_json::{json, Value};
-use support::*;
 
 struct Env {
     control: FakeControl,
@@ -164,7 +164,7 @@ async fn python_tool_round_trip_with_emits_env_and_run_lifecycle() {
     assert_eq!(env.control.run_state(&run_id).as_deref(), Some("ended"));
     // Facts come from the proxy for that run.
     assert_eq!(res.facts.len(), 1);
-    assert_eq!(res.facts[0]["run_id"], json!(run_id));
+    assert_eq!(res.facts[0].run_id.as_deref(), Some(run_id.as_str()));
     let m = env.exec.metrics().encode();
     assert!(
         m.contains("executor_invocations_total{tool=\"echo\",outcome=\"ok\"} 1"),

@@ -6,17 +6,16 @@
 //! Loopback only; the proxy's DNS servers point at a closed loopback port.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use egress_e2e::executor::*;
+use egress_e2e::harness::TOKEN;
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::{json, Value};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The proxy binary: `EGRESS_PROXY_BIN`, else beside this test's target dir
@@ -210,19 +209,15 @@ timeout_ms = 20000
 
     // The proxy recorded the denials as facts of this run.
     let run_id = res.run_id.clone().unwrap();
-    let reasons: Vec<&str> = res.facts.iter().filter_map(|f| f["reason"].as_str()).collect();
+    let reasons: Vec<&str> = res.facts.iter().map(|f| f.reason.as_str()).collect();
     assert!(reasons.contains(&"not_allowlisted"), "{:#?}", res.facts);
     assert!(reasons.contains(&"run_not_active"), "{:#?}", res.facts);
     for f in &res.facts {
-        assert_eq!(f["run_id"], json!(run_id));
-        assert_eq!(f["tool"], json!("fetcher"));
+        assert_eq!(f.run_id.as_deref(), Some(run_id.as_str()));
+        assert_eq!(f.tool.as_deref(), Some("fetcher"));
     }
-    let denied = res
-        .facts
-        .iter()
-        .find(|f| f["reason"] == json!("not_allowlisted"))
-        .unwrap();
-    assert_eq!(denied["target"]["host"], json!("evil.example"));
+    let denied = res.facts.iter().find(|f| f.reason == "not_allowlisted").unwrap();
+    assert_eq!(denied.target.as_ref().unwrap().host, "evil.example");
     drop(dns);
     drop(proxy);
 }

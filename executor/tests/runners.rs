@@ -3,11 +3,11 @@
 //! library from the tool's own main. (The Rust helper: `tests/rust_tool.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use egress_e2e::executor::*;
+use egress_e2e::fake_control::FakeControl;
+use egress_e2e::harness::TOKEN;
 use egress_executor::{Config, ErrorKind, Executor, InvocationRequest, Phase};
 use serde_json::json;
-use support::*;
 
 fn req(tool: &str, input: serde_json::Value) -> InvocationRequest {
     InvocationRequest {

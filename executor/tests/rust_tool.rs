@@ -4,11 +4,11 @@
 //! command at itself (hence `harness = false`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use egress_e2e::executor::*;
+use egress_e2e::fake_control::FakeControl;
+use egress_e2e::harness::TOKEN;
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::json;
-use support::*;
 
 fn main() {
     if std::env::var_os("LOOM_IPC_FDS").is_some() {

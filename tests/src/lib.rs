@@ -2,10 +2,14 @@
 //! query log, loopback origins (HTTP, TCP echo, connection-counting canary,
 //! black hole), a proxy harness that starts a real proxy on `127.0.0.1:0`,
 //! a raw HTTP/1.1 client, and a helper that re-runs a test inside a network
-//! namespace holding only `lo`. Tests never use the machine's resolver.
+//! namespace holding only `lo`; for the executor's tests, a fake control API
+//! speaking the real wire types and process and config helpers. One crate of
+//! test support for both products. Tests never use the machine's resolver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod dns;
+pub mod executor;
+pub mod fake_control;
 pub mod harness;
 pub mod netns;
 pub mod openapi;
@@ -14,5 +18,6 @@ pub mod process;
 pub mod raw;
 
 pub use dns::FakeDns;
+pub use fake_control::FakeControl;
 pub use harness::{TestProxy, TestRun};
 pub use raw::{send, RawResponse};

@@ -7,6 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The repository's root (the workspace).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
+}
+
 /// Path of a workspace binary built by cargo for this test run.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");

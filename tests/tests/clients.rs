@@ -6,19 +6,15 @@
 //! both kernel scripts. Skipped, loudly, when `python3` or `node` is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use egress_e2e::process::{bin, free_port, ProxyProcess};
+use egress_e2e::process::{bin, free_port, repo_root, ProxyProcess};
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Tests each suite has at least (a suite that loses tests fails here).
 const PYTHON_TESTS: usize = 12;
 const NODE_TESTS: usize = 12;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
 
 /// The directory holding both service binaries (`target/debug` of this build).
 fn bin_dir() -> PathBuf {

@@ -1,0 +1,166 @@
+//! Support for the executor's integration tests: scratch directories, an
+//! executor config pointing at a control API, `/proc` scans for processes
+//! carrying a marker variable, a minimal client of the executor's API, and
+//! where the runners and interpreters are. The fake control API is
+//! [`crate::fake_control`].
+
+use crate::harness::TOKEN;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "loom-exec-test-{tag}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn write(&self, name: &str, body: &str) -> PathBuf {
+        let p = self.0.join(name);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The directory of the runners (`executor/runners`).
+pub fn runners_dir() -> PathBuf {
+    crate::process::repo_root().join("executor/runners")
+}
+
+/// A config file with `[proxy] control` pointing at `control` and the given
+/// tool sections appended; scratch inside `dir`.
+pub fn write_config(dir: &TempDir, control: SocketAddr, pid_namespace: bool, tools: &str) -> PathBuf {
+    let body = format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:3128"
+control = "{control}"
+facts = "var/egress-facts.db"
+
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+pid_namespace = {pid_namespace}
+stderr_cap_bytes = 4096
+
+{tools}
+"#
+    );
+    dir.write("egress.toml", &body)
+}
+
+/// Live (non-zombie) processes whose environment contains `marker`.
+pub fn marked_processes(marker: &str) -> Vec<i32> {
+    let needle = marker.as_bytes();
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if env.windows(needle.len()).any(|w| w == needle) {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+            if state != Some('Z') && state != Some('X') {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Poll `cond` until true or `within` elapses; returns its last value.
+/// Used to observe asynchronous OS state (process exit), never to order
+/// our own events.
+pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Minimal HTTP/1.1 client for the executor API (loopback only).
+pub async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
+    use http_body_util::{BodyExt, Full};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let bytes = body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default();
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Full::new(bytes::Bytes::from(bytes)))
+        .unwrap();
+    let resp = tx.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+pub fn python() -> Option<PathBuf> {
+    which("python3")
+}
+
+pub fn node() -> Option<PathBuf> {
+    which("node")
+}
+
+pub fn which(name: &str) -> Option<PathBuf> {
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Whether this process can create PID namespaces (root / CAP_SYS_ADMIN).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
