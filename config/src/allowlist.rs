@@ -111,13 +111,32 @@ pub enum Match {
     NotAllowlisted,
 }
 
-/// Compiled allowlist: O(1) exact lookups, short scans for wildcards and IPs.
+/// Compiled allowlist: every decision is a few hash lookups, whatever the
+/// number of rules: one for an exact name, one per label boundary of the name
+/// for wildcards (`a.b.example.com` looks up `b.example.com`, `example.com`
+/// and `com`), one for an IP literal.
 #[derive(Debug, Clone, Default)]
 pub struct Allowlist {
-    exact: HashMap<String, Vec<(u16, bool)>>,
-    suffixes: Vec<(String, u16, bool)>,
-    ips: Vec<(IpAddr, u16, bool)>,
+    exact: HashMap<String, Ports>,
+    /// Wildcard suffixes without the `*.`: `*.example.com` is `example.com`.
+    suffixes: HashMap<String, Ports>,
+    ips: HashMap<(IpAddr, u16), bool>,
     rules: Vec<Rule>,
+}
+
+/// The ports listed for one name, each with its `private` flag (several rules
+/// for the same name and port are one: `private` if any of them is).
+type Ports = Vec<(u16, bool)>;
+
+fn add_port(ports: &mut Ports, port: u16, private: bool) {
+    match ports.iter_mut().find(|(p, _)| *p == port) {
+        Some((_, pr)) => *pr |= private,
+        None => ports.push((port, private)),
+    }
+}
+
+fn port_lookup(ports: &Ports, port: u16) -> Option<bool> {
+    ports.iter().find(|(p, _)| *p == port).map(|(_, private)| *private)
 }
 
 impl Allowlist {
@@ -126,14 +145,15 @@ impl Allowlist {
         for rule in &rules {
             match rule {
                 Rule::Exact { host, port, private } => {
-                    let ports = a.exact.entry(host.clone()).or_default();
-                    match ports.iter_mut().find(|(p, _)| p == port) {
-                        Some((_, pr)) => *pr |= *private,
-                        None => ports.push((*port, *private)),
-                    }
+                    add_port(a.exact.entry(host.clone()).or_default(), *port, *private)
                 }
-                Rule::Suffix { suffix, port, private } => a.suffixes.push((format!(".{suffix}"), *port, *private)),
-                Rule::Ip { ip, port, private } => a.ips.push((*ip, *port, *private)),
+                Rule::Suffix { suffix, port, private } => {
+                    add_port(a.suffixes.entry(suffix.clone()).or_default(), *port, *private)
+                }
+                // The first rule for an address and port decides, as before.
+                Rule::Ip { ip, port, private } => {
+                    a.ips.entry((*ip, *port)).or_insert(*private);
+                }
             }
         }
         a.rules = rules;
@@ -147,21 +167,22 @@ impl Allowlist {
     /// Matches a canonical host and port. Never resolves anything.
     pub fn check(&self, host: &Host, port: u16) -> Match {
         match host {
-            Host::Ip(ip) => {
-                let ip = ip.to_canonical();
-                match self.ips.iter().find(|(i, p, _)| *i == ip && *p == port) {
-                    Some((_, _, private)) => Match::Allowed { private: *private },
-                    None => Match::IpLiteral,
-                }
-            }
+            Host::Ip(ip) => match self.ips.get(&(ip.to_canonical(), port)) {
+                Some(private) => Match::Allowed { private: *private },
+                None => Match::IpLiteral,
+            },
             Host::Name(name) => {
-                if let Some(private) = self.exact_lookup(name, port) {
+                if let Some(private) = self.exact.get(name.as_str()).and_then(|p| port_lookup(p, port)) {
                     return Match::Allowed { private };
                 }
+                // Every strict suffix starting at a label boundary; a wildcard
+                // never matches its own suffix (`*.example.com` ≠ `example.com`).
                 let mut private = None;
-                for (suffix, p, pr) in &self.suffixes {
-                    if *p == port && name.len() > suffix.len() && name.ends_with(suffix.as_str()) {
-                        private = Some(private.unwrap_or(false) | *pr);
+                if !self.suffixes.is_empty() {
+                    for (i, _) in name.match_indices('.') {
+                        if let Some(pr) = self.suffixes.get(&name[i + 1..]).and_then(|p| port_lookup(p, port)) {
+                            private = Some(private.unwrap_or(false) | pr);
+                        }
                     }
                 }
                 match private {
@@ -170,14 +191,6 @@ impl Allowlist {
                 }
             }
         }
-    }
-
-    fn exact_lookup(&self, name: &str, port: u16) -> Option<bool> {
-        self.exact
-            .get(name)?
-            .iter()
-            .find(|(p, _)| *p == port)
-            .map(|(_, private)| *private)
     }
 }
 
@@ -191,6 +204,77 @@ mod tests {
 
     fn name(s: &str) -> Host {
         parse_host(s).unwrap()
+    }
+
+    /// The same decisions as scanning every rule, one by one.
+    fn linear(a: &Allowlist, host: &Host, port: u16) -> Match {
+        let or = |acc: Option<bool>, pr: bool| Some(acc.unwrap_or(false) | pr);
+        match host {
+            Host::Ip(ip) => {
+                let ip = ip.to_canonical();
+                let first = a.rules().iter().find_map(|r| match r {
+                    Rule::Ip {
+                        ip: i,
+                        port: p,
+                        private,
+                    } if *i == ip && *p == port => Some(*private),
+                    _ => None,
+                });
+                first.map_or(Match::IpLiteral, |private| Match::Allowed { private })
+            }
+            Host::Name(name) => {
+                let (mut exact, mut suffix) = (None, None);
+                for r in a.rules() {
+                    match r {
+                        Rule::Exact { host, port: p, private } if host == name && *p == port => {
+                            exact = or(exact, *private)
+                        }
+                        Rule::Suffix {
+                            suffix: s,
+                            port: p,
+                            private,
+                        } if *p == port && name.len() > s.len() + 1 && name.ends_with(&format!(".{s}")) => {
+                            suffix = or(suffix, *private)
+                        }
+                        _ => {}
+                    }
+                }
+                exact
+                    .or(suffix)
+                    .map_or(Match::NotAllowlisted, |private| Match::Allowed { private })
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decides_like_a_linear_scan(
+            entries in proptest::collection::vec((0usize..3, 1usize..4, 0usize..2, proptest::bool::ANY), 0..12),
+            queries in proptest::collection::vec((1usize..5, 0usize..2, 0usize..4), 1..8),
+        ) {
+            const LABELS: [&str; 4] = ["a", "b", "ex", "com"];
+            const PORTS: [u16; 2] = [80, 443];
+            let pick = |n: usize, seed: usize| (0..n).map(|k| LABELS[(seed + k * 3) % 4]).collect::<Vec<_>>().join(".");
+            let rules: Vec<Rule> = entries
+                .iter()
+                .enumerate()
+                .map(|(i, (kind, n, port, private))| {
+                    let host = match kind {
+                        0 => pick(*n, i),
+                        1 => format!("*.{}", pick(*n, i)),
+                        _ => format!("10.0.0.{}", n),
+                    };
+                    Rule::parse(&host, PORTS[*port], *private).unwrap()
+                })
+                .collect();
+            let a = Allowlist::new(rules);
+            for (n, port, seed) in queries {
+                for host in [pick(n, seed), format!("10.0.0.{n}")] {
+                    let h = name(&host);
+                    proptest::prop_assert_eq!(a.check(&h, PORTS[port]), linear(&a, &h, PORTS[port]), "{} {}", host, PORTS[port]);
+                }
+            }
+        }
     }
 
     #[test]

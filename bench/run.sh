@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark in one command: installs the peers from Debian's
+# packages (nginx as origin, squid, tinyproxy) when missing, builds, raises the
+# open-files limit and runs egress-bench (bench/src/main.rs), which starts the
+# origin, egress-proxy, squid and tinyproxy on loopback only, measures every
+# figure and stops them. A peer that cannot be installed is skipped loudly.
+#
+# Usage: bench/run.sh [--smoke] [--out FILE]
+#   --smoke  tiny counts and a debug build, for CI: numbers mean nothing.
+#   --out    JSON results (default bench/results/<UTC time>.json, with
+#            --smoke target/bench-smoke.json).
+# The Markdown table goes to stdout, progress to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+smoke=; args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) smoke=1; args+=(--smoke) ;;
+    --out) args+=(--out "$2"); shift ;;
+    *) echo "usage: bench/run.sh [--smoke] [--out FILE]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# Peers from Debian. Installing must not start their system services, so a
+# policy-rc.d that forbids it is put in place for the install when none exists.
+missing=
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$missing nginx"
+command -v squid >/dev/null || [ -x /usr/sbin/squid ] || missing="$missing squid"
+command -v tinyproxy >/dev/null || missing="$missing tinyproxy"
+if [ -n "$missing" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy=1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  for p in $missing; do
+    apt-get install -y -qq "$p" >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "$p" >/dev/null 2>&1; } \
+      || echo "*** could not install $p: it will be skipped ***" >&2
+  done
+  [ -z "$policy" ] || rm -f /usr/sbin/policy-rc.d
+elif [ -n "$missing" ]; then
+  echo "*** not installed and cannot install (needs root and apt-get):$missing ***" >&2
+fi
+
+if [ -n "$smoke" ]; then
+  cargo build -q -p egress-proxy -p egress-bench --bins
+  bin=target/debug/egress-bench
+else
+  cargo build -q --release -p egress-proxy -p egress-bench --bins
+  bin=target/release/egress-bench
+fi
+
+# 10,000 idle tunnels need ~60,000 descriptors in the proxy (sockets and
+# splice pipes) and 10,000 here; raise the limit as far as allowed.
+ulimit -Hn 200000 2>/dev/null || true
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# egress-bench kills what it starts; this is for a crash or a signal: each
+# recorded pid still running one of the programs it started is killed.
+pids=$(mktemp)
+cleanup() {
+  while read -r pid; do
+    case "$(cat /proc/"$pid"/comm 2>/dev/null)" in
+      nginx|squid|tinyproxy|egress-proxy) kill -9 "$pid" 2>/dev/null || true ;;
+    esac
+  done < "$pids"
+  rm -f "$pids"
+}
+trap cleanup EXIT
+"$bin" --pids "$pids" "${args[@]}"

@@ -1,0 +1,460 @@
+//! Side-by-side benchmark: a direct connection, egress-proxy, squid and
+//! tinyproxy under the same loads in one run, on loopback only (`127.0.0.0/8`),
+//! with a fake DNS server for egress-proxy. Prints a Markdown table of every
+//! figure with ratios to direct and to the best peer, and writes the same as
+//! JSON. `bench/run.sh` installs the peers, builds and runs this; see
+//! `docs/performance.md` for what each figure means.
+//!
+//! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR]`
+//! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials;
+//! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
+//! `perf record` egress-proxy during each of its windows).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark program: fail loudly
+
+mod load;
+mod peers;
+mod procfs;
+mod report;
+
+use load::{Binder, Path, ProxyTarget, Timing};
+use peers::{find_program, Daemon, Launcher};
+use serde_json::{json, Map, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+const TOKEN: &str = egress_e2e::harness::TOKEN;
+
+/// Sizes of one run; `--smoke` shrinks everything.
+struct Params {
+    timing: Timing,
+    conns: usize,
+    in_flight: usize,
+    bulk_bytes: u64,
+    bulk_reps: usize,
+    idle: Vec<usize>,
+    denial_clients: usize,
+}
+
+impl Params {
+    fn full() -> Params {
+        Params {
+            timing: Timing {
+                warm: Duration::from_secs(1),
+                secs: Duration::from_secs(8),
+            },
+            conns: 50,
+            in_flight: 50,
+            bulk_bytes: 100 << 20,
+            bulk_reps: 5,
+            idle: vec![1000, 10_000],
+            denial_clients: 32,
+        }
+    }
+
+    fn smoke() -> Params {
+        Params {
+            timing: Timing {
+                warm: Duration::from_millis(200),
+                secs: Duration::from_millis(800),
+            },
+            conns: 8,
+            in_flight: 8,
+            bulk_bytes: 4 << 20,
+            bulk_reps: 1,
+            idle: vec![50, 100],
+            denial_clients: 4,
+        }
+    }
+}
+
+struct Args {
+    smoke: bool,
+    out: Option<String>,
+    pids: Option<String>,
+    only: Option<Vec<String>>,
+    paths: Option<Vec<String>>,
+    perf: Option<std::path::PathBuf>,
+}
+
+impl Args {
+    fn wants(&self, figure: &str) -> bool {
+        self.only.as_ref().is_none_or(|o| o.iter().any(|f| f == figure))
+    }
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        smoke: false,
+        out: None,
+        pids: None,
+        only: None,
+        paths: None,
+        perf: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--smoke" => a.smoke = true,
+            "--out" => a.out = it.next(),
+            "--pids" => a.pids = it.next(),
+            "--only" => a.only = it.next().map(|s| s.split(',').map(str::to_owned).collect()),
+            "--perf" => a.perf = it.next().map(Into::into),
+            "--paths" => a.paths = it.next().map(|s| s.split(',').map(str::to_owned).collect()),
+            other => {
+                eprintln!("usage: egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] (unknown {other:?})");
+                std::process::exit(2);
+            }
+        }
+    }
+    a
+}
+
+/// Records a figure; the table reads these keys (see `report::ROWS`).
+fn put(results: &mut Map<String, Value>, path: &str, key: &str, v: Option<f64>) {
+    if let Some(v) = v.filter(|v| v.is_finite()) {
+        let m = results.entry(path).or_insert_with(|| json!({}));
+        m[key] = json!((v * 1000.0).round() / 1000.0);
+    }
+}
+
+fn skip(skipped: &mut Vec<String>, what: String) {
+    eprintln!("\n*** SKIPPED: {what} ***\n");
+    skipped.push(what);
+}
+
+/// With `--perf DIR`: `perf record` (DWARF call graphs) of egress-proxy for
+/// `dur`, into `DIR/<figure>.data`; other paths are not recorded.
+fn perf_record(
+    dir: &Option<std::path::PathBuf>,
+    figure: &str,
+    path: &Path,
+    dur: Duration,
+) -> Option<std::process::Child> {
+    let (dir, pid) = (dir.as_ref()?, path.pid?);
+    if path.name != "egress-proxy" {
+        return None;
+    }
+    std::fs::create_dir_all(dir).ok()?;
+    let r = std::process::Command::new(find_program("perf")?)
+        .args(["record", "-q", "-F", "499", "--call-graph", "dwarf,16384", "-p"])
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(dir.join(format!("{figure}.data")))
+        .args(["--", "sleep"])
+        .arg(format!("{:.3}", dur.as_secs_f64()))
+        .stdout(std::process::Stdio::null())
+        .spawn();
+    r.map_err(|e| eprintln!("perf record: {e}")).ok()
+}
+
+fn perf_wait(perf: Option<std::process::Child>) {
+    if let Some(mut c) = perf {
+        let _ = c.wait();
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let a = args();
+    let p = if a.smoke { Params::smoke() } else { Params::full() };
+    let dir = tempfile::Builder::new().prefix("egress-bench").tempdir().unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let launcher = Launcher {
+        dir: dir.path().to_owned(),
+        pids: a.pids.clone().map(Into::into),
+    };
+    let mut skipped = vec![];
+    let mut versions = Map::new();
+
+    // An idle egress-proxy tunnel holds 6 descriptors (two sockets, two
+    // splice pipes); the limit applies to every process started here.
+    let limit = procfs::open_files_limit().unwrap_or(1024);
+    let fit = (limit.saturating_sub(500) / 6 / 500 * 500) as usize;
+    let mut idle = p.idle.clone();
+    if idle.iter().any(|n| *n > fit) {
+        skip(&mut skipped, format!(
+            "idle tunnels above {fit}: at 6 descriptors per tunnel they need more than the open-files limit {limit} (raising it needs CAP_SYS_RESOURCE); measured at {fit} instead"
+        ));
+        idle = idle.into_iter().map(|n| n.min(fit)).filter(|n| *n > 0).collect();
+        idle.dedup();
+    }
+
+    // The origin.
+    let origin = match find_program("nginx") {
+        Some(prog) => peers::nginx(&launcher, &prog, p.bulk_bytes).unwrap(),
+        None => {
+            skip(
+                &mut skipped,
+                "nginx not installed: the origin is the Rust test origin".into(),
+            );
+            peers::rust_origin(p.bulk_bytes).unwrap()
+        }
+    };
+    versions.insert("origin".into(), json!(origin.kind));
+    let origin_pid = origin._daemon.as_ref().map(Daemon::pid);
+    let dns = egress_e2e::FakeDns::start().await;
+    dns.set("origin.test", &["127.0.0.2"]);
+
+    // egress-proxy, then the peers that are installed.
+    let exe = std::env::current_exe().unwrap();
+    let proxy_bin = exe.parent().unwrap().join("egress-proxy");
+    let egress = peers::egress_proxy(&launcher, &proxy_bin, dns.addr, origin.addr.port(), TOKEN).unwrap();
+    versions.insert("egress-proxy".into(), json!(peers::version(&proxy_bin, "--version")));
+    let (run_id, secret) = egress_e2e::harness::create_run_at(egress.control, "bench").await;
+    let auth = egress_e2e::harness::basic(&run_id, &secret);
+
+    let mut paths = vec![
+        Path {
+            name: "direct".into(),
+            addr: origin.addr,
+            proxy: None,
+            pid: None,
+        },
+        Path {
+            name: "egress-proxy".into(),
+            addr: egress.addr,
+            proxy: Some(ProxyTarget {
+                authority: format!("origin.test:{}", origin.addr.port()),
+                auth: Some(auth),
+            }),
+            pid: Some(egress.daemon.pid()),
+        },
+    ];
+    let mut daemons = vec![];
+    type Starter = fn(&Launcher, &std::path::Path, SocketAddr) -> std::io::Result<(Daemon, SocketAddr)>;
+    let peers: [(&str, &str, Starter); 2] = [("squid", "-v", peers::squid), ("tinyproxy", "-v", peers::tinyproxy)];
+    for (name, varg, start) in peers {
+        let Some(prog) = find_program(name) else {
+            skip(&mut skipped, format!("{name} not installed"));
+            continue;
+        };
+        match start(&launcher, &prog, origin.addr) {
+            Ok((d, addr)) => {
+                versions.insert(name.into(), json!(peers::version(&prog, varg)));
+                paths.push(Path {
+                    name: name.into(),
+                    addr,
+                    proxy: Some(ProxyTarget {
+                        authority: origin.addr.to_string(),
+                        auth: None,
+                    }),
+                    pid: Some(d.pid()),
+                });
+                daemons.push(d);
+            }
+            Err(e) => skip(&mut skipped, format!("{name} did not start: {e}")),
+        }
+    }
+
+    let egress_path = paths[1].clone();
+    if let Some(only) = &a.paths {
+        paths.retain(|p| only.contains(&p.name));
+    }
+    let b = Arc::new(Binder::new());
+    let mut results = Map::new();
+    let t = &p.timing;
+
+    let window = t.warm + t.secs;
+    if a.wants("keepalive") {
+        eprintln!("keep-alive small requests, {} connections", p.conns);
+        for path in &paths {
+            let req = path.get(&format!("origin.test:{}", origin.addr.port()), &origin.small);
+            let perf = perf_record(&a.perf, "keepalive", path, window);
+            let w = load::keepalive(&b, path, req, p.conns, t).await;
+            perf_wait(perf);
+            eprintln!(
+                "  {:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  reconnects {}",
+                path.name,
+                w.rate,
+                w.p50_ms,
+                w.p99_ms,
+                w.cpu_us_per_op.map(|c| c.round()),
+                w.errors
+            );
+            put(&mut results, &path.name, "keepalive_rps", Some(w.rate));
+            put(
+                &mut results,
+                &path.name,
+                "keepalive_p50_ms",
+                (w.ops > 0).then_some(w.p50_ms),
+            );
+            put(
+                &mut results,
+                &path.name,
+                "keepalive_p99_ms",
+                (w.ops > 0).then_some(w.p99_ms),
+            );
+            put(&mut results, &path.name, "keepalive_cpu_us", w.cpu_us_per_op);
+            put(&mut results, &path.name, "keepalive_reconnects", Some(w.errors as f64));
+            put(&mut results, &path.name, "keepalive_requests", Some(w.ops as f64));
+            put(
+                &mut results,
+                &path.name,
+                "keepalive_syn_retransmits",
+                w.syn_retransmits.map(|n| n as f64),
+            );
+        }
+        if let Some(pid) = origin_pid {
+            eprintln!("  (origin nginx pid {pid}: cpu per request not attributed to any path)");
+        }
+    }
+
+    if a.wants("tunnels") {
+        eprintln!("new tunnels (CONNECT, 200, close), {} in flight", p.in_flight);
+        // No direct row: a client that connects and closes at once outruns
+        // the origin's accept loop, fills its backlog and measures only that.
+        for path in paths.iter().filter(|p| p.proxy.is_some()) {
+            let perf = perf_record(&a.perf, "tunnels", path, window);
+            let w = load::new_tunnels(&b, path, p.in_flight, t).await;
+            perf_wait(perf);
+            eprintln!(
+                "  {:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
+                path.name,
+                w.rate,
+                w.p50_ms,
+                w.p99_ms,
+                w.cpu_us_per_op.map(|c| c.round()),
+                w.errors,
+                w.syn_retransmits
+            );
+            put(&mut results, &path.name, "new_tunnels_per_s", Some(w.rate));
+            put(
+                &mut results,
+                &path.name,
+                "new_tunnel_p50_ms",
+                (w.ops > 0).then_some(w.p50_ms),
+            );
+            put(&mut results, &path.name, "new_tunnel_cpu_us", w.cpu_us_per_op);
+            put(&mut results, &path.name, "new_tunnel_failures", Some(w.errors as f64));
+            put(
+                &mut results,
+                &path.name,
+                "new_tunnel_syn_retransmits",
+                w.syn_retransmits.map(|n| n as f64),
+            );
+        }
+    }
+
+    if a.wants("bulk") {
+        eprintln!("bulk through a tunnel, {} MiB x {}", p.bulk_bytes >> 20, p.bulk_reps);
+        for path in &paths {
+            let req = format!("GET {} HTTP/1.1\r\nHost: origin.test\r\n\r\n", origin.bulk);
+            match load::bulk(&b, path, req.as_bytes(), p.bulk_bytes, p.bulk_reps).await {
+                Ok((mibps, cpu)) => {
+                    eprintln!(
+                        "  {:<13} {:>7.0} MiB/s  cpu {:?} s/GiB",
+                        path.name,
+                        mibps,
+                        cpu.map(|c| (c * 1000.0).round() / 1000.0)
+                    );
+                    put(&mut results, &path.name, "bulk_mib_per_s", Some(mibps));
+                    put(&mut results, &path.name, "bulk_cpu_s_per_gib", cpu);
+                }
+                Err(e) => skip(&mut skipped, format!("bulk via {}: {e}", path.name)),
+            }
+        }
+    }
+
+    if !idle.is_empty() && a.wants("idle") {
+        eprintln!("idle tunnels {idle:?}");
+        for path in paths.iter().filter(|p| p.pid.is_some()) {
+            match load::idle_tunnels(&b, path, &idle, p.in_flight).await {
+                Ok(v) => {
+                    for (n, kib, fds) in v {
+                        eprintln!(
+                            "  {:<13} {n:>6} tunnels: {kib:.1} KiB, {fds:.2} descriptors each",
+                            path.name
+                        );
+                        put(&mut results, &path.name, &format!("idle_rss_kib_{n}"), Some(kib));
+                        put(&mut results, &path.name, &format!("idle_fds_{n}"), Some(fds));
+                    }
+                }
+                Err(e) => skip(&mut skipped, format!("idle tunnels via {}: {e}", path.name)),
+            }
+        }
+    }
+
+    if a.wants("denials") {
+        eprintln!("durable denials, {} clients", p.denial_clients);
+        let mut auths = vec![];
+        for _ in 0..p.denial_clients {
+            let (id, secret) = egress_e2e::harness::create_run_at(egress.control, "web").await;
+            auths.push(egress_e2e::harness::basic(&id, &secret));
+        }
+        let fsyncs = report::count_fsyncs(egress.daemon.pid(), window);
+        let perf = perf_record(&a.perf, "denials", &egress_path, window);
+        let w = load::denials(&b, &egress_path, auths, t).await;
+        perf_wait(perf);
+        let fsyncs = fsyncs.and_then(|h| h.join().ok().flatten());
+        eprintln!(
+            "  egress-proxy  {:>9.0} denials/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  fsync/s {:?}",
+            w.rate,
+            w.p50_ms,
+            w.p99_ms,
+            w.cpu_us_per_op.map(|c| c.round()),
+            fsyncs
+        );
+        put(&mut results, "egress-proxy", "denials_per_s", Some(w.rate));
+        put(
+            &mut results,
+            "egress-proxy",
+            "denial_p50_ms",
+            (w.ops > 0).then_some(w.p50_ms),
+        );
+        put(
+            &mut results,
+            "egress-proxy",
+            "denial_p99_ms",
+            (w.ops > 0).then_some(w.p99_ms),
+        );
+        put(&mut results, "egress-proxy", "denial_cpu_us", w.cpu_us_per_op);
+        put(&mut results, "egress-proxy", "fsyncs_per_s", fsyncs);
+    }
+
+    let m = egress_e2e::harness::control_call(egress.control, "GET", "/metrics", None, None)
+        .await
+        .text();
+    put(
+        &mut results,
+        "egress-proxy",
+        "upstream_reused",
+        Some(egress_e2e::harness::sample(&m, "egress_upstream_reused_total")),
+    );
+
+    drop(daemons);
+    drop(egress);
+    drop(origin);
+
+    let doc = json!({
+        "date": report::utc_now(),
+        "smoke": a.smoke,
+        "build": if exe.components().any(|c| c.as_os_str() == "release") { "release" } else { "debug" },
+        "machine": report::machine(),
+        "versions": versions,
+        "params": {
+            "warm_s": t.warm.as_secs_f64(), "window_s": t.secs.as_secs_f64(),
+            "keepalive_conns": p.conns, "tunnels_in_flight": p.in_flight,
+            "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
+            "idle_tunnels": idle, "denial_clients": p.denial_clients,
+        },
+        "skipped": skipped,
+        "results": results,
+    });
+    println!("{}", report::markdown(&doc));
+    let out = a.out.unwrap_or_else(|| match a.smoke {
+        true => "target/bench-smoke.json".into(),
+        false => format!(
+            "bench/results/{}.json",
+            doc["date"].as_str().unwrap_or("run").replace(':', "")
+        ),
+    });
+    if let Some(parent) = std::path::Path::new(&out).parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+    eprintln!("JSON written to {out}");
+}

@@ -1,0 +1,200 @@
+//! The run's report: the Markdown table (one row per figure, one column per
+//! path, then egress-proxy as a ratio to direct and to the best peer), the
+//! machine's description, and the optional fsync count (`perf stat` on the
+//! fsync tracepoints, when perf is installed).
+
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// One table row: label, result key, whether higher is better.
+const ROWS: &[(&str, &str, bool)] = &[
+    ("keep-alive GET 1 KiB: requests/s", "keepalive_rps", true),
+    ("keep-alive: p50 ms", "keepalive_p50_ms", false),
+    ("keep-alive: p99 ms", "keepalive_p99_ms", false),
+    ("keep-alive: proxy CPU µs/request", "keepalive_cpu_us", false),
+    ("CONNECT bulk download: MiB/s (median)", "bulk_mib_per_s", true),
+    ("CONNECT bulk: proxy CPU s/GiB", "bulk_cpu_s_per_gib", false),
+    ("new tunnels/s (CONNECT, 200, close)", "new_tunnels_per_s", true),
+    ("new tunnel: p50 ms", "new_tunnel_p50_ms", false),
+    ("new tunnel: proxy CPU µs each", "new_tunnel_cpu_us", false),
+    ("RSS per idle tunnel, KiB (first count)", "idle_rss_kib_0", false),
+    ("RSS per idle tunnel, KiB (second count)", "idle_rss_kib_1", false),
+    ("descriptors per idle tunnel", "idle_fds_0", false),
+    ("durable denials/s", "denials_per_s", true),
+    ("denial: p50 ms", "denial_p50_ms", false),
+    ("denial: p99 ms", "denial_p99_ms", false),
+    ("denial: proxy CPU µs each", "denial_cpu_us", false),
+    ("fact store fsyncs/s during the denial flood", "fsyncs_per_s", false),
+];
+
+const PATHS: &[&str] = &["direct", "egress-proxy", "squid", "tinyproxy"];
+const PEERS: &[&str] = &["squid", "tinyproxy"];
+
+fn fmt(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The Markdown report of a run document (as written to JSON).
+pub fn markdown(doc: &Value) -> String {
+    let r = &doc["results"];
+    let p = &doc["params"];
+    let idle: Vec<u64> = p["idle_tunnels"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    let mut out = format!(
+        "\n## egress-bench {} ({} build{})\n\n",
+        doc["date"].as_str().unwrap_or(""),
+        doc["build"].as_str().unwrap_or(""),
+        if doc["smoke"].as_bool() == Some(true) {
+            ", SMOKE: numbers mean nothing"
+        } else {
+            ""
+        }
+    );
+    out += &format!(
+        "{} keep-alive connections; {} tunnels in flight; bulk {} MiB x {}; idle tunnels {:?}; {} denial clients; {} s windows after {} s warm-up. Machine: {}.\n\n",
+        p["keepalive_conns"], p["tunnels_in_flight"], p["bulk_bytes"].as_u64().unwrap_or(0) >> 20, p["bulk_reps"],
+        idle, p["denial_clients"], p["window_s"], p["warm_s"], doc["machine"]["summary"].as_str().unwrap_or("")
+    );
+    out += "| figure | direct | egress-proxy | squid | tinyproxy | egress ÷ direct | egress ÷ best peer |\n";
+    out += "|---|---|---|---|---|---|---|\n";
+    for (label, key, higher) in ROWS {
+        let (label, key) = if let Some(i) = key.strip_prefix("idle_rss_kib_") {
+            let Some(n) = idle.get(i.parse::<usize>().unwrap_or(0)) else {
+                continue;
+            };
+            (
+                format!("RSS per idle tunnel, KiB ({n} tunnels)"),
+                format!("idle_rss_kib_{n}"),
+            )
+        } else if key.starts_with("idle_fds_") {
+            let Some(n) = idle.first() else { continue };
+            (
+                format!("descriptors per idle tunnel ({n} tunnels)"),
+                format!("idle_fds_{n}"),
+            )
+        } else {
+            (label.to_string(), key.to_string())
+        };
+        let get = |path: &str| r[path][&key].as_f64();
+        if PATHS.iter().all(|p| get(p).is_none()) {
+            continue;
+        }
+        let mut row = format!("| {label} |");
+        for path in PATHS {
+            row += &format!(" {} |", get(path).map(fmt).unwrap_or_else(|| "—".into()));
+        }
+        let ours = get("egress-proxy");
+        let ratio = |other: Option<f64>| match (ours, other) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+            _ => "—".into(),
+        };
+        let best =
+            PEERS
+                .iter()
+                .filter_map(|p| get(p).map(|v| (*p, v)))
+                .reduce(|a, b| if (b.1 > a.1) == *higher { b } else { a });
+        row += &format!(" {} |", ratio(get("direct")));
+        row += &match best {
+            Some((name, v)) => format!(" {} ({name}) |", ratio(Some(v))),
+            None => " — |".into(),
+        };
+        out += &row;
+        out += "\n";
+    }
+    out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
+    if let Some(s) = doc["skipped"].as_array().filter(|s| !s.is_empty()) {
+        out += "\nSkipped:\n";
+        for x in s {
+            out += &format!("- {}\n", x.as_str().unwrap_or(""));
+        }
+    }
+    for (k, v) in doc["versions"].as_object().into_iter().flatten() {
+        out += &format!("\n{k}: {}", v.as_str().unwrap_or(""));
+    }
+    out + "\n"
+}
+
+/// CPUs, kernel and load average when the run started.
+pub fn machine() -> Value {
+    let cpus = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load1 = load.split_whitespace().next().unwrap_or("?").to_owned();
+    json!({
+        "cpus": cpus,
+        "kernel": kernel.trim(),
+        "loadavg_1m_at_start": load1,
+        "summary": format!("{cpus} CPUs, Linux {}, load {load1} at start", kernel.trim()),
+    })
+}
+
+/// Counts `fsync`/`fdatasync` calls of `pid` for `dur` with `perf stat`, in
+/// the background; per second, or `None` without perf or tracepoint access.
+pub fn count_fsyncs(pid: u32, dur: Duration) -> Option<std::thread::JoinHandle<Option<f64>>> {
+    let perf = crate::peers::find_program("perf")?;
+    Some(std::thread::spawn(move || {
+        let out = std::process::Command::new(perf)
+            .args([
+                "stat",
+                "-x",
+                ",",
+                "-e",
+                "syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync",
+                "-p",
+            ])
+            .arg(pid.to_string())
+            .arg("--")
+            .arg("sleep")
+            .arg(format!("{:.3}", dur.as_secs_f64()))
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        let mut total = 0.0;
+        let mut seen = false;
+        for l in text.lines() {
+            let mut f = l.split(',');
+            if let (Some(n), Some(_), Some(ev)) = (f.next(), f.next(), f.next()) {
+                if ev.starts_with("syscalls:sys_enter_f") {
+                    total += n.parse::<f64>().ok()?;
+                    seen = true;
+                }
+            }
+        }
+        seen.then(|| total / dur.as_secs_f64())
+    }))
+}
+
+/// Now, as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
