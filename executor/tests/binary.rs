@@ -3,7 +3,6 @@
 //! environment checked with a canary, exit codes, the denials table).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -11,43 +10,20 @@ use std::time::Duration;
 use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
 use egress_e2e::harness::TOKEN;
+use egress_e2e::process::spawn_reporting;
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-executor");
 
 /// Start `serve` and return it with the address it listens on (read from its log).
 fn serve(config: &std::path::Path) -> (Child, SocketAddr) {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--config"])
         .arg(config)
         .env("EGRESS_CONTROL_TOKEN", TOKEN)
         .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent {
-                if let Some(rest) = line.split("addr=").nth(1) {
-                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                    if let Ok(a) = addr.parse::<SocketAddr>() {
-                        let _ = tx.send(a);
-                        sent = true;
-                    }
-                }
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("executor did not report its address");
-    (child, addr)
+        .env("NO_COLOR", "1");
+    spawn_reporting(&mut cmd, "addr")
 }
 
 fn echo_config(dir: &TempDir, control: SocketAddr, marker: &str) -> std::path::PathBuf {

@@ -6,16 +6,16 @@
 //! Loopback only; the proxy's DNS servers point at a closed loopback port.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use egress_e2e::executor::*;
 use egress_e2e::harness::TOKEN;
+use egress_e2e::process::{spawn_reporting, KillOnDrop};
 use egress_executor::{Config, Executor, InvocationRequest};
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The proxy binary: `EGRESS_PROXY_BIN`, else beside this test's target dir
@@ -58,59 +58,15 @@ async fn origin() -> SocketAddr {
     addr
 }
 
-struct Proxy {
-    child: Child,
-    control: SocketAddr,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Start the proxy with `config` (ports 0) and read its control address
 /// from its JSON log.
-fn start_proxy(bin: &PathBuf, config: &std::path::Path) -> Proxy {
-    let mut child = Command::new(bin)
-        .args(["serve", "--log-format", "json", "--config"])
+fn start_proxy(bin: &PathBuf, config: &std::path::Path) -> (KillOnDrop, SocketAddr) {
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--log-format", "json", "--config"])
         .arg(config)
-        .env("EGRESS_CONTROL_TOKEN", TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if sent {
-                continue;
-            }
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if let Some(c) = v.get("control").and_then(Value::as_str) {
-                    if let Ok(a) = c.parse::<SocketAddr>() {
-                        let _ = tx.send(Ok(a));
-                        sent = true;
-                    }
-                }
-            } else {
-                eprintln!("proxy: {line}");
-            }
-        }
-        if !sent {
-            let _ = tx.send(Err(()));
-        }
-    });
-    let control = rx
-        .recv_timeout(Duration::from_secs(60))
-        .ok()
-        .and_then(Result::ok)
-        .expect("the proxy did not report its control address");
-    Proxy { child, control }
+        .env("EGRESS_CONTROL_TOKEN", TOKEN);
+    let (child, control) = spawn_reporting(&mut cmd, "control");
+    (KillOnDrop(child), control)
 }
 
 const FETCH_PY: &str = r#"
@@ -181,8 +137,8 @@ timeout_ms = 20000
         )
     };
     let proxy_cfg = dir.write("proxy.toml", &tools("127.0.0.1:0"));
-    let proxy = start_proxy(&bin, &proxy_cfg);
-    let exec_cfg = dir.write("egress.toml", &tools(&proxy.control.to_string()));
+    let (proxy, control) = start_proxy(&bin, &proxy_cfg);
+    let exec_cfg = dir.write("egress.toml", &tools(&control.to_string()));
     let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
     exec.warm_up();
     let pool = exec.pool("fetcher").unwrap().clone();

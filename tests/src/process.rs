@@ -72,6 +72,56 @@ pub fn write_config(dir: &Path, proxy: SocketAddr, control: SocketAddr, rest: &s
     cfg
 }
 
+/// A child process killed and reaped on drop.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` (its stderr piped) and waits for the first log line that
+/// reports `key` as a socket address, in text (`key=ADDR`) or JSON
+/// (`"key":"ADDR"`) logs; other lines go to this test's stderr.
+pub fn spawn_reporting(cmd: &mut Command, key: &str) -> (Child, SocketAddr) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the service starts");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let (text, json) = (format!("{key}="), format!("\"{key}\":\""));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut sent = false;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sent {
+                continue;
+            }
+            let found = [&text, &json].into_iter().find_map(|k| {
+                let rest = line.split(k.as_str()).nth(1)?;
+                let addr: String = rest.chars().take_while(|c| !c.is_whitespace() && *c != '"').collect();
+                addr.parse::<SocketAddr>().ok()
+            });
+            match found {
+                Some(a) => {
+                    let _ = tx.send(a);
+                    sent = true;
+                }
+                None => eprintln!("service: {line}"),
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the service did not report its {key} address"));
+    (child, addr)
+}
+
 pub struct ProxyProcess {
     pub child: Child,
     pub proxy: SocketAddr,

@@ -118,8 +118,8 @@ impl Proxy {
         far
     }
 
-    /// A client connection to the data path (an in-memory duplex).
-    async fn client(&self) -> SendRequest<Full<Bytes>> {
+    /// A raw client connection to the data path (an in-memory duplex).
+    fn connection(&self) -> tokio::io::DuplexStream {
         let (client_io, server_io) = tokio::io::duplex(64 * 1024);
         let sh = self.sh.clone();
         let conn = Arc::new(sh.data_admission.admit(tokio_util::sync::CancellationToken::new()));
@@ -130,7 +130,12 @@ impl Proxy {
                 .with_upgrades()
                 .await;
         });
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client_io))
+        client_io
+    }
+
+    /// An HTTP/1.1 client connection to the data path.
+    async fn client(&self) -> SendRequest<Full<Bytes>> {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(self.connection()))
             .await
             .unwrap();
         tokio::spawn(conn.with_upgrades());
@@ -233,16 +238,7 @@ async fn a_stalled_response_body_is_cut_at_the_deadline() {
 async fn an_endless_upload_is_cut_at_the_deadline() {
     let p = Proxy::new("fetch_timeout_ms = 2000");
     let mut origin = p.origin();
-    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
-    let sh = p.sh.clone();
-    let conn = Arc::new(sh.data_admission.admit(tokio_util::sync::CancellationToken::new()));
-    tokio::spawn(async move {
-        let svc = hyper::service::service_fn(move |req| handle(sh.clone(), req, conn.clone()));
-        let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(server_io), svc)
-            .await;
-    });
-    let (mut rd, mut wr) = tokio::io::split(client_io);
+    let (mut rd, mut wr) = tokio::io::split(p.connection());
     let t0 = Instant::now();
     let auth = format!("Basic {}", base64_encode(&format!("r1:{SECRET}")));
     let head = format!(
