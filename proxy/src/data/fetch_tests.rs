@@ -146,8 +146,13 @@ impl Proxy {
         self.run.max_slots - self.run.slots.available_permits()
     }
 
-    fn metrics(&self) -> String {
-        self.sh.metrics.render()
+    /// After a fetch ended: its slot is back and one timeout was counted
+    /// in `phase`.
+    async fn assert_timed_out(&self, phase: &str) {
+        tokio::task::yield_now().await;
+        assert_eq!(self.slots_in_use(), 0);
+        let series = format!("egress_timeouts_total{{tool=\"t\",phase=\"{phase}\"}} 1");
+        assert!(self.sh.metrics.render().contains(&series), "{series}");
     }
 }
 
@@ -200,11 +205,7 @@ async fn a_silent_origin_times_out_at_the_deadline_and_frees_the_slot() {
     assert_eq!(Instant::now() - t0, Duration::from_millis(1000));
     assert!(read_head(&mut origin).await.starts_with("GET /x HTTP/1.1\r\n"));
     assert_eq!(*p.net.dialled.lock().unwrap(), vec!["203.0.113.5:80".parse().unwrap()]);
-    tokio::task::yield_now().await;
-    assert_eq!(p.slots_in_use(), 0);
-    assert!(p
-        .metrics()
-        .contains("egress_timeouts_total{tool=\"t\",phase=\"response\"} 1"));
+    p.assert_timed_out("response").await;
 }
 
 /// A response body the origin stops sending is cut at the deadline: the
@@ -225,11 +226,7 @@ async fn a_stalled_response_body_is_cut_at_the_deadline() {
     assert_eq!(resp.status(), 200);
     assert!(resp.into_body().collect().await.is_err(), "the body must not complete");
     assert_eq!(Instant::now() - t0, Duration::from_millis(3000));
-    tokio::task::yield_now().await;
-    assert_eq!(p.slots_in_use(), 0);
-    assert!(p
-        .metrics()
-        .contains("egress_timeouts_total{tool=\"t\",phase=\"response\"} 1"));
+    p.assert_timed_out("response").await;
 }
 
 /// An upload the client never finishes, into an origin that already
@@ -254,11 +251,7 @@ async fn an_endless_upload_is_cut_at_the_deadline() {
     let _ = rd.read_to_end(&mut answer).await;
     assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200 OK"));
     assert_eq!(Instant::now() - t0, Duration::from_millis(2000));
-    tokio::task::yield_now().await;
-    assert_eq!(p.slots_in_use(), 0);
-    assert!(p
-        .metrics()
-        .contains("egress_timeouts_total{tool=\"t\",phase=\"upload\"} 1"));
+    p.assert_timed_out("upload").await;
 }
 
 /// A CONNECT tunnel nobody uses is closed after `tunnel_idle_timeout`, and
