@@ -16,15 +16,21 @@ pub const CHUNK: usize = 64 * 1024;
 /// reaches EOF, then half-closes `dst` (the other direction goes on).
 /// `moved` is told every chunk taken from `src`. The pipe is drained before
 /// `src` is read again, so a full pipe never stalls a read and a would-block
-/// always means the socket it names has no data or no room.
+/// always means the socket it names has no data or no room. The pipe is made
+/// when `src` first has something to read, so an idle direction holds no
+/// descriptors.
 pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) -> io::Result<()> {
-    let (pipe_r, pipe_w) = rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)?;
+    let mut pipe = None;
     let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
     loop {
         let n = loop {
             src.readable().await?;
+            if pipe.is_none() {
+                pipe = Some(rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)?);
+            }
+            let Some((_, pipe_w)) = &pipe else { continue };
             match src.try_io(Interest::READABLE, || {
-                rustix::pipe::splice(src, None, &pipe_w, None, CHUNK, flags).map_err(io::Error::from)
+                rustix::pipe::splice(src, None, pipe_w, None, CHUNK, flags).map_err(io::Error::from)
             }) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -38,11 +44,12 @@ pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) ->
             };
         }
         moved(n);
+        let Some((pipe_r, _)) = &pipe else { continue };
         let mut left = n;
         while left > 0 {
             dst.writable().await?;
             match dst.try_io(Interest::WRITABLE, || {
-                rustix::pipe::splice(&pipe_r, None, dst, None, left, flags).map_err(io::Error::from)
+                rustix::pipe::splice(pipe_r, None, dst, None, left, flags).map_err(io::Error::from)
             }) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(m) => left -= m,
