@@ -11,6 +11,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use egress_api::ErrorBody;
 use serde_json::json;
 use utoipa::OpenApi as _;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -76,19 +77,10 @@ pub struct InvocationList {
 
 /// An error answer that is not an invocation's result:
 /// `{"error": {"code", "message"}}`, as the proxy's control API answers.
+/// An error that is not an invocation's answer: the same `ErrorBody` as the
+/// proxy's control API.
 fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(json!({"error": {"code": code, "message": message.into()}})),
-    )
-        .into_response()
-}
-
-/// An error that is not an invocation's answer.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ApiErrorBody {
-    #[schema(value_type = Object)]
-    pub error: serde_json::Value,
+    (status, Json(ErrorBody::new(code, message))).into_response()
 }
 
 async fn require_token(
@@ -121,7 +113,7 @@ async fn require_token(
     responses(
         (status = 200, description = "The invocation ran: `ok`, or the tool's failure (tool_error, timeout, aborted, disconnected, protocol, startup)", body = InvocationResult),
         (status = 400, description = "bad_request", body = InvocationResult),
-        (status = 401, description = "unauthorized", body = ApiErrorBody),
+        (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "unknown_tool", body = InvocationResult),
         (status = 409, description = "idempotency_conflict", body = InvocationResult),
         (status = 502, description = "proxy: the proxy's control API failed", body = InvocationResult),
@@ -169,8 +161,8 @@ struct InvocationFilter {
     ),
     responses(
         (status = 200, description = "Newest first", body = InvocationList),
-        (status = 400, description = "bad_request", body = ApiErrorBody),
-        (status = 401, description = "unauthorized", body = ApiErrorBody),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 401, description = "unauthorized", body = ErrorBody),
     ))]
 async fn list_invocations(
     State(exec): State<Arc<Executor>>,
@@ -200,8 +192,8 @@ async fn list_invocations(
     params(("id" = String, Path, description = "Invocation id, run id or idempotency key")),
     responses(
         (status = 200, description = "`{\"state\": \"done\", \"result\": …}` or `{\"state\": \"running\", \"invocation\": …}`", body = Object),
-        (status = 401, description = "unauthorized", body = ApiErrorBody),
-        (status = 404, description = "not_found", body = ApiErrorBody),
+        (status = 401, description = "unauthorized", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
     ))]
 async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
     match exec.invocation(&id) {
@@ -222,8 +214,8 @@ async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String
     params(("id" = String, Path, description = "Run id or idempotency key of an invocation in flight")),
     responses(
         (status = 200, description = "`{\"aborted\": true, \"id\"}`; the invocation answers `aborted`", body = Object),
-        (status = 401, description = "unauthorized", body = ApiErrorBody),
-        (status = 404, description = "not_found: nothing in flight with that id", body = ApiErrorBody),
+        (status = 401, description = "unauthorized", body = ErrorBody),
+        (status = 404, description = "not_found: nothing in flight with that id", body = ErrorBody),
     ))]
 async fn abort(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
     if exec.abort(&id) {
