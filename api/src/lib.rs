@@ -116,6 +116,36 @@ pub struct CreatedRun {
     pub secret: String,
     /// `http://<run_id>:<secret>@<proxy listener>`: the child's proxy URL.
     pub proxy_url: String,
+    /// Every variable the child needs for its egress, to pass on unchanged:
+    /// the proxy URL variables (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` and
+    /// their lower-case forms, `NO_PROXY`/`no_proxy` empty,
+    /// `NODE_USE_ENV_PROXY`) and, for each credential of the tool, its
+    /// `placeholder_env` holding the run's placeholder (never the secret).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// The variables that point a child at its proxy URL (`CreatedRun::env`
+/// without the placeholders): the upper- and lower-case proxy variables,
+/// `NO_PROXY` empty so nothing bypasses the proxy, and Node's switch that
+/// makes its `fetch` honour them.
+pub fn proxy_env(proxy_url: &str) -> std::collections::BTreeMap<String, String> {
+    let mut env = std::collections::BTreeMap::new();
+    for k in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        env.insert(k.to_owned(), proxy_url.to_owned());
+    }
+    env.insert("NO_PROXY".into(), String::new());
+    env.insert("no_proxy".into(), String::new());
+    // Node >= 24 honours the proxy variables in fetch/http only with this.
+    env.insert("NODE_USE_ENV_PROXY".into(), "1".into());
+    env
 }
 
 /// Denials of an ended run, by reason (counts include folded facts).

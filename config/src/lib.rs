@@ -4,6 +4,7 @@
 //! digest). Pure: no I/O beyond reading the file, no async runtime.
 
 pub mod allowlist;
+pub mod credentials;
 pub mod executor;
 pub mod host;
 pub mod ranges;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use allowlist::{Allowlist, Match, Rule, RuleError};
+pub use credentials::{Credential, Secret, SecretSource, Template};
 pub use executor::{ExecutorConfig, Isolation, ProcessConfig, Protocol};
 pub use host::{parse_authority, parse_host, Host, HostError};
 pub use ipnet::IpNet;
@@ -105,6 +107,9 @@ pub struct ToolPolicy {
     /// Upper-case HTTP methods allowed for plain-HTTP fetches (`None` = any;
     /// `CONNECT` must be listed to allow tunnels when set).
     pub methods: Option<Vec<String>>,
+    /// `[tools.<id>.credentials.<name>]`, by name; their secrets are empty
+    /// until [`Config::load_secrets`].
+    pub credentials: Vec<Credential>,
     /// `[tools.<id>.process]`: how the executor runs the tool (`None`: the
     /// executor does not serve it).
     pub process: Option<ProcessConfig>,
@@ -242,6 +247,28 @@ impl Config {
         Checked {
             config,
             error: (!problems.is_empty()).then_some(ConfigError { file, problems }),
+        }
+    }
+
+    /// Loads the secret of every credential (from the proxy's environment
+    /// or a file of mode 0600 or stricter), reporting every one that cannot
+    /// be loaded under its key path. Only the proxy calls this, at start and
+    /// on each reload.
+    pub fn load_secrets(&mut self) -> Result<(), ConfigError> {
+        let mut problems = reader::Problems::default();
+        let policy = Arc::make_mut(&mut self.policy);
+        let tools = policy
+            .tools
+            .iter_mut()
+            .map(|(id, t)| (id.as_str(), &mut Arc::make_mut(t).credentials));
+        credentials::load_all(tools, &mut problems);
+        if problems.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: self.source.clone(),
+                problems: problems.0,
+            })
         }
     }
 
@@ -388,6 +415,7 @@ mod tests {
             (Duration::from_millis(30_000), 8, 64, Mode::Enforce, &None)
         );
         assert!(t.allowlist.rules().is_empty());
+        assert!(t.credentials.is_empty());
         assert_eq!(
             t.process,
             Some(ProcessConfig {

@@ -97,6 +97,11 @@ impl<'p> Section<'p> {
         }
     }
 
+    /// Whether `key` is present (not yet taken).
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.table.contains_key(key)
+    }
+
     /// Takes `key` out of the table, raw.
     pub(crate) fn take(&mut self, key: &'static str) -> Option<toml::Value> {
         self.known.push(key);

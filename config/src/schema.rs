@@ -4,6 +4,7 @@
 //! every problem by its key path. Only a syntax error stops the walk early.
 
 use crate::allowlist::{Allowlist, Rule, RuleError};
+use crate::credentials::{self, SecretSource};
 use crate::executor;
 use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
@@ -85,6 +86,11 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
             rel(&mut process.cwd);
             process.read_paths.iter_mut().for_each(rel);
         }
+        for c in &mut t.credentials {
+            if let SecretSource::File(f) = &mut c.source {
+                rel(f);
+            }
+        }
     }
 
     let mut canon = String::new();
@@ -94,6 +100,18 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
         sorted.sort();
         for r in sorted {
             let _ = writeln!(canon, "  {r}");
+        }
+        // The credential's rule, never its secret: a rotation is not a policy change.
+        for c in &t.credentials {
+            let hosts: Vec<String> = c.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+            let _ = writeln!(
+                canon,
+                "  credential {} hosts={hosts:?} header={} value={:?} env={}",
+                c.name,
+                c.header,
+                c.value.as_written(),
+                c.placeholder_env
+            );
         }
     }
     for n in &allow {
@@ -264,9 +282,12 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         t.finish();
         p
     });
+    let allowlist = Allowlist::new(rules);
+    let credentials = credentials::credentials(s, &allowlist, process.as_ref().map(|p| &p.env));
     ToolPolicy {
         id: Arc::from(id),
-        allowlist: Allowlist::new(rules),
+        allowlist,
+        credentials,
         fetch_timeout: s.millis("fetch_timeout_ms", 1..=24 * 3_600_000, DEFAULT_FETCH_TIMEOUT),
         max_concurrent_fetches: s.count("max_concurrent_fetches", 1..=65_536, DEFAULT_MAX_CONCURRENT_FETCHES),
         max_queued_fetches: s.count("max_queued_fetches", 0..=65_536, DEFAULT_MAX_QUEUED_FETCHES),

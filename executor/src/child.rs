@@ -294,7 +294,21 @@ async fn launch(
     handoff: Option<(std::net::TcpListener, PathBuf)>,
 ) -> Result<process::Launched, String> {
     let p = &tool.process;
-    let mut env = process::child_env(proxy_url, scratch, &p.path, &p.lang, &p.env);
+    // The proxy's variables as it gave them, but the proxy URL as this
+    // child reaches it (the in-namespace listener when relayed or handed off).
+    let egress = run
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let v = if *v == run.proxy_url {
+                proxy_url.to_owned()
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    let mut env = process::child_env(&egress, scratch, &p.path, &p.lang, &p.env);
     let plain = p.protocol == Protocol::Plain;
     if plain {
         env.retain(|(k, _)| k != protocol::IPC_FDS_VAR);

@@ -50,6 +50,9 @@ pub enum ControlError {
 pub struct RunCreds {
     pub run_id: String,
     pub proxy_url: String,
+    /// What the proxy says the child gets for its egress (`CreatedRun::env`):
+    /// proxy variables and credential placeholders.
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// The control API client.
@@ -186,6 +189,7 @@ impl ControlClient {
         Ok(RunCreds {
             run_id: created.run.run_id,
             proxy_url: created.proxy_url,
+            env: created.env,
         })
     }
 

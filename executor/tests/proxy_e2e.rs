@@ -177,3 +177,100 @@ timeout_ms = 20000
     drop(dns);
     drop(proxy);
 }
+
+const ENV_PY: &str = r#"
+import os
+
+def run(input, ctx):
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            proc = f.read().decode("latin-1")
+    except OSError as e:
+        proc = "unreadable: " + str(e)
+    return {"env": dict(os.environ), "proc": proc}
+"#;
+
+/// A tool with a credential: its child's environment (as Python sees it and
+/// as `/proc/self/environ` holds it) has the run's placeholder under
+/// `placeholder_env` and the proxy variables the proxy gave, never the
+/// secret, which only the proxy loaded.
+#[tokio::test]
+async fn a_childs_environment_holds_the_placeholder_never_the_secret() {
+    const SECRET: &str = "tok-EXECUTOR-SECRET-77aa";
+    let Some(bin) = proxy_bin() else {
+        eprintln!("SKIPPED a_childs_environment_holds_the_placeholder_never_the_secret: egress-proxy binary not built");
+        return;
+    };
+    if python().is_none() {
+        return;
+    }
+    let dir = TempDir::new("e2e-cred");
+    dir.write("env.py", ENV_PY);
+    let token = dir.write("api.token", SECRET);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dns_addr = dns.local_addr().unwrap();
+    let runner = runners_dir().join("loom_runner.py");
+    let tools = |control: &str| {
+        format!(
+            r#"
+[proxy]
+listen = "127.0.0.1:0"
+control = "{control}"
+facts = "var/egress-facts.db"
+allow_ranges = ["127.0.0.2/32"]
+
+[proxy.dns]
+servers = ["{dns_addr}"]
+
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+
+[tools.envdump]
+egress = ["127.0.0.2:8080"]
+
+[tools.envdump.credentials.api]
+hosts = ["127.0.0.2:8080"]
+value = "Bearer ${{secret}}"
+secret = {{ file = "api.token" }}
+placeholder_env = "API_TOKEN"
+
+[tools.envdump.process]
+command = ["python3", "{runner}", "env.py"]
+pool = {{ warm = 1, max = 1 }}
+timeout_ms = 20000
+"#,
+            runner = runner.display()
+        )
+    };
+    let proxy_cfg = dir.write("proxy.toml", &tools("127.0.0.1:0"));
+    let proxy = start_proxy(&bin, &proxy_cfg);
+    let exec_cfg = dir.write("egress.toml", &tools(&proxy.control.to_string()));
+    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "envdump".into(),
+            input: json!(null),
+            run_id: None,
+            idempotency_key: Some("e2e-cred-1".into()),
+            timeout_ms: None,
+        })
+        .await;
+    assert!(res.ok, "{res:#?}");
+    let out = res.output.clone().unwrap();
+    let env = &out["env"];
+    let ph = env["API_TOKEN"].as_str().unwrap();
+    assert!(ph.starts_with("loom-cred-"), "{out}");
+    assert!(env["HTTP_PROXY"].as_str().unwrap().contains('@'), "{out}");
+    assert!(!out.to_string().contains(SECRET), "the secret is in the child: {out}");
+    let proc = out["proc"].as_str().unwrap();
+    if !proc.starts_with("unreadable") {
+        assert!(proc.contains(&format!("API_TOKEN={ph}")), "{proc}");
+    }
+    drop(dns);
+    drop(proxy);
+}

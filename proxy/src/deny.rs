@@ -77,10 +77,13 @@ pub enum DenyReason {
     SelfLoop,
     ConcurrencyLimit,
     MethodNotAllowed,
+    /// A run's credential placeholder on a request to a host that is not
+    /// one of the credential's hosts.
+    CredentialMisuse,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 12] = [
+    pub const ALL: [DenyReason; 13] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -93,6 +96,7 @@ impl DenyReason {
         DenyReason::SelfLoop,
         DenyReason::ConcurrencyLimit,
         DenyReason::MethodNotAllowed,
+        DenyReason::CredentialMisuse,
     ];
 
     pub fn code(self) -> &'static str {
@@ -109,6 +113,7 @@ impl DenyReason {
             DenyReason::SelfLoop => "self_loop",
             DenyReason::ConcurrencyLimit => "concurrency_limit",
             DenyReason::MethodNotAllowed => "method_not_allowed",
+            DenyReason::CredentialMisuse => "credential_misuse",
         }
     }
 

@@ -82,7 +82,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn check(path: &std::path::Path) -> std::process::ExitCode {
-    match Config::load(path) {
+    match Config::load(path).and_then(|mut c| c.load_secrets().map(|()| c)) {
         Ok(c) => {
             println!("{}: ok", path.display());
             println!("  listen  {}", c.proxy.listen);

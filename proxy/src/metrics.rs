@@ -473,7 +473,7 @@ impl KindMetrics {
 /// Handles for one tool.
 pub struct ToolMetrics {
     kinds: [KindMetrics; 2],
-    denials: [Counter; 12],
+    denials: [Counter; DenyReason::ALL.len()],
     pub bytes_up: Counter,
     pub bytes_down: Counter,
     pub slots_in_use: Gauge,

@@ -36,6 +36,8 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Config(#[from] egress_config::ConfigError),
     #[error(transparent)]
     Dns(#[from] crate::dns::DnsInitError),
     #[error("control token: {0}")]
@@ -102,7 +104,9 @@ fn advertised(addr: SocketAddr) -> String {
 
 /// Binds both listeners and starts serving.
 pub async fn start(opts: Options) -> Result<Handle, StartError> {
-    let cfg = opts.config;
+    let mut cfg = opts.config;
+    // Credentials' secrets are the proxy's alone: loaded here and on reload.
+    cfg.load_secrets()?;
     let pc = cfg.proxy.clone();
     let proxy_l = TcpListener::bind(pc.listen).await.map_err(|source| StartError::Bind {
         what: "proxy",

@@ -115,6 +115,7 @@ async fn create(State((st, _)): State<S>, h: HeaderMap, Json(body): Json<CreateR
         run: view(&run_id, &body.tool, "created"),
         secret: "s3cret".into(),
         proxy_url: format!("http://{run_id}:s3cret@127.0.0.1:9"),
+        env: egress_api::proxy_env(&format!("http://{run_id}:s3cret@127.0.0.1:9")),
     };
     (StatusCode::CREATED, Json(created)).into_response()
 }

@@ -39,29 +39,24 @@ pub fn dev_null() -> io::Result<OwnedFd> {
     )?)
 }
 
+/// The executor's own variables: the proxy's `env` may not set them.
+const OWN_ENV: [&str; 4] = [crate::protocol::IPC_FDS_VAR, "TMPDIR", "PATH", "LANG"];
+
 /// The whole environment of a child: nothing is inherited from the executor.
+/// `egress` is what the proxy gave the run (proxy variables, credential
+/// placeholders), passed on as it is.
 pub fn child_env(
-    proxy_url: &str,
+    egress: &BTreeMap<String, String>,
     tmpdir: &Path,
     path: &str,
     lang: &str,
     extra: &BTreeMap<String, String>,
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = Vec::new();
-    for k in [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        env.push((k.to_string(), proxy_url.to_string()));
-    }
-    env.push(("NO_PROXY".into(), String::new()));
-    env.push(("no_proxy".into(), String::new()));
-    // Node >= 24 honours the proxy variables in fetch/http only with this.
-    env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+    let mut env: Vec<(String, String)> = egress
+        .iter()
+        .filter(|(k, _)| !OWN_ENV.contains(&k.as_str()) && !extra.contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     env.push((
         crate::protocol::IPC_FDS_VAR.into(),
         crate::protocol::IPC_FDS_VALUE.into(),
@@ -204,20 +199,24 @@ mod tests {
     fn env_is_exactly_the_listed_keys() {
         let mut extra = BTreeMap::new();
         extra.insert("TOOL_MODE".to_string(), "x".to_string());
-        let env = child_env("http://r:s@127.0.0.1:3128", Path::new("/tmp/s"), "/bin", "C", &extra);
+        let mut egress = egress_api::proxy_env("http://r:s@127.0.0.1:3128");
+        egress.insert("API_TOKEN".into(), "loom-cred-0".into());
+        egress.insert("PATH".into(), "/proxy/may/not/set/this".into());
+        let env = child_env(&egress, Path::new("/tmp/s"), "/bin", "C", &extra);
         let keys: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             keys,
             [
-                "HTTP_PROXY",
-                "HTTPS_PROXY",
                 "ALL_PROXY",
+                "API_TOKEN",
+                "HTTPS_PROXY",
+                "HTTP_PROXY",
+                "NODE_USE_ENV_PROXY",
+                "NO_PROXY",
+                "all_proxy",
                 "http_proxy",
                 "https_proxy",
-                "all_proxy",
-                "NO_PROXY",
                 "no_proxy",
-                "NODE_USE_ENV_PROXY",
                 "LOOM_IPC_FDS",
                 "TMPDIR",
                 "PATH",
@@ -225,6 +224,7 @@ mod tests {
                 "TOOL_MODE"
             ]
         );
+        assert!(env.contains(&("PATH".into(), "/bin".into())));
     }
 
     #[test]

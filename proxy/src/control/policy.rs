@@ -2,8 +2,10 @@
 //! (`SIGHUP`, `POST /v1/policy/reload`): the
 //! config file is read and validated again; on success the new policy (tools
 //! and ranges) is swapped in atomically for new fetches; on error the old one
-//! keeps running and every problem is reported. Listener addresses, the facts
-//! path and other `[proxy]` settings need a restart.
+//! keeps running and every problem is reported. Credentials' secrets are
+//! read again too, so a rotated secret is used from the next fetch on.
+//! Listener addresses, the facts path and other `[proxy]` settings need a
+//! restart.
 
 use crate::control::error::ApiError;
 use crate::state::Shared;
@@ -35,7 +37,8 @@ pub fn reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
 
 fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     let path = sh.config_path.as_ref().ok_or(ReloadError::NoFile)?;
-    let cfg = Config::load(path)?;
+    let mut cfg = Config::load(path)?;
+    cfg.load_secrets()?;
     if cfg.proxy.listen != sh.cfg.listen || cfg.proxy.control != sh.cfg.control || cfg.proxy.facts != sh.cfg.facts {
         tracing::warn!("listener or facts changes in the [proxy] section need a restart; applying the policy only");
     }

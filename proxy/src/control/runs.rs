@@ -4,7 +4,7 @@
 
 use crate::control::error::{bad_request, ApiError, ApiResult, AppJson, AppQuery};
 use crate::facts::FactQuery;
-use crate::runs::{valid_run_id, EndReason, NewRun, Run, RunError, RunWrite};
+use crate::runs::{valid_run_id, EndReason, NewRun, Placeholder, Run, RunError, RunWrite};
 use crate::state::Shared;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -13,6 +13,7 @@ use egress_api::{
     Bytes, CreateRun, CreatedRun, DenialSummary, EndedRun, ErrorBody, RunFilter, RunList, RunView, Slots,
 };
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub fn run_view(run: &Run) -> RunView {
@@ -47,7 +48,7 @@ pub fn run_view(run: &Run) -> RunView {
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
     security(("control_token" = [])),
     responses(
-        (status = 201, description = "Created; the secret is shown only here", body = CreatedRun),
+        (status = 201, description = "Created; the secret is shown only here, with the environment the run's child gets for its egress (proxy variables, credential placeholders)", body = CreatedRun),
         (status = 400, description = "bad_request", body = ErrorBody),
         (status = 404, description = "unknown_tool", body = ErrorBody),
         (status = 409, description = "run_exists, owner_not_leased", body = ErrorBody),
@@ -102,13 +103,20 @@ pub(super) async fn create_run(
         }
         o => o.map(|o| Arc::<str>::from(o.as_str())),
     };
-    let secret = crate::runs::random_hex(24).map_err(|e| {
+    let no_randomness = |e: getrandom::Error| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             format!("no randomness: {e}"),
         )
-    })?;
+    };
+    let secret = crate::runs::random_hex(24).map_err(no_randomness)?;
+    let placeholders = tool
+        .credentials
+        .iter()
+        .map(|c| Placeholder::new(&c.name))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(no_randomness)?;
     let run = sh.runs.create(
         NewRun {
             id,
@@ -119,6 +127,7 @@ pub(super) async fn create_run(
             max_slots: tool.max_concurrent_fetches,
             max_waiting: tool.max_queued_fetches,
             max_conns: sh.cfg.max_connections_per_run,
+            placeholders,
         },
         secret.clone(),
     )?;
@@ -133,14 +142,28 @@ pub(super) async fn create_run(
     sh.run_created(&run);
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
     let proxy_url = format!("{}://{}:{}@{}", sh.proxy_scheme, run.id, secret, sh.proxy_authority);
+    let env = child_env(&proxy_url, &run, tool);
     Ok((
         StatusCode::CREATED,
         Json(CreatedRun {
             run: run_view(&run),
             secret,
             proxy_url,
+            env,
         }),
     ))
+}
+
+/// What the run's child must be given for its egress: the proxy URL
+/// variables and one placeholder per credential, under its `placeholder_env`.
+fn child_env(proxy_url: &str, run: &Run, tool: &egress_config::ToolPolicy) -> BTreeMap<String, String> {
+    let mut env = egress_api::proxy_env(proxy_url);
+    for p in run.placeholders.iter() {
+        if let Some(c) = tool.credentials.iter().find(|c| *c.name == *p.credential) {
+            env.insert(c.placeholder_env.clone(), p.value.to_string());
+        }
+    }
+    env
 }
 
 fn find(sh: &Shared, id: &str) -> ApiResult<Arc<Run>> {

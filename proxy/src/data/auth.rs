@@ -122,6 +122,7 @@ mod tests {
                 max_slots: 1,
                 max_waiting: 1,
                 max_conns: 1,
+                placeholders: vec![],
             };
             runs.create(new, SECRET.into()).unwrap();
         }

@@ -5,6 +5,9 @@
 //! 2. [`Fetch::check_run`]: the run is active and its tool configured;
 //! 3. [`Fetch::canonical_target`]: one canonical host and port;
 //! 4. [`Fetch::admit`]: allowlist and methods, before any DNS;
+//!    [`Fetch::credentials`]: a credential placeholder only to the
+//!    credential's hosts (`credential_misuse`), and which credentials to
+//!    inject;
 //! 5. [`Fetch::acquire_slot`]: one of the run's concurrency slots;
 //! 6. [`Fetch::resolve_and_vet`]: resolve once, vet every address;
 //! 7. [`Fetch::dial`]: only the vetted addresses (or this run's idle
@@ -20,7 +23,8 @@ use crate::admission::{self, Refused};
 use crate::data::auth::{self, AuthFailure};
 use crate::data::body::{Exchange, ProxyBody};
 use crate::data::finish::Finish;
-use crate::data::forward::{self, Exchanging};
+use crate::data::forward::{self, Exchanging, Injection};
+use crate::data::inject;
 use crate::data::policy::{self, Admission, Denial};
 use crate::data::respond::{self, fact_target, raw_target};
 use crate::data::target::{self, Kind, Target, TargetError};
@@ -158,6 +162,7 @@ struct Prepared {
     upstream: Upstream,
     finish: Finish,
     deadline: Instant,
+    credentials: Option<Injection>,
 }
 
 /// One fetch's context: the shared state, the policy snapshot, the run, and
@@ -203,6 +208,7 @@ impl<'a> Fetch<'a> {
         let deadline = self.started + tool.fetch_timeout;
         let target = self.canonical_target(req).await?;
         let private = self.admit(&tool, &target, req.method()).await?;
+        let credentials = self.credentials(&tool, run, &target, req).await?;
         let finish = Finish::new(
             self.tm.clone(),
             self.kind,
@@ -238,6 +244,7 @@ impl<'a> Fetch<'a> {
             upstream,
             finish,
             deadline,
+            credentials,
         })
     }
 
@@ -273,6 +280,7 @@ impl<'a> Fetch<'a> {
             upstream,
             finish,
             deadline,
+            credentials,
         } = p;
         match (self.kind, upstream) {
             (Kind::Connect, Upstream::Stream(stream, _)) => {
@@ -300,6 +308,7 @@ impl<'a> Fetch<'a> {
                     over,
                     deadline,
                     client_cut: conn.cut.clone(),
+                    credentials,
                 };
                 forward::forward(self.sh, run, req, &target, x).await
             }
@@ -352,6 +361,38 @@ impl<'a> Fetch<'a> {
                 self.report(&denial, target, &[]).await?;
                 Ok(private)
             }
+        }
+    }
+
+    /// Step 4, credentials: a placeholder of the run anywhere in the head
+    /// (header values, request target) to a host that is not its
+    /// credential's is denied; otherwise the credentials to inject here. A
+    /// tool without credentials takes the first branch and allocates nothing.
+    async fn credentials(
+        &self,
+        tool: &Arc<ToolPolicy>,
+        run: &Run,
+        target: &Target,
+        req: &Request<Incoming>,
+    ) -> Result<Option<Injection>, Answer> {
+        if tool.credentials.is_empty() && run.placeholders.is_empty() {
+            return Ok(None);
+        }
+        let present = |ph: &str| {
+            let ph = ph.as_bytes();
+            req.headers().values().any(|v| inject::contains(v.as_bytes(), ph))
+                || req
+                    .uri()
+                    .path_and_query()
+                    .is_some_and(|pq| inject::contains(pq.as_str().as_bytes(), ph))
+        };
+        match policy::credentials(tool, &run.placeholders, target, present) {
+            Ok(creds) if creds.is_empty() => Ok(None),
+            Ok(creds) => Ok(Some(Injection {
+                tool: tool.clone(),
+                creds,
+            })),
+            Err(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
         }
     }
 

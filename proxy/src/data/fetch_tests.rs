@@ -104,6 +104,7 @@ impl Proxy {
                     max_slots: t.max_concurrent_fetches,
                     max_waiting: t.max_queued_fetches,
                     max_conns: 8,
+                    placeholders: vec![],
                 },
                 SECRET.into(),
             )

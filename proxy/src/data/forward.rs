@@ -1,11 +1,13 @@
 //! Step 8 for plain HTTP: the request goes out in origin form over the
 //! pinned connection (fresh or this run's pooled one), without hop-by-hop
-//! headers (RFC 9110 §7.6.1), with `Host` set to the canonical target. The
+//! headers (RFC 9110 §7.6.1), with `Host` set to the canonical target and
+//! the tool's credentials for this host written in (`inject`). The
 //! request body streams upstream while the response comes back; the
 //! exchange (slot, accounting) lasts until both are finished, and a watchdog
 //! bounds both directions by the deadline and the run's end.
 
 use crate::data::body::{self, Exchange, Guarded, ProxyBody, Upload};
+use crate::data::inject;
 use crate::data::respond;
 use crate::data::target::Target;
 use crate::data::upstream::{self, Upstream};
@@ -13,6 +15,7 @@ use crate::deny::{FetchError, Phase};
 use crate::runs::pool::UpBody;
 use crate::runs::Run;
 use crate::state::Shared;
+use egress_config::ToolPolicy;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Version};
 use http_body_util::BodyExt as _;
@@ -62,6 +65,15 @@ pub struct Exchanging {
     pub deadline: Instant,
     /// Closes the client connection (the watchdog's cut).
     pub client_cut: CancellationToken,
+    /// The credentials to write into the request (`None`: the fast path).
+    pub credentials: Option<Injection>,
+}
+
+/// Credentials of the tool that go into this request.
+pub struct Injection {
+    pub tool: Arc<ToolPolicy>,
+    /// Indices into `tool.credentials`.
+    pub creds: Vec<usize>,
 }
 
 /// Sends `req` to `target` and answers with the origin's response (or the
@@ -79,6 +91,7 @@ pub async fn forward(
         over,
         deadline,
         client_cut,
+        credentials,
     } = x;
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
@@ -86,10 +99,16 @@ pub async fn forward(
     if let Ok(v) = HeaderValue::from_str(&target.host_header()) {
         headers.insert(header::HOST, v);
     }
-    let pq = target
+    let mut pq = target
         .path_and_query
         .clone()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    if let Some(inj) = &credentials {
+        for c in inj.creds.iter().filter_map(|&i| inj.tool.credentials.get(i)) {
+            let ph = run.placeholders.iter().find(|p| *p.credential == *c.name);
+            inject::apply(&mut headers, &mut pq, c, ph.map(|p| &*p.value));
+        }
+    }
     exchange.finish.add_up(body::head_len(
         parts.method.as_str().len() + pq.as_str().len() + 10,
         &headers,

@@ -4,7 +4,7 @@
 //! [`auth`] (the run credential), [`target`] (the canonical target),
 //! [`policy`] (glue to the pure allowlist and range decisions), [`upstream`]
 //! (dial the vetted addresses, HTTP/1.1 handshake), [`forward`] (plain
-//! HTTP), [`tunnel`] (CONNECT), [`body`] (bodies bounded by the deadline and
+//! HTTP) with [`inject`] (credentials), [`tunnel`] (CONNECT), [`body`] (bodies bounded by the deadline and
 //! the run), [`finish`] (the fetch's outcome, once), [`respond`] (denial and
 //! error answers), [`handoff`] (listeners handed over by the executor). The
 //! resolver (`dns`) and the proxy's own addresses (`addrs`) are shared state.
@@ -15,6 +15,7 @@ pub(crate) mod fetch;
 pub(crate) mod finish;
 pub(crate) mod forward;
 pub(crate) mod handoff;
+pub(crate) mod inject;
 pub(crate) mod policy;
 pub(crate) mod respond;
 pub(crate) mod target;

@@ -6,7 +6,7 @@
 use crate::addrs::{HostAddrs, SelfAddrs};
 use crate::data::target::{Kind, Target};
 use crate::deny::DenyReason;
-use crate::runs::RunState;
+use crate::runs::{Placeholder, RunState};
 use egress_config::{Match, Mode, RangeTable, RangeVerdict, ToolPolicy};
 use std::net::IpAddr;
 
@@ -44,6 +44,59 @@ fn gate(tool: &ToolPolicy, denial: Denial, private: bool) -> Admission {
     } else {
         Admission::Deny(denial)
     }
+}
+
+/// The credentials step (after admission): a placeholder of the run that
+/// `present` finds in the request is a `credential_misuse` denial unless the
+/// target is one of its credential's hosts (a credential no longer
+/// configured has no host). Otherwise returns the indices of the tool's
+/// credentials to inject on this target (none: an empty list, which does
+/// not allocate). Report mode never waives it.
+pub fn credentials(
+    tool: &ToolPolicy,
+    placeholders: &[Placeholder],
+    target: &Target,
+    present: impl Fn(&str) -> bool,
+) -> Result<Vec<usize>, Denial> {
+    for p in placeholders {
+        if !present(&p.value) {
+            continue;
+        }
+        let cred = tool.credentials.iter().find(|c| *c.name == *p.credential);
+        if cred.is_some_and(|c| c.allows(&target.host, target.port)) {
+            continue;
+        }
+        let detail = match cred {
+            Some(c) => {
+                let hosts: Vec<String> = c.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+                format!(
+                    "the placeholder of credential {} of tool {} was sent to {target}; it may only go to {}",
+                    p.credential,
+                    tool.id,
+                    hosts.join(", ")
+                )
+            }
+            None => format!(
+                "the placeholder of credential {} was sent to {target}; tool {} no longer has that credential",
+                p.credential, tool.id
+            ),
+        };
+        return Err(Denial {
+            reason: DenyReason::CredentialMisuse,
+            detail,
+        });
+    }
+    if target.kind == Kind::Connect {
+        // A blind tunnel carries no header the proxy could set.
+        return Ok(Vec::new());
+    }
+    Ok(tool
+        .credentials
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.allows(&target.host, target.port))
+        .map(|(i, _)| i)
+        .collect())
 }
 
 /// Allowlist and method checks (steps 4 and the method rule). Never resolves.

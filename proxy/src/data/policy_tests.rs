@@ -231,3 +231,61 @@ fn the_hosts_own_addresses_are_denied_unless_allow_ranges_exempt_them() {
     );
     assert_eq!(v.allowed, ips(&["93.184.216.35"]));
 }
+
+#[test]
+fn credential_placeholders_go_only_to_their_hosts() {
+    let c = policy(
+        "[tools.t.credentials.api]\nhosts = [\"api.example:443\"]\nvalue = \"Bearer ${secret}\"\nsecret = { env = \"X\" }\nplaceholder_env = \"API\"\n",
+    );
+    let t = c.policy.tool("t").unwrap();
+    let ph = |name: &str, v: &str| crate::runs::Placeholder {
+        credential: name.into(),
+        value: v.into(),
+    };
+    let run = [ph("api", "loom-cred-a"), ph("gone", "loom-cred-g")];
+    let http = |host: &str, port: u16| Target {
+        kind: Kind::Http,
+        ..target(Kind::Http, host, port)
+    };
+    // (target, placeholder seen, want: Ok(injected) or Err(reason))
+    type Row<'a> = (Target, Option<&'a str>, Result<Vec<usize>, DenyReason>);
+    let table: [Row; 7] = [
+        (http("api.example", 443), None, Ok(vec![0])),
+        (http("api.example", 443), Some("loom-cred-a"), Ok(vec![0])),
+        (http("x.cdn.example", 443), None, Ok(vec![])),
+        (
+            http("x.cdn.example", 443),
+            Some("loom-cred-a"),
+            Err(DenyReason::CredentialMisuse),
+        ),
+        (
+            http("api.example", 443),
+            Some("loom-cred-g"),
+            Err(DenyReason::CredentialMisuse),
+        ),
+        (
+            target(Kind::Connect, "x.cdn.example", 443),
+            Some("loom-cred-a"),
+            Err(DenyReason::CredentialMisuse),
+        ),
+        (
+            target(Kind::Connect, "api.example", 443),
+            Some("loom-cred-a"),
+            Ok(vec![]),
+        ),
+    ];
+    for (tg, seen, want) in table {
+        let got = credentials(t, &run, &tg, |p| Some(p) == seen).map_err(|d| d.reason);
+        assert_eq!(got, want, "{tg} {seen:?}");
+    }
+    let d = credentials(t, &run, &http("x.cdn.example", 443), |p| p == "loom-cred-a").unwrap_err();
+    assert!(
+        d.detail.contains("credential api") && !d.detail.contains("loom-cred"),
+        "{}",
+        d.detail
+    );
+    // Report mode does not waive it.
+    let r = policy("mode = \"report\"\n[tools.t.credentials.api]\nhosts = [\"api.example:443\"]\nvalue = \"${secret}\"\nsecret = { env = \"X\" }\nplaceholder_env = \"API\"\n");
+    let t = r.policy.tool("t").unwrap();
+    assert!(credentials(t, &run, &http("x.cdn.example", 443), |p| p == "loom-cred-a").is_err());
+}

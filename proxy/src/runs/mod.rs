@@ -98,6 +98,9 @@ pub struct Run {
     /// Places for the run's established client connections.
     pub conns: Arc<Semaphore>,
     conns_max: usize,
+    /// One placeholder per credential of the tool, made when the run was
+    /// created: what the child holds instead of each secret.
+    pub placeholders: Box<[Placeholder]>,
     /// Bytes relayed by the run's finished fetches (see `Finish`).
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
@@ -137,6 +140,7 @@ impl Run {
             max_slots: self.max_slots,
             max_waiting: self.max_waiting,
             max_conns: self.conns_max,
+            placeholders: self.placeholders.to_vec(),
         }
     }
 
@@ -156,6 +160,25 @@ impl Run {
 
     pub fn ended(&self) -> Option<(SystemTime, EndReason)> {
         self.ended.get().map(|(_, t, r)| (*t, *r))
+    }
+}
+
+/// A run's stand-in for one credential of its tool.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Placeholder {
+    /// The credential's name in the tool's config.
+    pub credential: Box<str>,
+    /// `loom-cred-` and 32 random hex digits.
+    pub value: Box<str>,
+}
+
+impl Placeholder {
+    /// A fresh placeholder for `credential`.
+    pub fn new(credential: &str) -> Result<Placeholder, getrandom::Error> {
+        Ok(Placeholder {
+            credential: credential.into(),
+            value: format!("loom-cred-{}", random_hex(16)?).into_boxed_str(),
+        })
     }
 }
 
@@ -210,6 +233,9 @@ pub struct RunRecord {
     pub max_slots: usize,
     pub max_waiting: usize,
     pub max_conns: usize,
+    /// Kept so a restarted proxy still knows the child's placeholders.
+    #[serde(default)]
+    pub placeholders: Vec<Placeholder>,
 }
 
 /// A change to a stored run.
@@ -244,6 +270,7 @@ pub struct NewRun {
     pub max_slots: usize,
     pub max_waiting: usize,
     pub max_conns: usize,
+    pub placeholders: Vec<Placeholder>,
 }
 
 /// The registry.
@@ -332,6 +359,7 @@ impl Runs {
             max_slots: rec.max_slots,
             max_waiting: rec.max_waiting,
             max_conns: rec.max_conns,
+            placeholders: rec.placeholders,
         };
         let created = epoch + Duration::from_millis(rec.created_at_ms);
         self.insert(new, hash, created, expires_at, Instant::now() + left).ok()
@@ -366,6 +394,7 @@ impl Runs {
             gauged: AtomicU8::new(if new.activate { Gauged::ACTIVE } else { Gauged::CREATED }),
             conns: Arc::new(Semaphore::new(new.max_conns)),
             conns_max: new.max_conns,
+            placeholders: new.placeholders.into_boxed_slice(),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
         });
@@ -471,6 +500,7 @@ mod tests {
             max_slots: 2,
             max_waiting: 4,
             max_conns: 8,
+            placeholders: vec![],
         }
     }
 

@@ -1,0 +1,488 @@
+//! `[tools.<id>.credentials.<name>]`: a secret the proxy injects into a
+//! tool's requests to the credential's hosts, so that the tool itself only
+//! ever holds a placeholder. This module reads and validates the tables
+//! (hosts within the tool's egress, header name, value template, secret
+//! source, placeholder variable) and loads the secret values, which only
+//! the proxy does ([`crate::Config::load_secrets`]): the executor reads the
+//! same file and never needs them.
+
+use crate::allowlist::{Allowlist, Match};
+use crate::executor::RESERVED_ENV;
+use crate::host::{parse_authority, Host};
+use crate::reader::{Problems, Section};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A secret value. Its `Debug` and `Display` never show it: read it with
+/// [`Secret::expose`] where it is written into a request, and nowhere else.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    pub fn new(value: &str) -> Secret {
+        Secret(Arc::from(value))
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Where a secret comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// An environment variable of the proxy.
+    Env(String),
+    /// A file of mode 0600 or stricter (one trailing newline is dropped).
+    File(PathBuf),
+}
+
+/// `value`: literal text around `${secret}` (at least once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// The literal pieces; the secret goes between each two.
+    parts: Vec<String>,
+}
+
+impl Template {
+    /// Parses a template; `${secret}` is the only substitution.
+    pub fn parse(s: &str) -> Result<Template, String> {
+        if s.chars().any(|c| c.is_control() && c != '\t') {
+            return Err("must not contain control characters".into());
+        }
+        let parts: Vec<String> = s.split("${secret}").map(str::to_owned).collect();
+        if parts.len() < 2 {
+            return Err("must contain ${secret}".into());
+        }
+        if parts.iter().any(|p| p.contains("${")) {
+            return Err("${secret} is the only substitution".into());
+        }
+        Ok(Template { parts })
+    }
+
+    /// The template with `secret` substituted.
+    pub fn render(&self, secret: &str) -> String {
+        self.parts.join(secret)
+    }
+
+    /// The template as written.
+    pub fn as_written(&self) -> String {
+        self.parts.join("${secret}")
+    }
+}
+
+/// One credential of a tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// The table's key: names the credential in facts.
+    pub name: Arc<str>,
+    /// Where the credential may go: exact hosts and ports, each also in the
+    /// tool's egress.
+    pub hosts: Vec<(Host, u16)>,
+    /// The header the rendered value goes in, lower-case.
+    pub header: String,
+    pub value: Template,
+    pub source: SecretSource,
+    /// The variable the child finds the placeholder in.
+    pub placeholder_env: String,
+    /// Empty until [`crate::Config::load_secrets`] loads it.
+    pub secret: Secret,
+}
+
+impl Credential {
+    /// Whether `host:port` is one of the credential's hosts.
+    pub fn allows(&self, host: &Host, port: u16) -> bool {
+        self.hosts.iter().any(|(h, p)| *p == port && h == host)
+    }
+
+    /// The header value: the template with the secret.
+    pub fn rendered(&self) -> String {
+        self.value.render(self.secret.expose())
+    }
+}
+
+/// The default `header`.
+pub const DEFAULT_HEADER: &str = "Authorization";
+
+fn valid_name(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// RFC 9110 §5.6.2 token.
+fn valid_header_name(h: &str) -> bool {
+    !h.is_empty()
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+fn valid_env_name(n: &str) -> bool {
+    let mut b = n.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// Reads `credentials` of a tool whose egress is `allowlist` and whose
+/// process sets `process_env`.
+pub(crate) fn credentials(
+    s: &mut Section,
+    allowlist: &Allowlist,
+    process_env: Option<&BTreeMap<String, String>>,
+) -> Vec<Credential> {
+    let mut out = vec![];
+    let mut t = s.table("credentials");
+    let mut vars = BTreeSet::new();
+    for (name, v) in t.entries() {
+        let mut c = Section::new(t.at(&name), Some(v), t.problems);
+        if !valid_name(&name) {
+            let at = c.path().to_owned();
+            c.problems
+                .push(at, "credential names are 1-64 characters of a-z, 0-9, '_' and '-'");
+        }
+        let cred = credential(&name, &mut c, allowlist, process_env, &mut vars);
+        c.finish();
+        out.extend(cred);
+    }
+    t.finish();
+    out
+}
+
+fn credential(
+    name: &str,
+    c: &mut Section,
+    allowlist: &Allowlist,
+    process_env: Option<&BTreeMap<String, String>>,
+    vars: &mut BTreeSet<String>,
+) -> Option<Credential> {
+    let mut hosts = vec![];
+    if !c.has("hosts") {
+        let at = c.at("hosts");
+        c.problems
+            .push(at, "is required (a list of \"host:port\" the credential may go to)");
+    }
+    let listed: Option<Vec<(String, String)>> = c.list("hosts");
+    if listed.as_ref().is_some_and(Vec::is_empty) {
+        let at = c.at("hosts");
+        c.problems.push(at, "must name at least one \"host:port\"");
+    }
+    for (at, h) in listed.unwrap_or_default() {
+        match parse_authority(&h) {
+            Ok((host, port)) => match allowlist.check(&host, port) {
+                Match::Allowed { .. } => hosts.push((host, port)),
+                _ => c.problems.push(at, format!("{h} is not allowed by the tool's egress")),
+            },
+            Err(e) => c.problems.push(at, format!("{h:?}: {e}")),
+        }
+    }
+    let header: String = c.or("header", DEFAULT_HEADER.to_owned());
+    if !valid_header_name(&header) {
+        let at = c.at("header");
+        c.problems.push(at, format!("{header:?} is not an HTTP header name"));
+    } else if matches!(
+        header.to_ascii_lowercase().as_str(),
+        "host" | "proxy-authorization" | "connection" | "content-length" | "transfer-encoding"
+    ) {
+        let at = c.at("header");
+        c.problems.push(
+            at,
+            format!("{header:?} is set by the proxy and cannot carry a credential"),
+        );
+    }
+    let value = match c.required::<String>("value", "a template with ${secret}, e.g. \"Bearer ${secret}\"") {
+        Some(v) => match Template::parse(&v) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                let at = c.at("value");
+                c.problems.push(at, e);
+                None
+            }
+        },
+        None => None,
+    };
+    let source = secret_source(c);
+    let placeholder_env: Option<String> =
+        c.required("placeholder_env", "the variable the child gets the placeholder in");
+    if let Some(v) = &placeholder_env {
+        let at = c.at("placeholder_env");
+        if !valid_env_name(v) {
+            c.problems.push(at, format!("{v:?} is not a variable name"));
+        } else if RESERVED_ENV.contains(&v.as_str()) {
+            c.problems.push(at, format!("{v} is set by the executor"));
+        } else if process_env.is_some_and(|e| e.contains_key(v)) {
+            c.problems
+                .push(at, format!("{v} is also set in the tool's process.env"));
+        } else if !vars.insert(v.clone()) {
+            c.problems
+                .push(at, format!("{v} is the placeholder of another credential of the tool"));
+        }
+    }
+    Some(Credential {
+        name: Arc::from(name),
+        hosts,
+        header: header.to_ascii_lowercase(),
+        value: value?,
+        source: source?,
+        placeholder_env: placeholder_env?,
+        secret: Secret::default(),
+    })
+}
+
+/// `secret = { env = "NAME" }` or `{ file = "path" }`.
+fn secret_source(c: &mut Section) -> Option<SecretSource> {
+    let what = "{ env = \"NAME\" } or { file = \"path\" }";
+    if !c.has("secret") {
+        let _ = c.required::<toml::Value>("secret", what);
+        return None;
+    }
+    let mut t = c.table("secret");
+    let env: Option<String> = t.get("env");
+    let file: Option<PathBuf> = t.get("file");
+    let at = t.path().to_owned();
+    let r = match (env, file) {
+        (Some(e), None) if valid_env_name(&e) => Some(SecretSource::Env(e)),
+        (Some(e), None) => {
+            let at = t.at("env");
+            t.problems.push(at, format!("{e:?} is not a variable name"));
+            None
+        }
+        (None, Some(f)) if !f.as_os_str().is_empty() => Some(SecretSource::File(f)),
+        (None, Some(_)) => {
+            let at = t.at("file");
+            t.problems.push(at, "must be a file path");
+            None
+        }
+        _ => {
+            t.problems.push(at, format!("must be exactly one of {what}"));
+            None
+        }
+    };
+    t.finish();
+    r
+}
+
+/// Loads one secret; the message says what is wrong (never the value).
+pub(crate) fn load(source: &SecretSource) -> Result<Secret, String> {
+    let raw = match source {
+        SecretSource::Env(name) => std::env::var(name).map_err(|e| match e {
+            std::env::VarError::NotPresent => format!("environment variable {name} is not set"),
+            std::env::VarError::NotUnicode(_) => format!("environment variable {name} is not UTF-8"),
+        })?,
+        SecretSource::File(path) => {
+            use std::os::unix::fs::PermissionsExt;
+            let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(format!(
+                    "{} is mode {mode:04o}: a secret file must be 0600 or stricter",
+                    path.display()
+                ));
+            }
+            let mut s = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            if s.ends_with('\n') {
+                s.pop();
+                if s.ends_with('\r') {
+                    s.pop();
+                }
+            }
+            s
+        }
+    };
+    if raw.is_empty() {
+        return Err("the secret is empty".into());
+    }
+    if raw.chars().any(|c| c.is_control()) {
+        return Err("the secret contains control characters".into());
+    }
+    Ok(Secret::new(&raw))
+}
+
+/// Loads every secret of `tools`, reporting each one that cannot be loaded.
+pub(crate) fn load_all<'a>(tools: impl Iterator<Item = (&'a str, &'a mut Vec<Credential>)>, problems: &mut Problems) {
+    for (id, creds) in tools {
+        for c in creds.iter_mut() {
+            match load(&c.source) {
+                Ok(s) => c.secret = s,
+                Err(e) => problems.push(format!("tools.{id}.credentials.{}.secret", c.name), e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print() {
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s:?} {s}"), "Secret(<redacted>) <redacted>");
+        assert_eq!(s.expose(), "hunter2");
+    }
+
+    #[test]
+    fn templates_have_one_substitution() {
+        let t = Template::parse("Bearer ${secret}").unwrap();
+        assert_eq!(t.render("x"), "Bearer x");
+        assert_eq!(t.as_written(), "Bearer ${secret}");
+        assert!(Template::parse("Bearer").is_err());
+        assert!(Template::parse("${secret} ${other}").is_err());
+        assert!(Template::parse("a\r\n${secret}").is_err());
+    }
+
+    const TOOL: &str = r#"
+[tools.weather]
+egress = ["api.weather.example:443", "tiles.example:80"]
+[tools.weather.credentials.api]
+hosts = ["api.weather.example:443"]
+value = "Bearer ${secret}"
+secret = { file = "secrets/weather.token" }
+placeholder_env = "WEATHER_API_TOKEN"
+[tools.weather.credentials.tiles]
+hosts = ["tiles.example:80"]
+header = "X-Api-Key"
+value = "${secret}"
+secret = { env = "CARGO_MANIFEST_DIR" }
+placeholder_env = "TILES_KEY"
+"#;
+
+    #[test]
+    fn reads_a_tool_s_credentials() {
+        let c = crate::Config::parse_relative_to(TOOL, "c.toml", std::path::Path::new("/etc/loom")).unwrap();
+        let t = c.policy.tool("weather").unwrap();
+        let api = &t.credentials[0];
+        assert_eq!(&*api.name, "api");
+        assert_eq!(api.header, "authorization");
+        assert_eq!(api.source, SecretSource::File("/etc/loom/secrets/weather.token".into()));
+        assert!(api.allows(&Host::Name("api.weather.example".into()), 443));
+        assert!(!api.allows(&Host::Name("api.weather.example".into()), 80));
+        assert!(api.secret.is_empty(), "parsing loads no secret");
+        assert_eq!(t.credentials[1].header, "x-api-key");
+        // The digest names the rule, not the secret source's value.
+        let other = TOOL.replace("X-Api-Key", "X-Key");
+        let d = crate::Config::parse(&other, "c.toml").unwrap().policy.digest.clone();
+        assert_ne!(d, c.policy.digest);
+    }
+
+    #[test]
+    fn every_credential_problem_is_reported_at_once() {
+        let e = crate::Config::parse(
+            r#"
+[tools.t]
+egress = ["a.example:443"]
+[tools.t.process]
+command = ["x"]
+env = { TAKEN = "1" }
+[tools.t.credentials.one]
+hosts = ["b.example:443", "a.example"]
+header = "Bad Header"
+value = "Bearer"
+secret = { env = "A", file = "b" }
+placeholder_env = "HTTP_PROXY"
+[tools.t.credentials.two]
+value = "${secret} ${other}"
+placeholder_env = "TAKEN"
+extra = 1
+[tools.t.credentials.Three]
+hosts = ["a.example:443"]
+value = "${secret}"
+secret = { file = "f" }
+placeholder_env = "P"
+[tools.t.credentials.four]
+hosts = ["a.example:443"]
+value = "${secret}"
+secret = { env = "B" }
+placeholder_env = "P"
+"#,
+            "bad.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "tools.t.credentials.one.hosts[0]: b.example:443 is not allowed by the tool's egress",
+            "tools.t.credentials.one.hosts[1]: \"a.example\": missing port",
+            "tools.t.credentials.one.header: \"Bad Header\" is not an HTTP header name",
+            "tools.t.credentials.one.value: must contain ${secret}",
+            "tools.t.credentials.one.secret: must be exactly one of",
+            "tools.t.credentials.one.placeholder_env: HTTP_PROXY is set by the executor",
+            "tools.t.credentials.two.hosts: is required",
+            "tools.t.credentials.two.value: ${secret} is the only substitution",
+            "tools.t.credentials.two.secret: is required",
+            "tools.t.credentials.two.placeholder_env: TAKEN is also set in the tool's process.env",
+            "tools.t.credentials.two.extra: unknown key",
+            "tools.t.credentials.Three: credential names are",
+            "tools.t.credentials.four.placeholder_env: P is the placeholder of another credential",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        }
+    }
+
+    fn secret_file(dir: &std::path::Path, mode: u32, text: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("token");
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    #[test]
+    fn secrets_load_from_a_private_file_or_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        secret_file(dir.path(), 0o600, "s3cret-value\n");
+        let mut c =
+            crate::Config::parse_relative_to(&TOOL.replace("secrets/weather.token", "token"), "c.toml", dir.path())
+                .unwrap();
+        c.load_secrets().unwrap();
+        let t = c.policy.tool("weather").unwrap();
+        assert_eq!(t.credentials[0].secret.expose(), "s3cret-value");
+        assert_eq!(t.credentials[0].rendered(), "Bearer s3cret-value");
+        assert_eq!(t.credentials[1].secret.expose(), env!("CARGO_MANIFEST_DIR"));
+        assert!(
+            !format!("{c:?}").contains("s3cret-value"),
+            "Debug of the config shows no secret"
+        );
+    }
+
+    #[test]
+    fn a_readable_secret_file_or_a_missing_variable_is_a_config_error() {
+        let dir = tempfile::tempdir().unwrap();
+        secret_file(dir.path(), 0o644, "s3cret-value");
+        let text = TOOL
+            .replace("secrets/weather.token", "token")
+            .replace("CARGO_MANIFEST_DIR", "LOOM_TEST_UNSET_VARIABLE");
+        let mut c = crate::Config::parse_relative_to(&text, "c.toml", dir.path()).unwrap();
+        let e = c.load_secrets().unwrap_err().to_string();
+        assert!(
+            e.contains("c.toml: tools.weather.credentials.api.secret:")
+                && e.contains("is mode 0644: a secret file must be 0600 or stricter"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "tools.weather.credentials.tiles.secret: environment variable LOOM_TEST_UNSET_VARIABLE is not set"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret-value"));
+    }
+}
