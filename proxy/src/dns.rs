@@ -13,8 +13,6 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::time::Instant;
 use tokio::net::TcpStream;
 
 /// Why a lookup gave no addresses.
@@ -31,22 +29,9 @@ pub enum DnsError {
 #[error("cannot configure the DNS resolver: {0}")]
 pub struct DnsInitError(String);
 
-/// Names whose answers are kept in front of the resolver.
-const ANSWERS_KEPT: usize = 4096;
-
-/// An answer and the instant its TTL runs out.
-struct Answer {
-    ips: Arc<[IpAddr]>,
-    until: Instant,
-}
-
-/// The proxy's one resolver, with the positive answers it gave kept until
-/// their TTL runs out: a lock-free lookup per fetch instead of a trip
-/// through the resolver's own cache (which stays, for what is not kept
-/// here). Negative answers are not kept here.
+/// The proxy's one resolver.
 pub struct Dns {
     resolver: TokioResolver,
-    answers: papaya::HashMap<Box<str>, Answer>,
 }
 
 impl Dns {
@@ -80,41 +65,11 @@ impl Dns {
             .with_options(opts)
             .build()
             .map_err(|e| DnsInitError(e.to_string()))?;
-        Ok(Dns {
-            resolver,
-            answers: papaya::HashMap::new(),
-        })
+        Ok(Dns { resolver })
     }
 
-    /// Resolves a canonical name (A and AAAA), from a kept answer whose TTL
-    /// has not run out, or from the resolver.
+    /// Resolves a canonical name (A and AAAA) once.
     async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, DnsError> {
-        if let Some(a) = self.answers.pin().get(name) {
-            if Instant::now() < a.until {
-                return Ok(a.ips.to_vec());
-            }
-        }
-        let (ips, until) = self.ask(name).await?;
-        let answers = self.answers.pin();
-        if answers.len() >= ANSWERS_KEPT {
-            let now = Instant::now();
-            answers.retain(|_, a| now < a.until);
-            if answers.len() >= ANSWERS_KEPT {
-                answers.clear();
-            }
-        }
-        answers.insert(
-            name.into(),
-            Answer {
-                ips: ips.as_slice().into(),
-                until,
-            },
-        );
-        Ok(ips)
-    }
-
-    /// Asks the resolver; the answer and when its TTL runs out.
-    async fn ask(&self, name: &str) -> Result<(Vec<IpAddr>, Instant), DnsError> {
         let mut fqdn = String::with_capacity(name.len() + 1);
         fqdn.push_str(name);
         fqdn.push('.');
@@ -124,7 +79,7 @@ impl Dns {
                 if ips.is_empty() {
                     Err(DnsError::NotFound)
                 } else {
-                    Ok((ips, l.valid_until()))
+                    Ok(ips)
                 }
             }
             Err(e) if e.is_nx_domain() || e.is_no_records_found() => Err(DnsError::NotFound),
