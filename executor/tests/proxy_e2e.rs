@@ -248,8 +248,8 @@ timeout_ms = 20000
         )
     };
     let proxy_cfg = dir.write("proxy.toml", &tools("127.0.0.1:0"));
-    let proxy = start_proxy(&bin, &proxy_cfg);
-    let exec_cfg = dir.write("egress.toml", &tools(&proxy.control.to_string()));
+    let (proxy, control) = start_proxy(&bin, &proxy_cfg);
+    let exec_cfg = dir.write("egress.toml", &tools(&control.to_string()));
     let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
     let res = exec
         .invoke(InvocationRequest {
