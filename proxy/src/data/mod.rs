@@ -4,8 +4,9 @@
 //! [`auth`] (the run credential), [`target`] (the canonical target),
 //! [`policy`] (glue to the pure allowlist and range decisions), [`upstream`]
 //! (dial the vetted addresses, HTTP/1.1 handshake), [`forward`] (plain
-//! HTTP) with [`inject`] (credentials), [`tunnel`] (CONNECT), [`body`] (bodies bounded by the deadline and
-//! the run), [`finish`] (the fetch's outcome, once), [`respond`] (denial and
+//! HTTP) with [`inject`] (credentials written into the request),
+//! [`tunnel`] (CONNECT), [`body`] (bodies bounded by the deadline and the
+//! run), [`finish`] (the fetch's outcome, once), [`respond`] (denial and
 //! error answers), [`handoff`] (listeners handed over by the executor). The
 //! resolver (`dns`) and the proxy's own addresses (`addrs`) are shared state.
 
