@@ -150,6 +150,19 @@ impl ProxyProcess {
         token: &str,
         extra_args: &[&str],
     ) -> ProxyProcess {
+        Self::start_with_env(binary, config, (proxy, control), token, extra_args, &[])
+    }
+
+    /// Like [`ProxyProcess::start_with_bin`], with variables added to the
+    /// proxy's environment (never to the test's own).
+    pub fn start_with_env(
+        binary: &Path,
+        config: &Path,
+        (proxy, control): (SocketAddr, SocketAddr),
+        token: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ProxyProcess {
         let log = config.with_extension("log");
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new(binary)
@@ -162,6 +175,7 @@ impl ProxyProcess {
                 "EGRESS_LOG",
                 std::env::var("EGRESS_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::from(out))
             .spawn()

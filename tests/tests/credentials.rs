@@ -351,3 +351,55 @@ async fn the_secret_never_shows_in_facts_logs_or_metrics() {
         }
     }
 }
+
+/// `secret = { env = "..." }`: the proxy reads the secret from its own
+/// environment (given to the proxy process, never to the child) and injects
+/// it; the run's env map carries only the placeholder.
+#[tokio::test]
+async fn a_secret_from_the_proxys_environment_is_injected() {
+    use egress_e2e::harness::control_call;
+    let dns = FakeDns::start().await;
+    dns.set("api.example", &["127.0.0.2"]);
+    let origin = http_origin("127.0.0.2:0").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = origin.addr.port();
+    let rest = format!(
+        r#"allow_ranges = ["127.0.0.2/32"]
+[proxy.dns]
+servers = ["{dns}"]
+[tools.w]
+egress = ["api.example:{port}"]
+[tools.w.credentials.api]
+hosts = ["api.example:{port}"]
+value = "Bearer ${{secret}}"
+secret = {{ env = "LOOM_TEST_API_SECRET" }}
+placeholder_env = "API_TOKEN"
+"#,
+        dns = dns.addr
+    );
+    let (proxy, control) = (free_addr(), free_addr());
+    let cfg = write_config(dir.path(), proxy, control, &rest);
+    let _pp = ProxyProcess::start_with_env(
+        &egress_e2e::process::bin("egress-proxy"),
+        &cfg,
+        (proxy, control),
+        TOKEN,
+        &[],
+        &[("LOOM_TEST_API_SECRET", SECRET)],
+    );
+    let created = control_call(control, "POST", "/v1/runs", Some(json!({ "tool": "w" })), Some(TOKEN)).await;
+    assert_eq!(created.status, 201, "{}", created.text());
+    assert!(
+        !created.text().contains(SECRET),
+        "the run's answer must not carry the secret"
+    );
+    let v: Value = serde_json::from_slice(&created.body).unwrap();
+    let (id, secret) = (v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
+    let req = format!(
+        "GET http://api.example:{port}/headers HTTP/1.1\r\nHost: api.example:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+        basic(id, secret)
+    );
+    let r = egress_e2e::send(proxy, req.as_bytes()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains(&format!("Bearer {SECRET}")), "{}", r.text());
+}
