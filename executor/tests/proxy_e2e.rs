@@ -69,6 +69,34 @@ fn start_proxy(bin: &PathBuf, config: &std::path::Path) -> (KillOnDrop, SocketAd
     (KillOnDrop(child), control)
 }
 
+/// The proxy (from its binary) and an executor in this process, sharing
+/// one config: `tools` under a `[proxy]` whose only DNS server is
+/// `dns_addr` and which allows 127.0.0.2, and an `[executor]` section.
+fn start_stack(bin: &PathBuf, dir: &TempDir, dns_addr: SocketAddr, tools: &str) -> (KillOnDrop, std::sync::Arc<Executor>) {
+    let config = |control: &str| {
+        format!(
+            r#"
+[proxy]
+listen = "127.0.0.1:0"
+control = "{control}"
+facts = "var/egress-facts.db"
+allow_ranges = ["127.0.0.2/32"]
+
+[proxy.dns]
+servers = ["{dns_addr}"]
+
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+{tools}"#
+        )
+    };
+    let (proxy, control) = start_proxy(bin, &dir.write("proxy.toml", &config("127.0.0.1:0")));
+    let exec_cfg = dir.write("egress.toml", &config(&control.to_string()));
+    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    (proxy, exec)
+}
+
 const FETCH_PY: &str = r#"
 import json, os, urllib.request, urllib.error
 
@@ -107,22 +135,8 @@ async fn python_tool_fetches_through_the_real_proxy() {
     let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let dns_addr = dns.local_addr().unwrap();
     let runner = runners_dir().join("loom_runner.py");
-    let tools = |control: &str| {
-        format!(
-            r#"
-[proxy]
-listen = "127.0.0.1:0"
-control = "{control}"
-facts = "var/egress-facts.db"
-allow_ranges = ["127.0.0.2/32"]
-
-[proxy.dns]
-servers = ["{dns_addr}"]
-
-[executor]
-listen = "127.0.0.1:0"
-scratch_dir = "scratch"
-
+    let tools = format!(
+        r#"
 [tools.fetcher]
 egress = ["127.0.0.2:{port}"]
 
@@ -132,14 +146,10 @@ env = {{ ORIGIN = "http://127.0.0.2:{port}" }}
 pool = {{ warm = 1, max = 2 }}
 timeout_ms = 20000
 "#,
-            port = origin.port(),
-            runner = runner.display()
-        )
-    };
-    let proxy_cfg = dir.write("proxy.toml", &tools("127.0.0.1:0"));
-    let (proxy, control) = start_proxy(&bin, &proxy_cfg);
-    let exec_cfg = dir.write("egress.toml", &tools(&control.to_string()));
-    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
+        port = origin.port(),
+        runner = runner.display()
+    );
+    let (proxy, exec) = start_stack(&bin, &dir, dns_addr, &tools);
     exec.warm_up();
     let pool = exec.pool("fetcher").unwrap().clone();
     assert!(eventually(Duration::from_secs(30), || pool.counts().0 == 1).await);
@@ -214,22 +224,8 @@ async fn a_childs_environment_holds_the_placeholder_never_the_secret() {
     let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let dns_addr = dns.local_addr().unwrap();
     let runner = runners_dir().join("loom_runner.py");
-    let tools = |control: &str| {
-        format!(
-            r#"
-[proxy]
-listen = "127.0.0.1:0"
-control = "{control}"
-facts = "var/egress-facts.db"
-allow_ranges = ["127.0.0.2/32"]
-
-[proxy.dns]
-servers = ["{dns_addr}"]
-
-[executor]
-listen = "127.0.0.1:0"
-scratch_dir = "scratch"
-
+    let tools = format!(
+        r#"
 [tools.envdump]
 egress = ["127.0.0.2:8080"]
 
@@ -244,13 +240,9 @@ command = ["python3", "{runner}", "env.py"]
 pool = {{ warm = 1, max = 1 }}
 timeout_ms = 20000
 "#,
-            runner = runner.display()
-        )
-    };
-    let proxy_cfg = dir.write("proxy.toml", &tools("127.0.0.1:0"));
-    let (proxy, control) = start_proxy(&bin, &proxy_cfg);
-    let exec_cfg = dir.write("egress.toml", &tools(&control.to_string()));
-    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
+        runner = runner.display()
+    );
+    let (proxy, exec) = start_stack(&bin, &dir, dns_addr, &tools);
     let res = exec
         .invoke(InvocationRequest {
             tool: "envdump".into(),
