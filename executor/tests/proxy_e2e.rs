@@ -72,7 +72,12 @@ fn start_proxy(bin: &PathBuf, config: &std::path::Path) -> (KillOnDrop, SocketAd
 /// The proxy (from its binary) and an executor in this process, sharing
 /// one config: `tools` under a `[proxy]` whose only DNS server is
 /// `dns_addr` and which allows 127.0.0.2, and an `[executor]` section.
-fn start_stack(bin: &PathBuf, dir: &TempDir, dns_addr: SocketAddr, tools: &str) -> (KillOnDrop, std::sync::Arc<Executor>) {
+fn start_stack(
+    bin: &PathBuf,
+    dir: &TempDir,
+    dns_addr: SocketAddr,
+    tools: &str,
+) -> (KillOnDrop, std::sync::Arc<Executor>) {
     let config = |control: &str| {
         format!(
             r#"

@@ -51,7 +51,10 @@ struct Setup {
     secret_file: PathBuf,
 }
 
-async fn setup() -> Setup {
+/// The world both proxies of these tests see: names resolving to
+/// 127.0.0.2, the credential's origin, a canary for the other host, and the
+/// secret in a 0600 file.
+async fn world() -> (FakeDns, HttpOrigin, Canary, tempfile::TempDir, PathBuf) {
     let dns = FakeDns::start().await;
     dns.set("api.example", &["127.0.0.2"]);
     dns.set("other.example", &["127.0.0.2"]);
@@ -60,6 +63,11 @@ async fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("api.token");
     write_secret(&secret_file, SECRET, 0o600);
+    (dns, origin, canary, dir, secret_file)
+}
+
+async fn setup() -> Setup {
+    let (dns, origin, canary, dir, secret_file) = world().await;
     let text = format!(
         "{}\n{}",
         proxy_section(&dns, ""),
@@ -274,14 +282,7 @@ async fn a_secret_file_readable_by_others_is_a_config_error() {
 #[tokio::test]
 async fn the_secret_never_shows_in_facts_logs_or_metrics() {
     use egress_e2e::harness::{all_facts_at, control_call};
-    let dns = FakeDns::start().await;
-    dns.set("api.example", &["127.0.0.2"]);
-    dns.set("other.example", &["127.0.0.2"]);
-    let origin = http_origin("127.0.0.2:0").await;
-    let canary = canary("127.0.0.2:0").await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("api.token");
-    write_secret(&secret_file, SECRET, 0o600);
+    let (dns, origin, canary, dir, secret_file) = world().await;
     let rest = format!(
         "allow_ranges = [\"127.0.0.2/32\"]\n[proxy.dns]\nservers = [\"{}\"]\n{}",
         dns.addr,
