@@ -94,6 +94,16 @@ fn dir_of(file: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
+    /// The proxy's `env` map and the names a tool's `env` may not set are
+    /// two lists in two crates: every proxy variable must be reserved, or a
+    /// tool could point its child past the proxy.
+    #[test]
+    fn every_proxy_variable_is_reserved() {
+        for k in egress_api::proxy_env("http://r:s@127.0.0.1:3128").keys() {
+            assert!(RESERVED_ENV.contains(&k.as_str()), "{k} is not in RESERVED_ENV");
+        }
+    }
+
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::parse(Path::new("/etc/loom/egress.toml"), s)
     }
