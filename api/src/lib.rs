@@ -148,6 +148,28 @@ pub fn proxy_env(proxy_url: &str) -> std::collections::BTreeMap<String, String> 
     env
 }
 
+/// The variables that make a child's TLS clients trust the appliance CA,
+/// for a tool whose CONNECTs the proxy may intercept: OpenSSL, Python
+/// `requests` and curl read `bundle` (the system roots plus the appliance
+/// CA); Node adds `ca_cert` (the appliance CA alone) to its own roots.
+pub const CA_ENV: [&str; 4] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+];
+
+/// [`CA_ENV`] with its values.
+pub fn ca_env(bundle: &str, ca_cert: &str) -> std::collections::BTreeMap<String, String> {
+    CA_ENV
+        .iter()
+        .map(|k| {
+            let v = if *k == "NODE_EXTRA_CA_CERTS" { ca_cert } else { bundle };
+            ((*k).to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
 /// Denials of an ended run, by reason (counts include folded facts).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DenialSummary {
@@ -257,6 +279,22 @@ pub struct PolicyView {
     pub policy: String,
     /// Tool ids of the config: the tools runs can be created for.
     pub tools: Vec<String>,
+}
+
+/// `200` of `GET /v1/ca`: the appliance CA that signs the leaves of
+/// intercepted CONNECTs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CaView {
+    /// `sha256:` and the hex digest of the certificate (DER).
+    pub fingerprint: String,
+    /// The certificate, PEM.
+    pub pem: String,
+    /// The files the proxy's `env` points children at: the CA alone, and the
+    /// system roots plus the CA.
+    pub cert_file: String,
+    pub bundle_file: String,
+    /// Whether the CA lives only as long as the proxy process.
+    pub ephemeral: bool,
 }
 
 /// `200` of `POST /v1/policy/reload`.

@@ -110,6 +110,9 @@ pub struct ToolPolicy {
     /// `[tools.<id>.credentials.<name>]`, by name; their secrets are empty
     /// until [`Config::load_secrets`].
     pub credentials: Vec<Credential>,
+    /// `inspect = true`: every CONNECT of the tool is intercepted (HTTP-level
+    /// policy and facts inside TLS), not only those to credential hosts.
+    pub inspect: bool,
     /// `[tools.<id>.process]`: how the executor runs the tool (`None`: the
     /// executor does not serve it).
     pub process: Option<ProcessConfig>,
@@ -157,6 +160,21 @@ pub struct ProxyConfig {
     pub facts_retention: Duration,
     pub drain_timeout: Duration,
     pub tls: Option<TlsConfig>,
+    /// `[proxy.interception]`: the appliance CA and the roots origins are
+    /// verified against, for CONNECTs the proxy terminates.
+    pub interception: InterceptionConfig,
+}
+
+/// `[proxy.interception]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InterceptionConfig {
+    /// Where the appliance CA lives (`ca.pem`, `ca.key` 0600, `bundle.pem`).
+    /// `None`: a directory `ca` beside the facts store; with `facts =
+    /// ":memory:"`, an ephemeral CA that lives as long as the process.
+    pub ca_dir: Option<PathBuf>,
+    /// PEM roots that origins of intercepted connections are verified
+    /// against instead of the system roots (labs and tests).
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 /// The defaults of every `[proxy]` key.
@@ -186,6 +204,7 @@ impl Default for ProxyConfig {
             facts_retention: Duration::from_secs(720 * 3600),
             drain_timeout: Duration::from_secs(10),
             tls: None,
+            interception: InterceptionConfig::default(),
         }
     }
 }
@@ -368,6 +387,7 @@ mod tests {
                 facts_retention: Duration::from_secs(720 * 3600),
                 drain_timeout: Duration::from_millis(10_000),
                 tls: None,
+                interception: InterceptionConfig::default(),
             }
         );
         assert_eq!(

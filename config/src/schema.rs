@@ -8,7 +8,7 @@ use crate::credentials::{self, SecretSource};
 use crate::executor;
 use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
-use crate::{Config, DnsConfig, Mode, Policy, Problem, ProxyConfig, TlsConfig, ToolPolicy};
+use crate::{Config, DnsConfig, InterceptionConfig, Mode, Policy, Problem, ProxyConfig, TlsConfig, ToolPolicy};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -78,6 +78,8 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
         rel(&mut tls.cert);
         rel(&mut tls.key);
     }
+    proxy.interception.ca_dir.iter_mut().for_each(rel);
+    proxy.interception.upstream_ca_file.iter_mut().for_each(rel);
     rel(&mut executor.scratch_dir);
     executor.cgroup.iter_mut().for_each(rel);
     executor.proxy_handoff.iter_mut().for_each(rel);
@@ -95,7 +97,13 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
 
     let mut canon = String::new();
     for (id, t) in &tools {
-        let _ = writeln!(canon, "tool {id} mode={} methods={:?}", t.mode.as_str(), t.methods);
+        let _ = writeln!(
+            canon,
+            "tool {id} mode={} methods={:?} inspect={}",
+            t.mode.as_str(),
+            t.methods,
+            t.inspect
+        );
         let mut sorted: Vec<String> = t.allowlist.rules().iter().map(|r| r.to_string()).collect();
         sorted.sort();
         for r in sorted {
@@ -192,6 +200,22 @@ fn proxy(s: &mut Section) -> (ProxyConfig, Vec<IpNet>, Vec<IpNet>) {
             key: key.unwrap_or_default(),
         }
     });
+    let interception = {
+        let mut t = s.table("interception");
+        let ca_dir: Option<PathBuf> = t.get("ca_dir");
+        let upstream_ca_file: Option<PathBuf> = t.get("upstream_ca_file");
+        for (key, p) in [("ca_dir", &ca_dir), ("upstream_ca_file", &upstream_ca_file)] {
+            if p.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                let at = t.at(key);
+                t.problems.push(at, "must be a path");
+            }
+        }
+        t.finish();
+        InterceptionConfig {
+            ca_dir,
+            upstream_ca_file,
+        }
+    };
     let cfg = ProxyConfig {
         listen,
         control,
@@ -219,6 +243,7 @@ fn proxy(s: &mut Section) -> (ProxyConfig, Vec<IpNet>, Vec<IpNet>) {
         ),
         drain_timeout: s.millis("drain_timeout_ms", 0..=3_600_000, d.drain_timeout),
         tls,
+        interception,
     };
     (cfg, allow, deny)
 }
@@ -297,6 +322,7 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
             Mode::Enforce,
         ),
         methods,
+        inspect: s.or("inspect", false),
         process,
     }
 }
@@ -453,7 +479,7 @@ child_uid = 0
             r#"bad.toml: proxy.control: invalid type: integer `3129`, expected a string
 bad.toml: proxy.dns.servers[1]: invalid type: integer `53`, expected a string
 bad.toml: proxy.max_runs: invalid type: string "many", expected u64
-bad.toml: proxy.listne: unknown key (expected one of: allow_ranges, control, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
+bad.toml: proxy.listne: unknown key (expected one of: allow_ranges, control, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
 bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool }, not integer
 bad.toml: tools.web.egress[2]: port must be a decimal number in 1..=65535
 bad.toml: tools.web.process.pool.warm: is 3, more than pool.max = 2

@@ -152,6 +152,9 @@ pub enum FetchError {
     Timeout,
     /// The upstream broke the HTTP exchange.
     UpstreamFailed,
+    /// The origin of an intercepted CONNECT failed TLS: its certificate did
+    /// not verify for the host, or the handshake broke.
+    UpstreamTls,
     /// The run ended while the fetch was in flight.
     RunEnded,
     /// The fact store could not record a denial, so the request fails closed.
@@ -168,12 +171,13 @@ impl FetchError {
     /// The errors `egress_fetch_errors_total` counts; the others have metrics
     /// of their own (`egress_fact_write_failures_total`,
     /// `egress_connections_closed_total`) or are a shutdown.
-    pub const COUNTED: [FetchError; 6] = [
+    pub const COUNTED: [FetchError; 7] = [
         FetchError::DnsNotFound,
         FetchError::DnsFailed,
         FetchError::ConnectFailed,
         FetchError::Timeout,
         FetchError::UpstreamFailed,
+        FetchError::UpstreamTls,
         FetchError::RunEnded,
     ];
 
@@ -184,6 +188,7 @@ impl FetchError {
             FetchError::ConnectFailed => "connect_failed",
             FetchError::Timeout => "timeout",
             FetchError::UpstreamFailed => "upstream_failed",
+            FetchError::UpstreamTls => "upstream_tls",
             FetchError::RunEnded => "run_ended",
             FetchError::FactsUnavailable => "facts_unavailable",
             FetchError::ShuttingDown => "shutting_down",

@@ -13,11 +13,13 @@
 //!   upstream connections;
 //! - `state` (the shared state, no listener), `listener` (accept, admission,
 //!   TLS, graceful close for both listeners), `server` (start and stop),
-//!   `deny` (the outcome table), `metrics`.
+//!   `deny` (the outcome table), `metrics`, `ca` (the appliance CA of
+//!   intercepted CONNECTs).
 #![forbid(unsafe_code)]
 
 mod addrs;
 mod admission;
+mod ca;
 mod control;
 mod data;
 mod deny;
@@ -31,6 +33,7 @@ mod state;
 mod time;
 mod tls;
 
+pub use ca::{ca_dir, rotate as rotate_ca, CaError};
 pub use control::openapi;
 pub use control::reload;
 pub use control::token::TokenSource;

@@ -41,6 +41,21 @@ enum Cmd {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// The appliance CA of intercepted CONNECTs.
+    Ca {
+        #[command(subcommand)]
+        action: CaAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaAction {
+    /// Replace the CA with a new one (key 0600); a running proxy uses it
+    /// from its next reload (SIGHUP or POST /v1/policy/reload).
+    Rotate {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
 }
 
 fn init_logs(format: LogFormat) {
@@ -60,6 +75,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Check { config } => check(&config),
+        Cmd::Ca {
+            action: CaAction::Rotate { config },
+        } => rotate_ca(&config),
         Cmd::Serve { config, log_format } => {
             init_logs(log_format);
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -115,6 +133,34 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
         }
         Err(e) => {
             eprintln!("{e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+fn rotate_ca(path: &std::path::Path) -> std::process::ExitCode {
+    let c = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let Some(dir) = egress_proxy::ca_dir(&c.proxy) else {
+        eprintln!(
+            "{}: the CA is ephemeral (facts = \":memory:\" and no [proxy.interception] ca_dir): nothing to rotate",
+            path.display()
+        );
+        return std::process::ExitCode::from(1);
+    };
+    match egress_proxy::rotate_ca(&dir) {
+        Ok(fingerprint) => {
+            println!("{}: new appliance CA {fingerprint}", dir.display());
+            println!("reload the proxy (SIGHUP or POST /v1/policy/reload) to issue leaves from it; children started from then on trust it");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("egress-proxy: {e}");
             std::process::ExitCode::from(1)
         }
     }

@@ -44,6 +44,8 @@ pub enum StartError {
     Token(#[from] crate::control::token::TokenError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error("appliance CA: {0}")]
+    Ca(#[from] crate::ca::CaError),
     #[error("cannot listen for listener hand-offs on {}: {source}", path.display())]
     Handoff {
         path: std::path::PathBuf,
@@ -157,6 +159,8 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         Some(t) => Some(crate::tls::acceptor(t)?),
         None => None,
     };
+    let ca = crate::ca::Authority::open(&pc)?;
+    tracing::info!(fingerprint = %ca.fingerprint, cert = %ca.files.cert.display(), ephemeral = ca.is_ephemeral(), "appliance CA loaded");
     let shared = Shared::new(
         &cfg,
         Parts {
@@ -169,6 +173,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             control_token: token.clone(),
             config_path: opts.config_path,
             tls,
+            ca,
         },
     );
     shared.restore_runs();

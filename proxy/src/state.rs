@@ -5,6 +5,7 @@
 
 use crate::addrs::{read_host_addrs, HostAddrs, SelfAddrs};
 use crate::admission::Admission;
+use crate::ca::Authority;
 use crate::deny::FetchError;
 use crate::dns::{Dial, Resolve};
 use crate::facts::FactSink;
@@ -55,6 +56,9 @@ pub struct Shared {
     pub config_path: Option<PathBuf>,
     /// TLS for both listeners, when configured.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The appliance CA of intercepted CONNECTs (replaced on reload after a
+    /// rotation).
+    pub ca: ArcSwap<Authority>,
     /// `http` or `https`: how clients reach the data listener.
     pub proxy_scheme: &'static str,
     /// Connection admission of the data and control listeners.
@@ -75,6 +79,7 @@ pub(crate) struct Parts {
     pub control_token: String,
     pub config_path: Option<PathBuf>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub ca: Authority,
 }
 
 impl Shared {
@@ -118,6 +123,7 @@ impl Shared {
             config_path: p.config_path,
             proxy_scheme: if p.tls.is_some() { "https" } else { "http" },
             tls: p.tls,
+            ca: ArcSwap::from_pointee(p.ca),
             data_admission,
             control_admission,
             event_streams: Arc::new(Semaphore::new(pc.max_event_streams)),

@@ -7,6 +7,7 @@
 //! until a request carries the control token, so idle or tokenless sockets
 //! cannot lock kernels out.
 
+mod ca;
 mod error;
 mod facts;
 mod health;
@@ -51,6 +52,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(sse::stream))
         .routes(routes!(policy::reload_handler))
         .routes(routes!(policy::get_policy))
+        .routes(routes!(ca::get_ca))
         .routes(routes!(owners::list_owners))
         .routes(routes!(owners::renew_owner, owners::release_owner))
 }

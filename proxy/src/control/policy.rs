@@ -22,6 +22,8 @@ pub enum ReloadError {
     NoFile,
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("appliance CA: {0}")]
+    Ca(#[from] crate::ca::CaError),
 }
 
 /// Re-reads the config file and swaps the policy in. Returns the new digest.
@@ -42,7 +44,19 @@ fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     if cfg.proxy.listen != sh.cfg.listen || cfg.proxy.control != sh.cfg.control || cfg.proxy.facts != sh.cfg.facts {
         tracing::warn!("listener or facts changes in the [proxy] section need a restart; applying the policy only");
     }
+    // The CA on disk again: a rotation takes effect here. An ephemeral one stays.
+    let ca = if sh.ca.load().is_ephemeral() {
+        None
+    } else {
+        Some(crate::ca::Authority::open(&sh.cfg)?)
+    };
     let old = sh.policy.swap(cfg.policy.clone());
+    if let Some(ca) = ca {
+        if ca.fingerprint != sh.ca.load().fingerprint {
+            tracing::info!(fingerprint = %ca.fingerprint, "appliance CA replaced");
+        }
+        sh.ca.store(Arc::new(ca));
+    }
     sh.metrics.set_config(Some(&old.digest), &cfg.policy.digest);
     sh.refresh_host_addrs();
     for tool in cfg.policy.tools.keys() {
@@ -57,7 +71,7 @@ fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     responses(
         (status = 200, description = "The new policy is in force", body = Reloaded),
         (status = 409, description = "no_config_file: running on the embedded default", body = ErrorBody),
-        (status = 422, description = "invalid_config, with every problem; the old policy stays", body = ErrorBody),
+        (status = 422, description = "invalid_config, with every problem, or invalid_ca (the appliance CA cannot be loaded); the old policy stays", body = ErrorBody),
     ))]
 pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<Reloaded>, ApiError> {
     match reload(&sh) {
@@ -70,6 +84,14 @@ pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<Reload
             "no_config_file",
             ReloadError::NoFile.to_string(),
         )),
+        Err(e @ ReloadError::Ca(_)) => {
+            tracing::error!(error = %e, "policy reload rejected; the old policy stays in force");
+            Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_ca",
+                e.to_string(),
+            ))
+        }
         Err(ReloadError::Config(e)) => {
             tracing::error!(error = %e, "policy reload rejected; the old policy stays in force");
             let problems = e

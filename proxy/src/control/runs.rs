@@ -142,7 +142,7 @@ pub(super) async fn create_run(
     sh.run_created(&run);
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
     let proxy_url = format!("{}://{}:{}@{}", sh.proxy_scheme, run.id, secret, sh.proxy_authority);
-    let env = child_env(&proxy_url, &run, tool);
+    let env = child_env(&sh, &proxy_url, &run, tool);
     Ok((
         StatusCode::CREATED,
         Json(CreatedRun {
@@ -155,9 +155,18 @@ pub(super) async fn create_run(
 }
 
 /// What the run's child must be given for its egress: the proxy URL
-/// variables and one placeholder per credential, under its `placeholder_env`.
-fn child_env(proxy_url: &str, run: &Run, tool: &egress_config::ToolPolicy) -> BTreeMap<String, String> {
+/// variables, one placeholder per credential under its `placeholder_env`,
+/// and, when the proxy may intercept the tool's CONNECTs (credentials,
+/// `inspect`), the CA bundle variables.
+fn child_env(sh: &Shared, proxy_url: &str, run: &Run, tool: &egress_config::ToolPolicy) -> BTreeMap<String, String> {
     let mut env = egress_api::proxy_env(proxy_url);
+    if tool.inspect || !tool.credentials.is_empty() {
+        let ca = sh.ca.load();
+        env.extend(egress_api::ca_env(
+            &ca.files.bundle.display().to_string(),
+            &ca.files.cert.display().to_string(),
+        ));
+    }
     for p in run.placeholders.iter() {
         if let Some(c) = tool.credentials.iter().find(|c| *c.name == *p.credential) {
             env.insert(c.placeholder_env.clone(), p.value.to_string());

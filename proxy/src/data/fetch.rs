@@ -12,8 +12,11 @@
 //! 6. [`Fetch::resolve_and_vet`]: resolve once, vet every address;
 //! 7. [`Fetch::dial`]: only the vetted addresses (or this run's idle
 //!    connection to one of them);
-//! 8. [`forward`](crate::data::forward) (plain HTTP) or
-//!    [`tunnel`](crate::data::tunnel) (CONNECT).
+//! 8. [`forward`](crate::data::forward) (plain HTTP),
+//!    [`tunnel`](crate::data::tunnel) (CONNECT), or
+//!    [`intercept`](crate::data::intercept) (a CONNECT to a credential host,
+//!    or of an `inspect` tool: TLS terminated, each request inside decided
+//!    again by [`decide_inside`]).
 //!
 //! Steps 5–7 are bounded by the fetch deadline and the run's end. Every
 //! denial is recorded as a fact before its response is written
@@ -23,8 +26,10 @@ use crate::admission::{self, Refused};
 use crate::data::auth::{self, AuthFailure};
 use crate::data::body::{Exchange, ProxyBody};
 use crate::data::finish::Finish;
-use crate::data::forward::{self, Exchanging, Injection};
+use crate::data::forward::{self, Exchanging};
 use crate::data::inject;
+use crate::data::inject::Injection;
+use crate::data::intercept;
 use crate::data::policy::{self, Admission, Denial};
 use crate::data::respond::{self, fact_target, raw_target};
 use crate::data::target::{self, Kind, Target, TargetError};
@@ -108,6 +113,7 @@ pub async fn handle(
     let tm = sh.tool_metrics(Some(&run.tool));
     let fetch = Fetch::new(&sh, &policy, Some(&run), &tm, kind, started);
     Ok(match fetch.decide(&run, &mut req).await {
+        Ok(prepared) if prepared.intercept => fetch.intercept(prepared, &sh, &run, req).await,
         Ok(prepared) => fetch.carry(prepared, &run, req, &conn).await,
         Err(r) => r,
     })
@@ -163,6 +169,8 @@ struct Prepared {
     finish: Finish,
     deadline: Instant,
     credentials: Option<Injection>,
+    /// A CONNECT whose TLS the proxy terminates ([`policy::intercepts`]).
+    intercept: bool,
 }
 
 /// One fetch's context: the shared state, the policy snapshot, the run, and
@@ -209,6 +217,7 @@ impl<'a> Fetch<'a> {
         let target = self.canonical_target(req).await?;
         let private = self.admit(&tool, &target, req.method()).await?;
         let credentials = self.credentials(&tool, run, &target, req).await?;
+        let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
         let finish = Finish::new(
             self.tm.clone(),
             self.kind,
@@ -245,6 +254,7 @@ impl<'a> Fetch<'a> {
             finish,
             deadline,
             credentials,
+            intercept,
         })
     }
 
@@ -272,7 +282,8 @@ impl<'a> Fetch<'a> {
         respond::error(e, &detail)
     }
 
-    /// Step 8: forward (plain HTTP) or open the tunnel (CONNECT).
+    /// Step 8: forward (plain HTTP) or open the tunnel (CONNECT; an
+    /// intercepted one goes to [`Fetch::intercept`] instead).
     async fn carry(&self, p: Prepared, run: &Arc<Run>, mut req: Request<Incoming>, conn: &admission::Conn) -> Answer {
         let Prepared {
             target,
@@ -281,6 +292,7 @@ impl<'a> Fetch<'a> {
             finish,
             deadline,
             credentials,
+            intercept: _,
         } = p;
         match (self.kind, upstream) {
             (Kind::Connect, Upstream::Stream(stream, _)) => {
@@ -315,6 +327,58 @@ impl<'a> Fetch<'a> {
         }
     }
 
+    /// Step 8 for an intercepted CONNECT: TLS to the origin first (verified
+    /// for the target's name; `502 upstream_tls` otherwise), bounded by the
+    /// deadline and the run's end; then the `200`, and the session that
+    /// terminates the tool's TLS runs on its own.
+    async fn intercept(&self, p: Prepared, sh: &Arc<Shared>, run: &Arc<Run>, mut req: Request<Incoming>) -> Answer {
+        let Prepared {
+            target,
+            slot,
+            upstream,
+            finish,
+            deadline,
+            ..
+        } = p;
+        let Upstream::Stream(stream, addr) = upstream else {
+            return respond::error(FetchError::UpstreamFailed, "tunnels never use pooled connections");
+        };
+        let ca = self.sh.ca.load_full();
+        let tls = tokio::select! {
+            r = ca.connect(&target.host, stream) => r,
+            _ = tokio::time::sleep_until(deadline) => {
+                finish.timed_out(Phase::Connect);
+                self.sh.count_error(&run.tool, FetchError::Timeout);
+                return respond::error(FetchError::Timeout, &format!("TLS to {target} did not finish before the fetch deadline"));
+            }
+            _ = run.cancel.cancelled() => {
+                finish.severed("run_ended");
+                return respond::error(FetchError::RunEnded, &format!("run {} ended", run.id));
+            }
+        };
+        let upstream = match tls {
+            Ok(s) => s,
+            Err(e) => {
+                finish.failed(FetchError::UpstreamTls.code());
+                self.sh.count_error(&run.tool, FetchError::UpstreamTls);
+                return respond::error(FetchError::UpstreamTls, &format!("{target} ({addr}): {e}"));
+            }
+        };
+        let upgrade = hyper::upgrade::on(&mut req);
+        self.sh.tasks.spawn(intercept::run(intercept::Session {
+            sh: sh.clone(),
+            run: run.clone(),
+            target,
+            addr,
+            upgrade,
+            upstream,
+            slot,
+            deadline,
+            finish,
+        }));
+        Response::new(ProxyBody::empty())
+    }
+
     /// Step 2: the run is active, and its tool still configured. Returns the
     /// tool's policy.
     async fn check_run(&self, run: &Run, uri: &http::Uri) -> Result<Arc<ToolPolicy>, Answer> {
@@ -340,15 +404,19 @@ impl<'a> Fetch<'a> {
             Kind::Connect => target::parse_connect(req.uri()),
             Kind::Http => target::parse_absolute(req.uri(), req.headers(), req.version()),
         };
-        let e = match parsed {
-            Ok(t) => return Ok(t),
-            Err(e) => e,
-        };
+        match parsed {
+            Ok(t) => Ok(t),
+            Err(e) => Err(self.refuse_target(e, Dest::Raw(raw_target(req.uri()))).await),
+        }
+    }
+
+    /// `bad_target` or `host_mismatch`.
+    async fn refuse_target(&self, e: TargetError, dest: Dest<'_>) -> Answer {
         let (reason, detail) = match e {
             TargetError::Bad(m) => (DenyReason::BadTarget, m),
             TargetError::HostMismatch(m) => (DenyReason::HostMismatch, m),
         };
-        Err(self.deny(reason, detail, Dest::Raw(raw_target(req.uri())), &[]).await)
+        self.deny(reason, detail, dest, &[]).await
     }
 
     /// Step 4: the allowlist and the tool's methods, before any DNS. Returns
@@ -638,6 +706,61 @@ impl<'a> Fetch<'a> {
             format!("the denial could not be recorded ({e}); request refused")
         })
     }
+}
+
+/// What a request inside an intercepted CONNECT goes out with.
+pub struct Inside {
+    pub target: Target,
+    pub credentials: Option<Injection>,
+}
+
+/// Steps 2–4 again for one request inside an intercepted CONNECT to
+/// `connect`, with the policy in force now (a reload applies from the next
+/// request on): the run still active and its tool configured; the request
+/// on the tunnel's host (`host_mismatch`); allowlist and methods; and the
+/// credentials (a misused placeholder denied; those to write in returned).
+/// Denials are recorded and answered like any other, as kind `http`.
+pub async fn decide_inside(
+    sh: &Shared,
+    run: &Arc<Run>,
+    connect: &Target,
+    req: &Request<Incoming>,
+) -> Result<Inside, Answer> {
+    let policy = sh.policy.load_full();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
+    let tool = fetch.check_run(run, req.uri()).await?;
+    let target = match target::parse_inside(connect, req.uri(), req.headers()) {
+        Ok(t) => t,
+        Err(e) => return Err(fetch.refuse_target(e, Dest::Target(connect)).await),
+    };
+    fetch.admit(&tool, &target, req.method()).await?;
+    let credentials = fetch.credentials(&tool, run, &target, req).await?;
+    let decision = if tool.mode == Mode::Report && fetch.reported.load(Ordering::Relaxed) {
+        Decision::Reported
+    } else {
+        Decision::Allowed
+    };
+    tm.kind(Kind::Http).request(decision);
+    Ok(Inside { target, credentials })
+}
+
+/// An intercepted CONNECT whose TLS names another server (SNI) than the
+/// CONNECT target: a `host_mismatch` fact (the connection is then closed;
+/// there is no HTTP answer to give before the handshake).
+pub async fn deny_sni(sh: &Shared, run: &Run, connect: &Target, sni: &str) {
+    let policy = sh.policy.load_full();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Connect, Instant::now());
+    let detail = format!("TLS server name {sni:?} is not the tunnel's host {connect}");
+    let _ = fetch
+        .deny(
+            DenyReason::HostMismatch,
+            crate::facts::bounded(detail),
+            Dest::Target(connect),
+            &[],
+        )
+        .await;
 }
 
 #[cfg(test)]

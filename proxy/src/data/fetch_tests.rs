@@ -89,6 +89,11 @@ impl Proxy {
                 control_token: "t".repeat(32),
                 config_path: None,
                 tls: None,
+                ca: crate::ca::Authority::open(&egress_config::ProxyConfig {
+                    facts: ":memory:".into(),
+                    ..Default::default()
+                })
+                .unwrap(),
             },
         );
         let t = cfg.policy.tool("t").unwrap();

@@ -7,7 +7,7 @@
 //! bounds both directions by the deadline and the run's end.
 
 use crate::data::body::{self, Exchange, Guarded, ProxyBody, Upload};
-use crate::data::inject;
+use crate::data::inject::{self, Injection};
 use crate::data::respond;
 use crate::data::target::Target;
 use crate::data::upstream::{self, Upstream};
@@ -15,7 +15,6 @@ use crate::deny::{FetchError, Phase};
 use crate::runs::pool::UpBody;
 use crate::runs::Run;
 use crate::state::Shared;
-use egress_config::ToolPolicy;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Version};
 use http_body_util::BodyExt as _;
@@ -69,13 +68,6 @@ pub struct Exchanging {
     pub credentials: Option<Injection>,
 }
 
-/// Credentials of the tool that go into this request.
-pub struct Injection {
-    pub tool: Arc<ToolPolicy>,
-    /// Indices into `tool.credentials`.
-    pub creds: Vec<usize>,
-}
-
 /// Sends `req` to `target` and answers with the origin's response (or the
 /// error that stopped it).
 pub async fn forward(
@@ -104,10 +96,7 @@ pub async fn forward(
         .clone()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     if let Some(inj) = &credentials {
-        for c in inj.creds.iter().filter_map(|&i| inj.tool.credentials.get(i)) {
-            let ph = run.placeholders.iter().find(|p| *p.credential == *c.name);
-            inject::apply(&mut headers, &mut pq, c, ph.map(|p| &*p.value));
-        }
+        inject::write(inj, run, &mut headers, &mut pq);
     }
     exchange.finish.add_up(body::head_len(
         parts.method.as_str().len() + pq.as_str().len() + 10,

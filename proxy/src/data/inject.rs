@@ -7,9 +7,27 @@
 //! sensitive. The decision whether a credential may go to a host is
 //! `policy::credentials`; this module only rewrites.
 
-use egress_config::Credential;
+use crate::runs::Run;
+use egress_config::{Credential, ToolPolicy};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
+use std::sync::Arc;
+
+/// Credentials of the tool that go into one request.
+pub struct Injection {
+    pub tool: Arc<ToolPolicy>,
+    /// Indices into `tool.credentials`.
+    pub creds: Vec<usize>,
+}
+
+/// Writes each of `inj`'s credentials into a request of `run` (plain HTTP,
+/// or inside an intercepted CONNECT).
+pub fn write(inj: &Injection, run: &Run, headers: &mut HeaderMap, pq: &mut PathAndQuery) {
+    for c in inj.creds.iter().filter_map(|&i| inj.tool.credentials.get(i)) {
+        let ph = run.placeholders.iter().find(|p| *p.credential == *c.name);
+        apply(headers, pq, c, ph.map(|p| &*p.value));
+    }
+}
 
 /// Whether `needle` occurs in `hay`.
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {

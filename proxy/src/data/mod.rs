@@ -5,7 +5,8 @@
 //! [`policy`] (glue to the pure allowlist and range decisions), [`upstream`]
 //! (dial the vetted addresses, HTTP/1.1 handshake), [`forward`] (plain
 //! HTTP) with [`inject`] (credentials written into the request),
-//! [`tunnel`] (CONNECT), [`body`] (bodies bounded by the deadline and the
+//! [`tunnel`] (CONNECT), [`intercept`] (a CONNECT whose TLS the proxy
+//! terminates, with `ca` leaves), [`body`] (bodies bounded by the deadline and the
 //! run), [`finish`] (the fetch's outcome, once), [`respond`] (denial and
 //! error answers), [`handoff`] (listeners handed over by the executor). The
 //! resolver (`dns`) and the proxy's own addresses (`addrs`) are shared state.
@@ -17,6 +18,7 @@ pub(crate) mod finish;
 pub(crate) mod forward;
 pub(crate) mod handoff;
 pub(crate) mod inject;
+pub(crate) mod intercept;
 pub(crate) mod policy;
 pub(crate) mod respond;
 pub(crate) mod target;

@@ -99,7 +99,17 @@ pub fn credentials(
         .collect())
 }
 
+/// Whether a CONNECT of `tool` to `target` is intercepted (TLS terminated
+/// with a leaf of the appliance CA, HTTP policy applied inside) rather than
+/// a blind tunnel: the tool inspects everything, or one of its credentials
+/// may go there.
+pub fn intercepts(tool: &ToolPolicy, target: &Target) -> bool {
+    tool.inspect || tool.credentials.iter().any(|c| c.allows(&target.host, target.port))
+}
+
 /// Allowlist and method checks (steps 4 and the method rule). Never resolves.
+/// An intercepted CONNECT is not a method the tool uses on the origin: the
+/// methods apply to the requests inside it instead.
 pub fn admit(tool: &ToolPolicy, target: &Target, method: &str) -> Admission {
     let private = match tool.allowlist.check(&target.host, target.port) {
         Match::Allowed { private } => private,
@@ -118,7 +128,8 @@ pub fn admit(tool: &ToolPolicy, target: &Target, method: &str) -> Admission {
             return gate(tool, denial, false);
         }
     };
-    if let Some(methods) = &tool.methods {
+    let intercepted = target.kind == Kind::Connect && intercepts(tool, target);
+    if let Some(methods) = tool.methods.as_ref().filter(|_| !intercepted) {
         let m = if target.kind == Kind::Connect {
             "CONNECT"
         } else {

@@ -148,10 +148,101 @@ pub fn parse_absolute(uri: &Uri, headers: &HeaderMap, version: Version) -> Resul
     })
 }
 
+/// The target of a request inside an intercepted CONNECT to `connect`
+/// (HTTPS): origin-form, or an absolute `https://` URI naming the same host
+/// and port; its one `Host` (when present) naming them too, the port 443
+/// when omitted. Anything else is `host_mismatch`: a tool may not tunnel to
+/// one host and talk to another inside.
+pub fn parse_inside(connect: &Target, uri: &Uri, headers: &HeaderMap) -> Result<Target, TargetError> {
+    let names_connect =
+        |raw: &str| authority_with_default(raw, 443).is_ok_and(|(h, p)| h == connect.host && p == connect.port);
+    if let Some(auth) = uri.authority() {
+        if !uri.scheme_str().is_some_and(|s| s.eq_ignore_ascii_case("https")) || !names_connect(auth.as_str()) {
+            return Err(TargetError::HostMismatch(format!(
+                "request target {:?} is not on the tunnel's host {connect}",
+                uri.to_string()
+            )));
+        }
+    }
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => return Err(TargetError::HostMismatch("more than one Host header".into())),
+        (Some(v), None) => {
+            let hv = v
+                .to_str()
+                .map_err(|_| TargetError::HostMismatch("Host header is not ASCII".into()))?;
+            if !names_connect(hv) {
+                return Err(TargetError::HostMismatch(format!(
+                    "Host header {hv:?} does not name the tunnel's host {connect}"
+                )));
+            }
+        }
+        (None, _) => {}
+    }
+    let pq = match uri.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
+        Some(pq) if pq.as_str().starts_with('?') => {
+            PathAndQuery::try_from(format!("/{}", pq.as_str())).map_err(|_| bad("invalid path"))?
+        }
+        Some(pq) if pq.as_str() == "*" => return Err(bad("asterisk-form is not forwarded")),
+        _ => PathAndQuery::from_static("/"),
+    };
+    Ok(Target {
+        kind: Kind::Http,
+        host: connect.host.clone(),
+        port: connect.port,
+        path_and_query: Some(pq),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn requests_inside_a_tunnel_stay_on_its_host() {
+        let tunnel = parse_connect(&"api.example:443".parse().unwrap()).unwrap();
+        let inside = |uri: &str, host: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in host {
+                h.append(http::header::HOST, HeaderValue::from_str(v).unwrap());
+            }
+            parse_inside(&tunnel, &uri.parse().unwrap(), &h)
+        };
+        for (uri, host) in [
+            ("/a?b=1", &["api.example"][..]),
+            ("/a?b=1", &["API.example:443"][..]),
+            ("/a?b=1", &[][..]),
+            ("https://api.example/a?b=1", &["api.example"][..]),
+        ] {
+            let t = inside(uri, host).unwrap();
+            assert_eq!(
+                (t.kind, t.to_string(), t.path_and_query.unwrap().as_str()),
+                (Kind::Http, "api.example:443".to_owned(), "/a?b=1"),
+                "{uri} {host:?}"
+            );
+        }
+        for (uri, host) in [
+            ("/", &["other.example"][..]),
+            ("/", &["api.example:8443"][..]),
+            ("/", &["api.example", "api.example"][..]),
+            ("https://other.example/", &["api.example"][..]),
+            ("http://api.example:443/", &["api.example"][..]),
+        ] {
+            assert!(
+                matches!(inside(uri, host), Err(TargetError::HostMismatch(_))),
+                "{uri} {host:?}"
+            );
+        }
+        let odd = parse_connect(&"api.example:8443".parse().unwrap()).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(http::header::HOST, HeaderValue::from_static("api.example"));
+        assert!(
+            parse_inside(&odd, &"/".parse().unwrap(), &h).is_err(),
+            "no port means 443"
+        );
+    }
 
     fn connect(s: &str) -> Result<Target, TargetError> {
         let uri: Uri = s.parse().map_err(|_| bad("unparsable"))?;

@@ -33,16 +33,16 @@ fn splice_enabled() -> bool {
 }
 
 /// Byte counters and the time of the last activity, shared by both directions.
-struct Meter {
-    up: AtomicU64,
-    down: AtomicU64,
+pub(super) struct Meter {
+    pub up: AtomicU64,
+    pub down: AtomicU64,
     /// Milliseconds since `epoch` of the last byte moved.
     last: AtomicU64,
     epoch: Instant,
 }
 
 impl Meter {
-    fn new() -> Meter {
+    pub fn new() -> Meter {
         Meter {
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
@@ -62,11 +62,13 @@ impl Meter {
     }
 }
 
-/// Counts bytes read and notes the time of the last activity (copy path).
-struct Metered<'a, T> {
-    io: T,
-    meter: &'a Meter,
-    counter: &'a AtomicU64,
+/// Counts bytes read (and, with `written`, bytes written) and notes the
+/// time of the last activity (copy path, and an intercepted client).
+pub(super) struct Metered<'a, T> {
+    pub io: T,
+    pub meter: &'a Meter,
+    pub counter: &'a AtomicU64,
+    pub written: Option<&'a AtomicU64>,
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Metered<'_, T> {
@@ -83,7 +85,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for Metered<'_, T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Metered<'_, T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let (Some(w), Poll::Ready(Ok(n))) = (self.written, &r) {
+            if *n > 0 {
+                self.meter.moved(w, *n);
+            }
+        }
+        r
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
@@ -158,11 +166,13 @@ pub async fn run(t: Tunnel) {
                 io: TokioIo::new(client),
                 meter: &meter,
                 counter: &meter.up,
+                written: None,
             };
             let mut b = Metered {
                 io: upstream,
                 meter: &meter,
                 counter: &meter.down,
+                written: None,
             };
             let copy = async {
                 tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 16 * 1024, 16 * 1024)
@@ -177,16 +187,16 @@ pub async fn run(t: Tunnel) {
 }
 
 /// What ends a tunnel besides its two ends finishing.
-struct Bounds<'a> {
-    deadline: Instant,
-    idle: Duration,
-    cancel: &'a CancellationToken,
-    shutdown: &'a CancellationToken,
+pub(super) struct Bounds<'a> {
+    pub deadline: Instant,
+    pub idle: Duration,
+    pub cancel: &'a CancellationToken,
+    pub shutdown: &'a CancellationToken,
 }
 
 impl Bounds<'_> {
     /// Drives `relay` until it ends or a bound cuts it; records the outcome.
-    async fn watch(&self, relay: impl Future<Output = io::Result<()>>, meter: &Meter, finish: &Finish) {
+    pub async fn watch(&self, relay: impl Future<Output = io::Result<()>>, meter: &Meter, finish: &Finish) {
         tokio::pin!(relay);
         let deadline_sleep = tokio::time::sleep_until(self.deadline);
         tokio::pin!(deadline_sleep);

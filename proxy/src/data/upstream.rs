@@ -9,14 +9,18 @@ use std::net::SocketAddr;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-/// Performs the HTTP/1.1 handshake on a dialled, vetted stream and spawns its
-/// driver, bound to the run (`run_end`) and to shutdown (`hard_stop`).
-pub async fn handshake(
-    stream: TcpStream,
+/// Performs the HTTP/1.1 handshake on a dialled, vetted stream (or the TLS
+/// over one, intercepted CONNECTs) and spawns its driver, bound to the run
+/// (`run_end`) and to shutdown (`hard_stop`).
+pub async fn handshake<IO>(
+    stream: IO,
     addr: SocketAddr,
     run_end: CancellationToken,
     hard_stop: CancellationToken,
-) -> Result<Conn, hyper::Error> {
+) -> Result<Conn, hyper::Error>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await?;

@@ -1,0 +1,522 @@
+//! The appliance CA: the authority whose leaf certificates the proxy shows
+//! a tool on the CONNECTs it intercepts (credential hosts, `inspect`), and
+//! the roots it verifies those origins against.
+//!
+//! The CA lives in `[proxy.interception] ca_dir` (default: `ca/` beside the
+//! facts store): `ca.key` (mode 0600, refused when group or others may read
+//! it), `ca.pem`, and `bundle.pem` (the system roots plus the appliance CA,
+//! which children are pointed at). It is generated on first start, loaded
+//! on later starts and reloads, and replaced by `egress-proxy ca rotate`.
+//! With `facts = ":memory:"` and no `ca_dir`, the CA is ephemeral: made at
+//! start, its key never written, its public files in a private temporary
+//! directory removed on exit.
+//!
+//! Leaves (ECDSA P-256, one key per authority, 30 days, renewed after 7) are
+//! issued on the first CONNECT to a host and cached per host.
+
+use egress_config::{Host, ProxyConfig};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use sha2::{Digest, Sha256};
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const CA_CERT: &str = "ca.pem";
+pub const CA_KEY: &str = "ca.key";
+pub const BUNDLE: &str = "bundle.pem";
+
+/// How long a leaf is valid, and when a cached one is replaced.
+const LEAF_VALIDITY: Duration = Duration::from_secs(30 * 24 * 3600);
+const LEAF_RENEW: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Cached leaves at most (an `inspect` tool with wildcard rules could name
+/// any number of hosts); the cache starts over when full.
+const MAX_LEAVES: usize = 10_000;
+const CA_VALIDITY_DAYS: i64 = 10 * 365;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} is readable by other users (mode {mode:04o}); the CA key must be 0600")]
+    Permissive { path: PathBuf, mode: u32 },
+    #[error("{path}: {msg}")]
+    Invalid { path: PathBuf, msg: String },
+    #[error("cannot issue a certificate: {0}")]
+    Issue(String),
+    #[error("TLS configuration rejected: {0}")]
+    Tls(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CaError + '_ {
+    move |source| CaError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The files a child's TLS clients are pointed at.
+#[derive(Debug, Clone)]
+pub struct CaFiles {
+    /// The appliance CA alone (`NODE_EXTRA_CA_CERTS`).
+    pub cert: PathBuf,
+    /// The system roots plus the appliance CA (`SSL_CERT_FILE`, ...).
+    pub bundle: PathBuf,
+}
+
+struct Leaf {
+    config: Arc<rustls::ServerConfig>,
+    made: std::time::Instant,
+}
+
+/// A temporary directory removed when the (ephemeral) authority goes.
+struct Ephemeral(PathBuf);
+
+impl Drop for Ephemeral {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct Authority {
+    issuer: Issuer<'static, KeyPair>,
+    ca_der: CertificateDer<'static>,
+    /// `sha256:` of the CA certificate (DER), for logs and `/v1/ca`.
+    pub fingerprint: String,
+    pub pem: String,
+    pub files: CaFiles,
+    leaf_key: KeyPair,
+    leaves: papaya::HashMap<String, Leaf>,
+    /// How intercepted origins are verified.
+    upstream: tokio_rustls::TlsConnector,
+    ephemeral: Option<Ephemeral>,
+}
+
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authority")
+            .field("fingerprint", &self.fingerprint)
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Where the CA lives for `cfg` (`None`: ephemeral).
+pub fn ca_dir(cfg: &ProxyConfig) -> Option<PathBuf> {
+    if let Some(d) = &cfg.interception.ca_dir {
+        return Some(d.clone());
+    }
+    if cfg.facts.as_os_str() == ":memory:" {
+        return None;
+    }
+    Some(cfg.facts.parent().unwrap_or(Path::new(".")).join("ca"))
+}
+
+impl Authority {
+    /// Loads the CA of `cfg` (generating it on first start), writes the
+    /// bundle, and reads the roots for origins.
+    pub fn open(cfg: &ProxyConfig) -> Result<Authority, CaError> {
+        let upstream = upstream_connector(cfg.interception.upstream_ca_file.as_deref())?;
+        match ca_dir(cfg) {
+            Some(dir) => {
+                let (cert_pem, key) = match load(&dir)? {
+                    Some(ca) => ca,
+                    None => {
+                        let (pem, key) = generate()?;
+                        write_ca(&dir, &pem, &key)?;
+                        tracing::info!(dir = %dir.display(), "generated the appliance CA");
+                        (pem, key)
+                    }
+                };
+                Authority::new(&dir, cert_pem, key, upstream, None)
+            }
+            None => {
+                let dir = std::env::temp_dir().join(format!(
+                    "loom-egress-ca-{}",
+                    crate::runs::random_hex(8).map_err(|e| CaError::Issue(e.to_string()))?
+                ));
+                create_public_dir(&dir)?;
+                let guard = Ephemeral(dir.clone());
+                let (pem, key) = generate()?;
+                write_file(&dir.join(CA_CERT), pem.as_bytes(), 0o644)?;
+                Authority::new(&dir, pem, key, upstream, Some(guard))
+            }
+        }
+    }
+
+    fn new(
+        dir: &Path,
+        pem: String,
+        key: KeyPair,
+        upstream: tokio_rustls::TlsConnector,
+        ephemeral: Option<Ephemeral>,
+    ) -> Result<Authority, CaError> {
+        let cert_path = dir.join(CA_CERT);
+        let ca_der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| CaError::Invalid {
+            path: cert_path.clone(),
+            msg: e.to_string(),
+        })?;
+        let issuer = Issuer::from_ca_cert_der(&ca_der, key).map_err(|e| CaError::Invalid {
+            path: cert_path.clone(),
+            msg: e.to_string(),
+        })?;
+        let bundle = dir.join(BUNDLE);
+        write_file(&bundle, bundle_text(&pem).as_bytes(), 0o644)?;
+        let leaf_key = KeyPair::generate().map_err(|e| CaError::Issue(e.to_string()))?;
+        Ok(Authority {
+            issuer,
+            fingerprint: fingerprint(&ca_der),
+            ca_der,
+            pem,
+            files: CaFiles {
+                cert: cert_path,
+                bundle,
+            },
+            leaf_key,
+            leaves: papaya::HashMap::new(),
+            upstream,
+            ephemeral,
+        })
+    }
+
+    /// Whether the CA lives only as long as this process.
+    pub fn is_ephemeral(&self) -> bool {
+        self.ephemeral.is_some()
+    }
+
+    /// The server side of an intercepted CONNECT to `host`: a leaf for it,
+    /// issued on first use and cached.
+    pub fn server_config(&self, host: &Host) -> Result<Arc<rustls::ServerConfig>, CaError> {
+        let name = host.to_string();
+        let leaves = self.leaves.pin();
+        if let Some(l) = leaves.get(&name) {
+            if l.made.elapsed() < LEAF_RENEW {
+                return Ok(l.config.clone());
+            }
+        }
+        let config = Arc::new(self.issue(host)?);
+        if leaves.len() >= MAX_LEAVES {
+            leaves.clear();
+        }
+        leaves.insert(
+            name,
+            Leaf {
+                config: config.clone(),
+                made: std::time::Instant::now(),
+            },
+        );
+        Ok(config)
+    }
+
+    fn issue(&self, host: &Host) -> Result<rustls::ServerConfig, CaError> {
+        let leaf = self.leaf(host)?;
+        let key = PrivateKeyDer::try_from(self.leaf_key.serialize_der()).map_err(|m| CaError::Issue(m.to_owned()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| CaError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf, self.ca_der.clone()], key)
+            .map_err(|e| CaError::Tls(e.to_string()))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    /// A leaf certificate for `host`, signed by the CA.
+    fn leaf(&self, host: &Host) -> Result<CertificateDer<'static>, CaError> {
+        let e = |e: rcgen::Error| CaError::Issue(e.to_string());
+        let mut params = CertificateParams::new(vec![host.to_string()]).map_err(e)?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, host.to_string());
+        params.distinguished_name = dn;
+        let now = ::time::OffsetDateTime::now_utc();
+        params.not_before = now - ::time::Duration::hours(1);
+        params.not_after = now + LEAF_VALIDITY;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        Ok(params.signed_by(&self.leaf_key, &self.issuer).map_err(e)?.der().clone())
+    }
+
+    /// Opens TLS to an intercepted origin over `io` (already dialled to a
+    /// vetted address), verifying its certificate for `host`.
+    pub async fn connect<IO>(&self, host: &Host, io: IO) -> std::io::Result<tokio_rustls::client::TlsStream<IO>>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let name = match host {
+            Host::Name(n) => ServerName::try_from(n.clone())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            Host::Ip(ip) => ServerName::IpAddress((*ip).into()),
+        };
+        self.upstream.connect(name, io).await
+    }
+}
+
+/// `sha256:` and the hex digest of a certificate.
+fn fingerprint(der: &CertificateDer<'_>) -> String {
+    let mut s = String::from("sha256:");
+    for b in Sha256::digest(der.as_ref()) {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// A new CA: its certificate (PEM) and key.
+fn generate() -> Result<(String, KeyPair), CaError> {
+    let e = |e: rcgen::Error| CaError::Issue(e.to_string());
+    let key = KeyPair::generate().map_err(e)?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "Loom Egress appliance CA");
+    dn.push(DnType::OrganizationName, "Loom Egress");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = ::time::OffsetDateTime::now_utc();
+    params.not_before = now - ::time::Duration::days(1);
+    params.not_after = now + ::time::Duration::days(CA_VALIDITY_DAYS);
+    let cert = params.self_signed(&key).map_err(e)?;
+    Ok((cert.pem(), key))
+}
+
+/// The CA in `dir`, if there is one. A key without a certificate (or the
+/// reverse) is an error, not a reason to make a new CA.
+fn load(dir: &Path) -> Result<Option<(String, KeyPair)>, CaError> {
+    let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
+    let key_text = match std::fs::read_to_string(&key_path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(&key_path)(e)),
+    };
+    let cert_text = match std::fs::read_to_string(&cert_path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(&cert_path)(e)),
+    };
+    let (cert, key) = match (cert_text, key_text) {
+        (None, None) => return Ok(None),
+        (Some(c), Some(k)) => (c, k),
+        (Some(_), None) => {
+            return Err(CaError::Invalid {
+                path: key_path,
+                msg: format!("missing, but {} exists", cert_path.display()),
+            })
+        }
+        (None, Some(_)) => {
+            return Err(CaError::Invalid {
+                path: cert_path,
+                msg: format!("missing, but {} exists", key_path.display()),
+            })
+        }
+    };
+    let mode = std::fs::metadata(&key_path)
+        .map_err(io(&key_path))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(CaError::Permissive { path: key_path, mode });
+    }
+    let key = KeyPair::from_pem(&key).map_err(|e| CaError::Invalid {
+        path: key_path,
+        msg: e.to_string(),
+    })?;
+    Ok(Some((cert, key)))
+}
+
+/// Writes a new CA into `dir`: the key (0600) first, then the certificate.
+fn write_ca(dir: &Path, cert_pem: &str, key: &KeyPair) -> Result<(), CaError> {
+    create_public_dir(dir)?;
+    write_file(&dir.join(CA_KEY), key.serialize_pem().as_bytes(), 0o600)?;
+    write_file(&dir.join(CA_CERT), cert_pem.as_bytes(), 0o644)
+}
+
+/// Replaces the CA in `dir` with a new one; returns its fingerprint. A
+/// running proxy takes it on its next reload.
+pub fn rotate(dir: &Path) -> Result<String, CaError> {
+    let (pem, key) = generate()?;
+    write_ca(dir, &pem, &key)?;
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| CaError::Issue(e.to_string()))?;
+    write_file(&dir.join(BUNDLE), bundle_text(&pem).as_bytes(), 0o644)?;
+    Ok(fingerprint(&der))
+}
+
+/// The CA's directory: created traversable by everyone, since confined
+/// children (other uids) read `bundle.pem` and `ca.pem` in it.
+fn create_public_dir(dir: &Path) -> Result<(), CaError> {
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(io(dir))?;
+    }
+    Ok(())
+}
+
+/// Writes `path` whole or not at all (a temporary file renamed over it).
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// The system roots (PEM) followed by the appliance CA.
+fn bundle_text(ca_pem: &str) -> String {
+    use base64::Engine as _;
+    let roots = rustls_native_certs::load_native_certs();
+    if roots.certs.is_empty() {
+        tracing::warn!("no system root certificates found: the children's bundle holds the appliance CA only");
+    }
+    let mut out = String::new();
+    for c in roots.certs {
+        out.push_str("-----BEGIN CERTIFICATE-----\n");
+        let b64 = base64::engine::general_purpose::STANDARD.encode(c.as_ref());
+        for line in b64.as_bytes().chunks(64) {
+            out.push_str(std::str::from_utf8(line).unwrap_or_default());
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+    }
+    out.push_str(ca_pem);
+    out
+}
+
+/// Verifies origins against `file` (PEM), or the system roots.
+fn upstream_connector(file: Option<&Path>) -> Result<tokio_rustls::TlsConnector, CaError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match file {
+        Some(path) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<_, _>>())
+                .map_err(|e| CaError::Invalid {
+                    path: path.to_owned(),
+                    msg: e.to_string(),
+                })?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(CaError::Invalid {
+                    path: path.to_owned(),
+                    msg: "no usable CERTIFICATE block (proxy.interception.upstream_ca_file)".into(),
+                });
+            }
+        }
+        None => {
+            let (added, _) = roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            if added == 0 {
+                tracing::warn!("no system root certificates: every intercepted origin will fail with upstream_tls");
+            }
+        }
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| CaError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(dir: &Path) -> ProxyConfig {
+        ProxyConfig {
+            facts: dir.join("facts.db"),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_ca_is_made_once_kept_private_and_loaded_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Authority::open(&cfg(dir.path())).unwrap();
+        let ca = dir.path().join("ca");
+        let mode = |f: &str| std::fs::metadata(ca.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(CA_KEY), 0o600);
+        assert_eq!(mode(CA_CERT), 0o644);
+        assert_eq!(mode(BUNDLE), 0o644);
+        let bundle = std::fs::read_to_string(ca.join(BUNDLE)).unwrap();
+        assert!(bundle.ends_with(&a.pem), "the bundle ends with the appliance CA");
+        let b = Authority::open(&cfg(dir.path())).unwrap();
+        assert_eq!(a.fingerprint, b.fingerprint, "a second start loads the same CA");
+        // A readable key is refused, not used.
+        std::fs::set_permissions(ca.join(CA_KEY), std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = Authority::open(&cfg(dir.path())).unwrap_err().to_string();
+        assert!(e.contains("the CA key must be 0600"), "{e}");
+        std::fs::set_permissions(ca.join(CA_KEY), std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Rotation makes a new one.
+        let f = rotate(&ca).unwrap();
+        assert_ne!(f, a.fingerprint);
+        assert_eq!(Authority::open(&cfg(dir.path())).unwrap().fingerprint, f);
+    }
+
+    #[test]
+    fn a_memory_store_gets_an_ephemeral_ca_whose_files_go_with_it() {
+        let c = ProxyConfig {
+            facts: PathBuf::from(":memory:"),
+            ..Default::default()
+        };
+        let a = Authority::open(&c).unwrap();
+        assert!(a.is_ephemeral());
+        let dir = a.files.cert.parent().unwrap().to_owned();
+        assert!(a.files.bundle.exists() && !dir.join(CA_KEY).exists());
+        drop(a);
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn leaves_chain_to_the_ca_and_are_cached_per_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Authority::open(&cfg(dir.path())).unwrap();
+        let h = Host::Name("api.example".into());
+        let one = a.server_config(&h).unwrap();
+        assert!(Arc::ptr_eq(&one, &a.server_config(&h).unwrap()));
+        assert!(!Arc::ptr_eq(
+            &one,
+            &a.server_config(&Host::Name("b.example".into())).unwrap()
+        ));
+        // A client that trusts only the CA accepts the leaf for its host only.
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(a.ca_der.clone()).unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .unwrap();
+        let now = rustls::pki_types::UnixTime::now();
+        let verify = |leaf: &CertificateDer<'_>, name: &str| {
+            let name = ServerName::try_from(name.to_owned()).unwrap();
+            rustls::client::danger::ServerCertVerifier::verify_server_cert(&*verifier, leaf, &[], &name, &[], now)
+        };
+        let leaf = a.leaf(&h).unwrap();
+        assert!(verify(&leaf, "api.example").is_ok());
+        assert!(verify(&leaf, "other.example").is_err());
+        let ip = a.leaf(&Host::Ip("127.0.0.9".parse().unwrap())).unwrap();
+        assert!(verify(&ip, "127.0.0.9").is_ok());
+        // Another CA's leaf is not accepted.
+        let other = tempfile::tempdir().unwrap();
+        let b = Authority::open(&cfg(other.path())).unwrap();
+        assert!(verify(&b.leaf(&h).unwrap(), "api.example").is_err());
+    }
+}

@@ -1,0 +1,292 @@
+//! Step 8 for an intercepted CONNECT: a CONNECT of a tool to one of its
+//! credential hosts, or any CONNECT of an `inspect` tool
+//! ([`policy::intercepts`](crate::data::policy::intercepts)).
+//!
+//! The origin's TLS is already open and verified when the session starts
+//! (`Fetch::intercept`). The session then terminates the tool's TLS with a
+//! leaf of the appliance CA for the CONNECT host — after checking that the
+//! ClientHello's server name (SNI), when there is one, is that host — and
+//! serves HTTP/1.1 inside: each request is decided again
+//! ([`fetch::decide_inside`]: run, allowlist, methods, `Host`, credential
+//! misuse), gets the tool's credentials for this host written in
+//! ([`inject`]), and goes out on the one upstream connection (dialled again
+//! to the same pinned address if the origin closed it). Bytes are counted
+//! as the tool's TLS bytes; the idle timeout, the fetch deadline, the run's
+//! end and shutdown bound the session like a tunnel, and the slot is held
+//! until it is over.
+
+use crate::data::body::ProxyBody;
+use crate::data::fetch;
+use crate::data::finish::Finish;
+use crate::data::forward::strip_hop_by_hop;
+use crate::data::inject;
+use crate::data::respond;
+use crate::data::target::Target;
+use crate::data::tunnel::{Bounds, Meter, Metered};
+use crate::data::upstream;
+use crate::deny::{FetchError, Phase};
+use crate::runs::pool::{Conn, UpBody};
+use crate::runs::slots::Slot;
+use crate::runs::Run;
+use crate::state::Shared;
+use egress_config::Host;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Version};
+use http_body_util::{BodyExt as _, Either};
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// A response inside the session: the origin's, or the proxy's own.
+type Answer = Response<Either<Incoming, ProxyBody>>;
+
+pub struct Session {
+    pub sh: Arc<Shared>,
+    pub run: Arc<Run>,
+    /// The CONNECT target.
+    pub target: Target,
+    /// The vetted address the upstream connection was dialled to.
+    pub addr: SocketAddr,
+    pub upgrade: OnUpgrade,
+    pub upstream: tokio_rustls::client::TlsStream<TcpStream>,
+    pub slot: Slot,
+    pub deadline: Instant,
+    pub finish: Finish,
+}
+
+/// Runs an intercepted CONNECT to completion. Spawned after the `200` is queued.
+pub async fn run(s: Session) {
+    let Session {
+        sh,
+        run,
+        target,
+        addr,
+        upgrade,
+        upstream,
+        slot,
+        deadline,
+        finish,
+    } = s;
+    let _slot = slot;
+    let client = tokio::select! {
+        u = upgrade => match u {
+            Ok(u) => u,
+            Err(_) => { finish.failed("upgrade_failed"); return; }
+        },
+        _ = tokio::time::sleep_until(deadline) => { finish.timed_out(Phase::Tunnel); return; }
+        _ = run.cancel.cancelled() => { finish.severed("run_ended"); return; }
+    };
+    let meter = Meter::new();
+    let io = Metered {
+        io: TokioIo::new(client),
+        meter: &meter,
+        counter: &meter.up,
+        written: Some(&meter.down),
+    };
+    let origin = Origin {
+        sh: &sh,
+        run: &run,
+        target: &target,
+        addr,
+        conn: tokio::sync::Mutex::new(None),
+    };
+    let bounds = Bounds {
+        deadline,
+        idle: sh.cfg.tunnel_idle_timeout,
+        cancel: &run.cancel,
+        shutdown: &sh.hard_stop,
+    };
+    bounds.watch(origin.serve(io, upstream), &meter, &finish).await;
+    finish.add_up(meter.up.load(Ordering::Relaxed));
+    finish.add_down(meter.down.load(Ordering::Relaxed));
+}
+
+/// Whether a ClientHello's server name names `host` (names compare without
+/// case and a trailing dot; an address never matches a name).
+fn sni_names(host: &Host, sni: &str) -> bool {
+    match host {
+        Host::Name(n) => n.eq_ignore_ascii_case(sni.trim_end_matches('.')),
+        Host::Ip(ip) => sni.parse::<std::net::IpAddr>().is_ok_and(|s| s == *ip),
+    }
+}
+
+/// The `Host` header sent to an HTTPS origin.
+fn host_header(t: &Target) -> String {
+    if t.port == 443 {
+        t.host.to_string()
+    } else {
+        t.to_string()
+    }
+}
+
+/// The origin side of one session.
+struct Origin<'a> {
+    sh: &'a Arc<Shared>,
+    run: &'a Arc<Run>,
+    target: &'a Target,
+    addr: SocketAddr,
+    /// The upstream connection (`None` until the first handshake, or after
+    /// a redial failed).
+    conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+impl Origin<'_> {
+    /// The tool's TLS, then HTTP/1.1 inside it until the tool is done.
+    async fn serve<IO>(&self, io: IO, upstream: tokio_rustls::client::TlsStream<TcpStream>) -> io::Result<()>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
+        if let Some(sni) = start.client_hello().server_name() {
+            if !sni_names(&self.target.host, sni) {
+                let sni = sni.to_owned();
+                fetch::deny_sni(self.sh, self.run, self.target, &sni).await;
+                return Err(io::Error::new(io::ErrorKind::PermissionDenied, "host_mismatch"));
+            }
+        }
+        let config = self.sh.ca.load().server_config(&self.target.host).map_err(|e| {
+            tracing::error!(error = %e, dest = %self.target, "cannot issue a leaf certificate");
+            io::Error::other(e.to_string())
+        })?;
+        let tls = start.into_stream(config).await?;
+        let conn = upstream::handshake(upstream, self.addr, self.run.cancel.clone(), self.sh.hard_stop.clone())
+            .await
+            .map_err(io::Error::other)?;
+        *self.conn.lock().await = Some(conn);
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.sh.cfg.header_read_timeout)
+            .max_buf_size(self.sh.cfg.max_header_bytes.max(8192) + 1024)
+            .max_header_size(self.sh.cfg.max_header_bytes)
+            .max_headers(128)
+            .keep_alive(true);
+        let service = hyper::service::service_fn(|req| self.exchange(req));
+        builder
+            .serve_connection(TokioIo::new(tls), service)
+            .await
+            .map_err(io::Error::other)
+    }
+
+    /// One request inside the session.
+    async fn exchange(&self, req: Request<Incoming>) -> Result<Answer, Infallible> {
+        let inside = match fetch::decide_inside(self.sh, self.run, self.target, &req).await {
+            Ok(i) => i,
+            Err(answer) => return Ok(answer.map(Either::Right)),
+        };
+        let (parts, body) = req.into_parts();
+        let method = parts.method.clone();
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        if let Ok(v) = HeaderValue::from_str(&host_header(self.target)) {
+            headers.insert(header::HOST, v);
+        }
+        let mut pq = inside
+            .target
+            .path_and_query
+            .clone()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        if let Some(inj) = &inside.credentials {
+            inject::write(inj, self.run, &mut headers, &mut pq);
+        }
+        let mut up = Request::new(body.boxed_unsync());
+        *up.method_mut() = parts.method;
+        *up.version_mut() = Version::HTTP_11;
+        *up.headers_mut() = headers;
+        *up.uri_mut() = http::Uri::from(pq);
+        match self.send(up).await {
+            Ok(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                tracing::info!(
+                    target: "egress::fetch",
+                    run = %self.run.id,
+                    tool = %self.run.tool,
+                    kind = "intercepted",
+                    dest = %self.target,
+                    method = %method,
+                    status = parts.status.as_u16(),
+                    injected = inside.credentials.is_some(),
+                    "request inside an intercepted tunnel"
+                );
+                Ok(Response::from_parts(parts, Either::Left(body)))
+            }
+            Err((e, detail)) => {
+                self.sh.count_error(&self.run.tool, e);
+                Ok(respond::error(e, &format!("{}: {detail}", self.target)).map(Either::Right))
+            }
+        }
+    }
+
+    /// Sends `req` on the upstream connection; when the origin has closed
+    /// it, on a new one to the same vetted address.
+    async fn send(&self, req: Request<UpBody>) -> Result<Response<Incoming>, (FetchError, String)> {
+        let mut slot = self.conn.lock().await;
+        let ready = match slot.as_mut() {
+            Some(c) => c.sender.ready().await.is_ok(),
+            None => false,
+        };
+        if !ready {
+            *slot = Some(self.redial().await?);
+        }
+        let Some(conn) = slot.as_mut() else {
+            return Err((FetchError::UpstreamFailed, "no upstream connection".into()));
+        };
+        match conn.sender.try_send_request(req).await {
+            Ok(r) => Ok(r),
+            Err(mut e) => {
+                let Some(req) = e.take_message() else {
+                    return Err((FetchError::UpstreamFailed, e.into_error().to_string()));
+                };
+                // Closed before the request went out: once more, afresh.
+                let mut fresh = self.redial().await?;
+                let r = fresh.sender.send_request(req).await;
+                *slot = Some(fresh);
+                r.map_err(|e| (FetchError::UpstreamFailed, e.to_string()))
+            }
+        }
+    }
+
+    /// A new verified TLS connection to the pinned address.
+    async fn redial(&self) -> Result<Conn, (FetchError, String)> {
+        let addr = self.addr;
+        let s = self
+            .sh
+            .dialer
+            .dial(addr)
+            .await
+            .map_err(|e| (FetchError::ConnectFailed, format!("{addr}: {e}")))?;
+        let ca = self.sh.ca.load_full();
+        let tls = ca
+            .connect(&self.target.host, s)
+            .await
+            .map_err(|e| (FetchError::UpstreamTls, format!("{addr}: {e}")))?;
+        upstream::handshake(tls, addr, self.run.cancel.clone(), self.sh.hard_stop.clone())
+            .await
+            .map_err(|e| (FetchError::UpstreamFailed, e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_name_must_be_the_tunnel_s_host() {
+        let name = Host::Name("api.example".into());
+        assert!(sni_names(&name, "api.example"));
+        assert!(sni_names(&name, "API.Example."));
+        assert!(!sni_names(&name, "other.example"));
+        assert!(!sni_names(&name, "api.example.evil"));
+        let ip = Host::Ip("127.0.0.9".parse().unwrap());
+        assert!(sni_names(&ip, "127.0.0.9"));
+        assert!(!sni_names(&ip, "api.example"));
+    }
+}
