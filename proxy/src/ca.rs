@@ -126,19 +126,24 @@ impl Authority {
     /// Loads the CA of `cfg` (generating it on first start), writes the
     /// bundle, and reads the roots for origins.
     pub fn open(cfg: &ProxyConfig) -> Result<Authority, CaError> {
+        Authority::open_in(ca_dir(cfg).as_deref(), cfg)
+    }
+
+    /// [`Authority::open`] in `dir` (`None`: ephemeral).
+    pub fn open_in(dir: Option<&Path>, cfg: &ProxyConfig) -> Result<Authority, CaError> {
         let upstream = upstream_connector(cfg.interception.upstream_ca_file.as_deref())?;
-        match ca_dir(cfg) {
+        match dir {
             Some(dir) => {
-                let (cert_pem, key) = match load(&dir)? {
+                let (cert_pem, key) = match load(dir)? {
                     Some(ca) => ca,
                     None => {
                         let (pem, key) = generate()?;
-                        write_ca(&dir, &pem, &key)?;
+                        write_ca(dir, &pem, &key)?;
                         tracing::info!(dir = %dir.display(), "generated the appliance CA");
                         (pem, key)
                     }
                 };
-                Authority::new(&dir, cert_pem, key, upstream, None)
+                Authority::new(dir, cert_pem, key, upstream, None)
             }
             None => {
                 let dir = std::env::temp_dir().join(format!(

@@ -139,6 +139,9 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         }
     };
     let metrics = Metrics::new();
+    // An embedder's own fact sink has no directory to keep the CA beside:
+    // its CA is ephemeral unless `ca_dir` is set.
+    let own_sink = opts.facts.is_some();
     let facts: Arc<dyn FactSink> = match opts.facts {
         Some(f) => f,
         None if pc.facts.as_os_str() == ":memory:" => {
@@ -159,7 +162,11 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         Some(t) => Some(crate::tls::acceptor(t)?),
         None => None,
     };
-    let ca = crate::ca::Authority::open(&pc)?;
+    let ca = if own_sink && pc.interception.ca_dir.is_none() {
+        crate::ca::Authority::open_in(None, &pc)?
+    } else {
+        crate::ca::Authority::open(&pc)?
+    };
     tracing::info!(fingerprint = %ca.fingerprint, cert = %ca.files.cert.display(), ephemeral = ca.is_ephemeral(), "appliance CA loaded");
     let shared = Shared::new(
         &cfg,

@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod origin;
 pub mod process;
 pub mod raw;
+pub mod tls_origin;
 
 pub use dns::FakeDns;
 pub use fake_control::FakeControl;

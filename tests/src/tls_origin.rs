@@ -1,0 +1,95 @@
+//! An HTTPS origin for interception tests: a test CA of its own (the
+//! proxy's `upstream_ca_file` in the tests), a leaf for the names given,
+//! and a recording of every request head it receives. It answers `ok`
+//! without echoing anything, so what a client received can be checked for
+//! the secret apart from what the origin saw.
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+
+pub struct TlsOrigin {
+    pub addr: SocketAddr,
+    /// The origin's CA, PEM.
+    pub ca_pem: String,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl TlsOrigin {
+    /// Every request head received so far: `METHOD target` then the headers,
+    /// one per line, names lower-case.
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+
+    /// Writes the origin's CA into `dir`; returns the file.
+    pub fn write_ca(&self, dir: &Path) -> PathBuf {
+        let p = dir.join(format!("origin-ca-{}.pem", self.addr.port()));
+        std::fs::write(&p, &self.ca_pem).unwrap();
+        p
+    }
+}
+
+/// Starts an HTTPS origin on `addr` whose certificate names `names`.
+pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(rcgen::DnType::CommonName, "test origin CA");
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let leaf = CertificateParams::new(names).unwrap().signed_by(&key, &issuer).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone(), ca_cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = TcpListener::bind(addr).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let h = heads.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let (acceptor, h) = (acceptor.clone(), h.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else { return };
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let mut s = format!("{} {}\n", req.method(), req.uri());
+                    for (k, v) in req.headers() {
+                        s.push_str(&format!("{}: {}\n", k, v.to_str().unwrap_or("?")));
+                    }
+                    h.lock().unwrap().push(s);
+                    async {
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                            b"ok from the tls origin\n",
+                        ))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    TlsOrigin {
+        addr,
+        ca_pem: ca_cert.pem(),
+        heads,
+    }
+}
