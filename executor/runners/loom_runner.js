@@ -155,7 +155,9 @@ function proxyFetch(url, init) {
       }
       const req = https.request({
         method, path: target.pathname + target.search, headers: Object.assign({ host: target.host }, headers),
-        createConnection: () => tls.connect({ socket, servername: target.hostname }), agent: false,
+        // SNI names hosts only (RFC 6066): none for an address.
+        createConnection: () => tls.connect({ socket, servername: require('net').isIP(target.hostname) ? undefined : target.hostname }),
+        agent: false,
       }, (r) => collect(r, resolve));
       req.on('error', reject);
       req.end(body || undefined);

@@ -231,7 +231,15 @@ impl Abandon<'_> {
 fn prepare(tool: &ToolSpec, run: &RunCreds, scratch: &std::path::Path) -> Result<Prepared, String> {
     let p = &tool.process;
     let program = process::resolve_program(&p.command[0], &p.path, &p.cwd).ok();
-    let files = crate::confine::command_files(&p.command, program.as_deref(), &p.cwd);
+    let mut files = crate::confine::command_files(&p.command, program.as_deref(), &p.cwd);
+    // The CA files the proxy's env points the child's TLS clients at.
+    files.extend(
+        egress_api::CA_ENV
+            .iter()
+            .filter_map(|k| run.env.get(*k))
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.is_absolute()),
+    );
     let proxy = crate::confine::proxy_addr(&run.proxy_url);
     tool.confinement
         .prepare(&tool.id, scratch, &files, proxy.map_or(0, |a| a.port()))

@@ -271,3 +271,99 @@ timeout_ms = 20000
     drop(dns);
     drop(proxy);
 }
+
+const FETCH_MJS: &str = r#"
+export async function run(input, ctx) {
+  const r = await ctx.fetch(process.env.API_URL + '/node?k=1', {
+    headers: { authorization: 'Bearer ' + process.env.API_TOKEN },
+  });
+  return { status: r.status, body: r.body, token: process.env.API_TOKEN, ca: process.env.NODE_EXTRA_CA_CERTS };
+}
+"#;
+
+/// HTTPS through interception, as a Node tool does it: `ctx.fetch` of the
+/// reference runner opens a CONNECT to the credential host, trusts the
+/// appliance CA through `NODE_EXTRA_CA_CERTS` from the run's env (nothing
+/// configured in the tool), and sends the placeholder; the origin (HTTPS,
+/// its own test CA) gets the secret, the child's result holds only the
+/// placeholder.
+#[tokio::test]
+async fn a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy() {
+    const SECRET: &str = "tok-NODE-HTTPS-SECRET-31c4";
+    let Some(bin) = proxy_bin() else {
+        eprintln!(
+            "SKIPPED a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy: egress-proxy binary not built"
+        );
+        return;
+    };
+    if node().is_none() {
+        eprintln!("SKIPPED a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy: no node");
+        return;
+    }
+    let dir = TempDir::new("e2e-node-https");
+    dir.write("fetch.mjs", FETCH_MJS);
+    let token = dir.write("api.token", SECRET);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let origin = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &["api.example"]).await;
+    let roots = dir.write("origin-ca.pem", &origin.ca_pem);
+    let dns = egress_e2e::FakeDns::start().await;
+    dns.set("api.example", &["127.0.0.2"]);
+    let port = origin.addr.port();
+    let runner = runners_dir().join("loom_runner.js");
+    let tools = format!(
+        r#"
+[proxy.interception]
+upstream_ca_file = "{roots}"
+
+[tools.nodefetch]
+egress = ["api.example:{port}"]
+
+[tools.nodefetch.credentials.api]
+hosts = ["api.example:{port}"]
+value = "Bearer ${{secret}}"
+secret = {{ file = "api.token" }}
+placeholder_env = "API_TOKEN"
+
+[tools.nodefetch.process]
+command = ["node", "{runner}", "fetch.mjs"]
+env = {{ API_URL = "https://api.example:{port}" }}
+pool = {{ warm = 1, max = 1 }}
+timeout_ms = 20000
+"#,
+        roots = roots.display(),
+        runner = runner.display()
+    );
+    let (proxy, exec) = start_stack(&bin, &dir, dns.addr, &tools);
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "nodefetch".into(),
+            input: json!(null),
+            run_id: None,
+            idempotency_key: Some("e2e-node-https-1".into()),
+            timeout_ms: None,
+        })
+        .await;
+    assert!(res.ok, "{res:#?}");
+    let out = res.output.clone().unwrap();
+    assert_eq!(out["status"], 200, "{out}");
+    assert_eq!(out["body"], "ok from the tls origin\n", "{out}");
+    let ph = out["token"].as_str().unwrap();
+    assert!(ph.starts_with("loom-cred-"), "{out}");
+    assert!(out["ca"].as_str().unwrap().ends_with("ca.pem"), "{out}");
+    let heads = origin.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(
+        heads[0].contains(&format!("authorization: Bearer {SECRET}\n")),
+        "{heads:?}"
+    );
+    assert!(!heads[0].contains(ph), "{heads:?}");
+    let whole = format!("{res:?}");
+    assert!(
+        !whole.contains(SECRET),
+        "the secret reached the child's result: {whole}"
+    );
+    drop(proxy);
+}
