@@ -366,6 +366,7 @@ fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<Rule> {
 #[cfg(test)]
 mod tests {
     use crate::{Config, Host, Match, Mode};
+    use std::path::{Path, PathBuf};
 
     const GOOD: &str = r#"
 [proxy]
@@ -416,6 +417,39 @@ command = ["python3", "tools/weather.py"]
 
     fn errors(text: &str) -> String {
         Config::parse(text, "bad.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn interception_settings_and_inspect() {
+        let c = Config::parse_relative_to(
+            "[proxy.interception]\nca_dir = \"ca\"\nupstream_ca_file = \"/etc/lab/roots.pem\"\n\
+             [tools.a]\negress = [\"a.example:443\"]\ninspect = true\n[tools.b]\negress = []\n",
+            "c.toml",
+            Path::new("/etc/loom"),
+        )
+        .unwrap();
+        assert_eq!(c.proxy.interception.ca_dir, Some(PathBuf::from("/etc/loom/ca")));
+        assert_eq!(
+            c.proxy.interception.upstream_ca_file,
+            Some(PathBuf::from("/etc/lab/roots.pem"))
+        );
+        assert!(c.policy.tool("a").unwrap().inspect);
+        assert!(!c.policy.tool("b").unwrap().inspect, "off by default");
+        // Turning inspection on is a policy change.
+        let off = Config::parse(
+            "[tools.a]\negress = [\"a.example:443\"]\n[tools.b]\negress = []\n",
+            "c.toml",
+        )
+        .unwrap();
+        assert_ne!(off.policy.digest, c.policy.digest);
+        let e = errors("[proxy.interception]\nca_dir = \"\"\ncadir = 1\n[tools.a]\negress = []\ninspect = \"yes\"\n");
+        for want in [
+            "proxy.interception.ca_dir: must be a path",
+            "proxy.interception.cadir: unknown key",
+            "tools.a.inspect: invalid type",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        }
     }
 
     #[test]

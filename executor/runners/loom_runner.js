@@ -155,9 +155,10 @@ function proxyFetch(url, init) {
       }
       const req = https.request({
         method, path: target.pathname + target.search, headers: Object.assign({ host: target.host }, headers),
-        // SNI names hosts only (RFC 6066): none for an address.
+        // No agent: an agent (even agent: false) would open its own
+        // connection instead of this TLS over the tunnel. SNI names hosts
+        // only (RFC 6066): none for an address.
         createConnection: () => tls.connect({ socket, servername: require('net').isIP(target.hostname) ? undefined : target.hostname }),
-        agent: false,
       }, (r) => collect(r, resolve));
       req.on('error', reject);
       req.end(body || undefined);

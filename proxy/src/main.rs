@@ -107,6 +107,10 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
             println!("  control {}", c.proxy.control);
             println!("  facts   {}", c.proxy.facts.display());
             println!("  policy  {}", c.policy.digest);
+            match egress_proxy::ca_dir(&c.proxy) {
+                Some(d) => println!("  ca      {} (appliance CA of intercepted CONNECTs)", d.display()),
+                None => println!("  ca      ephemeral (facts in memory, no [proxy.interception] ca_dir)"),
+            }
             let r = &c.policy.ranges;
             println!(
                 "  ranges  default denied table ({} entries), allow {:?}, deny {:?}",
@@ -127,6 +131,18 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                 );
                 for r in t.allowlist.rules() {
                     println!("    {r}");
+                }
+                if t.inspect {
+                    println!("    inspect: every CONNECT is intercepted");
+                }
+                for cr in &t.credentials {
+                    let hosts: Vec<String> = cr.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+                    println!(
+                        "    credential {} -> {} in {} (CONNECTs there are intercepted)",
+                        cr.name,
+                        hosts.join(", "),
+                        cr.header
+                    );
                 }
             }
             std::process::ExitCode::SUCCESS

@@ -466,3 +466,70 @@ async fn the_secret_never_shows_in_facts_metrics_or_views() {
         assert!(!text.contains(SECRET), "the secret shows in the {what}");
     }
 }
+
+/// The real binary, JSON logs at debug: intercepted requests (injected,
+/// denied as misuse, refused by SNI) leave the secret in no log line, and
+/// the CA key stays 0600 beside the facts store.
+#[tokio::test]
+async fn the_real_binary_logs_no_secret_over_https() {
+    use egress_e2e::harness::{control_call, TOKEN};
+    use egress_e2e::process::{free_addr, write_config, ProxyProcess};
+    let dns = FakeDns::start().await;
+    dns.set("api.example", &["127.0.0.2"]);
+    dns.set("other.example", &["127.0.0.2"]);
+    let api = tls_origin("127.0.0.2:0", &["api.example"]).await;
+    let other = tls_origin("127.0.0.2:0", &["other.example"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("api.token");
+    write_secret(&secret_file, SECRET);
+    let roots = dir.path().join("roots.pem");
+    std::fs::write(&roots, format!("{}{}", api.ca_pem, other.ca_pem)).unwrap();
+    let (a, o) = (api.addr.port(), other.addr.port());
+    let rest = format!(
+        r#"allow_ranges = ["127.0.0.2/32"]
+[proxy.dns]
+servers = ["{}"]
+[proxy.interception]
+upstream_ca_file = "{}"
+[tools.w]
+egress = ["api.example:{a}", "other.example:{o}"]
+inspect = true
+[tools.w.credentials.api]
+hosts = ["api.example:{a}"]
+value = "Bearer ${{secret}}"
+secret = {{ file = "{}" }}
+placeholder_env = "API_TOKEN"
+"#,
+        dns.addr,
+        roots.display(),
+        secret_file.display()
+    );
+    let (proxy, control) = (free_addr(), free_addr());
+    let cfg = write_config(dir.path(), proxy, control, &rest);
+    let pp = ProxyProcess::start(&cfg, proxy, control, TOKEN, &["--log-format", "json"]);
+    let created = control_call(control, "POST", "/v1/runs", Some(json!({ "tool": "w" })), Some(TOKEN)).await;
+    assert_eq!(created.status, 201, "{}", created.text());
+    let v: Value = serde_json::from_slice(&created.body).unwrap();
+    let env: BTreeMap<String, String> = serde_json::from_value(v["env"].clone()).unwrap();
+    let ph = env["API_TOKEN"].clone();
+    let key = dir.path().join("ca").join("ca.key");
+    assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+    let auth = format!("Authorization: Bearer {ph}");
+    let r = curl(&env, &format!("https://api.example:{a}/x?k={ph}"), &["-H", &auth]).await;
+    assert_eq!(status(&r), "200", "{}", r.stderr);
+    let r = curl(&env, &format!("https://other.example:{o}/y"), &["-H", &auth]).await;
+    assert_eq!(status(&r), "403", "{}", r.stderr);
+    let sni = format!("other.example:{o}:api.example:{a}");
+    let _ = curl(&env, &format!("https://other.example:{o}/z"), &["--connect-to", &sni]).await;
+    assert!(api.heads()[0].contains(SECRET), "{:?}", api.heads());
+    let logs = pp.logs();
+    assert!(logs.contains("request inside an intercepted tunnel"), "{logs}");
+    assert!(logs.contains("credential_misuse"), "{logs}");
+    assert!(!logs.contains(SECRET), "the secret is in the logs");
+    let facts = serde_json::to_string(&egress_e2e::harness::all_facts_at(control).await).unwrap();
+    assert!(!facts.contains(SECRET), "{facts}");
+    assert!(
+        facts.contains("TLS server name"),
+        "curl --connect-to sent SNI other.example: {facts}"
+    );
+}
