@@ -197,7 +197,7 @@ def egress():
     L.add(*timeseries("Which deadlines expire? (timeouts by tool and phase)", "Fetch deadlines (fetch_timeout_ms) that expired per second, by the phase the fetch was in: slot wait, dns, connect, response (before the head) or tunnel.",
                       [target("sum by (tool, phase) (rate(egress_timeouts_total%s[$__rate_interval]))" % T, "{{tool}} {{phase}}")],
                       "reqps", thresholds((None, GREEN), (0.1, RED))))
-    L.add(*timeseries("Why do fetches fail? (errors that are not policy)", "Fetches that failed for non-policy reasons per second: dns_not_found, dns_failed, connect_failed, upstream_failed, timeout, run_ended. These are 502/503/504 answers, not facts.",
+    L.add(*timeseries("Why do fetches fail? (errors that are not policy)", "Fetches that failed for non-policy reasons per second: dns_not_found, dns_failed, connect_failed, upstream_failed, upstream_tls, timeout, run_ended. These are 502/503/504 answers, not facts.",
                       [target("sum by (tool, reason) (rate(egress_fetch_errors_total%s[$__rate_interval]))" % T, "{{tool}} {{reason}}")],
                       "reqps", thresholds((None, GREEN), (1, RED))))
     L.add(*timeseries("How long do upstream connects take?", "TCP connect time to the vetted, pinned upstream address (all tools). High values point at the network outside, not at the appliance.",
