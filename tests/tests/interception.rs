@@ -46,9 +46,20 @@ async fn world(tool_extra: &str, interception: &str) -> World {
     world_with(tool_extra, interception, &["api.example"]).await
 }
 
-/// [`world`] with the names the api origin's certificate carries;
-/// `{dir}` in `interception` is the test's directory.
-async fn world_with(tool_extra: &str, interception: &str, api_names: &[&str]) -> World {
+/// What both kinds of proxy (in-process, binary) of these tests see: the
+/// names, the two HTTPS origins, the secret in a 0600 file, and the text of
+/// `[proxy.interception]` (plus `interception`) and `[tools.w]` (plus
+/// `tool_extra`).
+struct Origins {
+    dns: FakeDns,
+    api: TlsOrigin,
+    other: TlsOrigin,
+    dir: tempfile::TempDir,
+    secret_file: PathBuf,
+    text: String,
+}
+
+async fn origins(tool_extra: &str, interception: &str, api_names: &[&str]) -> Origins {
     let dns = FakeDns::start().await;
     dns.set("api.example", &["127.0.0.2"]);
     dns.set("other.example", &["127.0.0.2"]);
@@ -64,7 +75,7 @@ async fn world_with(tool_extra: &str, interception: &str, api_names: &[&str]) ->
     std::fs::write(&roots, format!("{}{}", api.ca_pem, other.ca_pem)).unwrap();
     let (a, o) = (api.addr.port(), other.addr.port());
     let text = format!(
-        r#"{}
+        r#"
 [proxy.interception]
 upstream_ca_file = "{}"
 {interception}
@@ -77,19 +88,33 @@ value = "Bearer ${{secret}}"
 secret = {{ file = "{}" }}
 placeholder_env = "API_TOKEN"
 "#,
-        proxy_section(&dns, ""),
         roots.display(),
         secret_file.display()
     );
-    let cfg = dir.path().join("egress.toml");
-    std::fs::write(&cfg, &text).unwrap();
-    let p = TestProxy::start_config(dns, &text, Some(cfg), Some(Arc::new(MemorySink::new(10_000)))).await;
-    World {
-        p,
+    Origins {
+        dns,
         api,
         other,
         dir,
         secret_file,
+        text,
+    }
+}
+
+/// [`world`] with the names the api origin's certificate carries;
+/// `{dir}` in `interception` is the test's directory.
+async fn world_with(tool_extra: &str, interception: &str, api_names: &[&str]) -> World {
+    let o = origins(tool_extra, interception, api_names).await;
+    let text = format!("{}{}", proxy_section(&o.dns, ""), o.text);
+    let cfg = o.dir.path().join("egress.toml");
+    std::fs::write(&cfg, &text).unwrap();
+    let p = TestProxy::start_config(o.dns, &text, Some(cfg), Some(Arc::new(MemorySink::new(10_000)))).await;
+    World {
+        p,
+        api: o.api,
+        other: o.other,
+        dir: o.dir,
+        secret_file: o.secret_file,
     }
 }
 
@@ -474,36 +499,14 @@ async fn the_secret_never_shows_in_facts_metrics_or_views() {
 async fn the_real_binary_logs_no_secret_over_https() {
     use egress_e2e::harness::{control_call, TOKEN};
     use egress_e2e::process::{free_addr, write_config, ProxyProcess};
-    let dns = FakeDns::start().await;
-    dns.set("api.example", &["127.0.0.2"]);
-    dns.set("other.example", &["127.0.0.2"]);
-    let api = tls_origin("127.0.0.2:0", &["api.example"]).await;
-    let other = tls_origin("127.0.0.2:0", &["other.example"]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("api.token");
-    write_secret(&secret_file, SECRET);
-    let roots = dir.path().join("roots.pem");
-    std::fs::write(&roots, format!("{}{}", api.ca_pem, other.ca_pem)).unwrap();
-    let (a, o) = (api.addr.port(), other.addr.port());
+    let w = origins("inspect = true", "", &["api.example"]).await;
+    let (a, o) = (w.api.addr.port(), w.other.addr.port());
     let rest = format!(
-        r#"allow_ranges = ["127.0.0.2/32"]
-[proxy.dns]
-servers = ["{}"]
-[proxy.interception]
-upstream_ca_file = "{}"
-[tools.w]
-egress = ["api.example:{a}", "other.example:{o}"]
-inspect = true
-[tools.w.credentials.api]
-hosts = ["api.example:{a}"]
-value = "Bearer ${{secret}}"
-secret = {{ file = "{}" }}
-placeholder_env = "API_TOKEN"
-"#,
-        dns.addr,
-        roots.display(),
-        secret_file.display()
+        "allow_ranges = [\"127.0.0.2/32\"]\n[proxy.dns]\nservers = [\"{}\"]\n{}",
+        w.dns.addr, w.text
     );
+    let dir = &w.dir;
+    let api = &w.api;
     let (proxy, control) = (free_addr(), free_addr());
     let cfg = write_config(dir.path(), proxy, control, &rest);
     let pp = ProxyProcess::start(&cfg, proxy, control, TOKEN, &["--log-format", "json"]);

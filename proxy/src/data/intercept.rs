@@ -22,9 +22,9 @@ use crate::data::forward::strip_hop_by_hop;
 use crate::data::inject;
 use crate::data::respond;
 use crate::data::target::Target;
-use crate::data::tunnel::{Bounds, Meter, Metered};
+use crate::data::tunnel::{upgraded, Bounds, Meter, Metered};
 use crate::data::upstream;
-use crate::deny::{FetchError, Phase};
+use crate::deny::FetchError;
 use crate::runs::pool::{Conn, UpBody};
 use crate::runs::slots::Slot;
 use crate::runs::Run;
@@ -75,13 +75,8 @@ pub async fn run(s: Session) {
         finish,
     } = s;
     let _slot = slot;
-    let client = tokio::select! {
-        u = upgrade => match u {
-            Ok(u) => u,
-            Err(_) => { finish.failed("upgrade_failed"); return; }
-        },
-        _ = tokio::time::sleep_until(deadline) => { finish.timed_out(Phase::Tunnel); return; }
-        _ = run.cancel.cancelled() => { finish.severed("run_ended"); return; }
+    let Some(client) = upgraded(upgrade, deadline, &run.cancel, &finish).await else {
+        return;
     };
     let meter = Meter::new();
     let io = Metered {

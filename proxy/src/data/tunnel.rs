@@ -125,13 +125,8 @@ pub async fn run(t: Tunnel) {
         finish,
     } = t;
     let _slot = slot;
-    let client = tokio::select! {
-        u = upgrade => match u {
-            Ok(u) => u,
-            Err(_) => { finish.failed("upgrade_failed"); return; }
-        },
-        _ = tokio::time::sleep_until(deadline) => { finish.timed_out(Phase::Tunnel); return; }
-        _ = cancel.cancelled() => { finish.severed("run_ended"); return; }
+    let Some(client) = upgraded(upgrade, deadline, &cancel, &finish).await else {
+        return;
     };
     let meter = Meter::new();
     let bounds = Bounds {
@@ -184,6 +179,24 @@ pub async fn run(t: Tunnel) {
     }
     finish.add_up(meter.up.load(Ordering::Relaxed));
     finish.add_down(meter.down.load(Ordering::Relaxed));
+}
+
+/// The client's connection once the `200` is out, unless the upgrade fails,
+/// the deadline expires or the run ends first (recorded in `finish`).
+pub(super) async fn upgraded(
+    upgrade: OnUpgrade,
+    deadline: Instant,
+    cancel: &CancellationToken,
+    finish: &Finish,
+) -> Option<hyper::upgrade::Upgraded> {
+    tokio::select! {
+        u = upgrade => match u {
+            Ok(u) => Some(u),
+            Err(_) => { finish.failed("upgrade_failed"); None }
+        },
+        _ = tokio::time::sleep_until(deadline) => { finish.timed_out(Phase::Tunnel); None }
+        _ = cancel.cancelled() => { finish.severed("run_ended"); None }
+    }
 }
 
 /// What ends a tunnel besides its two ends finishing.
