@@ -529,9 +529,15 @@ impl Warm {
         let t0 = Instant::now();
         let deadline = tokio::time::Instant::now() + req.timeout;
         let outcome = self.converse(&req, deadline).await;
-        let (stdout, stderr_tail, exit) = self.stop(KillReason::after(&outcome)).await;
         let run_id = self.run.run_id.clone();
-        let (facts, facts_error) = self.end_run().await;
+        // The kill goes out first (`stop` signals the tree on its first
+        // poll), then the run's end travels to the proxy while the tree dies:
+        // both are on the answer's path, neither waits for the other.
+        let shared = self.shared.clone();
+        let ((stdout, stderr_tail, exit), (facts, facts_error)) = tokio::join!(
+            self.stop(KillReason::after(&outcome)),
+            end_run(&shared.control, &run_id)
+        );
         let (output, emits, error) = match outcome {
             Ok((output, emits)) => (Some(output), emits, None),
             Err(mut e) => {
@@ -565,27 +571,6 @@ impl Warm {
             duration_ms: ms(t0.elapsed()),
         };
         (result, Teardown(self))
-    }
-
-    /// End the run and read its facts: from the answer to the end itself
-    /// when the proxy includes them, otherwise (an older proxy, or more facts
-    /// than it includes) with a second call.
-    async fn end_run(&self) -> (Vec<Fact>, Option<String>) {
-        let control = &self.shared.control;
-        let run_id = &self.run.run_id;
-        let ended = match control.end_with_facts(run_id).await {
-            Ok(Some(mut facts)) => {
-                facts.truncate(FACTS_KEPT);
-                return (facts, None);
-            }
-            Ok(None) => Ok(()),
-            Err(e) => Err(e),
-        };
-        match (control.facts(run_id).await, ended) {
-            (Err(e), _) => (Vec::new(), Some(e.to_string())),
-            (Ok(f), Err(e)) => (f, Some(format!("ending the run: {e}"))),
-            (Ok(f), Ok(())) => (f, None),
-        }
     }
 
     /// The invocation itself, up to (not including) the kill.
@@ -721,6 +706,25 @@ impl Teardown {
 enum Step {
     Continue,
     Done(Result<(Value, Vec<Value>), InvokeError>),
+}
+
+/// End the run and read its facts: from the answer to the end itself when
+/// the proxy includes them, otherwise (an older proxy, or more facts than it
+/// includes) with a second call.
+async fn end_run(control: &ControlClient, run_id: &str) -> (Vec<Fact>, Option<String>) {
+    let ended = match control.end_with_facts(run_id).await {
+        Ok(Some(mut facts)) => {
+            facts.truncate(FACTS_KEPT);
+            return (facts, None);
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    match (control.facts(run_id).await, ended) {
+        (Err(e), _) => (Vec::new(), Some(e.to_string())),
+        (Ok(f), Err(e)) => (f, Some(format!("ending the run: {e}"))),
+        (Ok(f), Ok(())) => (f, None),
+    }
 }
 
 fn handle(next: Read, emits: &mut Vec<Value>) -> Step {
