@@ -68,6 +68,21 @@ impl Params {
     }
 }
 
+/// The figures of the plain-HTTP origin and peers.
+const PLAIN: &[&str] = &["keepalive", "tunnels", "bulk", "idle", "denials"];
+
+/// What every figure needs.
+struct Bench {
+    a: Args,
+    p: Params,
+    launcher: Launcher,
+    dns: egress_e2e::FakeDns,
+    proxy_bin: std::path::PathBuf,
+    b: Arc<Binder>,
+    /// The idle tunnel counts, cut to the open-files limit.
+    idle: Vec<usize>,
+}
+
 struct Args {
     smoke: bool,
     out: Option<String>,
@@ -183,251 +198,25 @@ async fn main() {
         idle.dedup();
     }
 
-    // The origin.
-    let origin = match find_program("nginx") {
-        Some(prog) => peers::nginx(&launcher, &prog, p.bulk_bytes).unwrap(),
-        None => {
-            skip(
-                &mut skipped,
-                "nginx not installed: the origin is the Rust test origin".into(),
-            );
-            peers::rust_origin(p.bulk_bytes).unwrap()
-        }
-    };
-    versions.insert("origin".into(), json!(origin.kind));
-    let origin_pid = origin._daemon.as_ref().map(Daemon::pid);
     let dns = egress_e2e::FakeDns::start().await;
-    dns.set("origin.test", &["127.0.0.2"]);
-
-    // egress-proxy, then the peers that are installed.
     let exe = std::env::current_exe().unwrap();
     let proxy_bin = exe.parent().unwrap().join("egress-proxy");
-    let egress = peers::egress_proxy(&launcher, &proxy_bin, dns.addr, origin.addr.port(), TOKEN).unwrap();
     versions.insert("egress-proxy".into(), json!(peers::version(&proxy_bin, "--version")));
-    let (run_id, secret) = egress_e2e::harness::create_run_at(egress.control, "bench").await;
-    let auth = egress_e2e::harness::basic(&run_id, &secret);
-
-    let mut paths = vec![
-        Path {
-            name: "direct".into(),
-            addr: origin.addr,
-            proxy: None,
-            pid: None,
-        },
-        Path {
-            name: "egress-proxy".into(),
-            addr: egress.addr,
-            proxy: Some(ProxyTarget {
-                authority: format!("origin.test:{}", origin.addr.port()),
-                auth: Some(auth),
-            }),
-            pid: Some(egress.daemon.pid()),
-        },
-    ];
-    let mut daemons = vec![];
-    type Starter = fn(&Launcher, &std::path::Path, SocketAddr) -> std::io::Result<(Daemon, SocketAddr)>;
-    let peers: [(&str, &str, Starter); 2] = [("squid", "-v", peers::squid), ("tinyproxy", "-v", peers::tinyproxy)];
-    for (name, varg, start) in peers {
-        let Some(prog) = find_program(name) else {
-            skip(&mut skipped, format!("{name} not installed"));
-            continue;
-        };
-        match start(&launcher, &prog, origin.addr) {
-            Ok((d, addr)) => {
-                versions.insert(name.into(), json!(peers::version(&prog, varg)));
-                paths.push(Path {
-                    name: name.into(),
-                    addr,
-                    proxy: Some(ProxyTarget {
-                        authority: origin.addr.to_string(),
-                        auth: None,
-                    }),
-                    pid: Some(d.pid()),
-                });
-                daemons.push(d);
-            }
-            Err(e) => skip(&mut skipped, format!("{name} did not start: {e}")),
-        }
-    }
-
-    let egress_path = paths[1].clone();
-    if let Some(only) = &a.paths {
-        paths.retain(|p| only.contains(&p.name));
-    }
-    let b = Arc::new(Binder::new());
+    let bench = Bench {
+        a,
+        p,
+        launcher,
+        dns,
+        proxy_bin,
+        b: Arc::new(Binder::new()),
+        idle,
+    };
     let mut results = Map::new();
+    if PLAIN.iter().any(|f| bench.a.wants(f)) {
+        plain_figures(&bench, &mut results, &mut skipped, &mut versions).await;
+    }
+    let Bench { a, p, idle, .. } = bench;
     let t = &p.timing;
-
-    let window = t.warm + t.secs;
-    if a.wants("keepalive") {
-        eprintln!("keep-alive small requests, {} connections", p.conns);
-        for path in &paths {
-            let req = path.get(&format!("origin.test:{}", origin.addr.port()), &origin.small);
-            let perf = perf_record(&a.perf, "keepalive", path, window);
-            let w = load::keepalive(&b, path, req, p.conns, t).await;
-            perf_wait(perf);
-            eprintln!(
-                "  {:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  reconnects {}",
-                path.name,
-                w.rate,
-                w.p50_ms,
-                w.p99_ms,
-                w.cpu_us_per_op.map(|c| c.round()),
-                w.errors
-            );
-            put(&mut results, &path.name, "keepalive_rps", Some(w.rate));
-            put(
-                &mut results,
-                &path.name,
-                "keepalive_p50_ms",
-                (w.ops > 0).then_some(w.p50_ms),
-            );
-            put(
-                &mut results,
-                &path.name,
-                "keepalive_p99_ms",
-                (w.ops > 0).then_some(w.p99_ms),
-            );
-            put(&mut results, &path.name, "keepalive_cpu_us", w.cpu_us_per_op);
-            put(&mut results, &path.name, "keepalive_reconnects", Some(w.errors as f64));
-            put(&mut results, &path.name, "keepalive_requests", Some(w.ops as f64));
-            put(
-                &mut results,
-                &path.name,
-                "keepalive_syn_retransmits",
-                w.syn_retransmits.map(|n| n as f64),
-            );
-        }
-        if let Some(pid) = origin_pid {
-            eprintln!("  (origin nginx pid {pid}: cpu per request not attributed to any path)");
-        }
-    }
-
-    if a.wants("tunnels") {
-        eprintln!("new tunnels (CONNECT, 200, close), {} in flight", p.in_flight);
-        // No direct row: a client that connects and closes at once outruns
-        // the origin's accept loop, fills its backlog and measures only that.
-        for path in paths.iter().filter(|p| p.proxy.is_some()) {
-            let perf = perf_record(&a.perf, "tunnels", path, window);
-            let w = load::new_tunnels(&b, path, p.in_flight, t).await;
-            perf_wait(perf);
-            eprintln!(
-                "  {:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
-                path.name,
-                w.rate,
-                w.p50_ms,
-                w.p99_ms,
-                w.cpu_us_per_op.map(|c| c.round()),
-                w.errors,
-                w.syn_retransmits
-            );
-            put(&mut results, &path.name, "new_tunnels_per_s", Some(w.rate));
-            put(
-                &mut results,
-                &path.name,
-                "new_tunnel_p50_ms",
-                (w.ops > 0).then_some(w.p50_ms),
-            );
-            put(&mut results, &path.name, "new_tunnel_cpu_us", w.cpu_us_per_op);
-            put(&mut results, &path.name, "new_tunnel_failures", Some(w.errors as f64));
-            put(
-                &mut results,
-                &path.name,
-                "new_tunnel_syn_retransmits",
-                w.syn_retransmits.map(|n| n as f64),
-            );
-        }
-    }
-
-    if a.wants("bulk") {
-        eprintln!("bulk through a tunnel, {} MiB x {}", p.bulk_bytes >> 20, p.bulk_reps);
-        for path in &paths {
-            let req = format!("GET {} HTTP/1.1\r\nHost: origin.test\r\n\r\n", origin.bulk);
-            match load::bulk(&b, path, req.as_bytes(), p.bulk_bytes, p.bulk_reps).await {
-                Ok((mibps, cpu)) => {
-                    eprintln!(
-                        "  {:<13} {:>7.0} MiB/s  cpu {:?} s/GiB",
-                        path.name,
-                        mibps,
-                        cpu.map(|c| (c * 1000.0).round() / 1000.0)
-                    );
-                    put(&mut results, &path.name, "bulk_mib_per_s", Some(mibps));
-                    put(&mut results, &path.name, "bulk_cpu_s_per_gib", cpu);
-                }
-                Err(e) => skip(&mut skipped, format!("bulk via {}: {e}", path.name)),
-            }
-        }
-    }
-
-    if !idle.is_empty() && a.wants("idle") {
-        eprintln!("idle tunnels {idle:?}");
-        for path in paths.iter().filter(|p| p.pid.is_some()) {
-            match load::idle_tunnels(&b, path, &idle, p.in_flight).await {
-                Ok(v) => {
-                    for (n, kib, fds) in v {
-                        eprintln!(
-                            "  {:<13} {n:>6} tunnels: {kib:.1} KiB, {fds:.2} descriptors each",
-                            path.name
-                        );
-                        put(&mut results, &path.name, &format!("idle_rss_kib_{n}"), Some(kib));
-                        put(&mut results, &path.name, &format!("idle_fds_{n}"), Some(fds));
-                    }
-                }
-                Err(e) => skip(&mut skipped, format!("idle tunnels via {}: {e}", path.name)),
-            }
-        }
-    }
-
-    if a.wants("denials") {
-        eprintln!("durable denials, {} clients", p.denial_clients);
-        let mut auths = vec![];
-        for _ in 0..p.denial_clients {
-            let (id, secret) = egress_e2e::harness::create_run_at(egress.control, "web").await;
-            auths.push(egress_e2e::harness::basic(&id, &secret));
-        }
-        let fsyncs = report::count_fsyncs(egress.daemon.pid(), window);
-        let perf = perf_record(&a.perf, "denials", &egress_path, window);
-        let w = load::denials(&b, &egress_path, auths, t).await;
-        perf_wait(perf);
-        let fsyncs = fsyncs.and_then(|h| h.join().ok().flatten());
-        eprintln!(
-            "  egress-proxy  {:>9.0} denials/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  fsync/s {:?}",
-            w.rate,
-            w.p50_ms,
-            w.p99_ms,
-            w.cpu_us_per_op.map(|c| c.round()),
-            fsyncs
-        );
-        put(&mut results, "egress-proxy", "denials_per_s", Some(w.rate));
-        put(
-            &mut results,
-            "egress-proxy",
-            "denial_p50_ms",
-            (w.ops > 0).then_some(w.p50_ms),
-        );
-        put(
-            &mut results,
-            "egress-proxy",
-            "denial_p99_ms",
-            (w.ops > 0).then_some(w.p99_ms),
-        );
-        put(&mut results, "egress-proxy", "denial_cpu_us", w.cpu_us_per_op);
-        put(&mut results, "egress-proxy", "fsyncs_per_s", fsyncs);
-    }
-
-    let m = egress_e2e::harness::control_call(egress.control, "GET", "/metrics", None, None)
-        .await
-        .text();
-    put(
-        &mut results,
-        "egress-proxy",
-        "upstream_reused",
-        Some(egress_e2e::harness::sample(&m, "egress_upstream_reused_total")),
-    );
-
-    drop(daemons);
-    drop(egress);
-    drop(origin);
 
     let doc = json!({
         "date": report::utc_now(),
@@ -457,4 +246,252 @@ async fn main() {
     }
     std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
     eprintln!("JSON written to {out}");
+}
+
+/// The plain-HTTP figures (keep-alive, tunnels, bulk, idle, denials): starts
+/// the origin, egress-proxy and the installed peers, measures, stops them.
+async fn plain_figures(
+    bench: &Bench,
+    results: &mut Map<String, Value>,
+    skipped: &mut Vec<String>,
+    versions: &mut Map<String, Value>,
+) {
+    let Bench {
+        a,
+        p,
+        launcher,
+        dns,
+        proxy_bin,
+        b,
+        idle,
+    } = bench;
+    // The origin.
+    let origin = match find_program("nginx") {
+        Some(prog) => peers::nginx(launcher, &prog, p.bulk_bytes).unwrap(),
+        None => {
+            skip(
+                skipped,
+                "nginx not installed: the origin is the Rust test origin".into(),
+            );
+            peers::rust_origin(p.bulk_bytes).unwrap()
+        }
+    };
+    versions.insert("origin".into(), json!(origin.kind));
+    let origin_pid = origin._daemon.as_ref().map(Daemon::pid);
+    dns.set("origin.test", &["127.0.0.2"]);
+
+    // egress-proxy, then the peers that are installed.
+    let egress = peers::egress_proxy(launcher, proxy_bin, dns.addr, origin.addr.port(), TOKEN).unwrap();
+    let (run_id, secret) = egress_e2e::harness::create_run_at(egress.control, "bench").await;
+    let auth = egress_e2e::harness::basic(&run_id, &secret);
+
+    let mut paths = vec![
+        Path {
+            name: "direct".into(),
+            addr: origin.addr,
+            proxy: None,
+            pid: None,
+        },
+        Path {
+            name: "egress-proxy".into(),
+            addr: egress.addr,
+            proxy: Some(ProxyTarget {
+                authority: format!("origin.test:{}", origin.addr.port()),
+                auth: Some(auth),
+            }),
+            pid: Some(egress.daemon.pid()),
+        },
+    ];
+    let mut daemons = vec![];
+    type Starter = fn(&Launcher, &std::path::Path, SocketAddr) -> std::io::Result<(Daemon, SocketAddr)>;
+    let peers: [(&str, &str, Starter); 2] = [("squid", "-v", peers::squid), ("tinyproxy", "-v", peers::tinyproxy)];
+    for (name, varg, start) in peers {
+        let Some(prog) = find_program(name) else {
+            skip(skipped, format!("{name} not installed"));
+            continue;
+        };
+        match start(launcher, &prog, origin.addr) {
+            Ok((d, addr)) => {
+                versions.insert(name.into(), json!(peers::version(&prog, varg)));
+                paths.push(Path {
+                    name: name.into(),
+                    addr,
+                    proxy: Some(ProxyTarget {
+                        authority: origin.addr.to_string(),
+                        auth: None,
+                    }),
+                    pid: Some(d.pid()),
+                });
+                daemons.push(d);
+            }
+            Err(e) => skip(skipped, format!("{name} did not start: {e}")),
+        }
+    }
+
+    let egress_path = paths[1].clone();
+    if let Some(only) = &a.paths {
+        paths.retain(|p| only.contains(&p.name));
+    }
+    let t = &p.timing;
+
+    let window = t.warm + t.secs;
+    if a.wants("keepalive") {
+        eprintln!("keep-alive small requests, {} connections", p.conns);
+        for path in &paths {
+            let req = path.get(&format!("origin.test:{}", origin.addr.port()), &origin.small);
+            let perf = perf_record(&a.perf, "keepalive", path, window);
+            let w = load::keepalive(b, path, req, p.conns, t).await;
+            perf_wait(perf);
+            eprintln!(
+                "  {:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  reconnects {}",
+                path.name,
+                w.rate,
+                w.p50_ms,
+                w.p99_ms,
+                w.cpu_us_per_op.map(|c| c.round()),
+                w.errors
+            );
+            put(results, &path.name, "keepalive_rps", Some(w.rate));
+            put(results, &path.name, "keepalive_p50_ms", (w.ops > 0).then_some(w.p50_ms));
+            put(results, &path.name, "keepalive_p99_ms", (w.ops > 0).then_some(w.p99_ms));
+            put(results, &path.name, "keepalive_cpu_us", w.cpu_us_per_op);
+            put(results, &path.name, "keepalive_reconnects", Some(w.errors as f64));
+            put(results, &path.name, "keepalive_requests", Some(w.ops as f64));
+            put(
+                results,
+                &path.name,
+                "keepalive_syn_retransmits",
+                w.syn_retransmits.map(|n| n as f64),
+            );
+        }
+        if let Some(pid) = origin_pid {
+            eprintln!("  (origin nginx pid {pid}: cpu per request not attributed to any path)");
+        }
+    }
+
+    if a.wants("tunnels") {
+        eprintln!("new tunnels (CONNECT, 200, close), {} in flight", p.in_flight);
+        // No direct row: a client that connects and closes at once outruns
+        // the origin's accept loop, fills its backlog and measures only that.
+        for path in paths.iter().filter(|p| p.proxy.is_some()) {
+            let perf = perf_record(&a.perf, "tunnels", path, window);
+            let w = load::new_tunnels(b, path, p.in_flight, t).await;
+            perf_wait(perf);
+            eprintln!(
+                "  {:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
+                path.name,
+                w.rate,
+                w.p50_ms,
+                w.p99_ms,
+                w.cpu_us_per_op.map(|c| c.round()),
+                w.errors,
+                w.syn_retransmits
+            );
+            put(results, &path.name, "new_tunnels_per_s", Some(w.rate));
+            put(
+                results,
+                &path.name,
+                "new_tunnel_p50_ms",
+                (w.ops > 0).then_some(w.p50_ms),
+            );
+            put(results, &path.name, "new_tunnel_cpu_us", w.cpu_us_per_op);
+            put(results, &path.name, "new_tunnel_failures", Some(w.errors as f64));
+            put(
+                results,
+                &path.name,
+                "new_tunnel_syn_retransmits",
+                w.syn_retransmits.map(|n| n as f64),
+            );
+        }
+    }
+
+    if a.wants("bulk") {
+        eprintln!("bulk through a tunnel, {} MiB x {}", p.bulk_bytes >> 20, p.bulk_reps);
+        for path in &paths {
+            let req = format!("GET {} HTTP/1.1\r\nHost: origin.test\r\n\r\n", origin.bulk);
+            match load::bulk(b, path, req.as_bytes(), p.bulk_bytes, p.bulk_reps).await {
+                Ok((mibps, cpu)) => {
+                    eprintln!(
+                        "  {:<13} {:>7.0} MiB/s  cpu {:?} s/GiB",
+                        path.name,
+                        mibps,
+                        cpu.map(|c| (c * 1000.0).round() / 1000.0)
+                    );
+                    put(results, &path.name, "bulk_mib_per_s", Some(mibps));
+                    put(results, &path.name, "bulk_cpu_s_per_gib", cpu);
+                }
+                Err(e) => skip(skipped, format!("bulk via {}: {e}", path.name)),
+            }
+        }
+    }
+
+    if !idle.is_empty() && a.wants("idle") {
+        eprintln!("idle tunnels {idle:?}");
+        for path in paths.iter().filter(|p| p.pid.is_some()) {
+            match load::idle_tunnels(b, path, idle, p.in_flight).await {
+                Ok(v) => {
+                    for (n, kib, fds) in v {
+                        eprintln!(
+                            "  {:<13} {n:>6} tunnels: {kib:.1} KiB, {fds:.2} descriptors each",
+                            path.name
+                        );
+                        put(results, &path.name, &format!("idle_rss_kib_{n}"), Some(kib));
+                        put(results, &path.name, &format!("idle_fds_{n}"), Some(fds));
+                    }
+                }
+                Err(e) => skip(skipped, format!("idle tunnels via {}: {e}", path.name)),
+            }
+        }
+    }
+
+    if a.wants("denials") {
+        eprintln!("durable denials, {} clients", p.denial_clients);
+        let mut auths = vec![];
+        for _ in 0..p.denial_clients {
+            let (id, secret) = egress_e2e::harness::create_run_at(egress.control, "web").await;
+            auths.push(egress_e2e::harness::basic(&id, &secret));
+        }
+        let fsyncs = report::count_fsyncs(egress.daemon.pid(), window);
+        let perf = perf_record(&a.perf, "denials", &egress_path, window);
+        let w = load::denials(b, &egress_path, auths, t).await;
+        perf_wait(perf);
+        let fsyncs = fsyncs.and_then(|h| h.join().ok().flatten());
+        eprintln!(
+            "  egress-proxy  {:>9.0} denials/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  fsync/s {:?}",
+            w.rate,
+            w.p50_ms,
+            w.p99_ms,
+            w.cpu_us_per_op.map(|c| c.round()),
+            fsyncs
+        );
+        put(results, "egress-proxy", "denials_per_s", Some(w.rate));
+        put(
+            results,
+            "egress-proxy",
+            "denial_p50_ms",
+            (w.ops > 0).then_some(w.p50_ms),
+        );
+        put(
+            results,
+            "egress-proxy",
+            "denial_p99_ms",
+            (w.ops > 0).then_some(w.p99_ms),
+        );
+        put(results, "egress-proxy", "denial_cpu_us", w.cpu_us_per_op);
+        put(results, "egress-proxy", "fsyncs_per_s", fsyncs);
+    }
+
+    let m = egress_e2e::harness::control_call(egress.control, "GET", "/metrics", None, None)
+        .await
+        .text();
+    put(
+        results,
+        "egress-proxy",
+        "upstream_reused",
+        Some(egress_e2e::harness::sample(&m, "egress_upstream_reused_total")),
+    );
+
+    drop(daemons);
+    drop(egress);
+    drop(origin);
 }
