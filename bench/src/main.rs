@@ -2,15 +2,18 @@
 //! tinyproxy under the same loads in one run, on loopback only (`127.0.0.0/8`),
 //! with a fake DNS server for egress-proxy. Prints a Markdown table of every
 //! figure with ratios to direct and to the best peer, and writes the same as
-//! JSON. `bench/run.sh` installs the peers, builds and runs this; see
+//! JSON. The `intercept` figure measures the cost of interception instead:
+//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`). `bench/run.sh` installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
 //! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR]`
-//! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials;
+//! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
+//! intercept;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
 //! `perf record` egress-proxy during each of its windows).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark program: fail loudly
 
+mod intercept;
 mod load;
 mod peers;
 mod procfs;
@@ -34,6 +37,9 @@ struct Params {
     bulk_reps: usize,
     idle: Vec<usize>,
     denial_clients: usize,
+    /// Interception cost: keep-alive TLS connections, new TLS connections in flight.
+    tls_conns: usize,
+    tls_in_flight: usize,
 }
 
 impl Params {
@@ -49,6 +55,8 @@ impl Params {
             bulk_reps: 5,
             idle: vec![1000, 10_000],
             denial_clients: 32,
+            tls_conns: 50,
+            tls_in_flight: 50,
         }
     }
 
@@ -64,11 +72,13 @@ impl Params {
             bulk_reps: 1,
             idle: vec![50, 100],
             denial_clients: 4,
+            tls_conns: 4,
+            tls_in_flight: 4,
         }
     }
 }
 
-/// The figures of the plain-HTTP origin and peers.
+/// The figures of the plain-HTTP origin and peers (`intercept` has its own).
 const PLAIN: &[&str] = &["keepalive", "tunnels", "bulk", "idle", "denials"];
 
 /// What every figure needs.
@@ -139,23 +149,35 @@ fn skip(skipped: &mut Vec<String>, what: String) {
 }
 
 /// With `--perf DIR`: `perf record` (DWARF call graphs) of egress-proxy for
-/// `dur`, into `DIR/<figure>.data`; other paths are not recorded.
+/// `dur`, into `DIR/<figure>.data`; other paths are not recorded (the
+/// interception figure records its egress-proxy per path, see
+/// [`perf_record_pid`]).
 fn perf_record(
     dir: &Option<std::path::PathBuf>,
     figure: &str,
     path: &Path,
     dur: Duration,
 ) -> Option<std::process::Child> {
-    let (dir, pid) = (dir.as_ref()?, path.pid?);
     if path.name != "egress-proxy" {
         return None;
     }
+    perf_record_pid(dir, figure, path.pid?, dur)
+}
+
+/// `perf record` of process `pid` for `dur` into `DIR/<file>.data`, with `--perf DIR`.
+fn perf_record_pid(
+    dir: &Option<std::path::PathBuf>,
+    file: &str,
+    pid: u32,
+    dur: Duration,
+) -> Option<std::process::Child> {
+    let dir = dir.as_ref()?;
     std::fs::create_dir_all(dir).ok()?;
     let r = std::process::Command::new(find_program("perf")?)
         .args(["record", "-q", "-F", "499", "--call-graph", "dwarf,16384", "-p"])
         .arg(pid.to_string())
         .arg("-o")
-        .arg(dir.join(format!("{figure}.data")))
+        .arg(dir.join(format!("{file}.data")))
         .args(["--", "sleep"])
         .arg(format!("{:.3}", dur.as_secs_f64()))
         .stdout(std::process::Stdio::null())
@@ -190,7 +212,7 @@ async fn main() {
     let limit = procfs::open_files_limit().unwrap_or(1024);
     let fit = (limit.saturating_sub(500) / 6 / 500 * 500) as usize;
     let mut idle = p.idle.clone();
-    if idle.iter().any(|n| *n > fit) {
+    if a.wants("idle") && idle.iter().any(|n| *n > fit) {
         skip(&mut skipped, format!(
             "idle tunnels above {fit}: at 6 descriptors per tunnel they need more than the open-files limit {limit} (raising it needs CAP_SYS_RESOURCE); measured at {fit} instead"
         ));
@@ -215,6 +237,9 @@ async fn main() {
     if PLAIN.iter().any(|f| bench.a.wants(f)) {
         plain_figures(&bench, &mut results, &mut skipped, &mut versions).await;
     }
+    if bench.a.wants("intercept") {
+        intercept_figure(&bench, &mut results, &mut skipped).await;
+    }
     let Bench { a, p, idle, .. } = bench;
     let t = &p.timing;
 
@@ -229,6 +254,7 @@ async fn main() {
             "keepalive_conns": p.conns, "tunnels_in_flight": p.in_flight,
             "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
             "idle_tunnels": idle, "denial_clients": p.denial_clients,
+            "tls_keepalive_conns": p.tls_conns, "tls_new_conns_in_flight": p.tls_in_flight,
         },
         "skipped": skipped,
         "results": results,
@@ -494,4 +520,88 @@ async fn plain_figures(
     drop(daemons);
     drop(egress);
     drop(origin);
+}
+
+/// The interception cost: the Rust TLS origin, a second egress-proxy that
+/// intercepts for tool `injected` and tunnels blind for tool `blind`, and
+/// the three client paths under keep-alive and new-connection loads.
+async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipped: &mut Vec<String>) {
+    let Bench {
+        a,
+        p,
+        launcher,
+        dns,
+        proxy_bin,
+        b,
+        ..
+    } = bench;
+    let t = &p.timing;
+    let window = t.warm + t.secs;
+    let origin = intercept::start_origin().unwrap();
+    dns.set(intercept::HOST, &["127.0.0.2"]);
+    let egress = intercept::egress_proxy(launcher, proxy_bin, dns.addr, &origin, TOKEN).unwrap();
+    let paths = intercept::paths(&origin, &egress, TOKEN).await.unwrap();
+    let req = intercept::request(&origin);
+    if let Err(e) = intercept::check(b, &origin, &paths, &req).await {
+        skip(skipped, format!("interception cost: {e}\n{}", egress.daemon.log_tail()));
+        return;
+    }
+
+    eprintln!("interception cost: keep-alive HTTPS GET, {} connections", p.tls_conns);
+    for (name, path) in &paths {
+        let perf = path
+            .tcp
+            .pid
+            .and_then(|pid| perf_record_pid(&a.perf, &format!("intercept-keepalive-{name}"), pid, window));
+        let w = intercept::keepalive(b, path, &req, p.tls_conns, t).await;
+        perf_wait(perf);
+        eprintln!(
+            "  {name:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  errors {}",
+            w.rate,
+            w.p50_ms,
+            w.p99_ms,
+            w.cpu_us_per_op.map(|c| c.round()),
+            w.errors
+        );
+        put(results, name, "tls_keepalive_rps", Some(w.rate));
+        put(results, name, "tls_keepalive_p50_ms", (w.ops > 0).then_some(w.p50_ms));
+        put(results, name, "tls_keepalive_p99_ms", (w.ops > 0).then_some(w.p99_ms));
+        put(results, name, "tls_keepalive_cpu_us", w.cpu_us_per_op);
+        put(results, name, "tls_keepalive_errors", Some(w.errors as f64));
+        put(results, name, "tls_keepalive_requests", Some(w.ops as f64));
+    }
+
+    eprintln!(
+        "interception cost: new HTTPS connections (CONNECT, handshake, GET, close), {} in flight",
+        p.tls_in_flight
+    );
+    for (name, path) in &paths {
+        let perf = path
+            .tcp
+            .pid
+            .and_then(|pid| perf_record_pid(&a.perf, &format!("intercept-new-{name}"), pid, window));
+        let w = intercept::new_conns(b, path, &req, p.tls_in_flight, t).await;
+        perf_wait(perf);
+        eprintln!(
+            "  {name:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
+            w.rate,
+            w.p50_ms,
+            w.p99_ms,
+            w.cpu_us_per_op.map(|c| c.round()),
+            w.errors,
+            w.syn_retransmits
+        );
+        put(results, name, "tls_new_conns_per_s", Some(w.rate));
+        put(results, name, "tls_new_conn_p50_ms", (w.ops > 0).then_some(w.p50_ms));
+        put(results, name, "tls_new_conn_p99_ms", (w.ops > 0).then_some(w.p99_ms));
+        put(results, name, "tls_new_conn_cpu_us", w.cpu_us_per_op);
+        put(results, name, "tls_new_conn_failures", Some(w.errors as f64));
+        put(
+            results,
+            name,
+            "tls_new_conn_syn_retransmits",
+            w.syn_retransmits.map(|n| n as f64),
+        );
+    }
+    drop(egress);
 }
