@@ -5,10 +5,12 @@
 # origin, egress-proxy, squid and tinyproxy on loopback only, measures every
 # figure and stops them. A peer that cannot be installed is skipped loudly.
 #
-# Usage: bench/run.sh [--smoke] [--out FILE]
+# Usage: bench/run.sh [--smoke] [--out FILE] [--only FIGURES]
 #   --smoke  tiny counts and a debug build, for CI: numbers mean nothing.
 #   --out    JSON results (default bench/results/<UTC time>.json, with
 #            --smoke target/bench-smoke.json).
+#   --only   comma-separated figures among keepalive, tunnels, bulk, idle,
+#            denials, intercept (default: all).
 # The Markdown table goes to stdout, progress to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +20,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1; args+=(--smoke) ;;
     --out) args+=(--out "$2"); shift ;;
-    *) echo "usage: bench/run.sh [--smoke] [--out FILE]" >&2; exit 2 ;;
+    --only) args+=(--only "$2"); shift ;;
+    *) echo "usage: bench/run.sh [--smoke] [--out FILE] [--only FIGURES]" >&2; exit 2 ;;
   esac
   shift
 done

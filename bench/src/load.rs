@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// Hands out client source addresses `127.1.0.1`–`127.1.0.254` × a port range
@@ -149,22 +149,31 @@ pub struct Head {
     pub close: bool,
 }
 
-/// A client connection with its read buffer.
-pub struct Conn {
-    pub s: TcpStream,
+/// A client connection (TCP, or TLS over it) with its read buffer.
+pub struct Conn<S = TcpStream> {
+    pub s: S,
     buf: Vec<u8>,
     lo: usize,
     hi: usize,
 }
 
-impl Conn {
-    pub fn new(s: TcpStream, cap: usize) -> Conn {
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    pub fn new(s: S, cap: usize) -> Conn<S> {
         Conn {
             s,
             buf: vec![0; cap],
             lo: 0,
             hi: 0,
         }
+    }
+
+    /// The stream, once nothing read from it is left unconsumed (after a
+    /// `CONNECT`'s `200`, before a TLS handshake over the tunnel).
+    pub fn into_stream(self) -> io::Result<S> {
+        if self.lo != self.hi {
+            return Err(io::Error::other("bytes after the CONNECT response"));
+        }
+        Ok(self.s)
     }
 
     async fn fill(&mut self) -> io::Result<()> {
@@ -295,11 +304,11 @@ pub struct Phase {
 }
 
 impl Phase {
-    fn counting(&self) -> bool {
+    pub(crate) fn counting(&self) -> bool {
         self.measuring.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed)
     }
 
-    fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 }
@@ -327,7 +336,7 @@ pub struct Timing {
 
 /// Runs `clients` loops of `op` for the warm-up and the window, and measures
 /// the window: completed operations, their latency, and `pid`'s CPU time.
-async fn drive<F, Fut>(clients: usize, t: &Timing, pid: Option<u32>, op: F) -> Window
+pub(crate) async fn drive<F, Fut>(clients: usize, t: &Timing, pid: Option<u32>, op: F) -> Window
 where
     F: Fn(usize, Arc<Phase>) -> Fut,
     Fut: std::future::Future<Output = (Vec<u32>, u64)> + Send + 'static,
@@ -372,7 +381,7 @@ where
     }
 }
 
-fn micros(d: Duration) -> u32 {
+pub(crate) fn micros(d: Duration) -> u32 {
     u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
 }
 
@@ -421,7 +430,12 @@ pub async fn keepalive(b: &Arc<Binder>, path: &Path, req: Vec<u8>, conns: usize,
     .await
 }
 
-async fn exchange(mut c: Conn, req: &[u8]) -> io::Result<(Conn, bool)> {
+/// Sends `req` on `c` and reads a `200` response; the connection, and
+/// whether it stays open.
+pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut c: Conn<S>,
+    req: &[u8],
+) -> io::Result<(Conn<S>, bool)> {
     c.s.write_all(req).await?;
     let h = c.head().await?;
     if h.status != 200 {

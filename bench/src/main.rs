@@ -2,15 +2,18 @@
 //! tinyproxy under the same loads in one run, on loopback only (`127.0.0.0/8`),
 //! with a fake DNS server for egress-proxy. Prints a Markdown table of every
 //! figure with ratios to direct and to the best peer, and writes the same as
-//! JSON. `bench/run.sh` installs the peers, builds and runs this; see
+//! JSON. The `intercept` figure measures the cost of interception instead:
+//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`). `bench/run.sh` installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
 //! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR]`
-//! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials;
+//! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
+//! intercept;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
 //! `perf record` egress-proxy during each of its windows).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark program: fail loudly
 
+mod intercept;
 mod load;
 mod peers;
 mod procfs;
@@ -34,6 +37,9 @@ struct Params {
     bulk_reps: usize,
     idle: Vec<usize>,
     denial_clients: usize,
+    /// Interception cost: keep-alive TLS connections, new TLS connections in flight.
+    tls_conns: usize,
+    tls_in_flight: usize,
 }
 
 impl Params {
@@ -49,6 +55,8 @@ impl Params {
             bulk_reps: 5,
             idle: vec![1000, 10_000],
             denial_clients: 32,
+            tls_conns: 50,
+            tls_in_flight: 50,
         }
     }
 
@@ -64,8 +72,25 @@ impl Params {
             bulk_reps: 1,
             idle: vec![50, 100],
             denial_clients: 4,
+            tls_conns: 4,
+            tls_in_flight: 4,
         }
     }
+}
+
+/// The figures of the plain-HTTP origin and peers (`intercept` has its own).
+const PLAIN: &[&str] = &["keepalive", "tunnels", "bulk", "idle", "denials"];
+
+/// What every figure needs.
+struct Bench {
+    a: Args,
+    p: Params,
+    launcher: Launcher,
+    dns: egress_e2e::FakeDns,
+    proxy_bin: std::path::PathBuf,
+    b: Arc<Binder>,
+    /// The idle tunnel counts, cut to the open-files limit.
+    idle: Vec<usize>,
 }
 
 struct Args {
@@ -124,23 +149,35 @@ fn skip(skipped: &mut Vec<String>, what: String) {
 }
 
 /// With `--perf DIR`: `perf record` (DWARF call graphs) of egress-proxy for
-/// `dur`, into `DIR/<figure>.data`; other paths are not recorded.
+/// `dur`, into `DIR/<figure>.data`; other paths are not recorded (the
+/// interception figure records its egress-proxy per path, see
+/// [`perf_record_pid`]).
 fn perf_record(
     dir: &Option<std::path::PathBuf>,
     figure: &str,
     path: &Path,
     dur: Duration,
 ) -> Option<std::process::Child> {
-    let (dir, pid) = (dir.as_ref()?, path.pid?);
     if path.name != "egress-proxy" {
         return None;
     }
+    perf_record_pid(dir, figure, path.pid?, dur)
+}
+
+/// `perf record` of process `pid` for `dur` into `DIR/<file>.data`, with `--perf DIR`.
+fn perf_record_pid(
+    dir: &Option<std::path::PathBuf>,
+    file: &str,
+    pid: u32,
+    dur: Duration,
+) -> Option<std::process::Child> {
+    let dir = dir.as_ref()?;
     std::fs::create_dir_all(dir).ok()?;
     let r = std::process::Command::new(find_program("perf")?)
         .args(["record", "-q", "-F", "499", "--call-graph", "dwarf,16384", "-p"])
         .arg(pid.to_string())
         .arg("-o")
-        .arg(dir.join(format!("{figure}.data")))
+        .arg(dir.join(format!("{file}.data")))
         .args(["--", "sleep"])
         .arg(format!("{:.3}", dur.as_secs_f64()))
         .stdout(std::process::Stdio::null())
@@ -175,7 +212,7 @@ async fn main() {
     let limit = procfs::open_files_limit().unwrap_or(1024);
     let fit = (limit.saturating_sub(500) / 6 / 500 * 500) as usize;
     let mut idle = p.idle.clone();
-    if idle.iter().any(|n| *n > fit) {
+    if a.wants("idle") && idle.iter().any(|n| *n > fit) {
         skip(&mut skipped, format!(
             "idle tunnels above {fit}: at 6 descriptors per tunnel they need more than the open-files limit {limit} (raising it needs CAP_SYS_RESOURCE); measured at {fit} instead"
         ));
@@ -183,12 +220,83 @@ async fn main() {
         idle.dedup();
     }
 
+    let dns = egress_e2e::FakeDns::start().await;
+    let exe = std::env::current_exe().unwrap();
+    let proxy_bin = exe.parent().unwrap().join("egress-proxy");
+    versions.insert("egress-proxy".into(), json!(peers::version(&proxy_bin, "--version")));
+    let bench = Bench {
+        a,
+        p,
+        launcher,
+        dns,
+        proxy_bin,
+        b: Arc::new(Binder::new()),
+        idle,
+    };
+    let mut results = Map::new();
+    if PLAIN.iter().any(|f| bench.a.wants(f)) {
+        plain_figures(&bench, &mut results, &mut skipped, &mut versions).await;
+    }
+    if bench.a.wants("intercept") {
+        intercept_figure(&bench, &mut results, &mut skipped).await;
+    }
+    let Bench { a, p, idle, .. } = bench;
+    let t = &p.timing;
+
+    let doc = json!({
+        "date": report::utc_now(),
+        "smoke": a.smoke,
+        "build": if exe.components().any(|c| c.as_os_str() == "release") { "release" } else { "debug" },
+        "machine": report::machine(),
+        "versions": versions,
+        "params": {
+            "warm_s": t.warm.as_secs_f64(), "window_s": t.secs.as_secs_f64(),
+            "keepalive_conns": p.conns, "tunnels_in_flight": p.in_flight,
+            "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
+            "idle_tunnels": idle, "denial_clients": p.denial_clients,
+            "tls_keepalive_conns": p.tls_conns, "tls_new_conns_in_flight": p.tls_in_flight,
+        },
+        "skipped": skipped,
+        "results": results,
+    });
+    println!("{}", report::markdown(&doc));
+    let out = a.out.unwrap_or_else(|| match a.smoke {
+        true => "target/bench-smoke.json".into(),
+        false => format!(
+            "bench/results/{}.json",
+            doc["date"].as_str().unwrap_or("run").replace(':', "")
+        ),
+    });
+    if let Some(parent) = std::path::Path::new(&out).parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+    eprintln!("JSON written to {out}");
+}
+
+/// The plain-HTTP figures (keep-alive, tunnels, bulk, idle, denials): starts
+/// the origin, egress-proxy and the installed peers, measures, stops them.
+async fn plain_figures(
+    bench: &Bench,
+    results: &mut Map<String, Value>,
+    skipped: &mut Vec<String>,
+    versions: &mut Map<String, Value>,
+) {
+    let Bench {
+        a,
+        p,
+        launcher,
+        dns,
+        proxy_bin,
+        b,
+        idle,
+    } = bench;
     // The origin.
     let origin = match find_program("nginx") {
-        Some(prog) => peers::nginx(&launcher, &prog, p.bulk_bytes).unwrap(),
+        Some(prog) => peers::nginx(launcher, &prog, p.bulk_bytes).unwrap(),
         None => {
             skip(
-                &mut skipped,
+                skipped,
                 "nginx not installed: the origin is the Rust test origin".into(),
             );
             peers::rust_origin(p.bulk_bytes).unwrap()
@@ -196,14 +304,10 @@ async fn main() {
     };
     versions.insert("origin".into(), json!(origin.kind));
     let origin_pid = origin._daemon.as_ref().map(Daemon::pid);
-    let dns = egress_e2e::FakeDns::start().await;
     dns.set("origin.test", &["127.0.0.2"]);
 
     // egress-proxy, then the peers that are installed.
-    let exe = std::env::current_exe().unwrap();
-    let proxy_bin = exe.parent().unwrap().join("egress-proxy");
-    let egress = peers::egress_proxy(&launcher, &proxy_bin, dns.addr, origin.addr.port(), TOKEN).unwrap();
-    versions.insert("egress-proxy".into(), json!(peers::version(&proxy_bin, "--version")));
+    let egress = peers::egress_proxy(launcher, proxy_bin, dns.addr, origin.addr.port(), TOKEN).unwrap();
     let (run_id, secret) = egress_e2e::harness::create_run_at(egress.control, "bench").await;
     let auth = egress_e2e::harness::basic(&run_id, &secret);
 
@@ -229,10 +333,10 @@ async fn main() {
     let peers: [(&str, &str, Starter); 2] = [("squid", "-v", peers::squid), ("tinyproxy", "-v", peers::tinyproxy)];
     for (name, varg, start) in peers {
         let Some(prog) = find_program(name) else {
-            skip(&mut skipped, format!("{name} not installed"));
+            skip(skipped, format!("{name} not installed"));
             continue;
         };
-        match start(&launcher, &prog, origin.addr) {
+        match start(launcher, &prog, origin.addr) {
             Ok((d, addr)) => {
                 versions.insert(name.into(), json!(peers::version(&prog, varg)));
                 paths.push(Path {
@@ -246,7 +350,7 @@ async fn main() {
                 });
                 daemons.push(d);
             }
-            Err(e) => skip(&mut skipped, format!("{name} did not start: {e}")),
+            Err(e) => skip(skipped, format!("{name} did not start: {e}")),
         }
     }
 
@@ -254,8 +358,6 @@ async fn main() {
     if let Some(only) = &a.paths {
         paths.retain(|p| only.contains(&p.name));
     }
-    let b = Arc::new(Binder::new());
-    let mut results = Map::new();
     let t = &p.timing;
 
     let window = t.warm + t.secs;
@@ -264,7 +366,7 @@ async fn main() {
         for path in &paths {
             let req = path.get(&format!("origin.test:{}", origin.addr.port()), &origin.small);
             let perf = perf_record(&a.perf, "keepalive", path, window);
-            let w = load::keepalive(&b, path, req, p.conns, t).await;
+            let w = load::keepalive(b, path, req, p.conns, t).await;
             perf_wait(perf);
             eprintln!(
                 "  {:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  reconnects {}",
@@ -275,24 +377,14 @@ async fn main() {
                 w.cpu_us_per_op.map(|c| c.round()),
                 w.errors
             );
-            put(&mut results, &path.name, "keepalive_rps", Some(w.rate));
+            put(results, &path.name, "keepalive_rps", Some(w.rate));
+            put(results, &path.name, "keepalive_p50_ms", (w.ops > 0).then_some(w.p50_ms));
+            put(results, &path.name, "keepalive_p99_ms", (w.ops > 0).then_some(w.p99_ms));
+            put(results, &path.name, "keepalive_cpu_us", w.cpu_us_per_op);
+            put(results, &path.name, "keepalive_reconnects", Some(w.errors as f64));
+            put(results, &path.name, "keepalive_requests", Some(w.ops as f64));
             put(
-                &mut results,
-                &path.name,
-                "keepalive_p50_ms",
-                (w.ops > 0).then_some(w.p50_ms),
-            );
-            put(
-                &mut results,
-                &path.name,
-                "keepalive_p99_ms",
-                (w.ops > 0).then_some(w.p99_ms),
-            );
-            put(&mut results, &path.name, "keepalive_cpu_us", w.cpu_us_per_op);
-            put(&mut results, &path.name, "keepalive_reconnects", Some(w.errors as f64));
-            put(&mut results, &path.name, "keepalive_requests", Some(w.ops as f64));
-            put(
-                &mut results,
+                results,
                 &path.name,
                 "keepalive_syn_retransmits",
                 w.syn_retransmits.map(|n| n as f64),
@@ -309,7 +401,7 @@ async fn main() {
         // the origin's accept loop, fills its backlog and measures only that.
         for path in paths.iter().filter(|p| p.proxy.is_some()) {
             let perf = perf_record(&a.perf, "tunnels", path, window);
-            let w = load::new_tunnels(&b, path, p.in_flight, t).await;
+            let w = load::new_tunnels(b, path, p.in_flight, t).await;
             perf_wait(perf);
             eprintln!(
                 "  {:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
@@ -321,17 +413,17 @@ async fn main() {
                 w.errors,
                 w.syn_retransmits
             );
-            put(&mut results, &path.name, "new_tunnels_per_s", Some(w.rate));
+            put(results, &path.name, "new_tunnels_per_s", Some(w.rate));
             put(
-                &mut results,
+                results,
                 &path.name,
                 "new_tunnel_p50_ms",
                 (w.ops > 0).then_some(w.p50_ms),
             );
-            put(&mut results, &path.name, "new_tunnel_cpu_us", w.cpu_us_per_op);
-            put(&mut results, &path.name, "new_tunnel_failures", Some(w.errors as f64));
+            put(results, &path.name, "new_tunnel_cpu_us", w.cpu_us_per_op);
+            put(results, &path.name, "new_tunnel_failures", Some(w.errors as f64));
             put(
-                &mut results,
+                results,
                 &path.name,
                 "new_tunnel_syn_retransmits",
                 w.syn_retransmits.map(|n| n as f64),
@@ -343,7 +435,7 @@ async fn main() {
         eprintln!("bulk through a tunnel, {} MiB x {}", p.bulk_bytes >> 20, p.bulk_reps);
         for path in &paths {
             let req = format!("GET {} HTTP/1.1\r\nHost: origin.test\r\n\r\n", origin.bulk);
-            match load::bulk(&b, path, req.as_bytes(), p.bulk_bytes, p.bulk_reps).await {
+            match load::bulk(b, path, req.as_bytes(), p.bulk_bytes, p.bulk_reps).await {
                 Ok((mibps, cpu)) => {
                     eprintln!(
                         "  {:<13} {:>7.0} MiB/s  cpu {:?} s/GiB",
@@ -351,10 +443,10 @@ async fn main() {
                         mibps,
                         cpu.map(|c| (c * 1000.0).round() / 1000.0)
                     );
-                    put(&mut results, &path.name, "bulk_mib_per_s", Some(mibps));
-                    put(&mut results, &path.name, "bulk_cpu_s_per_gib", cpu);
+                    put(results, &path.name, "bulk_mib_per_s", Some(mibps));
+                    put(results, &path.name, "bulk_cpu_s_per_gib", cpu);
                 }
-                Err(e) => skip(&mut skipped, format!("bulk via {}: {e}", path.name)),
+                Err(e) => skip(skipped, format!("bulk via {}: {e}", path.name)),
             }
         }
     }
@@ -362,18 +454,18 @@ async fn main() {
     if !idle.is_empty() && a.wants("idle") {
         eprintln!("idle tunnels {idle:?}");
         for path in paths.iter().filter(|p| p.pid.is_some()) {
-            match load::idle_tunnels(&b, path, &idle, p.in_flight).await {
+            match load::idle_tunnels(b, path, idle, p.in_flight).await {
                 Ok(v) => {
                     for (n, kib, fds) in v {
                         eprintln!(
                             "  {:<13} {n:>6} tunnels: {kib:.1} KiB, {fds:.2} descriptors each",
                             path.name
                         );
-                        put(&mut results, &path.name, &format!("idle_rss_kib_{n}"), Some(kib));
-                        put(&mut results, &path.name, &format!("idle_fds_{n}"), Some(fds));
+                        put(results, &path.name, &format!("idle_rss_kib_{n}"), Some(kib));
+                        put(results, &path.name, &format!("idle_fds_{n}"), Some(fds));
                     }
                 }
-                Err(e) => skip(&mut skipped, format!("idle tunnels via {}: {e}", path.name)),
+                Err(e) => skip(skipped, format!("idle tunnels via {}: {e}", path.name)),
             }
         }
     }
@@ -387,7 +479,7 @@ async fn main() {
         }
         let fsyncs = report::count_fsyncs(egress.daemon.pid(), window);
         let perf = perf_record(&a.perf, "denials", &egress_path, window);
-        let w = load::denials(&b, &egress_path, auths, t).await;
+        let w = load::denials(b, &egress_path, auths, t).await;
         perf_wait(perf);
         let fsyncs = fsyncs.and_then(|h| h.join().ok().flatten());
         eprintln!(
@@ -398,28 +490,28 @@ async fn main() {
             w.cpu_us_per_op.map(|c| c.round()),
             fsyncs
         );
-        put(&mut results, "egress-proxy", "denials_per_s", Some(w.rate));
+        put(results, "egress-proxy", "denials_per_s", Some(w.rate));
         put(
-            &mut results,
+            results,
             "egress-proxy",
             "denial_p50_ms",
             (w.ops > 0).then_some(w.p50_ms),
         );
         put(
-            &mut results,
+            results,
             "egress-proxy",
             "denial_p99_ms",
             (w.ops > 0).then_some(w.p99_ms),
         );
-        put(&mut results, "egress-proxy", "denial_cpu_us", w.cpu_us_per_op);
-        put(&mut results, "egress-proxy", "fsyncs_per_s", fsyncs);
+        put(results, "egress-proxy", "denial_cpu_us", w.cpu_us_per_op);
+        put(results, "egress-proxy", "fsyncs_per_s", fsyncs);
     }
 
     let m = egress_e2e::harness::control_call(egress.control, "GET", "/metrics", None, None)
         .await
         .text();
     put(
-        &mut results,
+        results,
         "egress-proxy",
         "upstream_reused",
         Some(egress_e2e::harness::sample(&m, "egress_upstream_reused_total")),
@@ -428,33 +520,88 @@ async fn main() {
     drop(daemons);
     drop(egress);
     drop(origin);
+}
 
-    let doc = json!({
-        "date": report::utc_now(),
-        "smoke": a.smoke,
-        "build": if exe.components().any(|c| c.as_os_str() == "release") { "release" } else { "debug" },
-        "machine": report::machine(),
-        "versions": versions,
-        "params": {
-            "warm_s": t.warm.as_secs_f64(), "window_s": t.secs.as_secs_f64(),
-            "keepalive_conns": p.conns, "tunnels_in_flight": p.in_flight,
-            "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
-            "idle_tunnels": idle, "denial_clients": p.denial_clients,
-        },
-        "skipped": skipped,
-        "results": results,
-    });
-    println!("{}", report::markdown(&doc));
-    let out = a.out.unwrap_or_else(|| match a.smoke {
-        true => "target/bench-smoke.json".into(),
-        false => format!(
-            "bench/results/{}.json",
-            doc["date"].as_str().unwrap_or("run").replace(':', "")
-        ),
-    });
-    if let Some(parent) = std::path::Path::new(&out).parent() {
-        let _ = std::fs::create_dir_all(parent);
+/// The interception cost: the Rust TLS origin, a second egress-proxy that
+/// intercepts for tool `injected` and tunnels blind for tool `blind`, and
+/// the three client paths under keep-alive and new-connection loads.
+async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipped: &mut Vec<String>) {
+    let Bench {
+        a,
+        p,
+        launcher,
+        dns,
+        proxy_bin,
+        b,
+        ..
+    } = bench;
+    let t = &p.timing;
+    let window = t.warm + t.secs;
+    let origin = intercept::start_origin().unwrap();
+    dns.set(intercept::HOST, &["127.0.0.2"]);
+    let egress = intercept::egress_proxy(launcher, proxy_bin, dns.addr, &origin, TOKEN).unwrap();
+    let paths = intercept::paths(&origin, &egress, TOKEN).await.unwrap();
+    let req = intercept::request(&origin);
+    if let Err(e) = intercept::check(b, &origin, &paths, &req).await {
+        skip(skipped, format!("interception cost: {e}\n{}", egress.daemon.log_tail()));
+        return;
     }
-    std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
-    eprintln!("JSON written to {out}");
+
+    eprintln!("interception cost: keep-alive HTTPS GET, {} connections", p.tls_conns);
+    for (name, path) in &paths {
+        let perf = path
+            .tcp
+            .pid
+            .and_then(|pid| perf_record_pid(&a.perf, &format!("intercept-keepalive-{name}"), pid, window));
+        let w = intercept::keepalive(b, path, &req, p.tls_conns, t).await;
+        perf_wait(perf);
+        eprintln!(
+            "  {name:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  errors {}",
+            w.rate,
+            w.p50_ms,
+            w.p99_ms,
+            w.cpu_us_per_op.map(|c| c.round()),
+            w.errors
+        );
+        put(results, name, "tls_keepalive_rps", Some(w.rate));
+        put(results, name, "tls_keepalive_p50_ms", (w.ops > 0).then_some(w.p50_ms));
+        put(results, name, "tls_keepalive_p99_ms", (w.ops > 0).then_some(w.p99_ms));
+        put(results, name, "tls_keepalive_cpu_us", w.cpu_us_per_op);
+        put(results, name, "tls_keepalive_errors", Some(w.errors as f64));
+        put(results, name, "tls_keepalive_requests", Some(w.ops as f64));
+    }
+
+    eprintln!(
+        "interception cost: new HTTPS connections (CONNECT, handshake, GET, close), {} in flight",
+        p.tls_in_flight
+    );
+    for (name, path) in &paths {
+        let perf = path
+            .tcp
+            .pid
+            .and_then(|pid| perf_record_pid(&a.perf, &format!("intercept-new-{name}"), pid, window));
+        let w = intercept::new_conns(b, path, &req, p.tls_in_flight, t).await;
+        perf_wait(perf);
+        eprintln!(
+            "  {name:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
+            w.rate,
+            w.p50_ms,
+            w.p99_ms,
+            w.cpu_us_per_op.map(|c| c.round()),
+            w.errors,
+            w.syn_retransmits
+        );
+        put(results, name, "tls_new_conns_per_s", Some(w.rate));
+        put(results, name, "tls_new_conn_p50_ms", (w.ops > 0).then_some(w.p50_ms));
+        put(results, name, "tls_new_conn_p99_ms", (w.ops > 0).then_some(w.p99_ms));
+        put(results, name, "tls_new_conn_cpu_us", w.cpu_us_per_op);
+        put(results, name, "tls_new_conn_failures", Some(w.errors as f64));
+        put(
+            results,
+            name,
+            "tls_new_conn_syn_retransmits",
+            w.syn_retransmits.map(|n| n as f64),
+        );
+    }
+    drop(egress);
 }

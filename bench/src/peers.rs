@@ -253,7 +253,33 @@ pub fn egress_proxy(
     origin_port: u16,
     token: &str,
 ) -> io::Result<Egress> {
-    let d = l.subdir("egress-proxy")?;
+    let tools = format!(
+        "[tools.bench]
+egress = [\"origin.test:{origin_port}\"]
+fetch_timeout_ms = 3600000
+max_concurrent_fetches = 65536
+max_queued_fetches = 65536
+[tools.web]
+egress = []
+"
+    );
+    egress_proxy_in(l, program, "egress-proxy", dns, "", &tools, token)
+}
+
+/// An egress-proxy named `name` (its directory under the launcher's, its
+/// log), with durable SQLite facts in that directory, the raised limits of
+/// [`egress_proxy`], the fake DNS at `dns`, then `extra` (more `[proxy.*]`
+/// tables) and `tools` (the `[tools.*]` tables).
+pub fn egress_proxy_in(
+    l: &Launcher,
+    program: &Path,
+    name: &str,
+    dns: SocketAddr,
+    extra: &str,
+    tools: &str,
+    token: &str,
+) -> io::Result<Egress> {
+    let d = l.subdir(name)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port([127, 0, 0, 1])?));
     let control = SocketAddr::from(([127, 0, 0, 1], free_port([127, 0, 0, 1])?));
     let conf = format!(
@@ -268,20 +294,13 @@ max_connections_per_run = 100000
 tunnel_idle_timeout_ms = 3600000
 [proxy.dns]
 servers = [\"{dns}\"]
-[tools.bench]
-egress = [\"origin.test:{origin_port}\"]
-fetch_timeout_ms = 3600000
-max_concurrent_fetches = 65536
-max_queued_fetches = 65536
-[tools.web]
-egress = []
-",
+{extra}{tools}",
         facts = d.join("facts.db").display()
     );
     let path = d.join("egress.toml");
     std::fs::write(&path, conf)?;
     let mut daemon = l.spawn(
-        "egress-proxy",
+        name,
         Command::new(program)
             .arg("serve")
             .arg("--config")

@@ -1,5 +1,7 @@
 //! The run's report: the Markdown table (one row per figure, one column per
 //! path, then egress-proxy as a ratio to direct and to the best peer), the
+//! interception table (HTTPS straight, through a blind tunnel, intercepted;
+//! intercepted as a ratio to the blind tunnel), the
 //! machine's description, and the optional fsync count (`perf stat` on the
 //! fsync tracepoints, when perf is installed).
 
@@ -28,6 +30,24 @@ const ROWS: &[(&str, &str, bool)] = &[
 ];
 
 const PATHS: &[&str] = &["direct", "egress-proxy", "squid", "tinyproxy"];
+
+/// The interception table's rows (label, result key), each with the ratio
+/// intercepted ÷ blind tunnel.
+const TLS_ROWS: &[(&str, &str)] = &[
+    ("keep-alive HTTPS GET: requests/s", "tls_keepalive_rps"),
+    ("keep-alive: p50 ms", "tls_keepalive_p50_ms"),
+    ("keep-alive: p99 ms", "tls_keepalive_p99_ms"),
+    ("keep-alive: proxy CPU µs/request", "tls_keepalive_cpu_us"),
+    (
+        "new HTTPS connections/s (CONNECT, handshake, GET, close)",
+        "tls_new_conns_per_s",
+    ),
+    ("new connection: p50 ms", "tls_new_conn_p50_ms"),
+    ("new connection: p99 ms", "tls_new_conn_p99_ms"),
+    ("new connection: proxy CPU µs each", "tls_new_conn_cpu_us"),
+];
+
+const TLS_PATHS: &[&str] = &["direct-tls", "blind-tunnel", "intercepted"];
 const PEERS: &[&str] = &["squid", "tinyproxy"];
 
 fn fmt(v: f64) -> String {
@@ -58,13 +78,7 @@ pub fn markdown(doc: &Value) -> String {
             ""
         }
     );
-    out += &format!(
-        "{} keep-alive connections; {} tunnels in flight; bulk {} MiB x {}; idle tunnels {:?}; {} denial clients; {} s windows after {} s warm-up. Machine: {}.\n\n",
-        p["keepalive_conns"], p["tunnels_in_flight"], p["bulk_bytes"].as_u64().unwrap_or(0) >> 20, p["bulk_reps"],
-        idle, p["denial_clients"], p["window_s"], p["warm_s"], doc["machine"]["summary"].as_str().unwrap_or("")
-    );
-    out += "| figure | direct | egress-proxy | squid | tinyproxy | egress ÷ direct | egress ÷ best peer |\n";
-    out += "|---|---|---|---|---|---|---|\n";
+    let mut rows = String::new();
     for (label, key, higher) in ROWS {
         let (label, key) = if let Some(i) = key.strip_prefix("idle_rss_kib_") {
             let Some(n) = idle.get(i.parse::<usize>().unwrap_or(0)) else {
@@ -106,9 +120,21 @@ pub fn markdown(doc: &Value) -> String {
             Some((name, v)) => format!(" {} ({name}) |", ratio(Some(v))),
             None => " — |".into(),
         };
-        out += &row;
-        out += "\n";
+        rows += &row;
+        rows += "\n";
     }
+    // The plain table, unless none of its figures ran (`--only intercept`).
+    if !rows.is_empty() {
+        out += &format!(
+            "{} keep-alive connections; {} tunnels in flight; bulk {} MiB x {}; idle tunnels {:?}; {} denial clients; {} s windows after {} s warm-up. Machine: {}.\n\n",
+            p["keepalive_conns"], p["tunnels_in_flight"], p["bulk_bytes"].as_u64().unwrap_or(0) >> 20, p["bulk_reps"],
+            idle, p["denial_clients"], p["window_s"], p["warm_s"], doc["machine"]["summary"].as_str().unwrap_or("")
+        );
+        out += "| figure | direct | egress-proxy | squid | tinyproxy | egress ÷ direct | egress ÷ best peer |\n";
+        out += "|---|---|---|---|---|---|---|\n";
+        out += &rows;
+    }
+    out += &intercept_table(doc);
     out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
     if let Some(s) = doc["skipped"].as_array().filter(|s| !s.is_empty()) {
         out += "\nSkipped:\n";
@@ -120,6 +146,38 @@ pub fn markdown(doc: &Value) -> String {
         out += &format!("\n{k}: {}", v.as_str().unwrap_or(""));
     }
     out + "\n"
+}
+
+/// The interception table (HTTPS to the TLS origin straight, through a blind
+/// tunnel, intercepted), or nothing when that figure did not run.
+fn intercept_table(doc: &Value) -> String {
+    let (r, p) = (&doc["results"], &doc["params"]);
+    let mut rows = String::new();
+    for (label, key) in TLS_ROWS {
+        let get = |path: &str| r[path][*key].as_f64();
+        if TLS_PATHS.iter().all(|p| get(p).is_none()) {
+            continue;
+        }
+        rows += &format!("| {label} |");
+        for path in TLS_PATHS {
+            rows += &format!(" {} |", get(path).map(fmt).unwrap_or_else(|| "—".into()));
+        }
+        rows += &match (get("intercepted"), get("blind-tunnel")) {
+            (Some(a), Some(b)) if b > 0.0 => format!(" {:.2}× |\n", a / b),
+            _ => " — |\n".into(),
+        };
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\n### Interception cost (HTTPS to the Rust TLS origin)\n\n{} keep-alive TLS connections; {} new TLS connections in flight, each a full handshake; {} s windows after {} s warm-up. Machine: {}.\n\n| figure | direct-tls | blind-tunnel | intercepted | intercepted ÷ blind-tunnel |\n|---|---|---|---|---|\n{rows}",
+        p["tls_keepalive_conns"],
+        p["tls_new_conns_in_flight"],
+        p["window_s"],
+        p["warm_s"],
+        doc["machine"]["summary"].as_str().unwrap_or("")
+    )
 }
 
 /// CPUs, kernel and load average when the run started.

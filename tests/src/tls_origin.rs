@@ -69,6 +69,10 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
     tokio::spawn(async move {
         loop {
             let Ok((s, _)) = l.accept().await else { return };
+            // As real origins do: with Nagle on, the response written
+            // after the session tickets waits for the client's delayed ACK
+            // (~40 ms), which a benchmark of new connections would measure.
+            let _ = s.set_nodelay(true);
             let (acceptor, h) = (acceptor.clone(), h.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(s).await else { return };
