@@ -372,7 +372,9 @@ fn create_public_dir(dir: &Path) -> Result<(), CaError> {
 
 /// Writes `path` whole or not at all (a temporary file renamed over it).
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
-    let tmp = path.with_extension("tmp");
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
