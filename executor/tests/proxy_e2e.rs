@@ -274,34 +274,37 @@ timeout_ms = 20000
 
 const FETCH_MJS: &str = r#"
 export async function run(input, ctx) {
-  const r = await ctx.fetch(process.env.API_URL + '/node?k=1', {
+  const r = await ctx.fetch(process.env.API_URL + '/fetch?k=1', {
     headers: { authorization: 'Bearer ' + process.env.API_TOKEN },
   });
   return { status: r.status, body: r.body, token: process.env.API_TOKEN, ca: process.env.NODE_EXTRA_CA_CERTS };
 }
 "#;
 
-/// HTTPS through interception, as a Node tool does it: `ctx.fetch` of the
-/// reference runner opens a CONNECT to the credential host, trusts the
-/// appliance CA through `NODE_EXTRA_CA_CERTS` from the run's env (nothing
-/// configured in the tool), and sends the placeholder; the origin (HTTPS,
-/// its own test CA) gets the secret, the child's result holds only the
-/// placeholder.
-#[tokio::test]
-async fn a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy() {
-    const SECRET: &str = "tok-NODE-HTTPS-SECRET-31c4";
+const FETCH_HTTPS_PY: &str = r#"
+import os
+
+def run(input, ctx):
+    r = ctx.fetch(os.environ["API_URL"] + "/fetch?k=1",
+                  headers={"Authorization": "Bearer " + os.environ["API_TOKEN"]})
+    return {"status": r["status"], "body": r["body"].decode(), "token": os.environ["API_TOKEN"],
+            "ca": os.environ["SSL_CERT_FILE"]}
+"#;
+
+/// HTTPS through interception as the reference runners do it: `ctx.fetch`
+/// opens a CONNECT to the credential host and trusts the appliance CA
+/// through the run's env alone (`NODE_EXTRA_CA_CERTS` for Node,
+/// `SSL_CERT_FILE` for Python; nothing configured in the tool), sending the
+/// placeholder; the origin (HTTPS, its own test CA) gets the secret, and the
+/// child's result holds only the placeholder.
+async fn runner_https_fetch(runner: &str, program: &str, script: (&str, &str), ca_file: &str) {
+    const SECRET: &str = "tok-RUNNER-HTTPS-SECRET-31c4";
     let Some(bin) = proxy_bin() else {
-        eprintln!(
-            "SKIPPED a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy: egress-proxy binary not built"
-        );
+        eprintln!("SKIPPED the {runner} HTTPS fetch: egress-proxy binary not built");
         return;
     };
-    if node().is_none() {
-        eprintln!("SKIPPED a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy: no node");
-        return;
-    }
-    let dir = TempDir::new("e2e-node-https");
-    dir.write("fetch.mjs", FETCH_MJS);
+    let dir = TempDir::new("e2e-runner-https");
+    dir.write(script.0, script.1);
     let token = dir.write("api.token", SECRET);
     {
         use std::os::unix::fs::PermissionsExt;
@@ -312,37 +315,38 @@ async fn a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy() {
     let dns = egress_e2e::FakeDns::start().await;
     dns.set("api.example", &["127.0.0.2"]);
     let port = origin.addr.port();
-    let runner = runners_dir().join("loom_runner.js");
+    let runner_path = runners_dir().join(runner);
     let tools = format!(
         r#"
 [proxy.interception]
 upstream_ca_file = "{roots}"
 
-[tools.nodefetch]
+[tools.httpsfetch]
 egress = ["api.example:{port}"]
 
-[tools.nodefetch.credentials.api]
+[tools.httpsfetch.credentials.api]
 hosts = ["api.example:{port}"]
 value = "Bearer ${{secret}}"
 secret = {{ file = "api.token" }}
 placeholder_env = "API_TOKEN"
 
-[tools.nodefetch.process]
-command = ["node", "{runner}", "fetch.mjs"]
+[tools.httpsfetch.process]
+command = ["{program}", "{runner}", "{script}"]
 env = {{ API_URL = "https://api.example:{port}" }}
 pool = {{ warm = 1, max = 1 }}
 timeout_ms = 20000
 "#,
         roots = roots.display(),
-        runner = runner.display()
+        runner = runner_path.display(),
+        script = script.0
     );
     let (proxy, exec) = start_stack(&bin, &dir, dns.addr, &tools);
     let res = exec
         .invoke(InvocationRequest {
-            tool: "nodefetch".into(),
+            tool: "httpsfetch".into(),
             input: json!(null),
             run_id: None,
-            idempotency_key: Some("e2e-node-https-1".into()),
+            idempotency_key: None,
             timeout_ms: None,
         })
         .await;
@@ -352,11 +356,13 @@ timeout_ms = 20000
     assert_eq!(out["body"], "ok from the tls origin\n", "{out}");
     let ph = out["token"].as_str().unwrap();
     assert!(ph.starts_with("loom-cred-"), "{out}");
-    assert!(out["ca"].as_str().unwrap().ends_with("ca.pem"), "{out}");
+    assert!(out["ca"].as_str().unwrap().ends_with(ca_file), "{out}");
     let heads = origin.heads();
     assert_eq!(heads.len(), 1, "{heads:?}");
     assert!(
-        heads[0].contains(&format!("authorization: Bearer {SECRET}\n")),
+        heads[0]
+            .to_ascii_lowercase()
+            .contains(&format!("authorization: bearer {}\n", SECRET.to_ascii_lowercase())),
         "{heads:?}"
     );
     assert!(!heads[0].contains(ph), "{heads:?}");
@@ -365,5 +371,29 @@ timeout_ms = 20000
         !whole.contains(SECRET),
         "the secret reached the child's result: {whole}"
     );
+    exec.shutdown();
     drop(proxy);
+}
+
+#[tokio::test]
+async fn a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy() {
+    if node().is_none() {
+        eprintln!("SKIPPED a_node_tool_s_https_fetch_carries_the_secret_only_past_the_proxy: no node");
+        return;
+    }
+    runner_https_fetch("loom_runner.js", "node", ("fetch.mjs", FETCH_MJS), "ca.pem").await;
+}
+
+#[tokio::test]
+async fn a_python_tool_s_https_fetch_carries_the_secret_only_past_the_proxy() {
+    if python().is_none() {
+        return;
+    }
+    runner_https_fetch(
+        "loom_runner.py",
+        "python3",
+        ("fetch_https.py", FETCH_HTTPS_PY),
+        "bundle.pem",
+    )
+    .await;
 }

@@ -200,8 +200,26 @@ fn raise_nofile_limit() {
     }
 }
 
+/// The proxy holds credentials' secrets and the CA key: no core dump of it
+/// is written (`RLIMIT_CORE` 0), and it is not dumpable (no ptrace attach
+/// by other processes of its uid, `/proc/<pid>/mem` and `environ` root's).
+fn no_core_dumps() {
+    use rustix::process::{set_dumpable_behavior, setrlimit, DumpableBehavior, Resource, Rlimit};
+    let zero = Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    if let Err(e) = setrlimit(Resource::Core, zero) {
+        tracing::warn!(error = %e, "cannot turn core dumps off");
+    }
+    if let Err(e) = set_dumpable_behavior(DumpableBehavior::NotDumpable) {
+        tracing::warn!(error = %e, "cannot make the process non-dumpable");
+    }
+}
+
 async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     raise_nofile_limit();
+    no_core_dumps();
     let config = match &path {
         Some(p) => Config::load(p).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => {

@@ -492,9 +492,9 @@ async fn the_secret_never_shows_in_facts_metrics_or_views() {
     }
 }
 
-/// The real binary, JSON logs at debug: intercepted requests (injected,
-/// denied as misuse, refused by SNI) leave the secret in no log line, and
-/// the CA key stays 0600 beside the facts store.
+/// The real binary, JSON logs: intercepted requests (injected, denied as
+/// misuse, refused by SNI) leave the secret in no log line, the CA key
+/// stays 0600 beside the facts store, and the process dumps no core.
 #[tokio::test]
 async fn the_real_binary_logs_no_secret_over_https() {
     use egress_e2e::harness::{control_call, TOKEN};
@@ -527,6 +527,11 @@ async fn the_real_binary_logs_no_secret_over_https() {
     assert!(api.heads()[0].contains(SECRET), "{:?}", api.heads());
     let logs = pp.logs();
     assert!(logs.contains("request inside an intercepted tunnel"), "{logs}");
+    // The process holding the secret and the CA key writes no core dump.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", pp.child.id())).unwrap();
+    let core = limits.lines().find(|l| l.starts_with("Max core file size")).unwrap();
+    let soft_hard: Vec<&str> = core.split_whitespace().skip(4).take(2).collect();
+    assert_eq!(soft_hard, ["0", "0"], "{core}");
     assert!(logs.contains("credential_misuse"), "{logs}");
     assert!(!logs.contains(SECRET), "the secret is in the logs");
     let facts = serde_json::to_string(&egress_e2e::harness::all_facts_at(control).await).unwrap();
