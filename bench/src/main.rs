@@ -143,6 +143,35 @@ fn put(results: &mut Map<String, Value>, path: &str, key: &str, v: Option<f64>) 
     }
 }
 
+/// Records one measured window of `path`: the rate under `rate`, the
+/// errors (reconnects or failures) under `errors`, and the rest under
+/// `{prefix}_p50_ms`, `_p99_ms`, `_cpu_us`, `_requests`, `_syn_retransmits`.
+fn put_window(results: &mut Map<String, Value>, path: &str, rate: &str, prefix: &str, errors: &str, w: &load::Window) {
+    let measured = w.ops > 0;
+    put(results, path, rate, Some(w.rate));
+    put(results, path, &format!("{prefix}_p50_ms"), measured.then_some(w.p50_ms));
+    put(results, path, &format!("{prefix}_p99_ms"), measured.then_some(w.p99_ms));
+    put(results, path, &format!("{prefix}_cpu_us"), w.cpu_us_per_op);
+    put(results, path, errors, Some(w.errors as f64));
+    put(results, path, &format!("{prefix}_requests"), Some(w.ops as f64));
+    let syn = w.syn_retransmits.map(|n| n as f64);
+    put(results, path, &format!("{prefix}_syn_retransmits"), syn);
+}
+
+/// One measured window on the terminal: `unit` of the rate, `each` of the
+/// CPU time, `errors` naming what the error count counts.
+fn print_window(name: &str, unit: &str, each: &str, errors: &str, w: &load::Window) {
+    eprintln!(
+        "  {name:<13} {:>9.0} {unit}  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs {each}  {errors} {}  SYN retransmits {:?}",
+        w.rate,
+        w.p50_ms,
+        w.p99_ms,
+        w.cpu_us_per_op.map(|c| c.round()),
+        w.errors,
+        w.syn_retransmits
+    );
+}
+
 fn skip(skipped: &mut Vec<String>, what: String) {
     eprintln!("\n*** SKIPPED: {what} ***\n");
     skipped.push(what);
@@ -368,26 +397,14 @@ async fn plain_figures(
             let perf = perf_record(&a.perf, "keepalive", path, window);
             let w = load::keepalive(b, path, req, p.conns, t).await;
             perf_wait(perf);
-            eprintln!(
-                "  {:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  reconnects {}",
-                path.name,
-                w.rate,
-                w.p50_ms,
-                w.p99_ms,
-                w.cpu_us_per_op.map(|c| c.round()),
-                w.errors
-            );
-            put(results, &path.name, "keepalive_rps", Some(w.rate));
-            put(results, &path.name, "keepalive_p50_ms", (w.ops > 0).then_some(w.p50_ms));
-            put(results, &path.name, "keepalive_p99_ms", (w.ops > 0).then_some(w.p99_ms));
-            put(results, &path.name, "keepalive_cpu_us", w.cpu_us_per_op);
-            put(results, &path.name, "keepalive_reconnects", Some(w.errors as f64));
-            put(results, &path.name, "keepalive_requests", Some(w.ops as f64));
-            put(
+            print_window(&path.name, "req/s", "per request", "reconnects", &w);
+            put_window(
                 results,
                 &path.name,
-                "keepalive_syn_retransmits",
-                w.syn_retransmits.map(|n| n as f64),
+                "keepalive_rps",
+                "keepalive",
+                "keepalive_reconnects",
+                &w,
             );
         }
         if let Some(pid) = origin_pid {
@@ -403,30 +420,14 @@ async fn plain_figures(
             let perf = perf_record(&a.perf, "tunnels", path, window);
             let w = load::new_tunnels(b, path, p.in_flight, t).await;
             perf_wait(perf);
-            eprintln!(
-                "  {:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
-                path.name,
-                w.rate,
-                w.p50_ms,
-                w.p99_ms,
-                w.cpu_us_per_op.map(|c| c.round()),
-                w.errors,
-                w.syn_retransmits
-            );
-            put(results, &path.name, "new_tunnels_per_s", Some(w.rate));
-            put(
+            print_window(&path.name, "/s", "each", "failed", &w);
+            put_window(
                 results,
                 &path.name,
-                "new_tunnel_p50_ms",
-                (w.ops > 0).then_some(w.p50_ms),
-            );
-            put(results, &path.name, "new_tunnel_cpu_us", w.cpu_us_per_op);
-            put(results, &path.name, "new_tunnel_failures", Some(w.errors as f64));
-            put(
-                results,
-                &path.name,
-                "new_tunnel_syn_retransmits",
-                w.syn_retransmits.map(|n| n as f64),
+                "new_tunnels_per_s",
+                "new_tunnel",
+                "new_tunnel_failures",
+                &w,
             );
         }
     }
@@ -490,20 +491,14 @@ async fn plain_figures(
             w.cpu_us_per_op.map(|c| c.round()),
             fsyncs
         );
-        put(results, "egress-proxy", "denials_per_s", Some(w.rate));
-        put(
+        put_window(
             results,
             "egress-proxy",
-            "denial_p50_ms",
-            (w.ops > 0).then_some(w.p50_ms),
+            "denials_per_s",
+            "denial",
+            "denial_failures",
+            &w,
         );
-        put(
-            results,
-            "egress-proxy",
-            "denial_p99_ms",
-            (w.ops > 0).then_some(w.p99_ms),
-        );
-        put(results, "egress-proxy", "denial_cpu_us", w.cpu_us_per_op);
         put(results, "egress-proxy", "fsyncs_per_s", fsyncs);
     }
 
@@ -555,20 +550,15 @@ async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipp
             .and_then(|pid| perf_record_pid(&a.perf, &format!("intercept-keepalive-{name}"), pid, window));
         let w = intercept::keepalive(b, path, &req, p.tls_conns, t).await;
         perf_wait(perf);
-        eprintln!(
-            "  {name:<13} {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs/req  errors {}",
-            w.rate,
-            w.p50_ms,
-            w.p99_ms,
-            w.cpu_us_per_op.map(|c| c.round()),
-            w.errors
+        print_window(name, "req/s", "per request", "errors", &w);
+        put_window(
+            results,
+            name,
+            "tls_keepalive_rps",
+            "tls_keepalive",
+            "tls_keepalive_errors",
+            &w,
         );
-        put(results, name, "tls_keepalive_rps", Some(w.rate));
-        put(results, name, "tls_keepalive_p50_ms", (w.ops > 0).then_some(w.p50_ms));
-        put(results, name, "tls_keepalive_p99_ms", (w.ops > 0).then_some(w.p99_ms));
-        put(results, name, "tls_keepalive_cpu_us", w.cpu_us_per_op);
-        put(results, name, "tls_keepalive_errors", Some(w.errors as f64));
-        put(results, name, "tls_keepalive_requests", Some(w.ops as f64));
     }
 
     eprintln!(
@@ -582,25 +572,14 @@ async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipp
             .and_then(|pid| perf_record_pid(&a.perf, &format!("intercept-new-{name}"), pid, window));
         let w = intercept::new_conns(b, path, &req, p.tls_in_flight, t).await;
         perf_wait(perf);
-        eprintln!(
-            "  {name:<13} {:>9.0} /s  p50 {:.2} ms  p99 {:.2} ms  cpu {:?} µs each  failed {}  SYN retransmits {:?}",
-            w.rate,
-            w.p50_ms,
-            w.p99_ms,
-            w.cpu_us_per_op.map(|c| c.round()),
-            w.errors,
-            w.syn_retransmits
-        );
-        put(results, name, "tls_new_conns_per_s", Some(w.rate));
-        put(results, name, "tls_new_conn_p50_ms", (w.ops > 0).then_some(w.p50_ms));
-        put(results, name, "tls_new_conn_p99_ms", (w.ops > 0).then_some(w.p99_ms));
-        put(results, name, "tls_new_conn_cpu_us", w.cpu_us_per_op);
-        put(results, name, "tls_new_conn_failures", Some(w.errors as f64));
-        put(
+        print_window(name, "/s", "each", "failed", &w);
+        put_window(
             results,
             name,
-            "tls_new_conn_syn_retransmits",
-            w.syn_retransmits.map(|n| n as f64),
+            "tls_new_conns_per_s",
+            "tls_new_conn",
+            "tls_new_conn_failures",
+            &w,
         );
     }
     drop(egress);
