@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use egress_e2e::credentials::{api_credential, write_secret};
 use egress_e2e::executor::*;
 use egress_e2e::harness::TOKEN;
 use egress_e2e::process::{spawn_reporting, KillOnDrop};
@@ -221,11 +222,7 @@ async fn a_childs_environment_holds_the_placeholder_never_the_secret() {
     }
     let dir = TempDir::new("e2e-cred");
     dir.write("env.py", ENV_PY);
-    let token = dir.write("api.token", SECRET);
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    write_secret(&dir.path().join("api.token"), SECRET, 0o600);
     let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let dns_addr = dns.local_addr().unwrap();
     let runner = runners_dir().join("loom_runner.py");
@@ -234,18 +231,15 @@ async fn a_childs_environment_holds_the_placeholder_never_the_secret() {
 [tools.envdump]
 egress = ["127.0.0.2:8080"]
 
-[tools.envdump.credentials.api]
-hosts = ["127.0.0.2:8080"]
-value = "Bearer ${{secret}}"
-secret = {{ file = "api.token" }}
-placeholder_env = "API_TOKEN"
+{credential}
 
 [tools.envdump.process]
 command = ["python3", "{runner}", "env.py"]
 pool = {{ warm = 1, max = 1 }}
 timeout_ms = 20000
 "#,
-        runner = runner.display()
+        runner = runner.display(),
+        credential = api_credential("envdump", "127.0.0.2:8080", "{ file = \"api.token\" }")
     );
     let (proxy, exec) = start_stack(&bin, &dir, dns_addr, &tools);
     let res = exec
@@ -305,11 +299,7 @@ async fn runner_https_fetch(runner: &str, program: &str, script: (&str, &str), c
     };
     let dir = TempDir::new("e2e-runner-https");
     dir.write(script.0, script.1);
-    let token = dir.write("api.token", SECRET);
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    write_secret(&dir.path().join("api.token"), SECRET, 0o600);
     let origin = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &["api.example"]).await;
     let roots = dir.write("origin-ca.pem", &origin.ca_pem);
     let dns = egress_e2e::FakeDns::start().await;
@@ -324,11 +314,7 @@ upstream_ca_file = "{roots}"
 [tools.httpsfetch]
 egress = ["api.example:{port}"]
 
-[tools.httpsfetch.credentials.api]
-hosts = ["api.example:{port}"]
-value = "Bearer ${{secret}}"
-secret = {{ file = "api.token" }}
-placeholder_env = "API_TOKEN"
+{credential}
 
 [tools.httpsfetch.process]
 command = ["{program}", "{runner}", "{script}"]
@@ -337,6 +323,7 @@ pool = {{ warm = 1, max = 1 }}
 timeout_ms = 20000
 "#,
         roots = roots.display(),
+        credential = api_credential("httpsfetch", &format!("api.example:{port}"), "{ file = \"api.token\" }"),
         runner = runner_path.display(),
         script = script.0
     );

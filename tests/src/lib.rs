@@ -7,6 +7,7 @@
 //! test support for both products. Tests never use the machine's resolver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod credentials;
 pub mod dns;
 pub mod executor;
 pub mod fake_control;

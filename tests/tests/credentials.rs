@@ -8,23 +8,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use egress_e2e::credentials::{api_credential, file_source, write_secret};
 use egress_e2e::harness::{basic, proxy_section, TestRun, TOKEN};
 use egress_e2e::origin::{canary, http_origin, Canary, HttpOrigin};
 use egress_e2e::process::{free_addr, write_config, ProxyProcess};
 use egress_e2e::{FakeDns, TestProxy};
 use egress_proxy::facts::MemorySink;
 use serde_json::{json, Value};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const SECRET: &str = "tok-REAL-SECRET-9f8e7d6c";
 const ROTATED: &str = "tok-ROTATED-SECRET-1a2b3c";
-
-fn write_secret(path: &Path, value: &str, mode: u32) {
-    std::fs::write(path, format!("{value}\n")).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
 
 /// The `[tools.w]` table: `api.example` holds the credential, `other.example`
 /// is allowed too but is not one of its hosts.
@@ -33,13 +28,8 @@ fn tools(origin: u16, other: u16, secret_file: &Path) -> String {
         r#"
 [tools.w]
 egress = ["api.example:{origin}", "other.example:{other}"]
-[tools.w.credentials.api]
-hosts = ["api.example:{origin}"]
-value = "Bearer ${{secret}}"
-secret = {{ file = "{}" }}
-placeholder_env = "API_TOKEN"
-"#,
-        secret_file.display()
+{}"#,
+        api_credential("w", &format!("api.example:{origin}"), &file_source(secret_file))
     )
 }
 
@@ -370,12 +360,12 @@ async fn a_secret_from_the_proxys_environment_is_injected() {
 servers = ["{dns}"]
 [tools.w]
 egress = ["api.example:{port}"]
-[tools.w.credentials.api]
-hosts = ["api.example:{port}"]
-value = "Bearer ${{secret}}"
-secret = {{ env = "LOOM_TEST_API_SECRET" }}
-placeholder_env = "API_TOKEN"
-"#,
+{}"#,
+        api_credential(
+            "w",
+            &format!("api.example:{port}"),
+            "{ env = \"LOOM_TEST_API_SECRET\" }"
+        ),
         dns = dns.addr
     );
     let (proxy, control) = (free_addr(), free_addr());

@@ -11,6 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use egress_e2e::credentials::{api_credential, file_source};
 use egress_e2e::harness::{proxy_section, TestProxy, TestRun};
 use egress_e2e::tls_origin::{tls_origin, TlsOrigin};
 use egress_e2e::FakeDns;
@@ -25,8 +26,7 @@ const SECRET: &str = "tok-REAL-SECRET-https-5e6f7a";
 const ROTATED: &str = "tok-ROTATED-SECRET-https-8b9c";
 
 fn write_secret(path: &Path, value: &str) {
-    std::fs::write(path, format!("{value}\n")).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    egress_e2e::credentials::write_secret(path, value, 0o600);
 }
 
 struct World {
@@ -82,14 +82,9 @@ upstream_ca_file = "{}"
 [tools.w]
 egress = ["api.example:{a}", "other.example:{o}", "wrong.example:{a}"]
 {tool_extra}
-[tools.w.credentials.api]
-hosts = ["api.example:{a}"]
-value = "Bearer ${{secret}}"
-secret = {{ file = "{}" }}
-placeholder_env = "API_TOKEN"
-"#,
+{}"#,
         roots.display(),
-        secret_file.display()
+        api_credential("w", &format!("api.example:{a}"), &file_source(&secret_file))
     );
     Origins {
         dns,
