@@ -241,12 +241,7 @@ impl<'a> Fetch<'a> {
             Err(halt) => return Err(self.halted(halt, finish, &run.tool, tool.fetch_timeout)),
         };
         finish.opened();
-        let decision = if tool.mode == Mode::Report && self.reported.load(Ordering::Relaxed) {
-            Decision::Reported
-        } else {
-            Decision::Allowed
-        };
-        self.tm.kind(self.kind).request(decision);
+        self.count_allowed(&tool);
         Ok(Prepared {
             target,
             slot,
@@ -582,6 +577,17 @@ impl<'a> Fetch<'a> {
         ))
     }
 
+    /// Counts a fetch that goes out: allowed, or reported when report mode
+    /// let one of its denials through.
+    fn count_allowed(&self, tool: &ToolPolicy) {
+        let decision = if tool.mode == Mode::Report && self.reported.load(Ordering::Relaxed) {
+            Decision::Reported
+        } else {
+            Decision::Allowed
+        };
+        self.tm.kind(self.kind).request(decision);
+    }
+
     fn phase(&self) -> Phase {
         Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed))]
     }
@@ -736,12 +742,7 @@ pub async fn decide_inside(
     };
     fetch.admit(&tool, &target, req.method()).await?;
     let credentials = fetch.credentials(&tool, run, &target, req).await?;
-    let decision = if tool.mode == Mode::Report && fetch.reported.load(Ordering::Relaxed) {
-        Decision::Reported
-    } else {
-        Decision::Allowed
-    };
-    tm.kind(Kind::Http).request(decision);
+    fetch.count_allowed(&tool);
     Ok(Inside { target, credentials })
 }
 
@@ -754,12 +755,7 @@ pub async fn deny_sni(sh: &Shared, run: &Run, connect: &Target, sni: &str) {
     let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Connect, Instant::now());
     let detail = format!("TLS server name {sni:?} is not the tunnel's host {connect}");
     let _ = fetch
-        .deny(
-            DenyReason::HostMismatch,
-            crate::facts::bounded(detail),
-            Dest::Target(connect),
-            &[],
-        )
+        .deny(DenyReason::HostMismatch, detail, Dest::Target(connect), &[])
         .await;
 }
 
