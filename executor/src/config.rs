@@ -96,10 +96,13 @@ mod tests {
 
     /// The proxy's `env` map and the names a tool's `env` may not set are
     /// two lists in two crates: every proxy variable must be reserved, or a
-    /// tool could point its child past the proxy.
+    /// tool could point its child past the proxy; and every CA variable, or
+    /// a tool could point its clients at other roots than the appliance's.
     #[test]
     fn every_proxy_variable_is_reserved() {
-        for k in egress_api::proxy_env("http://r:s@127.0.0.1:3128").keys() {
+        let env = egress_api::proxy_env("http://r:s@127.0.0.1:3128");
+        let ca = egress_api::ca_env("/ca/bundle.pem", "/ca/ca.pem");
+        for k in env.keys().chain(ca.keys()) {
             assert!(RESERVED_ENV.contains(&k.as_str()), "{k} is not in RESERVED_ENV");
         }
     }
