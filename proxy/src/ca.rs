@@ -131,7 +131,10 @@ impl Authority {
 
     /// [`Authority::open`] in `dir` (`None`: ephemeral).
     pub fn open_in(dir: Option<&Path>, cfg: &ProxyConfig) -> Result<Authority, CaError> {
-        let upstream = upstream_connector(cfg.interception.upstream_ca_file.as_deref())?;
+        // Read once: the children's bundle and (without a lab file) the
+        // origins' roots.
+        let system = system_roots();
+        let upstream = upstream_connector(cfg.interception.upstream_ca_file.as_deref(), &system)?;
         match dir {
             Some(dir) => {
                 let (cert_pem, key) = match load(dir)? {
@@ -143,7 +146,7 @@ impl Authority {
                         (pem, key)
                     }
                 };
-                Authority::new(dir, cert_pem, key, upstream, None)
+                Authority::new(dir, cert_pem, key, upstream, &system, None)
             }
             None => {
                 let dir = std::env::temp_dir().join(format!(
@@ -154,7 +157,7 @@ impl Authority {
                 let guard = Ephemeral(dir.clone());
                 let (pem, key) = generate()?;
                 write_file(&dir.join(CA_CERT), pem.as_bytes(), 0o644)?;
-                Authority::new(&dir, pem, key, upstream, Some(guard))
+                Authority::new(&dir, pem, key, upstream, &system, Some(guard))
             }
         }
     }
@@ -164,6 +167,7 @@ impl Authority {
         pem: String,
         key: KeyPair,
         upstream: tokio_rustls::TlsConnector,
+        system: &[CertificateDer<'static>],
         ephemeral: Option<Ephemeral>,
     ) -> Result<Authority, CaError> {
         let cert_path = dir.join(CA_CERT);
@@ -176,7 +180,7 @@ impl Authority {
             msg: e.to_string(),
         })?;
         let bundle = dir.join(BUNDLE);
-        write_file(&bundle, bundle_text(&pem).as_bytes(), 0o644)?;
+        write_file(&bundle, bundle_text(&pem, system).as_bytes(), 0o644)?;
         let leaf_key = KeyPair::generate().map_err(|e| CaError::Issue(e.to_string()))?;
         Ok(Authority {
             issuer,
@@ -356,7 +360,7 @@ pub fn rotate(dir: &Path) -> Result<String, CaError> {
     let (pem, key) = generate()?;
     write_ca(dir, &pem, &key)?;
     let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| CaError::Issue(e.to_string()))?;
-    write_file(&dir.join(BUNDLE), bundle_text(&pem).as_bytes(), 0o644)?;
+    write_file(&dir.join(BUNDLE), bundle_text(&pem, &system_roots()).as_bytes(), 0o644)?;
     Ok(fingerprint(&der))
 }
 
@@ -389,15 +393,21 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
-/// The system roots (PEM) followed by the appliance CA.
-fn bundle_text(ca_pem: &str) -> String {
-    use base64::Engine as _;
-    let roots = rustls_native_certs::load_native_certs();
-    if roots.certs.is_empty() {
+/// The system's root certificates (distribution paths, `SSL_CERT_FILE`,
+/// `SSL_CERT_DIR`).
+fn system_roots() -> Vec<CertificateDer<'static>> {
+    let roots = rustls_native_certs::load_native_certs().certs;
+    if roots.is_empty() {
         tracing::warn!("no system root certificates found: the children's bundle holds the appliance CA only");
     }
+    roots
+}
+
+/// The system roots (PEM) followed by the appliance CA.
+fn bundle_text(ca_pem: &str, system: &[CertificateDer<'_>]) -> String {
+    use base64::Engine as _;
     let mut out = String::new();
-    for c in roots.certs {
+    for c in system {
         out.push_str("-----BEGIN CERTIFICATE-----\n");
         let b64 = base64::engine::general_purpose::STANDARD.encode(c.as_ref());
         for line in b64.as_bytes().chunks(64) {
@@ -411,7 +421,10 @@ fn bundle_text(ca_pem: &str) -> String {
 }
 
 /// Verifies origins against `file` (PEM), or the system roots.
-fn upstream_connector(file: Option<&Path>) -> Result<tokio_rustls::TlsConnector, CaError> {
+fn upstream_connector(
+    file: Option<&Path>,
+    system: &[CertificateDer<'static>],
+) -> Result<tokio_rustls::TlsConnector, CaError> {
     let mut roots = rustls::RootCertStore::empty();
     match file {
         Some(path) => {
@@ -430,7 +443,7 @@ fn upstream_connector(file: Option<&Path>) -> Result<tokio_rustls::TlsConnector,
             }
         }
         None => {
-            let (added, _) = roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            let (added, _) = roots.add_parsable_certificates(system.iter().cloned());
             if added == 0 {
                 tracing::warn!("no system root certificates: every intercepted origin will fail with upstream_tls");
             }
