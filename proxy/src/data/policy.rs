@@ -128,8 +128,12 @@ pub fn admit(tool: &ToolPolicy, target: &Target, method: &str) -> Admission {
             return gate(tool, denial, false);
         }
     };
-    let intercepted = target.kind == Kind::Connect && intercepts(tool, target);
-    if let Some(methods) = tool.methods.as_ref().filter(|_| !intercepted) {
+    // Only a tool that restricts methods asks whether the CONNECT is intercepted.
+    let methods = tool
+        .methods
+        .as_ref()
+        .filter(|_| !(target.kind == Kind::Connect && intercepts(tool, target)));
+    if let Some(methods) = methods {
         let m = if target.kind == Kind::Connect {
             "CONNECT"
         } else {

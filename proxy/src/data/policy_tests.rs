@@ -97,6 +97,31 @@ fn methods_restrict() {
     ));
 }
 
+/// Credential hosts (and every host of an `inspect` tool) are intercepted;
+/// an intercepted CONNECT is not held to `methods` (its requests are), a
+/// blind one still is.
+#[test]
+fn intercepted_connects_leave_methods_to_their_requests() {
+    let cred = "[tools.t.credentials.api]\nhosts = [\"api.example:443\"]\nvalue = \"${secret}\"\nsecret = { env = \"X\" }\nplaceholder_env = \"API\"\n";
+    let c = policy(&format!("methods = [\"GET\"]\n{cred}"));
+    let t = c.policy.tool("t").unwrap();
+    let api = target(Kind::Connect, "api.example", 443);
+    let cdn = target(Kind::Connect, "x.cdn.example", 443);
+    assert!(intercepts(t, &api) && !intercepts(t, &cdn));
+    assert_eq!(admit(t, &api, "CONNECT"), Admission::Allow { private: false });
+    assert!(matches!(
+        admit(t, &cdn, "CONNECT"),
+        Admission::Deny(Denial {
+            reason: DenyReason::MethodNotAllowed,
+            ..
+        })
+    ));
+    let c = policy("methods = [\"GET\"]\ninspect = true");
+    let t = c.policy.tool("t").unwrap();
+    assert!(intercepts(t, &cdn));
+    assert_eq!(admit(t, &cdn, "CONNECT"), Admission::Allow { private: false });
+}
+
 fn ips(list: &[&str]) -> Vec<IpAddr> {
     list.iter().map(|s| s.parse().unwrap()).collect()
 }
