@@ -143,9 +143,16 @@ pub async fn run(t: Tunnel) {
     match plain {
         Ok(parts) => {
             let client = parts.io.into_inner();
+            // What the client sent after its CONNECT, before the `200`. It
+            // shares hyper's whole read buffer (8 KiB), so it is dropped once
+            // written instead of being held for the tunnel's life.
+            let early = parts.read_buf;
             let relay = async {
-                write_all(&upstream, &parts.read_buf).await?;
-                meter.moved(&meter.up, parts.read_buf.len());
+                if !early.is_empty() {
+                    write_all(&upstream, &early).await?;
+                    meter.moved(&meter.up, early.len());
+                }
+                drop(early);
                 egress_splice::both_ways(
                     &client,
                     &upstream,
