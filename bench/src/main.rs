@@ -236,14 +236,17 @@ async fn main() {
     let mut skipped = vec![];
     let mut versions = Map::new();
 
-    // An idle egress-proxy tunnel holds 6 descriptors (two sockets, two
-    // splice pipes); the limit applies to every process started here.
+    // An idle tunnel holds 2 descriptors in each proxy (its two sockets;
+    // egress-proxy makes its splice pipes on the first byte to move), and
+    // 2 in this process when the Rust origin runs here (the client's socket
+    // and the origin's). The limit applies to every process started here;
+    // 200 are left for everything else a process holds.
     let limit = procfs::open_files_limit().unwrap_or(1024);
-    let fit = (limit.saturating_sub(500) / 6 / 500 * 500) as usize;
+    let fit = (limit.saturating_sub(200) / 2 / 100 * 100) as usize;
     let mut idle = p.idle.clone();
     if a.wants("idle") && idle.iter().any(|n| *n > fit) {
         skip(&mut skipped, format!(
-            "idle tunnels above {fit}: at 6 descriptors per tunnel they need more than the open-files limit {limit} (raising it needs CAP_SYS_RESOURCE); measured at {fit} instead"
+            "idle tunnels above {fit}: at 2 descriptors per tunnel they need more than the open-files limit {limit} (raising it needs CAP_SYS_RESOURCE); measured at {fit} instead"
         ));
         idle = idle.into_iter().map(|n| n.min(fit)).filter(|n| *n > 0).collect();
         idle.dedup();
