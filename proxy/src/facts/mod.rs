@@ -55,15 +55,26 @@ pub struct NewFact<'a> {
 
 /// A new fact, not yet sequenced: bounded detail and address list, a fresh
 /// `id`, the current time.
+///
+/// The id is a version 7 UUID: the time in milliseconds, then 74 random
+/// bits. Ids made one after the other sort one after the other, so the
+/// store's unique index on `id` grows at its end (one page per commit)
+/// instead of taking a random page for every fact, as random (version 4)
+/// ids did: that was a third of the pages each commit wrote. No shared
+/// counter orders ids within a millisecond (it would be a lock on every
+/// denial); their random bits do, which keeps them in the index's last pages.
 pub fn denial(n: NewFact<'_>) -> Fact {
     let mut resolved = n.resolved;
     resolved.truncate(MAX_RESOLVED);
+    let now = std::time::SystemTime::now();
+    let since = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let stamp = uuid::Timestamp::from_unix(uuid::NoContext, since.as_secs(), since.subsec_nanos());
     Fact {
         kind: FACT_TYPE.to_owned(),
         schema: SCHEMA.to_owned(),
         seq: 0,
-        id: uuid::Uuid::new_v4().to_string(),
-        at: crate::time::rfc3339(std::time::SystemTime::now()),
+        id: uuid::Uuid::new_v7(stamp).to_string(),
+        at: crate::time::rfc3339(now),
         run_id: n.run_id.map(str::to_owned),
         tool: n.tool.map(str::to_owned),
         reason: n.reason.to_owned(),
