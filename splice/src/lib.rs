@@ -6,11 +6,69 @@
 
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Bytes one `splice` moves at most (the default pipe capacity).
+/// A new pipe's capacity (Linux's default): what one `splice` moves at most
+/// until the pipe grows.
 pub const CHUNK: usize = 64 * 1024;
+
+/// The capacity a pipe is grown to once one read has taken at least half of
+/// [`CHUNK`]: a direction that moves bulk data then takes up to 1 MiB per
+/// call and per wake-up instead of 60 KiB (a socket's pages rarely fill all
+/// 16 slots of a default pipe, so "full" is 60 KiB). It is the default
+/// `fs.pipe-max-size`; where the kernel refuses (a lower `pipe-max-size`, or
+/// the user's pipe pages above `fs.pipe-user-pages-soft`), the pipe keeps
+/// its 64 KiB.
+pub const GROWN: usize = 1024 * 1024;
+
+/// Grown pipes in this process at most. Linux counts every pipe's capacity
+/// against its user's `fs.pipe-user-pages-soft` (64 MiB by default), and an
+/// unprivileged user above it gets 8 KiB pipes from then on: 16 grown pipes
+/// (16 MiB) leave room for 768 default ones. A direction that finds none
+/// free keeps the default pipe.
+pub const MAX_GROWN: usize = 16;
+
+static GROWN_NOW: AtomicUsize = AtomicUsize::new(0);
+
+/// Grown pipes open in this process now.
+pub fn grown_pipes() -> usize {
+    GROWN_NOW.load(Ordering::Relaxed)
+}
+
+/// One of the [`MAX_GROWN`] places, given back when dropped (with the pipe).
+struct Grant;
+
+impl Grant {
+    fn take() -> Option<Grant> {
+        GROWN_NOW
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < MAX_GROWN).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Grant)
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        GROWN_NOW.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Grows the pipe behind `w` to [`GROWN`] if a place is free and the kernel
+/// agrees; returns its capacity and the place it holds.
+fn grow(w: &OwnedFd) -> (usize, Option<Grant>) {
+    let Some(grant) = Grant::take() else {
+        return (CHUNK, None);
+    };
+    match rustix::pipe::fcntl_setpipe_size(w, GROWN) {
+        Ok(capacity) => (capacity, Some(grant)),
+        Err(_) => (CHUNK, None),
+    }
+}
 
 /// Moves bytes from `src` to `dst` through a pipe of its own until `src`
 /// reaches EOF, then half-closes `dst` (the other direction goes on).
@@ -18,7 +76,8 @@ pub const CHUNK: usize = 64 * 1024;
 /// `src` is read again, so a full pipe never stalls a read and a would-block
 /// always means the socket it names has no data or no room. The pipe is made
 /// when `src` first has something to read, so an idle direction holds no
-/// descriptors.
+/// descriptors, and grown to [`GROWN`] the first time one read takes half of
+/// [`CHUNK`] or more, so a direction of small messages keeps the default pipe.
 ///
 /// Readiness is awaited through the sockets' single-waiter slots
 /// (`poll_read_ready` on `src`, `poll_write_ready` on `dst`; in
@@ -29,7 +88,11 @@ pub const CHUNK: usize = 64 * 1024;
 /// whole connection state, ~7 KiB in the proxy) allocated for as long as the
 /// relay idles.
 pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) -> io::Result<()> {
+    // Declared before the pipe, so that it is given back after the pipe closes.
+    let mut _grant = None;
     let mut pipe = None;
+    let mut capacity = CHUNK;
+    let mut tried = false;
     let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
     loop {
         let n = loop {
@@ -39,8 +102,13 @@ pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) ->
             }
             let Some((_, pipe_w)) = &pipe else { continue };
             match src.try_io(Interest::READABLE, || {
-                rustix::pipe::splice(src, None, pipe_w, None, CHUNK, flags).map_err(io::Error::from)
+                rustix::pipe::splice(src, None, pipe_w, None, capacity, flags).map_err(io::Error::from)
             }) {
+                Ok(n) if !tried && n >= CHUNK / 2 => {
+                    tried = true;
+                    (capacity, _grant) = grow(pipe_w);
+                    break n;
+                }
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
@@ -81,6 +149,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
+    /// Tests run one at a time: they move bulk data, and the count of grown
+    /// pipes they look at is the process's.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     async fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
@@ -96,6 +168,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_relay_drops_the_wakers_a_previous_owner_left() {
+        let _one = SERIAL.lock().await;
         let (client, a) = pair().await;
         let (b, server) = pair().await;
         // The previous owner (an HTTP connection's task) waited for more to
@@ -131,6 +204,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_cross_intact_with_half_close_and_are_counted() {
+        let _one = SERIAL.lock().await;
         // client ⇄ (a | relay | b) ⇄ server
         let (mut client, a) = pair().await;
         let (b, mut server) = pair().await;
@@ -172,5 +246,89 @@ mod tests {
             (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed)),
             (data.len(), 4)
         );
+    }
+
+    #[tokio::test]
+    async fn a_bulk_direction_grows_its_pipe_and_gives_the_place_back() {
+        let _one = SERIAL.lock().await;
+        let (mut client, a) = pair().await;
+        let (b, mut server) = pair().await;
+        let (largest, grown) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let relay = one_way(&a, &b, |n| {
+            largest.fetch_max(n, Ordering::Relaxed);
+            grown.fetch_max(grown_pipes(), Ordering::Relaxed);
+        });
+        let data = vec![7u8; 16 << 20];
+        let peers = async {
+            let w = async {
+                client.write_all(&data).await.unwrap();
+                client.shutdown().await.unwrap();
+            };
+            let r = async {
+                // Read late, so that the relay finds the socket full.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                let mut got = vec![];
+                server.read_to_end(&mut got).await.unwrap();
+                got
+            };
+            tokio::join!(w, r).1
+        };
+        let (r, got) = tokio::join!(relay, peers);
+        r.unwrap();
+        assert!(got == data, "bytes changed on the way");
+        assert_eq!(grown.load(Ordering::Relaxed), 1, "the pipe was not grown");
+        assert!(
+            largest.load(Ordering::Relaxed) > CHUNK,
+            "no read took more than a default pipe holds ({} bytes at most)",
+            largest.load(Ordering::Relaxed)
+        );
+        assert_eq!(grown_pipes(), 0, "the place was not given back");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_more_pipes_grow_than_the_limit_and_the_rest_still_relay() {
+        let _one = SERIAL.lock().await;
+        let n = MAX_GROWN + 4;
+        let (go, _) = tokio::sync::broadcast::channel::<()>(1);
+        let mut relays = vec![];
+        for _ in 0..n {
+            let (mut client, a) = pair().await;
+            let (b, mut server) = pair().await;
+            let mut go = go.subscribe();
+            relays.push(tokio::spawn(async move {
+                let relay = one_way(&a, &b, |_| {});
+                let peers = async {
+                    let w = async {
+                        client.write_all(&vec![1u8; 4 << 20]).await.unwrap();
+                        client.shutdown().await.unwrap();
+                    };
+                    // Nothing is read until every relay holds what it can.
+                    let r = async {
+                        let _ = go.recv().await;
+                        let mut got = vec![];
+                        server.read_to_end(&mut got).await.unwrap();
+                        got.len()
+                    };
+                    tokio::join!(w, r).1
+                };
+                let (r, got) = tokio::join!(relay, peers);
+                r.unwrap();
+                got
+            }));
+        }
+        let t0 = std::time::Instant::now();
+        while grown_pipes() < MAX_GROWN {
+            assert!(t0.elapsed().as_secs() < 10, "only {} pipes grew", grown_pipes());
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        for _ in 0..20 {
+            assert!(grown_pipes() <= MAX_GROWN, "{} pipes grew", grown_pipes());
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        go.send(()).unwrap();
+        for r in relays {
+            assert_eq!(r.await.unwrap(), 4 << 20);
+        }
+        assert_eq!(grown_pipes(), 0);
     }
 }
