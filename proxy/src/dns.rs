@@ -13,6 +13,8 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
 use tokio::net::TcpStream;
 
 /// Why a lookup gave no addresses.
@@ -29,9 +31,22 @@ pub enum DnsError {
 #[error("cannot configure the DNS resolver: {0}")]
 pub struct DnsInitError(String);
 
-/// The proxy's one resolver.
+/// Names whose answers are kept in front of the resolver.
+const ANSWERS_KEPT: usize = 4096;
+
+/// An answer and the instant its TTL runs out.
+struct Answer {
+    ips: Arc<[IpAddr]>,
+    until: Instant,
+}
+
+/// The proxy's one resolver, with the positive answers it gave kept until
+/// their TTL runs out: a lock-free lookup per fetch instead of a trip
+/// through the resolver's own cache (which stays, for what is not kept
+/// here). Negative answers are not kept here.
 pub struct Dns {
     resolver: TokioResolver,
+    answers: papaya::HashMap<Box<str>, Answer>,
 }
 
 impl Dns {
@@ -65,11 +80,41 @@ impl Dns {
             .with_options(opts)
             .build()
             .map_err(|e| DnsInitError(e.to_string()))?;
-        Ok(Dns { resolver })
+        Ok(Dns {
+            resolver,
+            answers: papaya::HashMap::new(),
+        })
     }
 
-    /// Resolves a canonical name (A and AAAA) once.
+    /// Resolves a canonical name (A and AAAA), from a kept answer whose TTL
+    /// has not run out, or from the resolver.
     async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, DnsError> {
+        if let Some(a) = self.answers.pin().get(name) {
+            if Instant::now() < a.until {
+                return Ok(a.ips.to_vec());
+            }
+        }
+        let (ips, until) = self.ask(name).await?;
+        let answers = self.answers.pin();
+        if answers.len() >= ANSWERS_KEPT {
+            let now = Instant::now();
+            answers.retain(|_, a| now < a.until);
+            if answers.len() >= ANSWERS_KEPT {
+                answers.clear();
+            }
+        }
+        answers.insert(
+            name.into(),
+            Answer {
+                ips: ips.as_slice().into(),
+                until,
+            },
+        );
+        Ok(ips)
+    }
+
+    /// Asks the resolver; the answer and when its TTL runs out.
+    async fn ask(&self, name: &str) -> Result<(Vec<IpAddr>, Instant), DnsError> {
         let mut fqdn = String::with_capacity(name.len() + 1);
         fqdn.push_str(name);
         fqdn.push('.');
@@ -79,7 +124,7 @@ impl Dns {
                 if ips.is_empty() {
                     Err(DnsError::NotFound)
                 } else {
-                    Ok(ips)
+                    Ok((ips, l.valid_until()))
                 }
             }
             Err(e) if e.is_nx_domain() || e.is_no_records_found() => Err(DnsError::NotFound),
