@@ -5,12 +5,15 @@
 # origin, egress-proxy, squid and tinyproxy on loopback only, measures every
 # figure and stops them. A peer that cannot be installed is skipped loudly.
 #
-# Usage: bench/run.sh [--smoke] [--out FILE] [--only FIGURES]
+# Usage: bench/run.sh [--smoke] [--out FILE] [--only FIGURES] [--callgrind DIR]
 #   --smoke  tiny counts and a debug build, for CI: numbers mean nothing.
 #   --out    JSON results (default bench/results/<UTC time>.json, with
 #            --smoke target/bench-smoke.json).
 #   --only   comma-separated figures among keepalive, tunnels, bulk, idle,
 #            denials, intercept (default: all).
+#   --callgrind  egress-proxy under valgrind's callgrind: its user-space
+#            instructions per operation (exact and repeatable; the rates are
+#            then 30-50x lower and mean nothing). Dumps go to DIR.
 # The Markdown table goes to stdout, progress to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +24,8 @@ while [ $# -gt 0 ]; do
     --smoke) smoke=1; args+=(--smoke) ;;
     --out) args+=(--out "$2"); shift ;;
     --only) args+=(--only "$2"); shift ;;
-    *) echo "usage: bench/run.sh [--smoke] [--out FILE] [--only FIGURES]" >&2; exit 2 ;;
+    --callgrind) args+=(--callgrind "$2"); shift ;;
+    *) echo "usage: bench/run.sh [--smoke] [--out FILE] [--only FIGURES] [--callgrind DIR]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -32,6 +36,7 @@ missing=
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$missing nginx"
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || missing="$missing squid"
 command -v tinyproxy >/dev/null || missing="$missing tinyproxy"
+case " ${args[*]:-} " in *" --callgrind "*) command -v valgrind >/dev/null || missing="$missing valgrind" ;; esac
 if [ -n "$missing" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   policy=
   if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -56,8 +61,8 @@ else
   bin=target/release/egress-bench
 fi
 
-# 10,000 idle tunnels need ~60,000 descriptors in the proxy (sockets and
-# splice pipes) and 10,000 here; raise the limit as far as allowed.
+# 10,000 idle tunnels need a little over 20,000 descriptors in each proxy
+# (two sockets each) and 10,000 here; raise the limit as far as allowed.
 ulimit -Hn 200000 2>/dev/null || true
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 

@@ -327,6 +327,9 @@ pub struct Window {
     pub errors: u64,
     /// SYNs retransmitted on the machine during the window (a stalled connect).
     pub syn_retransmits: Option<u64>,
+    /// User-space instructions of the measured process per operation (with
+    /// `--callgrind`, see `callgrind.rs`).
+    pub instructions_per_op: Option<f64>,
 }
 
 pub struct Timing {
@@ -344,6 +347,7 @@ where
     let phase = Arc::new(Phase::default());
     let tasks: Vec<_> = (0..clients).map(|i| tokio::spawn(op(i, phase.clone()))).collect();
     tokio::time::sleep(t.warm).await;
+    let counting = crate::callgrind::start(pid);
     let cpu0 = pid.and_then(cpu_seconds);
     let syn0 = syn_retransmits();
     let t0 = Instant::now();
@@ -352,6 +356,7 @@ where
     phase.stop.store(true, Ordering::Relaxed);
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu1 = pid.and_then(cpu_seconds);
+    let instructions = pid.filter(|_| counting).and_then(crate::callgrind::instructions);
     let syn1 = syn_retransmits();
     let mut lat = vec![];
     let mut errors = 0;
@@ -378,6 +383,7 @@ where
         ops,
         errors,
         syn_retransmits: syn0.zip(syn1).map(|(a, b)| b.saturating_sub(a)),
+        instructions_per_op: instructions.filter(|_| ops > 0).map(|i| i as f64 / ops as f64),
     }
 }
 

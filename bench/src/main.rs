@@ -6,13 +6,16 @@
 //! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`). `bench/run.sh` installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
-//! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR]`
+//! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] [--callgrind DIR]`
 //! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
 //! intercept;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
-//! `perf record` egress-proxy during each of its windows).
+//! `perf record` egress-proxy during each of its windows; `--callgrind DIR`:
+//! run egress-proxy under callgrind and report its user-space instructions
+//! per operation, see `callgrind.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark program: fail loudly
 
+mod callgrind;
 mod intercept;
 mod load;
 mod peers;
@@ -100,6 +103,7 @@ struct Args {
     only: Option<Vec<String>>,
     paths: Option<Vec<String>>,
     perf: Option<std::path::PathBuf>,
+    callgrind: Option<std::path::PathBuf>,
 }
 
 impl Args {
@@ -116,6 +120,7 @@ fn args() -> Args {
         only: None,
         paths: None,
         perf: None,
+        callgrind: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -125,9 +130,10 @@ fn args() -> Args {
             "--pids" => a.pids = it.next(),
             "--only" => a.only = it.next().map(|s| s.split(',').map(str::to_owned).collect()),
             "--perf" => a.perf = it.next().map(Into::into),
+            "--callgrind" => a.callgrind = it.next().map(Into::into),
             "--paths" => a.paths = it.next().map(|s| s.split(',').map(str::to_owned).collect()),
             other => {
-                eprintln!("usage: egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] (unknown {other:?})");
+                eprintln!("usage: egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] [--callgrind DIR] (unknown {other:?})");
                 std::process::exit(2);
             }
         }
@@ -152,6 +158,7 @@ fn put_window(results: &mut Map<String, Value>, path: &str, rate: &str, prefix: 
     put(results, path, &format!("{prefix}_p50_ms"), measured.then_some(w.p50_ms));
     put(results, path, &format!("{prefix}_p99_ms"), measured.then_some(w.p99_ms));
     put(results, path, &format!("{prefix}_cpu_us"), w.cpu_us_per_op);
+    put(results, path, &format!("{prefix}_instructions"), w.instructions_per_op);
     put(results, path, errors, Some(w.errors as f64));
     put(results, path, &format!("{prefix}_requests"), Some(w.ops as f64));
     let syn = w.syn_retransmits.map(|n| n as f64);
@@ -170,6 +177,9 @@ fn print_window(name: &str, unit: &str, each: &str, errors: &str, w: &load::Wind
         w.errors,
         w.syn_retransmits
     );
+    if let Some(i) = w.instructions_per_op {
+        eprintln!("  {name:<13} {i:>9.0} instructions {each} (callgrind, user space)");
+    }
 }
 
 fn skip(skipped: &mut Vec<String>, what: String) {
@@ -223,6 +233,9 @@ fn perf_wait(perf: Option<std::process::Child>) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let a = args();
+    if let Some(dir) = &a.callgrind {
+        callgrind::enable(dir.clone());
+    }
     let p = if a.smoke { Params::smoke() } else { Params::full() };
     let dir = tempfile::Builder::new().prefix("egress-bench").tempdir().unwrap();
     {
@@ -393,6 +406,29 @@ async fn plain_figures(
     let t = &p.timing;
 
     let window = t.warm + t.secs;
+    // Idle tunnels first, on processes that have served nothing yet: the
+    // heap the other figures grow and free would be reused by the tunnels
+    // and hide what each one costs (in one full run, 0.7 KiB per tunnel
+    // measured after the other figures against 3-6 KiB on a fresh proxy).
+    if !idle.is_empty() && a.wants("idle") {
+        eprintln!("idle tunnels {idle:?}");
+        for path in paths.iter().filter(|p| p.pid.is_some()) {
+            match load::idle_tunnels(b, path, idle, p.in_flight).await {
+                Ok(v) => {
+                    for (n, kib, fds) in v {
+                        eprintln!(
+                            "  {:<13} {n:>6} tunnels: {kib:.1} KiB, {fds:.2} descriptors each",
+                            path.name
+                        );
+                        put(results, &path.name, &format!("idle_rss_kib_{n}"), Some(kib));
+                        put(results, &path.name, &format!("idle_fds_{n}"), Some(fds));
+                    }
+                }
+                Err(e) => skip(skipped, format!("idle tunnels via {}: {e}", path.name)),
+            }
+        }
+    }
+
     if a.wants("keepalive") {
         eprintln!("keep-alive small requests, {} connections", p.conns);
         for path in &paths {
@@ -451,25 +487,6 @@ async fn plain_figures(
                     put(results, &path.name, "bulk_cpu_s_per_gib", cpu);
                 }
                 Err(e) => skip(skipped, format!("bulk via {}: {e}", path.name)),
-            }
-        }
-    }
-
-    if !idle.is_empty() && a.wants("idle") {
-        eprintln!("idle tunnels {idle:?}");
-        for path in paths.iter().filter(|p| p.pid.is_some()) {
-            match load::idle_tunnels(b, path, idle, p.in_flight).await {
-                Ok(v) => {
-                    for (n, kib, fds) in v {
-                        eprintln!(
-                            "  {:<13} {n:>6} tunnels: {kib:.1} KiB, {fds:.2} descriptors each",
-                            path.name
-                        );
-                        put(results, &path.name, &format!("idle_rss_kib_{n}"), Some(kib));
-                        put(results, &path.name, &format!("idle_fds_{n}"), Some(fds));
-                    }
-                }
-                Err(e) => skip(skipped, format!("idle tunnels via {}: {e}", path.name)),
             }
         }
     }

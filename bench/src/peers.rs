@@ -301,7 +301,7 @@ servers = [\"{dns}\"]
     std::fs::write(&path, conf)?;
     let mut daemon = l.spawn(
         name,
-        Command::new(program)
+        crate::callgrind::wrap(name, program)
             .arg("serve")
             .arg("--config")
             .arg(&path)

@@ -14,11 +14,21 @@ const ROWS: &[(&str, &str, bool)] = &[
     ("keep-alive: p50 ms", "keepalive_p50_ms", false),
     ("keep-alive: p99 ms", "keepalive_p99_ms", false),
     ("keep-alive: proxy CPU µs/request", "keepalive_cpu_us", false),
+    (
+        "keep-alive: proxy instructions/request (callgrind)",
+        "keepalive_instructions",
+        false,
+    ),
     ("CONNECT bulk download: MiB/s (median)", "bulk_mib_per_s", true),
     ("CONNECT bulk: proxy CPU s/GiB", "bulk_cpu_s_per_gib", false),
     ("new tunnels/s (CONNECT, 200, close)", "new_tunnels_per_s", true),
     ("new tunnel: p50 ms", "new_tunnel_p50_ms", false),
     ("new tunnel: proxy CPU µs each", "new_tunnel_cpu_us", false),
+    (
+        "new tunnel: proxy instructions each (callgrind)",
+        "new_tunnel_instructions",
+        false,
+    ),
     ("RSS per idle tunnel, KiB (first count)", "idle_rss_kib_0", false),
     ("RSS per idle tunnel, KiB (second count)", "idle_rss_kib_1", false),
     ("descriptors per idle tunnel", "idle_fds_0", false),
@@ -26,6 +36,11 @@ const ROWS: &[(&str, &str, bool)] = &[
     ("denial: p50 ms", "denial_p50_ms", false),
     ("denial: p99 ms", "denial_p99_ms", false),
     ("denial: proxy CPU µs each", "denial_cpu_us", false),
+    (
+        "denial: proxy instructions each (callgrind)",
+        "denial_instructions",
+        false,
+    ),
     ("fact store fsyncs/s during the denial flood", "fsyncs_per_s", false),
 ];
 
