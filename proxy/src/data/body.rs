@@ -110,8 +110,10 @@ impl Drop for Exchange {
         if *self.response_done.get_mut() && *self.upload_done.get_mut() {
             self.finish.complete();
             if let Some(conn) = conn {
-                let run = self.run.clone();
-                tokio::spawn(async move { run.upstream.give_back(conn, &run.cancel).await });
+                if let Err(conn) = self.run.upstream.try_give_back(conn, &self.run.cancel) {
+                    let run = self.run.clone();
+                    tokio::spawn(async move { run.upstream.give_back(conn, &run.cancel).await });
+                }
             }
         }
         // Otherwise the connection is dropped here, which stops its driver.

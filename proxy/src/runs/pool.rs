@@ -108,12 +108,30 @@ impl UpstreamPool {
         })
     }
 
+    /// Keeps a connection whose exchange completed, at once if hyper has
+    /// already finished its message (most of the time: no task to spawn);
+    /// otherwise hands it back, for [`give_back`](Self::give_back).
+    pub fn try_give_back(&self, conn: Conn, run_end: &CancellationToken) -> Result<(), Conn> {
+        if !conn.sender.is_ready() {
+            return Err(conn);
+        }
+        self.keep(conn, run_end);
+        Ok(())
+    }
+
     /// Waits (briefly) until hyper has finished the message of a connection
-    /// whose exchange completed, then keeps it unless the pool is full or the
-    /// run ended meanwhile (`run_end`).
+    /// whose exchange completed, then keeps it.
     pub async fn give_back(&self, mut conn: Conn, run_end: &CancellationToken) {
         let ready = tokio::time::timeout(Duration::from_secs(1), conn.sender.ready()).await;
-        if !matches!(ready, Ok(Ok(()))) || run_end.is_cancelled() {
+        if matches!(ready, Ok(Ok(()))) {
+            self.keep(conn, run_end);
+        }
+    }
+
+    /// Keeps a ready connection unless the pool is full or the run ended
+    /// meanwhile (`run_end`).
+    fn keep(&self, mut conn: Conn, run_end: &CancellationToken) {
+        if run_end.is_cancelled() {
             return;
         }
         let Some(token) = conn.guard.disarm() else { return };
