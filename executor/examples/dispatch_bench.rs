@@ -7,7 +7,10 @@
 //! deployment; the client keeps one connection alive. Before each timed call
 //! it waits until the pool is back to its warm target (so every call finds a
 //! ready child; the refill of the previous one may still be running).
-//! Prints p50/p99 per row. Run through `executor/bench/dispatch.sh`.
+//! Prints p50/p99 per row, and a baseline: a bare round trip to the proxy's
+//! and the executor's HTTP servers after the same idle gap, which is what
+//! each hop of a dispatch costs on the machine. Run through
+//! `executor/bench/dispatch.sh`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -232,6 +235,29 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
                 quantile_ms(&mut v, 0.99),
                 exits.join(", ")
             );
+        }
+        if isolation == "off" {
+            // What one hop costs here: a bare HTTP round trip to each
+            // server, each after the same ~2 ms without traffic that the
+            // dispatch loop leaves between calls. A warm dispatch makes
+            // four of them (kernel to executor, activate, end, and the
+            // child's invoke and result) besides its own work.
+            let mut proxy_tx = connect(control).await;
+            for (name, tx) in [("proxy control API", &mut proxy_tx), ("executor API", &mut tx)] {
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    let t0 = Instant::now();
+                    let (status, _) = call(tx, "GET", "/healthz", None).await;
+                    v.push(t0.elapsed());
+                    assert_eq!(status, 200);
+                }
+                println!(
+                    "| baseline: `GET /healthz` of the {name}, 2 ms after the last call | — | {:.2} | {:.2} | — |",
+                    quantile_ms(&mut v, 0.5),
+                    quantile_ms(&mut v, 0.99),
+                );
+            }
         }
         drop(tx);
         drop(exec);
