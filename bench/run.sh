@@ -3,14 +3,14 @@
 # packages (nginx as origin, squid, tinyproxy) when missing, builds, raises the
 # open-files limit and runs egress-bench (bench/src/main.rs), which starts the
 # origin, egress-proxy, squid and tinyproxy on loopback only, measures every
-# figure and stops them. A peer that cannot be installed is skipped loudly.
+# figure and stops them, then runs the executor's warm-dispatch benchmark. A peer that cannot be installed is skipped loudly.
 #
 # Usage: bench/run.sh [--smoke] [--out FILE] [--only FIGURES] [--callgrind DIR]
 #   --smoke  tiny counts and a debug build, for CI: numbers mean nothing.
 #   --out    JSON results (default bench/results/<UTC time>.json, with
 #            --smoke target/bench-smoke.json).
 #   --only   comma-separated figures among keepalive, tunnels, bulk, idle,
-#            denials, intercept (default: all).
+#            denials, intercept, dispatch (default: all; dispatch needs root).
 #   --callgrind  egress-proxy under valgrind's callgrind: its user-space
 #            instructions per operation (exact and repeatable; the rates are
 #            then 30-50x lower and mean nothing). Dumps go to DIR.
@@ -36,6 +36,9 @@ missing=
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$missing nginx"
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || missing="$missing squid"
 command -v tinyproxy >/dev/null || missing="$missing tinyproxy"
+# The warm-dispatch figure runs the Python and Node.js runners.
+command -v node >/dev/null || missing="$missing nodejs"
+command -v python3 >/dev/null || missing="$missing python3"
 case " ${args[*]:-} " in *" --callgrind "*) command -v valgrind >/dev/null || missing="$missing valgrind" ;; esac
 if [ -n "$missing" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   policy=
@@ -54,10 +57,12 @@ elif [ -n "$missing" ]; then
 fi
 
 if [ -n "$smoke" ]; then
-  cargo build -q -p egress-proxy -p egress-bench --bins
+  cargo build -q -p egress-proxy -p egress-bench -p egress-executor --bins \
+    --example dispatch_bench -p egress-tool --example rust_echo
   bin=target/debug/egress-bench
 else
-  cargo build -q --release -p egress-proxy -p egress-bench --bins
+  cargo build -q --release -p egress-proxy -p egress-bench -p egress-executor --bins \
+    --example dispatch_bench -p egress-tool --example rust_echo
   bin=target/release/egress-bench
 fi
 

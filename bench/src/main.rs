@@ -2,13 +2,14 @@
 //! tinyproxy under the same loads in one run, on loopback only (`127.0.0.0/8`),
 //! with a fake DNS server for egress-proxy. Prints a Markdown table of every
 //! figure with ratios to direct and to the best peer, and writes the same as
-//! JSON. The `intercept` figure measures the cost of interception instead:
+//! JSON. The `dispatch` figure runs the executor's warm-dispatch benchmark
+//! (`dispatch.rs`). The `intercept` figure measures the cost of interception instead:
 //! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`). `bench/run.sh` installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
 //! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] [--callgrind DIR]`
 //! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
-//! intercept;
+//! intercept, dispatch;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
 //! `perf record` egress-proxy during each of its windows; `--callgrind DIR`:
 //! run egress-proxy under callgrind and report its user-space instructions
@@ -16,6 +17,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark program: fail loudly
 
 mod callgrind;
+mod dispatch;
 mod intercept;
 mod load;
 mod peers;
@@ -43,6 +45,8 @@ struct Params {
     /// Interception cost: keep-alive TLS connections, new TLS connections in flight.
     tls_conns: usize,
     tls_in_flight: usize,
+    /// Warm dispatch: invocations per tool and isolation.
+    dispatches: usize,
 }
 
 impl Params {
@@ -60,6 +64,7 @@ impl Params {
             denial_clients: 32,
             tls_conns: 50,
             tls_in_flight: 50,
+            dispatches: 200,
         }
     }
 
@@ -77,6 +82,7 @@ impl Params {
             denial_clients: 4,
             tls_conns: 4,
             tls_in_flight: 4,
+            dispatches: 5,
         }
     }
 }
@@ -285,6 +291,31 @@ async fn main() {
     if bench.a.wants("intercept") {
         intercept_figure(&bench, &mut results, &mut skipped).await;
     }
+    if bench.a.wants("dispatch") {
+        eprintln!(
+            "warm dispatch through the executor's API, {} invocations per row",
+            bench.p.dispatches
+        );
+        match dispatch::run(exe.parent().unwrap(), bench.p.dispatches, dir.path()) {
+            Ok(rows) => {
+                for r in rows {
+                    let key = format!(
+                        "dispatch_{}_{}",
+                        r["tool"].as_str().unwrap_or("?"),
+                        r["isolation"].as_str().unwrap_or("?")
+                    );
+                    eprintln!(
+                        "  {key:<28} p50 {:.2} ms  p99 {:.2} ms",
+                        r["p50_ms"].as_f64().unwrap_or(0.0),
+                        r["p99_ms"].as_f64().unwrap_or(0.0)
+                    );
+                    put(&mut results, "executor", &format!("{key}_p50_ms"), r["p50_ms"].as_f64());
+                    put(&mut results, "executor", &format!("{key}_p99_ms"), r["p99_ms"].as_f64());
+                }
+            }
+            Err(e) => skip(&mut skipped, format!("warm dispatch: {e}")),
+        }
+    }
     let Bench { a, p, idle, .. } = bench;
     let t = &p.timing;
 
@@ -300,6 +331,7 @@ async fn main() {
             "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
             "idle_tunnels": idle, "denial_clients": p.denial_clients,
             "tls_keepalive_conns": p.tls_conns, "tls_new_conns_in_flight": p.tls_in_flight,
+            "dispatches": p.dispatches,
         },
         "skipped": skipped,
         "results": results,

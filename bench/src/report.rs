@@ -62,6 +62,21 @@ const TLS_ROWS: &[(&str, &str)] = &[
     ("new connection: proxy CPU µs each", "tls_new_conn_cpu_us"),
 ];
 
+/// The warm dispatch table's rows (label, `tool_isolation` of the result keys).
+const DISPATCH_ROWS: &[(&str, &str)] = &[
+    ("Rust echo, unconfined", "rs_off"),
+    ("Rust echo, strict", "rs_strict"),
+    ("Python runner, unconfined", "py_off"),
+    ("Python runner, strict", "py_strict"),
+    ("Node runner, unconfined", "node_off"),
+    ("Node runner, strict", "node_strict"),
+    (
+        "baseline: bare round trip to the proxy's control API",
+        "baseline-proxy_-",
+    ),
+    ("baseline: bare round trip to the executor's API", "baseline-executor_-"),
+];
+
 const TLS_PATHS: &[&str] = &["direct-tls", "blind-tunnel", "intercepted"];
 const PEERS: &[&str] = &["squid", "tinyproxy"];
 
@@ -150,6 +165,7 @@ pub fn markdown(doc: &Value) -> String {
         out += &rows;
     }
     out += &intercept_table(doc);
+    out += &dispatch_table(doc);
     out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
     if let Some(s) = doc["skipped"].as_array().filter(|s| !s.is_empty()) {
         out += "\nSkipped:\n";
@@ -192,6 +208,28 @@ fn intercept_table(doc: &Value) -> String {
         p["window_s"],
         p["warm_s"],
         doc["machine"]["summary"].as_str().unwrap_or("")
+    )
+}
+
+/// The warm dispatch table, or nothing when that figure did not run.
+fn dispatch_table(doc: &Value) -> String {
+    let r = &doc["results"]["executor"];
+    let mut rows = String::new();
+    for (label, key) in DISPATCH_ROWS {
+        let (Some(p50), Some(p99)) = (
+            r[format!("dispatch_{key}_p50_ms")].as_f64(),
+            r[format!("dispatch_{key}_p99_ms")].as_f64(),
+        ) else {
+            continue;
+        };
+        rows += &format!("| {label} | {} | {} |\n", fmt(p50), fmt(p99));
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\n### Warm dispatch through the executor's API\n\n{} sequential invocations per row, each answered by a warm child; facts in SQLite.\n\n| figure | p50 ms | p99 ms |\n|---|---|---|\n{rows}",
+        doc["params"]["dispatches"]
     )
 }
 

@@ -9,8 +9,9 @@
 //! ready child; the refill of the previous one may still be running).
 //! Prints p50/p99 per row, and a baseline: a bare round trip to the proxy's
 //! and the executor's HTTP servers after the same idle gap, which is what
-//! each hop of a dispatch costs on the machine. Run through
-//! `executor/bench/dispatch.sh`.
+//! each hop of a dispatch costs on the machine; with `--json FILE`, the rows
+//! as JSON too. Run through `executor/bench/dispatch.sh`, or as the
+//! `dispatch` figure of `bench/run.sh`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -119,8 +120,18 @@ fn quantile_ms(v: &mut [Duration], q: f64) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: dispatch_bench EGRESS_PROXY EGRESS_EXECUTOR RUST_ECHO [N [memory]]";
+    let mut args: Vec<String> = std::env::args().collect();
+    // `--json FILE`: the rows as JSON too (for `egress-bench`).
+    let json_out = args.iter().position(|a| a == "--json").map(|i| {
+        let f = args
+            .get(i + 1)
+            .cloned()
+            .unwrap_or_else(|| panic!("--json needs a file"));
+        args.drain(i..i + 2);
+        PathBuf::from(f)
+    });
+    let mut rows = Vec::new();
+    let usage = "usage: dispatch_bench EGRESS_PROXY EGRESS_EXECUTOR RUST_ECHO [N [memory]] [--json FILE]";
     let bin = |i: usize| {
         let p = PathBuf::from(args.get(i).unwrap_or_else(|| panic!("{usage}")));
         std::fs::canonicalize(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -229,12 +240,9 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
                     .or_default() += 1;
             }
             let exits: Vec<String> = exits.iter().map(|(k, c)| format!("{k} ×{c}")).collect();
-            println!(
-                "| {name} | {isolation} | {:.2} | {:.2} | {} |",
-                quantile_ms(&mut v, 0.5),
-                quantile_ms(&mut v, 0.99),
-                exits.join(", ")
-            );
+            let (p50, p99) = (quantile_ms(&mut v, 0.5), quantile_ms(&mut v, 0.99));
+            println!("| {name} | {isolation} | {p50:.2} | {p99:.2} | {} |", exits.join(", "));
+            rows.push(json!({"tool": tool, "isolation": isolation, "p50_ms": p50, "p99_ms": p99}));
         }
         if isolation == "off" {
             // What one hop costs here: a bare HTTP round trip to each
@@ -252,11 +260,14 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
                     v.push(t0.elapsed());
                     assert_eq!(status, 200);
                 }
-                println!(
-                    "| baseline: `GET /healthz` of the {name}, 2 ms after the last call | — | {:.2} | {:.2} | — |",
-                    quantile_ms(&mut v, 0.5),
-                    quantile_ms(&mut v, 0.99),
-                );
+                let (p50, p99) = (quantile_ms(&mut v, 0.5), quantile_ms(&mut v, 0.99));
+                println!("| baseline: `GET /healthz` of the {name}, 2 ms after the last call | — | {p50:.2} | {p99:.2} | — |");
+                let tool = if name.starts_with("proxy") {
+                    "baseline-proxy"
+                } else {
+                    "baseline-executor"
+                };
+                rows.push(json!({"tool": tool, "isolation": "-", "p50_ms": p50, "p99_ms": p99}));
             }
         }
         drop(tx);
@@ -264,4 +275,8 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
         drop(proxy);
     }
     let _ = std::fs::remove_dir_all(&dir);
+    if let Some(f) = json_out {
+        let doc = json!({"n": n, "facts": if in_memory { "memory" } else { "sqlite" }, "rows": rows});
+        std::fs::write(&f, doc.to_string()).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    }
 }
