@@ -14,7 +14,7 @@ use std::process::Command;
 /// The benchmark's rows (`tool`, `isolation`, `p50_ms`, `p99_ms`), or why
 /// it could not run.
 pub fn run(bin_dir: &Path, n: usize, work: &Path) -> Result<Vec<Value>, String> {
-    if is_root() {
+    if crate::peers::is_root() {
         let needed = [
             bin_dir.join("examples/dispatch_bench"),
             bin_dir.join("egress-proxy"),
@@ -45,15 +45,4 @@ pub fn run(bin_dir: &Path, n: usize, work: &Path) -> Result<Vec<Value>, String> 
     } else {
         Err("warm dispatch needs root (PID namespaces, strict confinement)".into())
     }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
 }

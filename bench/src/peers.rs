@@ -395,7 +395,8 @@ DisableViaHeader Yes
     Ok((daemon, addr))
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
