@@ -60,9 +60,9 @@ pub struct NewFact<'a> {
 /// bits. Ids made one after the other sort one after the other, so the
 /// store's unique index on `id` grows at its end (one page per commit)
 /// instead of taking a random page for every fact, as random (version 4)
-/// ids did: that was a third of the pages each commit wrote. No shared
-/// counter orders ids within a millisecond (it would be a lock on every
-/// denial); their random bits do, which keeps them in the index's last pages.
+/// ids did: that was a third of the pages each commit wrote. Within one
+/// millisecond ids are in no particular order (a shared counter would be a
+/// lock on every denial), which still keeps them in the index's last pages.
 pub fn denial(n: NewFact<'_>) -> Fact {
     let mut resolved = n.resolved;
     resolved.truncate(MAX_RESOLVED);

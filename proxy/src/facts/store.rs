@@ -15,7 +15,8 @@
 //! one run shares that table's pages, so indexing each commit's facts at
 //! once wrote one page per run the batch touched (in a flood from 32 runs,
 //! 10 of the 16 pages a commit wrote). The writer indexes what it committed
-//! at most every [`INDEX_EVERY`] (or [`INDEX_TAIL`] facts), in one
+//! after a commit once [`INDEX_EVERY`] has passed since it last did (or
+//! [`INDEX_TAIL`] facts wait), and when the store closes, in one
 //! transaction with the watermark `run_facts_upto` (every fact up to it is
 //! indexed); a query by run reads the index up to the watermark and scans
 //! the facts after it, in one statement, so it sees every committed fact.
@@ -177,6 +178,13 @@ fn next_seq(c: &Connection) -> rusqlite::Result<u64> {
         .map(|v| v as u64 + 1)
 }
 
+/// Opens the store for writing: [`open`], then [`catch_up`].
+fn open_for_writing(path: &Path) -> rusqlite::Result<Connection> {
+    let c = open(path)?;
+    catch_up(&c)?;
+    Ok(c)
+}
+
 /// Indexes by run every fact above the watermark (those a crash left
 /// unindexed, or all of a store made before `run_facts`, whose index on
 /// `facts(run_id, seq)` goes), and moves the watermark to the newest fact.
@@ -239,7 +247,7 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel(QUEUE);
         let ready = Arc::new(AtomicBool::new(false));
         let (live, _) = broadcast::channel(4096);
-        let first = open(path).and_then(|c| catch_up(&c).map(|()| c));
+        let first = open_for_writing(path);
         if let Err(e) = &first {
             tracing::error!(path = %path.display(), error = %e, "fact store cannot be opened; denials will fail closed until it can");
         }
@@ -566,8 +574,7 @@ impl Writer {
     }
 
     fn reopen(&mut self) -> rusqlite::Result<()> {
-        let c = open(&self.path)?;
-        catch_up(&c)?;
+        let c = open_for_writing(&self.path)?;
         self.unindexed.clear();
         self.next = next_seq(&c)?;
         self.conn = Some(c);
@@ -727,10 +734,14 @@ mod tests {
     }
 
     async fn all(s: &SqliteStore) -> Vec<Fact> {
+        query(s, None, 0, 10_000).await
+    }
+
+    async fn query(s: &SqliteStore, run: Option<&str>, after: u64, limit: usize) -> Vec<Fact> {
         s.query(FactQuery {
-            after: 0,
-            limit: 10_000,
-            run_id: None,
+            after,
+            limit,
+            run_id: run.map(str::to_owned),
         })
         .await
         .unwrap()
@@ -853,16 +864,7 @@ mod tests {
     }
 
     async fn by_run(s: &SqliteStore, run: &str, after: u64, limit: usize) -> Vec<u64> {
-        s.query(FactQuery {
-            after,
-            limit,
-            run_id: Some(run.into()),
-        })
-        .await
-        .unwrap()
-        .iter()
-        .map(|f| f.seq)
-        .collect()
+        query(s, Some(run), after, limit).await.iter().map(|f| f.seq).collect()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
