@@ -14,35 +14,34 @@ use std::process::Command;
 /// The benchmark's rows (`tool`, `isolation`, `p50_ms`, `p99_ms`), or why
 /// it could not run.
 pub fn run(bin_dir: &Path, n: usize, work: &Path) -> Result<Vec<Value>, String> {
-    if crate::peers::is_root() {
-        let needed = [
-            bin_dir.join("examples/dispatch_bench"),
-            bin_dir.join("egress-proxy"),
-            bin_dir.join("egress-executor"),
-            bin_dir.join("examples/rust_echo"),
-        ];
-        if let Some(missing) = needed.iter().find(|p| !p.is_file()) {
-            return Err(format!("{} is not built (bench/run.sh builds it)", missing.display()));
-        }
-        let json = work.join("dispatch.json");
-        let out = Command::new(&needed[0])
-            .args(&needed[1..])
-            .arg(n.to_string())
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .map_err(|e| format!("{}: {e}", needed[0].display()))?;
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            let tail: Vec<&str> = err.lines().rev().take(5).collect();
-            return Err(format!("the dispatch benchmark failed: {}", tail.join(" / ")));
-        }
-        let doc: Value = std::fs::read_to_string(&json)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .ok_or("the dispatch benchmark wrote no results")?;
-        Ok(doc["rows"].as_array().cloned().unwrap_or_default())
-    } else {
-        Err("warm dispatch needs root (PID namespaces, strict confinement)".into())
+    if !crate::peers::is_root() {
+        return Err("warm dispatch needs root (PID namespaces, strict confinement)".into());
     }
+    let needed = [
+        bin_dir.join("examples/dispatch_bench"),
+        bin_dir.join("egress-proxy"),
+        bin_dir.join("egress-executor"),
+        bin_dir.join("examples/rust_echo"),
+    ];
+    if let Some(missing) = needed.iter().find(|p| !p.is_file()) {
+        return Err(format!("{} is not built (bench/run.sh builds it)", missing.display()));
+    }
+    let json = work.join("dispatch.json");
+    let out = Command::new(&needed[0])
+        .args(&needed[1..])
+        .arg(n.to_string())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .map_err(|e| format!("{}: {e}", needed[0].display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        return Err(format!("the dispatch benchmark failed: {}", tail.join(" / ")));
+    }
+    let doc: Value = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or("the dispatch benchmark wrote no results")?;
+    Ok(doc["rows"].as_array().cloned().unwrap_or_default())
 }

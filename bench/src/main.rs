@@ -292,29 +292,7 @@ async fn main() {
         intercept_figure(&bench, &mut results, &mut skipped).await;
     }
     if bench.a.wants("dispatch") {
-        eprintln!(
-            "warm dispatch through the executor's API, {} invocations per row",
-            bench.p.dispatches
-        );
-        match dispatch::run(exe.parent().unwrap(), bench.p.dispatches, dir.path()) {
-            Ok(rows) => {
-                for r in rows {
-                    let key = format!(
-                        "dispatch_{}_{}",
-                        r["tool"].as_str().unwrap_or("?"),
-                        r["isolation"].as_str().unwrap_or("?")
-                    );
-                    eprintln!(
-                        "  {key:<28} p50 {:.2} ms  p99 {:.2} ms",
-                        r["p50_ms"].as_f64().unwrap_or(0.0),
-                        r["p99_ms"].as_f64().unwrap_or(0.0)
-                    );
-                    put(&mut results, "executor", &format!("{key}_p50_ms"), r["p50_ms"].as_f64());
-                    put(&mut results, "executor", &format!("{key}_p99_ms"), r["p99_ms"].as_f64());
-                }
-            }
-            Err(e) => skip(&mut skipped, format!("warm dispatch: {e}")),
-        }
+        dispatch_figure(&bench, &exe, dir.path(), &mut results, &mut skipped);
     }
     let Bench { a, p, idle, .. } = bench;
     let t = &p.timing;
@@ -567,6 +545,38 @@ async fn plain_figures(
     drop(daemons);
     drop(egress);
     drop(origin);
+}
+
+/// The executor's warm dispatch (`dispatch.rs`), with the binaries beside
+/// `exe` and its work files in `work`.
+fn dispatch_figure(
+    bench: &Bench,
+    exe: &std::path::Path,
+    work: &std::path::Path,
+    results: &mut Map<String, Value>,
+    skipped: &mut Vec<String>,
+) {
+    let n = bench.p.dispatches;
+    eprintln!("warm dispatch through the executor's API, {n} invocations per row");
+    let rows = match dispatch::run(exe.parent().unwrap(), n, work) {
+        Ok(rows) => rows,
+        Err(e) => return skip(skipped, format!("warm dispatch: {e}")),
+    };
+    for r in rows {
+        let key = format!(
+            "dispatch_{}_{}",
+            r["tool"].as_str().unwrap_or("?"),
+            r["isolation"].as_str().unwrap_or("?")
+        );
+        let (p50, p99) = (r["p50_ms"].as_f64(), r["p99_ms"].as_f64());
+        eprintln!(
+            "  {key:<28} p50 {:.2} ms  p99 {:.2} ms",
+            p50.unwrap_or(0.0),
+            p99.unwrap_or(0.0)
+        );
+        put(results, "executor", &format!("{key}_p50_ms"), p50);
+        put(results, "executor", &format!("{key}_p99_ms"), p99);
+    }
 }
 
 /// The interception cost: the Rust TLS origin, a second egress-proxy that
