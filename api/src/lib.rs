@@ -101,6 +101,11 @@ pub struct RunView {
     /// Idle upstream connections the run keeps for its own plain-HTTP fetches.
     pub upstream_idle: usize,
     pub bytes: Bytes,
+    /// Occurrences of each credential's real secret the proxy replaced with
+    /// the run's placeholder in responses from the credential's hosts, by
+    /// credential name (only credentials with at least one).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub credential_scrubs: std::collections::BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,
     /// `ended`, `expired`, `shutdown`, `lease_expired` or `owner_released`.

@@ -89,6 +89,23 @@ impl Template {
     }
 }
 
+/// `allow_plaintext`: whether the secret may go out in a plain-HTTP request
+/// (one no TLS verified for the credential's host protects).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Plaintext {
+    /// Only over TLS the proxy verified itself (the default): a plain-HTTP
+    /// request to a credential host is `credential_requires_tls`.
+    #[default]
+    Never,
+    /// `true`: plain HTTP too, but only to loopback addresses (checked on
+    /// the addresses dialled, after DNS), so the cleartext never leaves
+    /// the host. For test origins.
+    Loopback,
+    /// `"force"`: plain HTTP to any address. Unsafe: whoever holds or
+    /// intercepts the pinned address reads the secret.
+    Anywhere,
+}
+
 /// One credential of a tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credential {
@@ -103,6 +120,7 @@ pub struct Credential {
     pub source: SecretSource,
     /// The variable the child finds the placeholder in.
     pub placeholder_env: String,
+    pub allow_plaintext: Plaintext,
     /// Empty until [`crate::Config::load_secrets`] loads it.
     pub secret: Secret,
 }
@@ -221,6 +239,7 @@ fn credential(
         None => None,
     };
     let source = secret_source(c);
+    let allow_plaintext = plaintext(c, &hosts);
     let placeholder_env: Option<String> =
         c.required("placeholder_env", "the variable the child gets the placeholder in");
     if let Some(v) = &placeholder_env {
@@ -244,8 +263,40 @@ fn credential(
         value: value?,
         source: source?,
         placeholder_env: placeholder_env?,
+        allow_plaintext,
         secret: Secret::default(),
     })
+}
+
+/// `allow_plaintext = false | true | "force"`. `true` is refused for a host
+/// that is an address outside loopback: cleartext could only go there.
+fn plaintext(c: &mut Section, hosts: &[(Host, u16)]) -> Plaintext {
+    let at = c.at("allow_plaintext");
+    let p = match c.get::<toml::Value>("allow_plaintext") {
+        None | Some(toml::Value::Boolean(false)) => Plaintext::Never,
+        Some(toml::Value::Boolean(true)) => Plaintext::Loopback,
+        Some(toml::Value::String(s)) if s == "force" => Plaintext::Anywhere,
+        Some(v) => {
+            c.problems.push(at, format!("{v} is not one of false, true, \"force\""));
+            return Plaintext::Never;
+        }
+    };
+    if p == Plaintext::Loopback {
+        for (h, port) in hosts {
+            if let Host::Ip(ip) = h {
+                if !ip.to_canonical().is_loopback() {
+                    c.problems.push(
+                        &at,
+                        format!(
+                            "{h}:{port} is not a loopback address, and `true` sends the secret in cleartext only to loopback; \
+                             \"force\" sends it anywhere (unsafe)"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    p
 }
 
 /// `secret = { env = "NAME" }` or `{ file = "path" }`.
@@ -435,6 +486,40 @@ placeholder_env = "P"
         ] {
             assert!(e.contains(want), "missing {want:?} in:\n{e}");
         }
+    }
+
+    #[test]
+    fn cleartext_is_opted_into_per_credential_and_never_for_an_address_off_loopback() {
+        let text = |hosts: &str, plaintext: &str| {
+            format!(
+                "[tools.t]\negress = [\"a.example:80\", \"127.0.0.2:80\", \"10.0.0.1:80\", \"[::1]:80\"]\n\
+                 [tools.t.credentials.c]\nhosts = {hosts}\nvalue = \"${{secret}}\"\nsecret = {{ env = \"X\" }}\n\
+                 placeholder_env = \"C\"\n{plaintext}"
+            )
+        };
+        let plaintext = |hosts: &str, line: &str| -> Result<Plaintext, String> {
+            crate::Config::parse(&text(hosts, line), "c.toml")
+                .map(|c| c.policy.tool("t").unwrap().credentials[0].allow_plaintext)
+                .map_err(|e| e.to_string())
+        };
+        let names = "[\"a.example:80\", \"127.0.0.2:80\", \"[::1]:80\"]";
+        assert_eq!(plaintext(names, ""), Ok(Plaintext::Never));
+        assert_eq!(plaintext(names, "allow_plaintext = false"), Ok(Plaintext::Never));
+        assert_eq!(plaintext(names, "allow_plaintext = true"), Ok(Plaintext::Loopback));
+        let e = plaintext("[\"10.0.0.1:80\"]", "allow_plaintext = true").unwrap_err();
+        assert!(
+            e.contains("c.toml: tools.t.credentials.c.allow_plaintext: 10.0.0.1:80 is not a loopback address"),
+            "{e}"
+        );
+        assert_eq!(
+            plaintext("[\"10.0.0.1:80\"]", "allow_plaintext = \"force\""),
+            Ok(Plaintext::Anywhere)
+        );
+        let e = plaintext(names, "allow_plaintext = \"yes\"").unwrap_err();
+        assert!(e.contains("allow_plaintext: \"yes\" is not one of false, true, \"force\""), "{e}");
+        // The choice is part of the policy's digest.
+        let digest = |line: &str| crate::Config::parse(&text(names, line), "c").unwrap().policy.digest.clone();
+        assert_ne!(digest(""), digest("allow_plaintext = true"));
     }
 
     fn secret_file(dir: &std::path::Path, mode: u32, text: &str) -> PathBuf {

@@ -10,6 +10,7 @@ pub mod host;
 pub mod ranges;
 mod reader;
 mod schema;
+pub mod secrets;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,12 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use allowlist::{Allowlist, Match, Rule, RuleError};
-pub use credentials::{Credential, Secret, SecretSource, Template};
+pub use credentials::{Credential, Plaintext, Secret, SecretSource, Template};
 pub use executor::{ExecutorConfig, Isolation, ProcessConfig, Protocol};
 pub use host::{parse_authority, parse_host, Host, HostError};
 pub use ipnet::IpNet;
 pub use ranges::{RangeTable, RangeVerdict};
 pub use schema::{DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_CONCURRENT_FETCHES, DEFAULT_MAX_QUEUED_FETCHES};
+pub use secrets::SecretScan;
 
 /// The configuration used when no file is given: loopback listeners, no tools,
 /// so every fetch is denied.
@@ -116,6 +118,9 @@ pub struct ToolPolicy {
     /// `[tools.<id>.process]`: how the executor runs the tool (`None`: the
     /// executor does not serve it).
     pub process: Option<ProcessConfig>,
+    /// The secrets of the tool's own credentials in every form (what its
+    /// responses are scrubbed of); empty until [`Config::load_secrets`].
+    pub secrets: SecretScan,
 }
 
 /// DNS settings.
@@ -224,11 +229,29 @@ pub struct Policy {
     pub ranges: RangeTable,
     /// `sha256:` + hex digest of the canonical policy text.
     pub digest: String,
+    /// The secrets of every credential of every tool in every form (what no
+    /// request head may carry but to its credential's hosts); empty until
+    /// [`Config::load_secrets`].
+    pub secrets: SecretScan,
 }
 
 impl Policy {
     pub fn tool(&self, id: &str) -> Option<&Arc<ToolPolicy>> {
         self.tools.get(id)
+    }
+
+    /// Builds the secret scans of the policy and of each tool from the
+    /// credentials' loaded secrets.
+    pub fn index_secrets(&mut self) {
+        for t in self.tools.values_mut() {
+            let t = Arc::make_mut(t);
+            t.secrets = SecretScan::build(t.credentials.iter().enumerate().map(|(i, c)| (&t.id, i, c)));
+        }
+        self.secrets = SecretScan::build(
+            self.tools
+                .values()
+                .flat_map(|t| t.credentials.iter().enumerate().map(move |(i, c)| (&t.id, i, c))),
+        );
     }
 }
 
@@ -282,6 +305,7 @@ impl Config {
             .map(|(id, t)| (id.as_str(), &mut Arc::make_mut(t).credentials));
         credentials::load_all(tools, &mut problems);
         if problems.0.is_empty() {
+            policy.index_secrets();
             Ok(())
         } else {
             Err(ConfigError {

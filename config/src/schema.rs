@@ -8,7 +8,9 @@ use crate::credentials::{self, SecretSource};
 use crate::executor;
 use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
-use crate::{Config, DnsConfig, InterceptionConfig, Mode, Policy, Problem, ProxyConfig, TlsConfig, ToolPolicy};
+use crate::{
+    Config, DnsConfig, InterceptionConfig, Mode, Policy, Problem, ProxyConfig, SecretScan, TlsConfig, ToolPolicy,
+};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -114,11 +116,12 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
             let hosts: Vec<String> = c.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
             let _ = writeln!(
                 canon,
-                "  credential {} hosts={hosts:?} header={} value={:?} env={}",
+                "  credential {} hosts={hosts:?} header={} value={:?} env={} plaintext={:?}",
                 c.name,
                 c.header,
                 c.value.as_written(),
-                c.placeholder_env
+                c.placeholder_env,
+                c.allow_plaintext
             );
         }
     }
@@ -141,6 +144,7 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
             tools: tools.into_iter().map(|(id, t)| (id, Arc::new(t))).collect(),
             ranges: RangeTable::new(allow, deny),
             digest: hex,
+            secrets: SecretScan::default(),
         }),
         executor,
     };
@@ -324,6 +328,7 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         methods,
         inspect: s.or("inspect", false),
         process,
+        secrets: SecretScan::default(),
     }
 }
 

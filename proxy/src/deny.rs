@@ -77,13 +77,17 @@ pub enum DenyReason {
     SelfLoop,
     ConcurrencyLimit,
     MethodNotAllowed,
-    /// A run's credential placeholder on a request to a host that is not
-    /// one of the credential's hosts.
+    /// A run's credential placeholder, or the real value of any
+    /// credential, on a request to a host that is not one of the
+    /// credential's hosts.
     CredentialMisuse,
+    /// A plain-HTTP request to a credential's host: the credential goes
+    /// only over TLS the proxy verified (unless `allow_plaintext`).
+    CredentialRequiresTls,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 13] = [
+    pub const ALL: [DenyReason; 14] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -97,6 +101,7 @@ impl DenyReason {
         DenyReason::ConcurrencyLimit,
         DenyReason::MethodNotAllowed,
         DenyReason::CredentialMisuse,
+        DenyReason::CredentialRequiresTls,
     ];
 
     pub fn code(self) -> &'static str {
@@ -114,6 +119,7 @@ impl DenyReason {
             DenyReason::ConcurrencyLimit => "concurrency_limit",
             DenyReason::MethodNotAllowed => "method_not_allowed",
             DenyReason::CredentialMisuse => "credential_misuse",
+            DenyReason::CredentialRequiresTls => "credential_requires_tls",
         }
     }
 
@@ -165,13 +171,16 @@ pub enum FetchError {
     ConnectionLimit,
     /// The run already holds `max_connections_per_run` connections.
     RunConnectionLimit,
+    /// A credential host answered with a body the proxy cannot scrub of the
+    /// secret (compressed although `identity` was asked for): not passed on.
+    Unscrubbable,
 }
 
 impl FetchError {
     /// The errors `egress_fetch_errors_total` counts; the others have metrics
     /// of their own (`egress_fact_write_failures_total`,
     /// `egress_connections_closed_total`) or are a shutdown.
-    pub const COUNTED: [FetchError; 7] = [
+    pub const COUNTED: [FetchError; 8] = [
         FetchError::DnsNotFound,
         FetchError::DnsFailed,
         FetchError::ConnectFailed,
@@ -179,6 +188,7 @@ impl FetchError {
         FetchError::UpstreamFailed,
         FetchError::UpstreamTls,
         FetchError::RunEnded,
+        FetchError::Unscrubbable,
     ];
 
     pub fn code(self) -> &'static str {
@@ -194,6 +204,7 @@ impl FetchError {
             FetchError::ShuttingDown => "shutting_down",
             FetchError::ConnectionLimit => "connection_limit",
             FetchError::RunConnectionLimit => "run_connection_limit",
+            FetchError::Unscrubbable => "unscrubbable",
         }
     }
 

@@ -137,8 +137,13 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                 }
                 for cr in &t.credentials {
                     let hosts: Vec<String> = cr.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+                    let plain = match cr.allow_plaintext {
+                        egress_config::Plaintext::Never => "never in plain HTTP",
+                        egress_config::Plaintext::Loopback => "plain HTTP too, to loopback addresses only",
+                        egress_config::Plaintext::Anywhere => "plain HTTP too, to any address (UNSAFE: allow_plaintext = \"force\")",
+                    };
                     println!(
-                        "    credential {} -> {} in {} (CONNECTs there are intercepted)",
+                        "    credential {} -> {} in {} (CONNECTs there are intercepted; {plain})",
                         cr.name,
                         hosts.join(", "),
                         cr.header

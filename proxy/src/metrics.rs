@@ -57,6 +57,12 @@ pub struct ToolKind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolCredential {
+    pub tool: String,
+    pub credential: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ToolLabel {
     pub tool: String,
 }
@@ -128,6 +134,8 @@ pub struct Metrics {
     pub config_info: Family<DigestLabel, Gauge>,
     /// Connections closed by the admission rules, by listener and why.
     pub conns_refused: Family<ListenerReason, Counter>,
+    /// Occurrences of a credential's secret replaced in responses.
+    pub credential_scrubs: Family<ToolCredential, Counter>,
 }
 
 /// The fact store's size and pruning.
@@ -293,8 +301,15 @@ impl Metrics {
             "The digest of the policy in force (value 1)",
             config_info.clone(),
         );
+        let credential_scrubs = Family::<ToolCredential, Counter>::default();
+        registry.register(
+            "egress_credential_scrubs",
+            "Occurrences of a credential's real secret replaced by the run's placeholder in responses from its hosts",
+            credential_scrubs.clone(),
+        );
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
+            credential_scrubs,
             registry,
             requests,
             denials,
@@ -341,6 +356,15 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+
+    /// The scrub counter of one credential of a tool (a label lookup: made
+    /// for each credential when the policy is loaded, and on each scrub).
+    pub fn credential_scrubs(&self, tool: &str, credential: &str) -> Counter {
+        self.credential_scrubs.get_or_create_owned(&ToolCredential {
+            tool: tool.to_owned(),
+            credential: credential.to_owned(),
+        })
     }
 
     /// Per-tool handles, resolved once (label lookups take a lock; the data path must not).

@@ -128,9 +128,7 @@ impl Shared {
             control_admission,
             event_streams: Arc::new(Semaphore::new(pc.max_event_streams)),
         });
-        for tool in cfg.policy.tools.keys() {
-            shared.tool_metrics(Some(tool));
-        }
+        shared.on_policy(&cfg.policy);
         shared.tool_metrics(None);
         shared
     }
@@ -149,6 +147,25 @@ impl Shared {
         };
         map.get_or_insert_with(Arc::from(name), || self.metrics.tool(name))
             .clone()
+    }
+
+    /// What follows a policy coming into force (at start and after each
+    /// reload): the series of every tool and credential exist (at 0), and
+    /// each credential that may go in cleartext to any address is warned of.
+    pub fn on_policy(&self, policy: &egress_config::Policy) {
+        for (id, tool) in &policy.tools {
+            self.tool_metrics(Some(id));
+            for c in &tool.credentials {
+                let _ = self.metrics.credential_scrubs(id, &c.name);
+                if c.allow_plaintext == egress_config::Plaintext::Anywhere {
+                    tracing::warn!(
+                        tool = %id,
+                        credential = %c.name,
+                        "allow_plaintext = \"force\": this credential's secret goes in plain HTTP to any address its hosts resolve to; whoever holds or intercepts that address reads it"
+                    );
+                }
+            }
+        }
     }
 
     /// Whether a just-connected upstream socket is a connection to one of our

@@ -71,6 +71,7 @@ fn view(id: &str, tool: &str, state: &str) -> RunView {
         slots: Slots { max: 8, in_use: 0 },
         upstream_idle: 0,
         bytes: Bytes { up: 0, down: 0 },
+        credential_scrubs: Default::default(),
         ended_at: None,
         end_reason: None,
     }

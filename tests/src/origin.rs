@@ -4,6 +4,7 @@
 //! so that connects to it hang.
 
 use bytes::Bytes;
+use futures_util::StreamExt as _;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -16,16 +17,141 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+pub type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 /// An HTTP/1.1 origin. Paths:
-/// `/` → `hello from origin`; `/headers` → the request head as received;
-/// `/slow-head?ms=N` → waits N ms before the head; `/slow-body?ms=N` → head at
-/// once, then one chunk every N ms, forever; `/bytes?n=N` → N bytes;
-/// `/hop` → a response carrying hop-by-hop headers.
+/// `/` → `hello from origin`; the echoes of [`echo`] (`/headers` and the
+/// others); `/slow-head?ms=N` → waits N ms before the head;
+/// `/slow-body?ms=N` → head at once, then one chunk every N ms, forever;
+/// `/bytes?n=N` → N bytes; `/hop` → a response carrying hop-by-hop headers.
 pub struct HttpOrigin {
     pub addr: SocketAddr,
     pub hits: Arc<AtomicUsize>,
+    heads: Heads,
+}
+
+impl HttpOrigin {
+    /// Every request head received so far (the first 10 000), as [`head_text`] writes it.
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+/// Request heads an origin received.
+pub type Heads = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Heads kept at most (a benchmark's load keeps only the first).
+const MAX_HEADS: usize = 10_000;
+
+/// Records `req`'s head in `heads`.
+pub fn record(heads: &Heads, req: &Request<Incoming>) {
+    let mut h = heads.lock().unwrap();
+    if h.len() < MAX_HEADS {
+        h.push(head_text(req));
+    }
+}
+
+/// `METHOD target`, then one `name: value` line per header (names lower-case).
+pub fn head_text(req: &Request<Incoming>) -> String {
+    head_lines(req, format!("{} {}\n", req.method(), req.uri()))
+}
+
+/// `first`, then one `name: value` line per header of `req`.
+fn head_lines(req: &Request<Incoming>, first: String) -> String {
+    let mut s = first;
+    for (k, v) in req.headers() {
+        s.push_str(&format!("{}: {}\n", k, v.to_str().unwrap_or("?")));
+    }
+    s
+}
+
+/// What an origin echoes of the request it was sent, as debug endpoints,
+/// error pages and redirects do (for credential scrubbing tests); `None`
+/// for other requests. `key` below is the `Authorization` value received.
+/// - `TRACE` (any path): the request head, `message/http`;
+/// - `/headers`: the request head as received, its first line `METHOD
+///   target HTTP/1.1` (`?chunk=N`: in N-byte frames);
+/// - `/reflect`: `302` with `Location: /next?<query>`, `Set-Cookie:
+///   auth=<key>`, `X-Echo-<key>: 1` (a name made of the key, when it is
+///   one), `X-Echo: <key>`, a reason phrase quoting the key, and a JSON body
+///   `{"authorization": <key with / escaped>, "query": <query>}`;
+/// - `/error`: `401` with `invalid key: <key>`, chunked;
+/// - `/sse?n=N&ms=M`: `text/event-stream`, N events `data: <key>`, one every
+///   M ms, each in a frame of its own;
+/// - `/gzip`: a body in `Content-Encoding: gzip`.
+pub fn echo(req: &Request<Incoming>) -> Option<Response<Body>> {
+    let key = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    if req.method() == http::Method::TRACE {
+        return Some(
+            Response::builder()
+                .header("content-type", "message/http")
+                .body(full(head_text(req)))
+                .unwrap(),
+        );
+    }
+    let chunked = |parts: Vec<Bytes>, ms: u64| {
+        let stream = futures_util::stream::iter(parts.into_iter().enumerate()).then(move |(i, b)| async move {
+            if i > 0 && ms > 0 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            Ok::<_, Infallible>(Frame::data(b))
+        });
+        BodyExt::boxed(StreamBody::new(stream))
+    };
+    Some(match req.uri().path() {
+        "/headers" => {
+            let first = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
+            let text = Bytes::from(head_lines(req, first));
+            let n = (param(req, "chunk") as usize).max(1).min(text.len().max(1));
+            if param(req, "chunk") == 0 {
+                Response::new(full(text))
+            } else {
+                let parts = text.chunks(n).map(Bytes::copy_from_slice).collect();
+                Response::new(chunked(parts, 0))
+            }
+        }
+        "/reflect" => {
+            let mut r = Response::builder()
+                .status(StatusCode::FOUND)
+                .header("location", format!("/next?{query}"))
+                .header("set-cookie", format!("auth={key}; Path=/"))
+                .header("x-echo", &key);
+            if let Ok(name) = http::HeaderName::from_bytes(format!("x-echo-{}", key.to_ascii_lowercase()).as_bytes()) {
+                r = r.header(name, "1");
+            }
+            if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(format!("Found {key}").into_bytes()) {
+                r = r.extension(reason);
+            }
+            let body = serde_json::json!({ "authorization": key, "query": query })
+                .to_string()
+                .replace('/', "\\/");
+            r.body(full(body)).unwrap()
+        }
+        "/error" => Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .body(chunked(vec![Bytes::from("invalid key: "), Bytes::from(key)], 0))
+            .unwrap(),
+        "/sse" => {
+            let events = (0..param(req, "n"))
+                .map(|i| Bytes::from(format!("id: {i}\ndata: {key}\n\n")))
+                .collect();
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(chunked(events, param(req, "ms")))
+                .unwrap()
+        }
+        "/gzip" => Response::builder()
+            .header("content-encoding", "gzip")
+            .body(full(format!("not really gzip: {key}")))
+            .unwrap(),
+        _ => return None,
+    })
 }
 
 fn param(req: &Request<Incoming>, key: &str) -> u64 {
@@ -43,16 +169,13 @@ fn full(s: impl Into<Bytes>) -> Body {
     Full::new(s.into()).map_err(|e| match e {}).boxed()
 }
 
-async fn serve_origin(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn serve_origin(req: Request<Incoming>, heads: Heads) -> Result<Response<Body>, Infallible> {
+    record(&heads, &req);
+    if let Some(r) = echo(&req) {
+        return Ok(r);
+    }
     let path = req.uri().path().to_owned();
     let resp = match path.as_str() {
-        "/headers" => {
-            let mut s = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
-            for (k, v) in req.headers() {
-                s.push_str(&format!("{}: {}\n", k, v.to_str().unwrap_or("?")));
-            }
-            Response::new(full(s))
-        }
         "/slow-head" => {
             tokio::time::sleep(Duration::from_millis(param(&req, "ms"))).await;
             Response::new(full("slow head"))
@@ -90,20 +213,22 @@ pub async fn http_origin(addr: &str) -> HttpOrigin {
     let l = TcpListener::bind(addr).await.unwrap();
     let addr = l.local_addr().unwrap();
     let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
+    let heads = Heads::default();
+    let (h, recorded) = (hits.clone(), heads.clone());
     tokio::spawn(async move {
         loop {
             let Ok((s, _)) = l.accept().await else { return };
             h.fetch_add(1, Ordering::SeqCst);
+            let recorded = recorded.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(serve_origin);
+                let svc = hyper::service::service_fn(move |req| serve_origin(req, recorded.clone()));
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(s), svc)
                     .await;
             });
         }
     });
-    HttpOrigin { addr, hits }
+    HttpOrigin { addr, hits, heads }
 }
 
 /// A TCP server that echoes what it reads; counts connections.

@@ -4,26 +4,24 @@
 //! without echoing anything, so what a client received can be checked for
 //! the secret apart from what the origin saw.
 
+use crate::origin::{self, Heads};
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
+use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::net::TcpListener;
-
-/// Heads kept at most.
-const MAX_HEADS: usize = 10_000;
 
 pub struct TlsOrigin {
     pub addr: SocketAddr,
     /// The origin's CA, PEM.
     pub ca_pem: String,
-    heads: Arc<Mutex<Vec<String>>>,
+    heads: Heads,
 }
 
 impl TlsOrigin {
@@ -64,7 +62,7 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let l = TcpListener::bind(addr).await.unwrap();
     let addr = l.local_addr().unwrap();
-    let heads = Arc::new(Mutex::new(Vec::new()));
+    let heads = Heads::default();
     let h = heads.clone();
     tokio::spawn(async move {
         loop {
@@ -77,20 +75,15 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(s).await else { return };
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let mut s = format!("{} {}\n", req.method(), req.uri());
-                    for (k, v) in req.headers() {
-                        s.push_str(&format!("{}: {}\n", k, v.to_str().unwrap_or("?")));
-                    }
-                    let mut heads = h.lock().unwrap();
-                    // A benchmark's load keeps only the first heads.
-                    if heads.len() < MAX_HEADS {
-                        heads.push(s);
-                    }
-                    async {
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-                            b"ok from the tls origin\n",
-                        ))))
-                    }
+                    origin::record(&h, &req);
+                    let resp = origin::echo(&req).unwrap_or_else(|| {
+                        Response::new(
+                            Full::new(Bytes::from_static(b"ok from the tls origin\n"))
+                                .map_err(|e| match e {})
+                                .boxed(),
+                        )
+                    });
+                    async { Ok::<_, Infallible>(resp) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), svc)

@@ -1,16 +1,18 @@
 //! Credentials that never enter the sandbox: a run gets a placeholder per
 //! credential of its tool (`POST /v1/runs` → `env`); on plain HTTP to one
-//! of the credential's hosts the proxy writes the real secret in (replacing
+//! of the credential's hosts (allowed here by `allow_plaintext = true`, the
+//! origin being on loopback) the proxy writes the real secret in (replacing
 //! the placeholder, or adding the header); the placeholder sent anywhere
 //! else is `credential_misuse`, recorded, never forwarded; a rotated secret
 //! is used after a reload; the secret shows in no fact, log line or metric.
-//! Loopback origins on 127.0.0.2, fake DNS.
+//! What the origin received is read from its recording: what it echoes
+//! back is scrubbed (`secrets.rs`). Loopback origins on 127.0.0.2, fake DNS.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::credentials::{api_credential, file_source, write_secret};
 use egress_e2e::harness::{basic, proxy_section, TestRun, TOKEN};
-use egress_e2e::origin::{canary, http_origin, Canary, HttpOrigin};
+use egress_e2e::origin::{http_origin, Canary, HttpOrigin};
 use egress_e2e::process::{free_addr, write_config, ProxyProcess};
 use egress_e2e::{FakeDns, TestProxy};
 use egress_proxy::facts::MemorySink;
@@ -21,14 +23,16 @@ use std::sync::Arc;
 const SECRET: &str = "tok-REAL-SECRET-9f8e7d6c";
 const ROTATED: &str = "tok-ROTATED-SECRET-1a2b3c";
 
-/// The `[tools.w]` table: `api.example` holds the credential, `other.example`
-/// is allowed too but is not one of its hosts.
+/// The `[tools.w]` table: `api.example` holds the credential (in plain
+/// HTTP, to loopback), `other.example` is allowed too but is not one of its
+/// hosts.
 fn tools(origin: u16, other: u16, secret_file: &Path) -> String {
     format!(
         r#"
 [tools.w]
 egress = ["api.example:{origin}", "other.example:{other}"]
-{}"#,
+{}allow_plaintext = true
+"#,
         api_credential("w", &format!("api.example:{origin}"), &file_source(secret_file))
     )
 }
@@ -41,19 +45,10 @@ struct Setup {
     secret_file: PathBuf,
 }
 
-/// The world both proxies of these tests see: names resolving to
-/// 127.0.0.2, the credential's origin, a canary for the other host, and the
-/// secret in a 0600 file.
+/// The world both proxies of these tests see.
 async fn world() -> (FakeDns, HttpOrigin, Canary, tempfile::TempDir, PathBuf) {
-    let dns = FakeDns::start().await;
-    dns.set("api.example", &["127.0.0.2"]);
-    dns.set("other.example", &["127.0.0.2"]);
-    let origin = http_origin("127.0.0.2:0").await;
-    let canary = canary("127.0.0.2:0").await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("api.token");
-    write_secret(&secret_file, SECRET, 0o600);
-    (dns, origin, canary, dir, secret_file)
+    let w = egress_e2e::credentials::world(SECRET).await;
+    (w.dns, w.origin, w.canary, w.dir, w.secret_file)
 }
 
 async fn setup() -> Setup {
@@ -137,11 +132,23 @@ async fn the_origin_sees_the_real_token_when_the_child_sends_the_placeholder() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let seen = r.text();
+    let seen = s.origin.heads().pop().unwrap();
     assert!(seen.contains(&format!("authorization: Bearer {SECRET}\n")), "{seen}");
     assert!(seen.contains(&format!("x-echo: k={SECRET}\n")), "{seen}");
-    assert!(seen.contains(&format!("/headers?key={SECRET} ")), "{seen}");
+    assert!(seen.starts_with(&format!("GET /headers?key={SECRET}\n")), "{seen}");
     assert!(!seen.contains(&ph), "{seen}");
+    // What it echoed comes back with the placeholder again.
+    assert!(
+        r.text().contains(&format!("authorization: Bearer {ph}\n")),
+        "{}",
+        r.text()
+    );
+    assert!(!r.text().contains(SECRET), "{}", r.text());
+}
+
+/// The last request head the origin received.
+fn last_head(s: &Setup) -> String {
+    s.origin.heads().pop().unwrap_or_default()
 }
 
 #[tokio::test]
@@ -150,21 +157,16 @@ async fn the_origin_sees_the_injected_header_when_the_child_sends_nothing() {
     let (run, _) = run(&s.p).await;
     let r = s.p.get(&run, &s.api("/headers"), "").await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(
-        r.text().contains(&format!("authorization: Bearer {SECRET}\n")),
-        "{}",
-        r.text()
-    );
+    let seen = last_head(&s);
+    assert!(seen.contains(&format!("authorization: Bearer {SECRET}\n")), "{seen}");
     // A header the child set itself is replaced: the proxy is the authority.
     let r =
         s.p.get(&run, &s.api("/headers"), "Authorization: Bearer forged\r\n")
             .await;
-    assert!(
-        r.text().contains(&format!("authorization: Bearer {SECRET}\n")),
-        "{}",
-        r.text()
-    );
-    assert!(!r.text().contains("forged"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = last_head(&s);
+    assert!(seen.contains(&format!("authorization: Bearer {SECRET}\n")), "{seen}");
+    assert!(!seen.contains("forged"));
 }
 
 #[tokio::test]
@@ -215,18 +217,18 @@ async fn the_placeholder_to_another_host_is_credential_misuse_and_never_leaves()
 async fn a_rotated_secret_is_used_after_a_reload() {
     let s = setup().await;
     let (run, _) = run(&s.p).await;
-    let r = s.p.get(&run, &s.api("/headers"), "").await;
-    assert!(r.text().contains(SECRET));
+    s.p.get(&run, &s.api("/headers"), "").await;
+    assert!(last_head(&s).contains(SECRET));
     write_secret(&s.secret_file, ROTATED, 0o600);
     let (status, v) = s.p.control("POST", "/v1/policy/reload", None).await;
     assert_eq!(status, 200, "{v}");
     let r = s.p.get(&run, &s.api("/headers"), "").await;
-    assert!(
-        r.text().contains(&format!("authorization: Bearer {ROTATED}\n")),
-        "{}",
-        r.text()
-    );
-    assert!(!r.text().contains(SECRET));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = last_head(&s);
+    assert!(seen.contains(&format!("authorization: Bearer {ROTATED}\n")), "{seen}");
+    assert!(!seen.contains(SECRET));
+    // The rotated secret is the one scrubbed from responses now.
+    assert!(!r.text().contains(ROTATED), "{}", r.text());
 }
 
 #[tokio::test]
@@ -247,8 +249,8 @@ async fn a_secret_file_readable_by_others_is_a_config_error() {
     assert!(!v.to_string().contains(ROTATED));
     // The old policy, with the old secret, stays in force.
     let (run, _) = run(&s.p).await;
-    let r = s.p.get(&run, &s.api("/headers"), "").await;
-    assert!(r.text().contains(SECRET));
+    s.p.get(&run, &s.api("/headers"), "").await;
+    assert!(last_head(&s).contains(SECRET));
     // And a proxy does not start on it.
     let text = std::fs::read_to_string(s.dir.path().join("egress.toml")).unwrap();
     let config = egress_config::Config::parse(&text, "egress.toml").unwrap();
@@ -306,7 +308,13 @@ async fn the_secret_never_shows_in_facts_logs_or_metrics() {
         format!("Authorization: Bearer {ph}\r\n"),
     )
     .await;
-    assert!(r.text().contains(SECRET), "injected: {}", r.text());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(origin.heads().pop().unwrap().contains(SECRET), "injected");
+    assert!(
+        r.text().contains(&ph) && !r.text().contains(SECRET),
+        "scrubbed: {}",
+        r.text()
+    );
     let r = get(format!("{other}/?k={ph}"), String::new()).await;
     assert_eq!(r.header("x-egress-deny-reason"), Some("credential_misuse"));
     let r = get(format!("{other}/"), format!("X-Token: {ph}\r\n")).await;
@@ -316,8 +324,8 @@ async fn the_secret_never_shows_in_facts_logs_or_metrics() {
     write_secret(&secret_file, ROTATED, 0o600);
     let reload = control_call(control, "POST", "/v1/policy/reload", None, Some(TOKEN)).await;
     assert_eq!(reload.status, 200, "{}", reload.text());
-    let r = get(format!("{api}/headers"), String::new()).await;
-    assert!(r.text().contains(ROTATED));
+    get(format!("{api}/headers"), String::new()).await;
+    assert!(origin.heads().pop().unwrap().contains(ROTATED));
 
     let facts = serde_json::to_string(&all_facts_at(control).await).unwrap();
     assert!(facts.contains("credential_misuse"), "{facts}");
@@ -365,7 +373,7 @@ egress = ["api.example:{port}"]
             "w",
             &format!("api.example:{port}"),
             "{ env = \"LOOM_TEST_API_SECRET\" }"
-        ),
+        ) + "allow_plaintext = true\n",
         dns = dns.addr
     );
     let (proxy, control) = (free_addr(), free_addr());
@@ -392,5 +400,6 @@ egress = ["api.example:{port}"]
     );
     let r = egress_e2e::send(proxy, req.as_bytes()).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.text().contains(&format!("Bearer {SECRET}")), "{}", r.text());
+    let seen = origin.heads().pop().unwrap();
+    assert!(seen.contains(&format!("Bearer {SECRET}")), "{seen}");
 }

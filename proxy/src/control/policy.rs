@@ -59,9 +59,7 @@ fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
     }
     sh.metrics.set_config(Some(&old.digest), &cfg.policy.digest);
     sh.refresh_host_addrs();
-    for tool in cfg.policy.tools.keys() {
-        sh.tool_metrics(Some(tool));
-    }
+    sh.on_policy(&cfg.policy);
     tracing::info!(old = %old.digest, new = %cfg.policy.digest, tools = cfg.policy.tools.len(), "policy reloaded");
     Ok(cfg.policy)
 }

@@ -40,6 +40,7 @@ pub fn run_view(run: &Run) -> RunView {
         },
         upstream_idle: run.upstream.len(),
         bytes: Bytes { up, down },
+        credential_scrubs: run.scrubbed().map(|(c, n)| (c.to_owned(), n)).collect(),
         ended_at,
         end_reason,
     }

@@ -8,6 +8,7 @@
 //! upstream connection and the client connection, which drops both halves.
 
 use crate::data::finish::Finish;
+use crate::data::scrub::{Scrub, Scrubbed};
 use crate::deny::Phase;
 use crate::runs::pool::Conn;
 use crate::runs::slots::Slot;
@@ -27,16 +28,18 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every response the proxy writes.
 pub enum ProxyBody {
     Full(Option<Bytes>),
-    Stream(Guarded),
+    /// An origin's body, scrubbed of secrets when it comes from a
+    /// credential's host.
+    Stream(Scrubbed<Guarded>),
 }
 
 impl ProxyBody {
     /// A guarded upstream body; one that is already complete is marked so.
-    pub fn stream(g: Guarded) -> ProxyBody {
+    pub fn stream(g: Guarded, scrub: Option<Scrub>) -> ProxyBody {
         if g.inner.is_end_stream() {
             g.exchange.response_done();
         }
-        ProxyBody::Stream(g)
+        ProxyBody::Stream(Scrubbed::new(g, scrub))
     }
 
     pub fn text(s: impl Into<Bytes>) -> ProxyBody {
@@ -222,6 +225,39 @@ pub struct Guarded {
     pub exchange: Arc<Exchange>,
 }
 
+impl Body for Guarded {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let g = self.get_mut();
+        let r = Pin::new(&mut g.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    g.exchange.finish.add_down(d.len() as u64);
+                }
+                // hyper stops polling once the body says it has ended.
+                if g.inner.is_end_stream() {
+                    g.exchange.response_done();
+                }
+            }
+            Poll::Ready(Some(Err(_))) => g.exchange.finish.failed("upstream_failed"),
+            Poll::Ready(None) => g.exchange.response_done(),
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -229,34 +265,14 @@ impl Body for ProxyBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Stream(g) => match Pin::new(&mut g.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(d) = frame.data_ref() {
-                        g.exchange.finish.add_down(d.len() as u64);
-                    }
-                    // hyper stops polling once the body says it has ended.
-                    if g.inner.is_end_stream() {
-                        g.exchange.response_done();
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    g.exchange.finish.failed("upstream_failed");
-                    Poll::Ready(Some(Err(Box::new(e))))
-                }
-                Poll::Ready(None) => {
-                    g.exchange.response_done();
-                    Poll::Ready(None)
-                }
-                Poll::Pending => Poll::Pending,
-            },
+            ProxyBody::Stream(s) => Pin::new(s).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(b) => b.is_none(),
-            ProxyBody::Stream(g) => g.inner.is_end_stream(),
+            ProxyBody::Stream(s) => s.is_end_stream(),
         }
     }
 
@@ -264,7 +280,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
-            ProxyBody::Stream(g) => g.inner.size_hint(),
+            ProxyBody::Stream(s) => s.size_hint(),
         }
     }
 }

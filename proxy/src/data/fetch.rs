@@ -27,10 +27,9 @@ use crate::data::auth::{self, AuthFailure};
 use crate::data::body::{Exchange, ProxyBody};
 use crate::data::finish::Finish;
 use crate::data::forward::{self, Exchanging};
-use crate::data::inject;
 use crate::data::inject::Injection;
 use crate::data::intercept;
-use crate::data::policy::{self, Admission, Denial};
+use crate::data::policy::{self, Admission, Channel, Denial, Head};
 use crate::data::respond::{self, fact_target, raw_target};
 use crate::data::target::{self, Kind, Target, TargetError};
 use crate::data::tunnel;
@@ -216,7 +215,7 @@ impl<'a> Fetch<'a> {
         let deadline = self.started + tool.fetch_timeout;
         let target = self.canonical_target(req).await?;
         let private = self.admit(&tool, &target, req.method()).await?;
-        let credentials = self.credentials(&tool, run, &target, req).await?;
+        let credentials = self.credentials(&tool, run, &target, req, Channel::Plain).await?;
         let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
         let finish = Finish::new(
             self.tm.clone(),
@@ -228,6 +227,9 @@ impl<'a> Fetch<'a> {
         let connected = async {
             let slot = self.acquire_slot(run, &target).await?;
             let (dial, resolved) = self.resolve_and_vet(&tool, &target, private).await?;
+            let dial = self
+                .plaintext_dial(credentials.as_ref(), &target, dial, &resolved)
+                .await?;
             let upstream = self.dial(run, &target, dial, &resolved).await?;
             Ok::<_, Halt>((slot, upstream))
         };
@@ -427,35 +429,60 @@ impl<'a> Fetch<'a> {
         }
     }
 
-    /// Step 4, credentials: a placeholder of the run anywhere in the head
-    /// (header values, request target) to a host that is not its
-    /// credential's is denied; otherwise the credentials to inject here. A
-    /// tool without credentials takes the first branch and allocates nothing.
+    /// Step 4, credentials ([`policy::credentials`]): a placeholder of the
+    /// run, or the real value of any credential, anywhere in the head to a
+    /// host that is not its credential's is denied, and so is a credential
+    /// host over `channel` plain HTTP; otherwise the credentials to inject
+    /// here. A policy without credentials takes the first branch and
+    /// allocates nothing.
     async fn credentials(
         &self,
         tool: &Arc<ToolPolicy>,
         run: &Run,
         target: &Target,
         req: &Request<Incoming>,
+        channel: Channel,
     ) -> Result<Option<Injection>, Answer> {
-        if tool.credentials.is_empty() && run.placeholders.is_empty() {
+        if self.policy.secrets.is_empty() && run.placeholders.is_empty() {
             return Ok(None);
         }
-        let present = |ph: &str| {
-            let ph = ph.as_bytes();
-            req.headers().values().any(|v| inject::contains(v.as_bytes(), ph))
-                || req
-                    .uri()
-                    .path_and_query()
-                    .is_some_and(|pq| inject::contains(pq.as_str().as_bytes(), ph))
-        };
-        match policy::credentials(tool, &run.placeholders, target, present) {
-            Ok(creds) if creds.is_empty() => Ok(None),
-            Ok(creds) => Ok(Some(Injection {
+        match policy::credentials(
+            tool,
+            &self.policy.secrets,
+            &run.placeholders,
+            target,
+            channel,
+            &ReqHead(req),
+        ) {
+            Ok(i) if i.creds.is_empty() => Ok(None),
+            Ok(i) => Ok(Some(Injection {
                 tool: tool.clone(),
-                creds,
+                creds: i.creds,
+                loopback_only: i.loopback_only,
             })),
             Err(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
+        }
+    }
+
+    /// A plain-HTTP request carrying a credential that may go in cleartext
+    /// only to loopback: the vetted addresses that are loopback, or the
+    /// `credential_requires_tls` denial.
+    async fn plaintext_dial(
+        &self,
+        credentials: Option<&Injection>,
+        target: &Target,
+        dial: Vec<IpAddr>,
+        resolved: &[IpAddr],
+    ) -> Result<Vec<IpAddr>, Halt> {
+        if !credentials.is_some_and(|c| c.loopback_only) {
+            return Ok(dial);
+        }
+        match policy::loopback_dial(target, dial) {
+            Ok(dial) => Ok(dial),
+            Err(d) => Err(self
+                .deny(d.reason, d.detail, Dest::Target(target), resolved)
+                .await
+                .into()),
         }
     }
 
@@ -714,6 +741,22 @@ impl<'a> Fetch<'a> {
     }
 }
 
+/// The head of a request as the credential checks see it.
+struct ReqHead<'r>(&'r Request<Incoming>);
+
+impl Head for ReqHead<'_> {
+    fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        let (req, uri) = (self.0, self.0.uri());
+        f(req.method().as_str().as_bytes())
+            || uri.authority().is_some_and(|a| f(a.as_str().as_bytes()))
+            || uri.path_and_query().is_some_and(|pq| f(pq.as_str().as_bytes()))
+            || req
+                .headers()
+                .iter()
+                .any(|(k, v)| f(k.as_str().as_bytes()) || f(v.as_bytes()))
+    }
+}
+
 /// What a request inside an intercepted CONNECT goes out with.
 pub struct Inside {
     pub target: Target,
@@ -741,7 +784,9 @@ pub async fn decide_inside(
         Err(e) => return Err(fetch.refuse_target(e, Dest::Target(connect)).await),
     };
     fetch.admit(&tool, &target, req.method()).await?;
-    let credentials = fetch.credentials(&tool, run, &target, req).await?;
+    let credentials = fetch
+        .credentials(&tool, run, &target, req, Channel::VerifiedTls)
+        .await?;
     fetch.count_allowed(&tool);
     Ok(Inside { target, credentials })
 }

@@ -1,7 +1,8 @@
 //! Step 8 for plain HTTP: the request goes out in origin form over the
 //! pinned connection (fresh or this run's pooled one), without hop-by-hop
 //! headers (RFC 9110 §7.6.1), with `Host` set to the canonical target and
-//! the tool's credentials for this host written in (`inject`). The
+//! the tool's credentials for this host written in (`inject`), and their
+//! response scrubbed of them (`scrub`). The
 //! request body streams upstream while the response comes back; the
 //! exchange (slot, accounting) lasts until both are finished, and a watchdog
 //! bounds both directions by the deadline and the run's end.
@@ -9,6 +10,7 @@
 use crate::data::body::{self, Exchange, Guarded, ProxyBody, Upload};
 use crate::data::inject::{self, Injection};
 use crate::data::respond;
+use crate::data::scrub;
 use crate::data::target::Target;
 use crate::data::upstream::{self, Upstream};
 use crate::deny::{FetchError, Phase};
@@ -96,6 +98,7 @@ pub async fn forward(
         credentials,
     } = x;
     let (parts, body) = req.into_parts();
+    let method = parts.method.clone();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if let Ok(v) = HeaderValue::from_str(&target.host_header()) {
@@ -181,6 +184,14 @@ pub async fn forward(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
         &parts.headers,
     ));
+    let scrub = match scrub::response(sh, credentials.as_ref(), run, &method, &mut parts) {
+        Ok(s) => s,
+        Err(e) => {
+            fx.failed(FetchError::Unscrubbable.code());
+            sh.count_error(&run.tool, FetchError::Unscrubbable);
+            return respond::error(FetchError::Unscrubbable, &format!("{target}: {e}"));
+        }
+    };
     exchange.attach(conn);
-    Response::from_parts(parts, ProxyBody::stream(Guarded { inner: body, exchange }))
+    Response::from_parts(parts, ProxyBody::stream(Guarded { inner: body, exchange }, scrub))
 }

@@ -7,7 +7,10 @@
 //! sensitive. The decision whether a credential may go to a host is
 //! `policy::credentials`; this module only rewrites.
 
+use crate::data::policy::contains;
+use crate::data::scrub;
 use crate::runs::Run;
+use egress_config::secrets::percent_encode;
 use egress_config::{Credential, ToolPolicy};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
@@ -18,20 +21,19 @@ pub struct Injection {
     pub tool: Arc<ToolPolicy>,
     /// Indices into `tool.credentials`.
     pub creds: Vec<usize>,
+    /// Plain HTTP under `allow_plaintext = true`: dialled to loopback only.
+    pub loopback_only: bool,
 }
 
 /// Writes each of `inj`'s credentials into a request of `run` (plain HTTP,
-/// or inside an intercepted CONNECT).
+/// or inside an intercepted CONNECT), and asks the origin for a response
+/// the proxy can scrub of them ([`scrub::ask_scrubbable`]).
 pub fn write(inj: &Injection, run: &Run, headers: &mut HeaderMap, pq: &mut PathAndQuery) {
     for c in inj.creds.iter().filter_map(|&i| inj.tool.credentials.get(i)) {
-        let ph = run.placeholders.iter().find(|p| *p.credential == *c.name);
-        apply(headers, pq, c, ph.map(|p| &*p.value));
+        let ph = run.placeholder(&c.name).map(|(_, p)| &*p.value);
+        apply(headers, pq, c, ph);
     }
-}
-
-/// Whether `needle` occurs in `hay`.
-pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.len() >= needle.len() && hay.windows(needle.len()).any(|w| w == needle)
+    scrub::ask_scrubbable(headers);
 }
 
 /// `hay` with every `needle` replaced by `with`.
@@ -45,19 +47,6 @@ fn replace(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
         } else {
             out.push(hay[i]);
             i += 1;
-        }
-    }
-    out
-}
-
-/// RFC 3986 §2.3: everything but unreserved characters percent-encoded.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
         }
     }
     out
@@ -92,7 +81,7 @@ pub fn apply(headers: &mut HeaderMap, pq: &mut PathAndQuery, cred: &Credential, 
         }
         if contains(pq.as_str().as_bytes(), ph) {
             seen = true;
-            let with = percent_encode(secret);
+            let with = percent_encode(secret, b"0123456789ABCDEF", false);
             let new = replace(pq.as_str().as_bytes(), ph, with.as_bytes());
             if let Ok(p) = PathAndQuery::try_from(new) {
                 *pq = p;
@@ -177,12 +166,5 @@ mod tests {
         let (h, pq) = run(&c, &[], &format!("/?k={PH}"));
         assert!(h.is_empty());
         assert_eq!(pq, "/?k=s%20e%2Fcret");
-    }
-
-    #[test]
-    fn contains_finds_only_whole_needles() {
-        assert!(contains(b"abc loom-cred-1 x", b"loom-cred-1"));
-        assert!(!contains(b"loom-cred", b"loom-cred-1"));
-        assert!(!contains(b"abc", b""));
     }
 }

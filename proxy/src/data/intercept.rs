@@ -10,7 +10,8 @@
 //! ([`fetch::decide_inside`]: run, allowlist, methods, `Host`, credential
 //! misuse), gets the tool's credentials for this host written in
 //! ([`inject`]), and goes out on the one upstream connection (dialled again
-//! to the same pinned address if the origin closed it). Bytes are counted
+//! to the same pinned address if the origin closed it); its response comes
+//! back scrubbed of them ([`scrub`]). Bytes are counted
 //! as the tool's TLS bytes; the idle timeout, the fetch deadline, the run's
 //! end and shutdown bound the session like a tunnel, and the slot is held
 //! until it is over.
@@ -21,6 +22,7 @@ use crate::data::finish::Finish;
 use crate::data::forward::strip_hop_by_hop;
 use crate::data::inject;
 use crate::data::respond;
+use crate::data::scrub::{self, Scrubbed};
 use crate::data::target::Target;
 use crate::data::tunnel::{upgraded, Bounds, Meter, Metered};
 use crate::data::upstream;
@@ -44,8 +46,9 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// A response inside the session: the origin's, or the proxy's own.
-type Answer = Response<Either<Incoming, ProxyBody>>;
+/// A response inside the session: the origin's (scrubbed of the
+/// credentials written into its request), or the proxy's own.
+type Answer = Response<Either<Scrubbed<Incoming>, ProxyBody>>;
 
 pub struct Session {
     pub sh: Arc<Shared>,
@@ -200,6 +203,16 @@ impl Origin<'_> {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                let scrub = match scrub::response(self.sh, inside.credentials.as_ref(), self.run, &method, &mut parts) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.sh.count_error(&self.run.tool, FetchError::Unscrubbable);
+                        return Ok(
+                            respond::error(FetchError::Unscrubbable, &format!("{}: {e}", self.target))
+                                .map(Either::Right),
+                        );
+                    }
+                };
                 tracing::info!(
                     target: "egress::fetch",
                     run = %self.run.id,
@@ -211,7 +224,7 @@ impl Origin<'_> {
                     injected = inside.credentials.is_some(),
                     "request inside an intercepted tunnel"
                 );
-                Ok(Response::from_parts(parts, Either::Left(body)))
+                Ok(Response::from_parts(parts, Either::Left(Scrubbed::new(body, scrub))))
             }
             Err((e, detail)) => {
                 self.sh.count_error(&self.run.tool, e);

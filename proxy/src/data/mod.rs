@@ -21,6 +21,7 @@ pub(crate) mod inject;
 pub(crate) mod intercept;
 pub(crate) mod policy;
 pub(crate) mod respond;
+pub(crate) mod scrub;
 pub(crate) mod target;
 pub(crate) mod tunnel;
 pub(crate) mod upstream;

@@ -1,13 +1,14 @@
 //! Pure policy decisions for one fetch: run state, allowlist (before any DNS),
-//! method restrictions, and vetting of resolved addresses against the range
-//! table and the appliance's own listeners. No I/O, no async: the data plane
-//! calls these and acts on the answer.
+//! method restrictions, credentials (placeholders and real secrets only to
+//! their hosts, only over verified TLS), and vetting of resolved addresses
+//! against the range table and the appliance's own listeners. No I/O, no
+//! async: every entrance calls these and acts on the answer.
 
 use crate::addrs::{HostAddrs, SelfAddrs};
 use crate::data::target::{Kind, Target};
 use crate::deny::DenyReason;
 use crate::runs::{Placeholder, RunState};
-use egress_config::{Match, Mode, RangeTable, RangeVerdict, ToolPolicy};
+use egress_config::{Credential, Match, Mode, Plaintext, RangeTable, RangeVerdict, SecretScan, ToolPolicy};
 use std::net::IpAddr;
 
 /// Lifecycle state of a run.
@@ -46,20 +47,55 @@ fn gate(tool: &ToolPolicy, denial: Denial, private: bool) -> Admission {
     }
 }
 
-/// The credentials step (after admission): a placeholder of the run that
-/// `present` finds in the request is a `credential_misuse` denial unless the
-/// target is one of its credential's hosts (a credential no longer
-/// configured has no host). Otherwise returns the indices of the tool's
-/// credentials to inject on this target (none: an empty list, which does
-/// not allocate). Report mode never waives it.
+/// The pieces of a request head that a tool wrote and that could carry a
+/// secret: method, target host, path and query, header names and values.
+pub trait Head {
+    /// Whether `f` holds for any piece.
+    fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool;
+}
+
+/// How the request would go to the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Plain HTTP: nothing verified who holds the pinned address.
+    Plain,
+    /// Inside TLS the proxy opened and verified for the host itself.
+    VerifiedTls,
+}
+
+/// The credentials to write into one request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Inject {
+    /// Indices into the tool's `credentials` (empty: no allocation).
+    pub creds: Vec<usize>,
+    /// Plain HTTP under `allow_plaintext = true`: only loopback addresses
+    /// may be dialled.
+    pub loopback_only: bool,
+}
+
+/// The credentials step (after admission), for every entrance:
+///
+/// - a placeholder of the run anywhere in the head, to a host that is not
+///   one of its credential's hosts, is `credential_misuse` (a credential no
+///   longer configured has no host);
+/// - so is the real value of any credential of the policy (`secrets`, in
+///   any of its forms), unless the target is one of that credential's
+///   hosts and it is the tool's own;
+/// - a request to a credential's host that would go out in plain HTTP is
+///   `credential_requires_tls` unless the credential allows plaintext.
+///
+/// Otherwise returns what to inject. Report mode never waives it.
 pub fn credentials(
     tool: &ToolPolicy,
+    secrets: &SecretScan,
     placeholders: &[Placeholder],
     target: &Target,
-    present: impl Fn(&str) -> bool,
-) -> Result<Vec<usize>, Denial> {
+    channel: Channel,
+    head: &dyn Head,
+) -> Result<Inject, Denial> {
     for p in placeholders {
-        if !present(&p.value) {
+        let ph = p.value.as_bytes();
+        if !head.any(&mut |piece| contains(piece, ph)) {
             continue;
         }
         let cred = tool.credentials.iter().find(|c| *c.name == *p.credential);
@@ -67,36 +103,102 @@ pub fn credentials(
             continue;
         }
         let detail = match cred {
-            Some(c) => {
-                let hosts: Vec<String> = c.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
-                format!(
-                    "the placeholder of credential {} of tool {} was sent to {target}; it may only go to {}",
-                    p.credential,
-                    tool.id,
-                    hosts.join(", ")
-                )
-            }
+            Some(c) => format!(
+                "the placeholder of credential {} of tool {} was sent to {target}; it may only go to {}",
+                p.credential,
+                tool.id,
+                hosts(c)
+            ),
             None => format!(
                 "the placeholder of credential {} was sent to {target}; tool {} no longer has that credential",
                 p.credential, tool.id
             ),
         };
-        return Err(Denial {
-            reason: DenyReason::CredentialMisuse,
-            detail,
+        return Err(misuse(detail));
+    }
+    if !secrets.is_empty() {
+        let mut misused = None;
+        head.any(&mut |piece| {
+            misused = secrets
+                .find_all(piece)
+                .map(|f| secrets.owner(f.pattern))
+                .find(|o| {
+                    *o.tool != *tool.id
+                        || !tool
+                            .credentials
+                            .get(o.credential)
+                            .is_some_and(|c| c.allows(&target.host, target.port))
+                })
+                .cloned();
+            misused.is_some()
         });
+        if let Some(o) = misused {
+            return Err(misuse(format!(
+                "the real value of credential {} of tool {} was sent to {target}; it goes only to that credential's hosts",
+                o.name, o.tool
+            )));
+        }
     }
     if target.kind == Kind::Connect {
         // A blind tunnel carries no header the proxy could set.
-        return Ok(Vec::new());
+        return Ok(Inject::default());
     }
-    Ok(tool
-        .credentials
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.allows(&target.host, target.port))
-        .map(|(i, _)| i)
-        .collect())
+    let mut inject = Inject::default();
+    for (i, c) in tool.credentials.iter().enumerate() {
+        if !c.allows(&target.host, target.port) {
+            continue;
+        }
+        if channel == Channel::Plain {
+            match c.allow_plaintext {
+                Plaintext::Never => {
+                    return Err(Denial {
+                        reason: DenyReason::CredentialRequiresTls,
+                        detail: format!(
+                            "{target} holds credential {} of tool {}, which goes only over TLS the proxy verified: use https:// (CONNECT)",
+                            c.name, tool.id
+                        ),
+                    })
+                }
+                Plaintext::Loopback => inject.loopback_only = true,
+                Plaintext::Anywhere => {}
+            }
+        }
+        inject.creds.push(i);
+    }
+    Ok(inject)
+}
+
+/// Of the vetted addresses, those a plain-HTTP request carrying a
+/// credential may go to when only loopback is allowed
+/// ([`Inject::loopback_only`]); or the denial when none is.
+pub fn loopback_dial(target: &Target, dial: Vec<IpAddr>) -> Result<Vec<IpAddr>, Denial> {
+    let local: Vec<IpAddr> = dial.into_iter().filter(|ip| ip.to_canonical().is_loopback()).collect();
+    if local.is_empty() {
+        return Err(Denial {
+            reason: DenyReason::CredentialRequiresTls,
+            detail: format!(
+                "{target} does not resolve to a loopback address, and its credential goes in plain HTTP only to loopback (allow_plaintext = true)"
+            ),
+        });
+    }
+    Ok(local)
+}
+
+fn misuse(detail: String) -> Denial {
+    Denial {
+        reason: DenyReason::CredentialMisuse,
+        detail,
+    }
+}
+
+fn hosts(c: &Credential) -> String {
+    let hosts: Vec<String> = c.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+    hosts.join(", ")
+}
+
+/// Whether `needle` occurs in `hay`.
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.len() >= needle.len() && hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Whether a CONNECT of `tool` to `target` is intercepted (TLS terminated

@@ -257,60 +257,150 @@ fn the_hosts_own_addresses_are_denied_unless_allow_ranges_exempt_them() {
     assert_eq!(v.allowed, ips(&["93.184.216.35"]));
 }
 
+/// Pieces of a request head, for the credential checks.
+struct Pieces<'a>(&'a [&'a str]);
+
+impl Head for Pieces<'_> {
+    fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        self.0.iter().any(|p| f(p.as_bytes()))
+    }
+}
+
+const API_SECRET: &str = "api-SECRET/value-1";
+const LAB_SECRET: &str = "lab-SECRET-value-2";
+const FAR_SECRET: &str = "far-SECRET-value-3";
+
+/// Tool `t` holds `api` for `api.example:443`; tool `u` holds `far` (its
+/// credential 0) for `far.example:80` (plaintext forced) and `lab` (1) for
+/// `local.example:80` (plaintext to loopback); their secrets loaded.
+fn credential_policy(mode: &str) -> Config {
+    let mut c = policy(&format!(
+        "mode = \"{mode}\"\n\
+         [tools.t.credentials.api]\nhosts = [\"api.example:443\"]\nvalue = \"Bearer ${{secret}}\"\nsecret = {{ env = \"X\" }}\nplaceholder_env = \"API\"\n\
+         [tools.u]\negress = [\"local.example:80\", \"far.example:80\"]\n\
+         [tools.u.credentials.lab]\nhosts = [\"local.example:80\"]\nvalue = \"${{secret}}\"\nsecret = {{ env = \"X\" }}\nplaceholder_env = \"LAB\"\nallow_plaintext = true\n\
+         [tools.u.credentials.far]\nhosts = [\"far.example:80\"]\nvalue = \"${{secret}}\"\nsecret = {{ env = \"X\" }}\nplaceholder_env = \"FAR\"\nallow_plaintext = \"force\"\n"
+    ));
+    let p = std::sync::Arc::make_mut(&mut c.policy);
+    for (tool, cred, secret) in [
+        ("t", "api", API_SECRET),
+        ("u", "lab", LAB_SECRET),
+        ("u", "far", FAR_SECRET),
+    ] {
+        let t = std::sync::Arc::make_mut(p.tools.get_mut(tool).unwrap());
+        let c = t.credentials.iter_mut().find(|c| &*c.name == cred).unwrap();
+        c.secret = egress_config::Secret::new(secret);
+    }
+    p.index_secrets();
+    c
+}
+
 #[test]
-fn credential_placeholders_go_only_to_their_hosts() {
-    let c = policy(
-        "[tools.t.credentials.api]\nhosts = [\"api.example:443\"]\nvalue = \"Bearer ${secret}\"\nsecret = { env = \"X\" }\nplaceholder_env = \"API\"\n",
-    );
-    let t = c.policy.tool("t").unwrap();
+fn credentials_go_only_to_their_hosts_and_only_over_verified_tls() {
+    use Channel::{Plain, VerifiedTls as Tls};
+    use DenyReason::{CredentialMisuse as Misuse, CredentialRequiresTls as NeedsTls};
+    let c = credential_policy("enforce");
+    let (t, u) = (c.policy.tool("t").unwrap(), c.policy.tool("u").unwrap());
     let ph = |name: &str, v: &str| crate::runs::Placeholder {
         credential: name.into(),
         value: v.into(),
     };
     let run = [ph("api", "loom-cred-a"), ph("gone", "loom-cred-g")];
-    let http = |host: &str, port: u16| Target {
-        kind: Kind::Http,
-        ..target(Kind::Http, host, port)
+    let http = |host: &str, port: u16| target(Kind::Http, host, port);
+    let connect = |host: &str, port: u16| target(Kind::Connect, host, port);
+    let ok = |creds: &[usize], loopback_only: bool| {
+        Ok(Inject {
+            creds: creds.to_vec(),
+            loopback_only,
+        })
     };
-    // (target, placeholder seen, want: Ok(injected) or Err(reason))
-    type Row<'a> = (Target, Option<&'a str>, Result<Vec<usize>, DenyReason>);
-    let table: [Row; 7] = [
-        (http("api.example", 443), None, Ok(vec![0])),
-        (http("api.example", 443), Some("loom-cred-a"), Ok(vec![0])),
-        (http("x.cdn.example", 443), None, Ok(vec![])),
+    let cdn = || http("x.cdn.example", 443);
+    let api = || http("api.example", 443);
+    // (tool, target, channel, head pieces, want)
+    type Row<'a> = (
+        &'a ToolPolicy,
+        Target,
+        Channel,
+        &'a [&'a str],
+        Result<Inject, DenyReason>,
+    );
+    let table: Vec<Row> = vec![
+        // Placeholders.
+        (t, api(), Tls, &[], ok(&[0], false)),
+        (t, api(), Tls, &["Bearer loom-cred-a"], ok(&[0], false)),
+        (t, cdn(), Plain, &[], ok(&[], false)),
+        (t, cdn(), Plain, &["x-key", "loom-cred-a"], Err(Misuse)),
+        (t, api(), Tls, &["/q?k=loom-cred-g"], Err(Misuse)),
+        (t, connect("x.cdn.example", 443), Plain, &["loom-cred-a"], Err(Misuse)),
+        (t, connect("api.example", 443), Plain, &["loom-cred-a"], ok(&[], false)),
+        // Real values, in every form and every piece of the head.
         (
-            http("x.cdn.example", 443),
-            Some("loom-cred-a"),
-            Err(DenyReason::CredentialMisuse),
+            t,
+            cdn(),
+            Plain,
+            &["authorization", "Bearer api-SECRET/value-1"],
+            Err(Misuse),
         ),
+        (t, cdn(), Plain, &["/leak?k=api-SECRET%2Fvalue-1"], Err(Misuse)),
+        (t, cdn(), Plain, &["/leak?k=api-SECRET%2fvalue-1"], Err(Misuse)),
+        (t, cdn(), Plain, &["{\"k\":\"api-SECRET\\/value-1\"}"], Err(Misuse)),
+        (t, cdn(), Plain, &["x-api-SECRET/value-1"], Err(Misuse)),
+        (t, cdn(), Plain, &["api-secret/value-1.cdn.example:443"], ok(&[], false)),
         (
-            http("api.example", 443),
-            Some("loom-cred-g"),
-            Err(DenyReason::CredentialMisuse),
+            t,
+            connect("x.cdn.example", 443),
+            Plain,
+            &["api-SECRET/value-1"],
+            Err(Misuse),
         ),
-        (
-            target(Kind::Connect, "x.cdn.example", 443),
-            Some("loom-cred-a"),
-            Err(DenyReason::CredentialMisuse),
-        ),
-        (
-            target(Kind::Connect, "api.example", 443),
-            Some("loom-cred-a"),
-            Ok(vec![]),
-        ),
+        (t, api(), Tls, &["Bearer api-SECRET/value-1"], ok(&[0], false)),
+        (t, api(), Tls, &["lab-SECRET-value-2"], Err(Misuse)),
+        (u, http("far.example", 80), Plain, &["api-SECRET/value-1"], Err(Misuse)),
+        // Cleartext.
+        (t, api(), Plain, &[], Err(NeedsTls)),
+        (t, http("api.example", 443), Plain, &["loom-cred-a"], Err(NeedsTls)),
+        (u, http("local.example", 80), Plain, &[], ok(&[1], true)),
+        (u, http("far.example", 80), Plain, &[], ok(&[0], false)),
+        (u, http("local.example", 80), Tls, &[], ok(&[1], false)),
     ];
-    for (tg, seen, want) in table {
-        let got = credentials(t, &run, &tg, |p| Some(p) == seen).map_err(|d| d.reason);
-        assert_eq!(got, want, "{tg} {seen:?}");
+    for (tool, tg, channel, head, want) in table {
+        let got = credentials(tool, &c.policy.secrets, &run, &tg, channel, &Pieces(head)).map_err(|d| d.reason);
+        assert_eq!(got, want, "{} {tg} {channel:?} {head:?}", tool.id);
     }
-    let d = credentials(t, &run, &http("x.cdn.example", 443), |p| p == "loom-cred-a").unwrap_err();
+    let d = credentials(t, &c.policy.secrets, &run, &cdn(), Plain, &Pieces(&["loom-cred-a"])).unwrap_err();
     assert!(
         d.detail.contains("credential api") && !d.detail.contains("loom-cred"),
         "{}",
         d.detail
     );
-    // Report mode does not waive it.
-    let r = policy("mode = \"report\"\n[tools.t.credentials.api]\nhosts = [\"api.example:443\"]\nvalue = \"${secret}\"\nsecret = { env = \"X\" }\nplaceholder_env = \"API\"\n");
+    let d = credentials(t, &c.policy.secrets, &[], &cdn(), Plain, &Pieces(&[API_SECRET])).unwrap_err();
+    assert!(
+        d.detail.contains("real value of credential api of tool t") && !d.detail.contains("SECRET"),
+        "{}",
+        d.detail
+    );
+    // Report mode waives neither.
+    let r = credential_policy("report");
     let t = r.policy.tool("t").unwrap();
-    assert!(credentials(t, &run, &http("x.cdn.example", 443), |p| p == "loom-cred-a").is_err());
+    for (tg, head) in [
+        (cdn(), &["loom-cred-a"][..]),
+        (cdn(), &[API_SECRET][..]),
+        (api(), &[][..]),
+    ] {
+        let got = credentials(t, &r.policy.secrets, &run, &tg, Plain, &Pieces(head));
+        assert!(got.is_err(), "{tg} {head:?}");
+        assert!(!got.unwrap_err().reason.reportable());
+    }
+}
+
+#[test]
+fn cleartext_credentials_go_to_loopback_addresses_only() {
+    let tg = target(Kind::Http, "local.example", 80);
+    let ips = |v: &[&str]| -> Vec<IpAddr> { v.iter().map(|s| s.parse().unwrap()).collect() };
+    assert_eq!(
+        loopback_dial(&tg, ips(&["93.184.216.34", "127.0.0.2", "::1", "::ffff:127.0.0.3"])),
+        Ok(ips(&["127.0.0.2", "::1", "::ffff:127.0.0.3"]))
+    );
+    let d = loopback_dial(&tg, ips(&["93.184.216.34", "10.0.0.1"])).unwrap_err();
+    assert_eq!(d.reason, DenyReason::CredentialRequiresTls);
 }

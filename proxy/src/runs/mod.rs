@@ -101,6 +101,9 @@ pub struct Run {
     /// One placeholder per credential of the tool, made when the run was
     /// created: what the child holds instead of each secret.
     pub placeholders: Box<[Placeholder]>,
+    /// Occurrences of each credential's secret scrubbed out of responses
+    /// (same order as `placeholders`).
+    scrubbed: Box<[AtomicU64]>,
     /// Bytes relayed by the run's finished fetches (see `Finish`).
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
@@ -160,6 +163,30 @@ impl Run {
 
     pub fn ended(&self) -> Option<(SystemTime, EndReason)> {
         self.ended.get().map(|(_, t, r)| (*t, *r))
+    }
+
+    /// The placeholder of `credential`, with its index.
+    pub fn placeholder(&self, credential: &str) -> Option<(usize, &Placeholder)> {
+        self.placeholders
+            .iter()
+            .enumerate()
+            .find(|(_, p)| *p.credential == *credential)
+    }
+
+    /// Counts `n` occurrences of the secret of placeholder `i` scrubbed.
+    pub fn count_scrubbed(&self, i: usize, n: u64) {
+        if let Some(c) = self.scrubbed.get(i) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Scrubbed occurrences by credential name (those with at least one).
+    pub fn scrubbed(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.placeholders
+            .iter()
+            .zip(self.scrubbed.iter())
+            .map(|(p, n)| (&*p.credential, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
     }
 }
 
@@ -394,6 +421,7 @@ impl Runs {
             gauged: AtomicU8::new(if new.activate { Gauged::ACTIVE } else { Gauged::CREATED }),
             conns: Arc::new(Semaphore::new(new.max_conns)),
             conns_max: new.max_conns,
+            scrubbed: new.placeholders.iter().map(|_| AtomicU64::new(0)).collect(),
             placeholders: new.placeholders.into_boxed_slice(),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
