@@ -516,9 +516,18 @@ placeholder_env = "P"
             Ok(Plaintext::Anywhere)
         );
         let e = plaintext(names, "allow_plaintext = \"yes\"").unwrap_err();
-        assert!(e.contains("allow_plaintext: \"yes\" is not one of false, true, \"force\""), "{e}");
+        assert!(
+            e.contains("allow_plaintext: \"yes\" is not one of false, true, \"force\""),
+            "{e}"
+        );
         // The choice is part of the policy's digest.
-        let digest = |line: &str| crate::Config::parse(&text(names, line), "c").unwrap().policy.digest.clone();
+        let digest = |line: &str| {
+            crate::Config::parse(&text(names, line), "c")
+                .unwrap()
+                .policy
+                .digest
+                .clone()
+        };
         assert_ne!(digest(""), digest("allow_plaintext = true"));
     }
 

@@ -140,7 +140,9 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                     let plain = match cr.allow_plaintext {
                         egress_config::Plaintext::Never => "never in plain HTTP",
                         egress_config::Plaintext::Loopback => "plain HTTP too, to loopback addresses only",
-                        egress_config::Plaintext::Anywhere => "plain HTTP too, to any address (UNSAFE: allow_plaintext = \"force\")",
+                        egress_config::Plaintext::Anywhere => {
+                            "plain HTTP too, to any address (UNSAFE: allow_plaintext = \"force\")"
+                        }
                     };
                     println!(
                         "    credential {} -> {} in {} (CONNECTs there are intercepted; {plain})",
