@@ -104,6 +104,19 @@ fn advertised(addr: SocketAddr) -> String {
     SocketAddr::new(ip, addr.port()).to_string()
 }
 
+/// Makes the fact store's directory private (0700), or traversable only
+/// (0711) when the appliance CA's public files live below it, for confined
+/// children of other uids to read.
+fn store_dir(pc: &egress_config::ProxyConfig) {
+    let Some(dir) = pc.facts.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return;
+    };
+    let ca_below = crate::ca::ca_dir(pc).is_some_and(|ca| ca.starts_with(dir));
+    if let Err(e) = crate::facts::private::dir(dir, if ca_below { 0o711 } else { 0o700 }) {
+        tracing::error!(dir = %dir.display(), error = %e, "cannot make the fact store's directory private");
+    }
+}
+
 /// Binds both listeners and starts serving.
 pub async fn start(opts: Options) -> Result<Handle, StartError> {
     let mut cfg = opts.config;
@@ -142,6 +155,9 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     // An embedder's own fact sink has no directory to keep the CA beside:
     // its CA is ephemeral unless `ca_dir` is set.
     let own_sink = opts.facts.is_some();
+    if opts.facts.is_none() && pc.facts.as_os_str() != ":memory:" {
+        store_dir(&pc);
+    }
     let facts: Arc<dyn FactSink> = match opts.facts {
         Some(f) => f,
         None if pc.facts.as_os_str() == ":memory:" => {

@@ -576,3 +576,52 @@ async fn the_hosts_own_addresses_are_denied_in_an_isolated_netns() {
     assert_eq!(r.status, 200);
     assert_eq!(admin.connections(), 1);
 }
+
+/// The fact store holds every denial, the runs' secret digests and
+/// placeholders: the real binary started under umask 022 makes its files
+/// 0600 (the `-wal` and `-shm` too) and its directory 0711 (the CA's public
+/// files live below it; 0700 otherwise), and repairs looser modes it finds.
+#[tokio::test]
+async fn the_fact_store_is_private_whatever_the_umask() {
+    use egress_e2e::harness::create_run_at;
+    use egress_e2e::process::{bin, free_addr, ProxyProcess};
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let d = tempfile::tempdir().unwrap();
+    let umask = d.path().join("umask-022.sh");
+    std::fs::write(
+        &umask,
+        format!("#!/bin/sh\numask 022\nexec {} \"$@\"\n", bin("egress-proxy").display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&umask, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let var = d.path().join("var");
+    for (caught, layout) in [(false, "fresh"), (true, "loose")] {
+        if caught {
+            // What an older proxy, or a hand, left behind.
+            std::fs::set_permissions(&var, std::fs::Permissions::from_mode(0o755)).unwrap();
+            for f in ["facts.db", "facts.db-wal", "facts.db-shm"] {
+                std::fs::set_permissions(var.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+        }
+        let (proxy, control) = (free_addr(), free_addr());
+        let cfg = d.path().join("egress.toml");
+        std::fs::write(
+            &cfg,
+            format!("[proxy]\nlisten = \"{proxy}\"\ncontrol = \"{control}\"\nfacts = \"var/facts.db\"\n[tools.web]\negress = [\"allowed.test:80\"]\n"),
+        )
+        .unwrap();
+        let pp = ProxyProcess::start_with_bin(&umask, &cfg, proxy, control, egress_e2e::harness::TOKEN, &[]);
+        // A run is written to the store, so the WAL and its index exist.
+        create_run_at(control, "web").await;
+        assert_eq!(mode(&var), 0o711, "{layout}: the store's directory");
+        for f in ["facts.db", "facts.db-wal", "facts.db-shm"] {
+            assert_eq!(mode(&var.join(f)), 0o600, "{layout}: {f}");
+        }
+        assert_eq!(mode(&var.join("ca").join("ca.key")), 0o600);
+        if caught {
+            assert!(pp.logs().contains("repaired"), "a repair is logged: {}", pp.logs());
+        }
+        drop(pp);
+    }
+}

@@ -59,10 +59,9 @@ pub fn resolve(env: Option<String>, facts: &Path) -> Result<(String, TokenSource
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
+    if let Some(dir) = path.parent().filter(|d| !d.exists()) {
+        // The store's directory: private until the store opens it.
+        crate::facts::private::dir(dir, 0o700).map_err(io)?;
     }
     let token = crate::runs::random_hex(32).map_err(|e| TokenError::Random(e.to_string()))?;
     let mut f = std::fs::OpenOptions::new()

@@ -4,6 +4,7 @@
 //! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
 //! bounded in-memory store for tests and embedding.
 
+pub(crate) mod private;
 pub(crate) mod store;
 
 use crate::runs::{RunRecord, RunWrite};

@@ -128,6 +128,9 @@ enum Pending {
 /// The SQLite fact store.
 pub struct SqliteStore {
     tx: mpsc::Sender<Pending>,
+    /// The writer thread: it ends once `tx` is gone, after indexing what
+    /// it committed and closing the database.
+    writer: Option<std::thread::JoinHandle<()>>,
     reader: Arc<Mutex<Option<Connection>>>,
     path: PathBuf,
     ready: Arc<AtomicBool>,
@@ -136,9 +139,12 @@ pub struct SqliteStore {
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
     if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
-            let _ = std::fs::create_dir_all(dir);
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            let _ = crate::facts::private::dir(dir, 0o700);
         }
+    }
+    if let Err(e) = crate::facts::private::files(path) {
+        tracing::error!(path = %path.display(), error = %e, "cannot make the fact store's files private");
     }
     let c = Connection::open_with_flags(
         path,
@@ -240,6 +246,19 @@ fn fold_key(f: &Fact) -> FoldKey {
     )
 }
 
+impl Drop for SqliteStore {
+    /// Closes the store: its writer finishes (pending denials, the index)
+    /// and closes the database before this returns, so the same file can be
+    /// opened again at once.
+    fn drop(&mut self) {
+        let (closed, _) = mpsc::channel(1);
+        drop(std::mem::replace(&mut self.tx, closed));
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
 impl SqliteStore {
     /// Opens (or creates) the store and starts its writer thread. A store that
     /// cannot be opened still starts, unready: denials fail closed until it can.
@@ -270,12 +289,17 @@ impl SqliteStore {
         let spawned = std::thread::Builder::new()
             .name("egress-facts".into())
             .spawn(move || writer.run(rx));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the fact writer thread");
-            ready.store(false, Ordering::Release);
-        }
+        let writer = match spawned {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the fact writer thread");
+                ready.store(false, Ordering::Release);
+                None
+            }
+        };
         SqliteStore {
             tx,
+            writer,
             reader: Arc::new(Mutex::new(reader)),
             path: path.to_owned(),
             ready,
