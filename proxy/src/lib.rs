@@ -12,7 +12,7 @@
 //! - `runs/`: the run registry, owners' leases, per-run slots and idle
 //!   upstream connections;
 //! - `state` (the shared state, no listener), `listener` (accept, admission,
-//!   TLS, graceful close for both listeners), `server` (start and stop),
+//!   optional TLS, graceful close for both listeners), `server` (start and stop),
 //!   `deny` (the outcome table), `metrics`, `ca` (the appliance CA of
 //!   intercepted CONNECTs).
 #![forbid(unsafe_code)]
@@ -31,7 +31,6 @@ mod runs;
 mod server;
 mod state;
 mod time;
-mod tls;
 
 pub use ca::{ca_dir, rotate as rotate_ca, CaError};
 pub use control::openapi;

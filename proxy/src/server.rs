@@ -43,7 +43,7 @@ pub enum StartError {
     #[error("control token: {0}")]
     Token(#[from] crate::control::token::TokenError),
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] crate::listener::TlsError),
     #[error("appliance CA: {0}")]
     Ca(#[from] crate::ca::CaError),
     #[error("cannot listen for listener hand-offs on {}: {source}", path.display())]
@@ -175,7 +175,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     };
     let dns = Dns::new(&pc.dns)?;
     let tls = match &pc.tls {
-        Some(t) => Some(crate::tls::acceptor(t)?),
+        Some(t) => Some(crate::listener::acceptor(t)?),
         None => None,
     };
     let ca = if own_sink && pc.interception.ca_dir.is_none() {

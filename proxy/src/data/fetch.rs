@@ -1,43 +1,47 @@
-//! The decision path of one fetch, in the order the README gives ("How one
-//! fetch is decided"), one function per step:
+//! The forward and CONNECT entrance: the decision path of one fetch on the
+//! proxy listener, in the order the README gives ("How one fetch is
+//! decided"), one function per step:
 //!
-//! 1. [`authenticate`]: the run credential (`407` otherwise);
+//! 1. [`authenticate`](auth::authenticate): the run credential (`407` otherwise);
 //! 2. [`Fetch::check_run`]: the run is active and its tool configured;
 //! 3. [`Fetch::canonical_target`]: one canonical host and port;
 //! 4. [`Fetch::admit`]: allowlist and methods, before any DNS;
-//!    [`Fetch::credentials`]: a credential placeholder only to the
-//!    credential's hosts (`credential_misuse`), and which credentials to
-//!    inject;
+//!    [`Fetch::credentials`]: placeholders and real secrets only to their
+//!    credential's hosts (`credential_misuse`), credentials only over
+//!    verified TLS (`credential_requires_tls`), and which to inject;
 //! 5. [`Fetch::acquire_slot`]: one of the run's concurrency slots;
-//! 6. [`Fetch::resolve_and_vet`]: resolve once, vet every address;
+//! 6. [`Fetch::resolve_and_vet`]: resolve once, vet every address (and
+//!    [`Fetch::plaintext_dial`]: loopback only for cleartext credentials);
 //! 7. [`Fetch::dial`]: only the vetted addresses (or this run's idle
 //!    connection to one of them);
 //! 8. [`forward`](crate::data::forward) (plain HTTP),
 //!    [`tunnel`](crate::data::tunnel) (CONNECT), or
 //!    [`intercept`](crate::data::intercept) (a CONNECT to a credential host,
 //!    or of an `inspect` tool: TLS terminated, each request inside decided
-//!    again by [`decide_inside`]).
+//!    again by [`decide::decide_inside`](crate::data::decide::decide_inside)).
 //!
-//! Steps 5–7 are bounded by the fetch deadline and the run's end. Every
-//! denial is recorded as a fact before its response is written
-//! ([`Fetch::deny`]); a fact that cannot be recorded fails the request closed.
+//! Steps 2–4 and the recording of denials are [`decide`](crate::data::decide)'s,
+//! shared with every entrance; this module holds the rest. Steps 5–7 are
+//! bounded by the fetch deadline and the run's end. Every denial is
+//! recorded as a fact before its response is written ([`Fetch::deny`]); a
+//! fact that cannot be recorded fails the request closed.
 
 use crate::admission::{self, Refused};
 use crate::data::auth::{self, AuthFailure};
 use crate::data::body::{Exchange, ProxyBody};
+use crate::data::decide::{Dest, Fetch};
 use crate::data::finish::Finish;
 use crate::data::forward::{self, Exchanging};
 use crate::data::inject::Injection;
 use crate::data::intercept;
-use crate::data::policy::{self, Admission, Channel, Denial, Head};
-use crate::data::respond::{self, fact_target, raw_target};
-use crate::data::target::{self, Kind, Target, TargetError};
+use crate::data::policy::{self, Channel};
+use crate::data::respond::{self, raw_target};
+use crate::data::target::{Kind, Target};
 use crate::data::tunnel;
 use crate::data::upstream::Upstream;
 use crate::deny::{DenyReason, FetchError, Phase};
 use crate::dns::DnsError;
-use crate::facts::{NewFact, Recorded};
-use crate::metrics::{Decision, KindLabel, Outcome, ReasonLabel, ToolMetrics};
+use crate::metrics::{Decision, KindLabel, ReasonLabel};
 use crate::runs::slots::{self, Slot, SlotError};
 use crate::runs::Run;
 use crate::state::Shared;
@@ -46,7 +50,6 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use tokio::time::Instant;
@@ -67,17 +70,6 @@ impl From<Answer> for Halt {
     fn from(r: Answer) -> Halt {
         Halt::Answered(r)
     }
-}
-
-/// What a denial points at.
-enum Dest<'a> {
-    /// The canonical target (a fact's `target`).
-    Target(&'a Target),
-    /// The raw request target, before it could be made canonical (quoted in
-    /// the fact's detail).
-    Raw(String),
-    /// Nothing: the request is not the named run's own (a wrong secret).
-    Withheld,
 }
 
 /// Entry point: hyper service function for the data listeners. `conn` is
@@ -172,42 +164,9 @@ struct Prepared {
     intercept: bool,
 }
 
-/// One fetch's context: the shared state, the policy snapshot, the run, and
-/// what the fetch has become so far.
-struct Fetch<'a> {
-    sh: &'a Shared,
-    policy: &'a Policy,
-    run: Option<&'a Run>,
-    tm: &'a Arc<ToolMetrics>,
-    kind: Kind,
-    started: Instant,
-    /// The [`Phase`] of the step in progress (index into `Phase::ALL`).
-    phase: AtomicU8,
-    /// Whether report mode let a denial through.
-    reported: AtomicBool,
-}
-
-impl<'a> Fetch<'a> {
-    fn new(
-        sh: &'a Shared,
-        policy: &'a Policy,
-        run: Option<&'a Run>,
-        tm: &'a Arc<ToolMetrics>,
-        kind: Kind,
-        started: Instant,
-    ) -> Self {
-        Fetch {
-            sh,
-            policy,
-            run,
-            tm,
-            kind,
-            started,
-            phase: AtomicU8::new(0),
-            reported: AtomicBool::new(false),
-        }
-    }
-
+/// Steps 5–8: the run's slot, DNS, the dial and the carrying; the
+/// decisions before them are [`decide`]'s.
+impl Fetch<'_> {
     /// Steps 2–7 for an authenticated request.
     async fn decide(&self, run: &Arc<Run>, req: &mut Request<Incoming>) -> Result<Prepared, Answer> {
         let tool = self.check_run(run, req.uri()).await?;
@@ -376,94 +335,6 @@ impl<'a> Fetch<'a> {
         Response::new(ProxyBody::empty())
     }
 
-    /// Step 2: the run is active, and its tool still configured. Returns the
-    /// tool's policy.
-    async fn check_run(&self, run: &Run, uri: &http::Uri) -> Result<Arc<ToolPolicy>, Answer> {
-        if let Err(reason) = policy::check_run(run.state()) {
-            let detail = format!("run {} is {}", run.id, run.state().as_str());
-            return Err(self.deny(reason, detail, Dest::Raw(raw_target(uri)), &[]).await);
-        }
-        match self.policy.tool(&run.tool) {
-            Some(tool) => Ok(tool.clone()),
-            None => {
-                let detail = format!("tool {} is no longer configured", run.tool);
-                Err(self
-                    .deny(DenyReason::NotAllowlisted, detail, Dest::Raw(raw_target(uri)), &[])
-                    .await)
-            }
-        }
-    }
-
-    /// Step 3: one canonical host and port (CONNECT authority, or absolute
-    /// URI whose `Host` agrees).
-    async fn canonical_target(&self, req: &Request<Incoming>) -> Result<Target, Answer> {
-        let parsed = match self.kind {
-            Kind::Connect => target::parse_connect(req.uri()),
-            Kind::Http => target::parse_absolute(req.uri(), req.headers(), req.version()),
-        };
-        match parsed {
-            Ok(t) => Ok(t),
-            Err(e) => Err(self.refuse_target(e, Dest::Raw(raw_target(req.uri()))).await),
-        }
-    }
-
-    /// `bad_target` or `host_mismatch`.
-    async fn refuse_target(&self, e: TargetError, dest: Dest<'_>) -> Answer {
-        let (reason, detail) = match e {
-            TargetError::Bad(m) => (DenyReason::BadTarget, m),
-            TargetError::HostMismatch(m) => (DenyReason::HostMismatch, m),
-        };
-        self.deny(reason, detail, dest, &[]).await
-    }
-
-    /// Step 4: the allowlist and the tool's methods, before any DNS. Returns
-    /// whether the matching rule lets addresses in private ranges through.
-    async fn admit(&self, tool: &ToolPolicy, target: &Target, method: &Method) -> Result<bool, Answer> {
-        match policy::admit(tool, target, method.as_str()) {
-            Admission::Allow { private } => Ok(private),
-            Admission::Deny(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
-            Admission::Report { denial, private } => {
-                self.report(&denial, target, &[]).await?;
-                Ok(private)
-            }
-        }
-    }
-
-    /// Step 4, credentials ([`policy::credentials`]): a placeholder of the
-    /// run, or the real value of any credential, anywhere in the head to a
-    /// host that is not its credential's is denied, and so is a credential
-    /// host over `channel` plain HTTP; otherwise the credentials to inject
-    /// here. A policy without credentials takes the first branch and
-    /// allocates nothing.
-    async fn credentials(
-        &self,
-        tool: &Arc<ToolPolicy>,
-        run: &Run,
-        target: &Target,
-        req: &Request<Incoming>,
-        channel: Channel,
-    ) -> Result<Option<Injection>, Answer> {
-        if self.policy.secrets.is_empty() && run.placeholders.is_empty() {
-            return Ok(None);
-        }
-        match policy::credentials(
-            tool,
-            &self.policy.secrets,
-            &run.placeholders,
-            target,
-            channel,
-            &ReqHead(req),
-        ) {
-            Ok(i) if i.creds.is_empty() => Ok(None),
-            Ok(i) => Ok(Some(Injection {
-                tool: tool.clone(),
-                creds: i.creds,
-                loopback_only: i.loopback_only,
-            })),
-            Err(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
-        }
-    }
-
     /// A plain-HTTP request carrying a credential that may go in cleartext
     /// only to loopback: the vetted addresses that are loopback, or the
     /// `credential_requires_tls` denial.
@@ -603,205 +474,6 @@ impl<'a> Fetch<'a> {
             ),
         ))
     }
-
-    /// Counts a fetch that goes out: allowed, or reported when report mode
-    /// let one of its denials through.
-    fn count_allowed(&self, tool: &ToolPolicy) {
-        let decision = if tool.mode == Mode::Report && self.reported.load(Ordering::Relaxed) {
-            Decision::Reported
-        } else {
-            Decision::Allowed
-        };
-        self.tm.kind(self.kind).request(decision);
-    }
-
-    fn phase(&self) -> Phase {
-        Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed))]
-    }
-
-    fn set_phase(&self, p: Phase) {
-        let i = Phase::ALL.iter().position(|x| *x == p).unwrap_or(0);
-        self.phase.store(i as u8, Ordering::Relaxed);
-    }
-
-    /// Records a denial fact, then builds the denial response.
-    async fn deny(&self, reason: DenyReason, detail: String, dest: Dest<'_>, resolved: &[IpAddr]) -> Answer {
-        self.deny_with(reason, detail.clone(), detail, dest, resolved).await
-    }
-
-    /// [`Fetch::deny`] with an answer to the client that differs from the
-    /// fact's detail. A fact that cannot be recorded fails the request
-    /// closed (`503 facts_unavailable`).
-    async fn deny_with(
-        &self,
-        reason: DenyReason,
-        answer: String,
-        detail: String,
-        dest: Dest<'_>,
-        resolved: &[IpAddr],
-    ) -> Answer {
-        let km = self.tm.kind(self.kind);
-        self.tm.denial(reason);
-        km.request(Decision::Denied);
-        let (target, detail) = match dest {
-            Dest::Target(t) => (Some(t), detail),
-            Dest::Raw(r) => (None, format!("{detail} (target {r})")),
-            Dest::Withheld => (None, detail),
-        };
-        let detail = crate::facts::bounded(detail);
-        let recorded = self
-            .record(reason, detail.clone(), target, resolved, Mode::Enforce)
-            .await;
-        km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
-        tracing::info!(
-            target: "egress::fetch",
-            run = self.run.map(|r| &*r.id).unwrap_or("-"),
-            tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
-            kind = self.kind.as_str(),
-            dest = %target.map(|t| t.to_string()).unwrap_or_default(),
-            decision = "denied",
-            reason = reason.code(),
-            duration_ms = self.started.elapsed().as_millis() as u64,
-            detail = %detail,
-            "fetch denied"
-        );
-        match recorded {
-            Ok(recorded) => respond::denied(reason, &crate::facts::bounded(answer), &recorded.id),
-            Err(e) => respond::error(FetchError::FactsUnavailable, &e),
-        }
-    }
-
-    /// An authentication failure. The client gets the same answer whether
-    /// the credential named an existing run with a wrong secret or a run
-    /// that does not exist, so no run id can be probed. The fact of a wrong
-    /// secret goes to the named run's facts with a fixed text and no target,
-    /// so a tool cannot write its own text into another run's facts (and a
-    /// flood of them folds into counted facts).
-    async fn deny_auth(&self, reason: DenyReason, wrong_secret: bool, raw: String) -> Answer {
-        let answer = match reason {
-            DenyReason::AuthMissing => "Proxy-Authorization with the run's credential is required",
-            _ => "the credential is not valid for any live run",
-        };
-        let (fact_detail, dest) = match (reason, wrong_secret) {
-            (DenyReason::AuthMissing, _) => (answer.to_owned(), Dest::Raw(raw)),
-            (_, true) => ("a wrong secret was presented for this run".to_owned(), Dest::Withheld),
-            (_, false) => ("the credential names no known run".to_owned(), Dest::Raw(raw)),
-        };
-        self.deny_with(reason, answer.to_owned(), fact_detail, dest, &[]).await
-    }
-
-    /// Report mode: record what enforce would have denied, then go on.
-    async fn report(&self, d: &Denial, target: &Target, resolved: &[IpAddr]) -> Result<(), Answer> {
-        self.tm.denial(d.reason);
-        self.reported.store(true, Ordering::Relaxed);
-        tracing::info!(
-            target: "egress::fetch",
-            run = self.run.map(|r| &*r.id).unwrap_or("-"),
-            tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
-            kind = self.kind.as_str(),
-            dest = %target,
-            decision = "reported",
-            reason = d.reason.code(),
-            detail = %d.detail,
-            "fetch allowed in report mode"
-        );
-        self.record(d.reason, d.detail.clone(), Some(target), resolved, Mode::Report)
-            .await
-            .map(|_| ())
-            .map_err(|e| respond::error(FetchError::FactsUnavailable, &e))
-    }
-
-    /// Hands a fact to the sink and waits until it is stored.
-    async fn record(
-        &self,
-        reason: DenyReason,
-        detail: String,
-        target: Option<&Target>,
-        resolved: &[IpAddr],
-        mode: Mode,
-    ) -> Result<Recorded, String> {
-        let fact = crate::facts::denial(NewFact {
-            run_id: self.run.map(|r| &*r.id),
-            tool: self.run.map(|r| &*r.tool),
-            reason: reason.code(),
-            mode: mode.as_str(),
-            target: target.map(fact_target),
-            resolved: resolved.iter().map(|i| i.to_string()).collect(),
-            policy: &self.policy.digest,
-            detail,
-        });
-        let t0 = StdInstant::now();
-        let res = self.sh.facts.record(fact).await;
-        self.sh.metrics.fact_write_duration.observe(t0.elapsed().as_secs_f64());
-        res.map_err(|e| {
-            self.sh.metrics.fact_write_failures.inc();
-            tracing::error!(error = %e, "denial fact could not be recorded; failing the request closed");
-            format!("the denial could not be recorded ({e}); request refused")
-        })
-    }
-}
-
-/// The head of a request as the credential checks see it.
-struct ReqHead<'r>(&'r Request<Incoming>);
-
-impl Head for ReqHead<'_> {
-    fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
-        let (req, uri) = (self.0, self.0.uri());
-        f(req.method().as_str().as_bytes())
-            || uri.authority().is_some_and(|a| f(a.as_str().as_bytes()))
-            || uri.path_and_query().is_some_and(|pq| f(pq.as_str().as_bytes()))
-            || req
-                .headers()
-                .iter()
-                .any(|(k, v)| f(k.as_str().as_bytes()) || f(v.as_bytes()))
-    }
-}
-
-/// What a request inside an intercepted CONNECT goes out with.
-pub struct Inside {
-    pub target: Target,
-    pub credentials: Option<Injection>,
-}
-
-/// Steps 2–4 again for one request inside an intercepted CONNECT to
-/// `connect`, with the policy in force now (a reload applies from the next
-/// request on): the run still active and its tool configured; the request
-/// on the tunnel's host (`host_mismatch`); allowlist and methods; and the
-/// credentials (a misused placeholder denied; those to write in returned).
-/// Denials are recorded and answered like any other, as kind `http`.
-pub async fn decide_inside(
-    sh: &Shared,
-    run: &Arc<Run>,
-    connect: &Target,
-    req: &Request<Incoming>,
-) -> Result<Inside, Answer> {
-    let policy = sh.policy.load_full();
-    let tm = sh.tool_metrics(Some(&run.tool));
-    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
-    let tool = fetch.check_run(run, req.uri()).await?;
-    let target = match target::parse_inside(connect, req.uri(), req.headers()) {
-        Ok(t) => t,
-        Err(e) => return Err(fetch.refuse_target(e, Dest::Target(connect)).await),
-    };
-    fetch.admit(&tool, &target, req.method()).await?;
-    let credentials = fetch
-        .credentials(&tool, run, &target, req, Channel::VerifiedTls)
-        .await?;
-    fetch.count_allowed(&tool);
-    Ok(Inside { target, credentials })
-}
-
-/// An intercepted CONNECT whose TLS names another server (SNI) than the
-/// CONNECT target: a `host_mismatch` fact (the connection is then closed;
-/// there is no HTTP answer to give before the handshake).
-pub async fn deny_sni(sh: &Shared, run: &Run, connect: &Target, sni: &str) {
-    let policy = sh.policy.load_full();
-    let tm = sh.tool_metrics(Some(&run.tool));
-    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Connect, Instant::now());
-    let detail = format!("TLS server name {sni:?} is not the tunnel's host {connect}");
-    let _ = fetch
-        .deny(DenyReason::HostMismatch, detail, Dest::Target(connect), &[])
-        .await;
 }
 
 #[cfg(test)]

@@ -184,7 +184,7 @@ pub async fn forward(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
         &parts.headers,
     ));
-    let scrub = match scrub::response(sh, credentials.as_ref(), run, &method, &mut parts) {
+    let scrub = match scrub::response(sh, credentials.as_ref().map(|c| &c.tool), run, &method, &mut parts) {
         Ok(s) => s,
         Err(e) => {
             fx.failed(FetchError::Unscrubbable.code());

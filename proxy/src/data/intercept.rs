@@ -7,7 +7,7 @@
 //! leaf of the appliance CA for the CONNECT host — after checking that the
 //! ClientHello's server name (SNI), when there is one, is that host — and
 //! serves HTTP/1.1 inside: each request is decided again
-//! ([`fetch::decide_inside`]: run, allowlist, methods, `Host`, credential
+//! ([`decide::decide_inside`]: run, allowlist, methods, `Host`, credential
 //! misuse), gets the tool's credentials for this host written in
 //! ([`inject`]), and goes out on the one upstream connection (dialled again
 //! to the same pinned address if the origin closed it); its response comes
@@ -17,7 +17,7 @@
 //! until it is over.
 
 use crate::data::body::ProxyBody;
-use crate::data::fetch;
+use crate::data::decide;
 use crate::data::finish::Finish;
 use crate::data::forward::strip_hop_by_hop;
 use crate::data::inject;
@@ -145,7 +145,7 @@ impl Origin<'_> {
         if let Some(sni) = start.client_hello().server_name() {
             if !sni_names(&self.target.host, sni) {
                 let sni = sni.to_owned();
-                fetch::deny_sni(self.sh, self.run, self.target, &sni).await;
+                decide::deny_sni(self.sh, self.run, self.target, &sni).await;
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, "host_mismatch"));
             }
         }
@@ -175,7 +175,7 @@ impl Origin<'_> {
 
     /// One request inside the session.
     async fn exchange(&self, req: Request<Incoming>) -> Result<Answer, Infallible> {
-        let inside = match fetch::decide_inside(self.sh, self.run, self.target, &req).await {
+        let inside = match decide::decide_inside(self.sh, self.run, self.target, &req).await {
             Ok(i) => i,
             Err(answer) => return Ok(answer.map(Either::Right)),
         };
@@ -203,7 +203,13 @@ impl Origin<'_> {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                let scrub = match scrub::response(self.sh, inside.credentials.as_ref(), self.run, &method, &mut parts) {
+                let scrub = match scrub::response(
+                    self.sh,
+                    inside.credentials.as_ref().map(|c| &c.tool),
+                    self.run,
+                    &method,
+                    &mut parts,
+                ) {
                     Ok(s) => s,
                     Err(e) => {
                         self.sh.count_error(&self.run.tool, FetchError::Unscrubbable);

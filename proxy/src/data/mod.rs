@@ -1,18 +1,21 @@
 //! The data plane: what happens to a request on the proxy listener (or on a
-//! listener handed over for one run). [`fetch`] holds the decision path as
-//! one function per step; the other modules are what the steps use:
-//! [`auth`] (the run credential), [`target`] (the canonical target),
-//! [`policy`] (glue to the pure allowlist and range decisions), [`upstream`]
-//! (dial the vetted addresses, HTTP/1.1 handshake), [`forward`] (plain
-//! HTTP) with [`inject`] (credentials written into the request),
-//! [`tunnel`] (CONNECT), [`intercept`] (a CONNECT whose TLS the proxy
-//! terminates, with `ca` leaves), [`body`] (bodies bounded by the deadline and the
-//! run), [`finish`] (the fetch's outcome, once), [`respond`] (denial and
-//! error answers), [`handoff`] (listeners handed over by the executor). The
+//! listener handed over for one run). [`fetch`] is the forward and CONNECT
+//! entrance, one function per step; [`decide`] holds the decisions every
+//! entrance shares (run, target, allowlist, credentials, each denial
+//! recorded), on the pure [`policy`] functions. The other modules are what
+//! the steps use: [`auth`] (the run credential), [`target`] (the canonical
+//! target), [`upstream`] (dial the vetted addresses, HTTP/1.1 handshake),
+//! [`forward`] (plain HTTP) with [`inject`] (credentials written into the
+//! request) and [`scrub`] (secrets taken out of the response), [`tunnel`]
+//! (CONNECT), [`intercept`] (a CONNECT whose TLS the proxy terminates, with
+//! `ca` leaves), [`body`] (bodies bounded by the deadline and the run),
+//! [`finish`] (the fetch's outcome, once), [`respond`] (denial and error
+//! answers), [`handoff`] (listeners handed over by the executor). The
 //! resolver (`dns`) and the proxy's own addresses (`addrs`) are shared state.
 
 pub(crate) mod auth;
 pub(crate) mod body;
+pub(crate) mod decide;
 pub(crate) mod fetch;
 pub(crate) mod finish;
 pub(crate) mod forward;

@@ -12,7 +12,6 @@
 //! `identity` and no byte range ([`ask_scrubbable`]); a body in any other
 //! content coding is refused ([`Scrub::check`]), never passed unscrubbed.
 
-use crate::data::inject::Injection;
 use crate::metrics::ToolCredential;
 use crate::runs::Run;
 use crate::state::Shared;
@@ -227,17 +226,18 @@ impl Scrub {
     }
 }
 
-/// The scrubber of a response to a request that carried `credentials`
-/// (none for other requests), with its head already scrubbed; `Err` when
-/// its body cannot be scrubbed and must not be passed on.
+/// The scrubber of a response to a request that carried credentials of
+/// `injected`, the tool (none for other requests), with its head already
+/// scrubbed; `Err` when its body cannot be scrubbed and must not be passed
+/// on.
 pub fn response(
     sh: &Shared,
-    credentials: Option<&Injection>,
+    injected: Option<&Arc<ToolPolicy>>,
     run: &Arc<Run>,
     method: &Method,
     parts: &mut http::response::Parts,
 ) -> Result<Option<Scrub>, String> {
-    let Some(mut scrub) = credentials.and_then(|inj| Scrub::new(&inj.tool, run, &sh.metrics.credential_scrubs)) else {
+    let Some(mut scrub) = injected.and_then(|tool| Scrub::new(tool, run, &sh.metrics.credential_scrubs)) else {
         return Ok(None);
     };
     Scrub::check(method, parts.status, &parts.headers)?;
