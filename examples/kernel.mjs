@@ -40,7 +40,7 @@ const proxy = new ProxyClient(CONTROL, { token: token() });
 const executor = new ExecutorClient(EXECUTOR, { token: token() });
 for (const [name, c] of [['proxy', proxy], ['executor', executor]]) {
   if (!(await c.health({ timeoutMs: 2000 }))) {
-    console.error(`the ${name} does not answer; start it first (see the README, 'Kernel clients and examples')`);
+    console.error(`the ${name} does not answer; start it first (see docs/clients.md, 'The examples')`);
     process.exit(1);
   }
 }

@@ -76,7 +76,7 @@ def main():
     executor = ExecutorClient(args.executor, token())
     for name, client in (("proxy", proxy), ("executor", executor)):
         if not client.health(timeout=2):
-            sys.exit("the %s does not answer; start it first (see the README, 'Kernel clients and examples')" % name)
+            sys.exit("the %s does not answer; start it first (see docs/clients.md, 'The examples')" % name)
 
     origin = http.server.ThreadingHTTPServer(ORIGIN, Weather)
     threading.Thread(target=origin.serve_forever, daemon=True).start()

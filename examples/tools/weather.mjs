@@ -2,10 +2,11 @@
 //
 // Module-level code is the load phase (the run is not active yet: no network);
 // run(input, ctx) is called once. Its only network is HTTP_PROXY, the run's
-// proxy URL. The reference runner offers no ctx.fetch yet, and Node's global
-// fetch ignores HTTP_PROXY, so proxyGet() below sends a plain-HTTP request in
+// proxy URL. Node's global fetch ignores HTTP_PROXY (before Node 24), so
+// proxyGet() below shows what a request through the proxy is: plain HTTP in
 // absolute form to the proxy with node:http (https:// targets would need a
-// CONNECT tunnel instead).
+// CONNECT tunnel instead). The runner's ctx.fetch(url, init) does both for a
+// tool (see docs/executor.md, "Tools under strict").
 //
 // input: {"city": "Oslo", "origin": "http://127.0.0.2:8787", "also_try": "http://evil.example/"}
 

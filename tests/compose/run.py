@@ -339,7 +339,7 @@ def check_demo(stack, token):
         hosts = {f["target"]["host"] for f in facts}
         log("facts API: %d denial facts, reasons %s, hosts %s" % (len(facts), sorted({r for _, r in seen}), sorted(hosts)))
 
-        # The operator's commands from the README, inside the containers.
+        # The operator's commands from docs/stack.md, inside the containers.
         r = stack.exec("demo", "python3", "/opt/loom-egress/demo/kernel.py", "facts", "5")
         if r.returncode != 0 or "REASON" not in r.stdout or not any(x in r.stdout for x in ("not_allowlisted", "ip_literal")):
             raise Failure("kernel.py facts failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))

@@ -2,8 +2,9 @@
 //! `egress-proxy` and `egress-executor` binaries: runs each language's own
 //! test suite as a child process, pointed at the binaries cargo built for
 //! this test run, and fails unless it exits 0 having passed every test.
-//! Then the README's examples: `examples/egress.toml` (on free ports) with
-//! both kernel scripts. Skipped, loudly, when `python3` or `node` is missing.
+//! Then the examples of the README's worked example and `docs/clients.md`:
+//! `examples/egress.toml` (on free ports) with both kernel scripts.
+//! Skipped, loudly, when `python3` or `node` is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::process::{bin, free_port, repo_root, ProxyProcess};

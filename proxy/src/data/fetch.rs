@@ -1,6 +1,6 @@
 //! The forward and CONNECT entrance: the decision path of one fetch on the
-//! proxy listener, in the order the README gives ("How one fetch is
-//! decided"), one function per step:
+//! proxy listener, in the order `docs/policy.md` gives ("The steps, in
+//! order"), one function per step:
 //!
 //! 1. [`authenticate`](auth::authenticate): the run credential (`407` otherwise);
 //! 2. [`Fetch::check_run`]: the run is active and its tool configured;
