@@ -4,12 +4,14 @@
 //! figure with ratios to direct and to the best peer, and writes the same as
 //! JSON. The `dispatch` figure runs the executor's warm-dispatch benchmark
 //! (`dispatch.rs`). The `intercept` figure measures the cost of interception instead:
-//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`). `bench/run.sh` installs the peers, builds and runs this; see
+//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`),
+//! and the `scrub` figure the cost of scrubbing credential hosts' responses
+//! (`scrub.rs`). `bench/run.sh` installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
 //! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] [--callgrind DIR]`
 //! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
-//! intercept, dispatch;
+//! intercept, scrub, dispatch;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
 //! `perf record` egress-proxy during each of its windows; `--callgrind DIR`:
 //! run egress-proxy under callgrind and report its user-space instructions
@@ -23,6 +25,7 @@ mod load;
 mod peers;
 mod procfs;
 mod report;
+mod scrub;
 
 use load::{Binder, Path, ProxyTarget, Timing};
 use peers::{find_program, Daemon, Launcher};
@@ -291,6 +294,9 @@ async fn main() {
     if bench.a.wants("intercept") {
         intercept_figure(&bench, &mut results, &mut skipped).await;
     }
+    if bench.a.wants("scrub") {
+        scrub_figure(&bench, &mut results, &mut skipped).await;
+    }
     if bench.a.wants("dispatch") {
         dispatch_figure(&bench, &exe, dir.path(), &mut results, &mut skipped);
     }
@@ -543,6 +549,70 @@ async fn plain_figures(
     );
 
     drop(daemons);
+    drop(egress);
+    drop(origin);
+}
+
+/// The cost of scrubbing (`scrub.rs`): keep-alive and bulk through one
+/// egress-proxy as a tool without credentials and as one whose credential
+/// host is the origin.
+async fn scrub_figure(bench: &Bench, results: &mut Map<String, Value>, skipped: &mut Vec<String>) {
+    let Bench {
+        p,
+        launcher,
+        dns,
+        proxy_bin,
+        b,
+        ..
+    } = bench;
+    let origin = match find_program("nginx") {
+        Some(prog) => {
+            let o = peers::nginx(launcher, &prog, p.bulk_bytes).unwrap();
+            scrub::text_bulk(launcher, p.bulk_bytes).unwrap();
+            o
+        }
+        None => peers::rust_origin(p.bulk_bytes).unwrap(),
+    };
+    dns.set("origin.test", &["127.0.0.2"]);
+    let port = origin.addr.port();
+    let egress = scrub::egress_proxy(launcher, proxy_bin, dns.addr, port, TOKEN).unwrap();
+    let paths = scrub::paths(&egress, port).await;
+    eprintln!("scrubbing cost: keep-alive GET 1 KiB, {} connections", p.conns);
+    for path in &paths {
+        let w = scrub::keepalive(b, path, &origin, p.conns, &p.timing).await;
+        print_window(&path.name, "req/s", "per request", "reconnects", &w);
+        put_window(
+            results,
+            &path.name,
+            "scrub_keepalive_rps",
+            "scrub_keepalive",
+            "scrub_keepalive_reconnects",
+            &w,
+        );
+    }
+    eprintln!(
+        "scrubbing cost: plain-HTTP download, {} MiB x {}",
+        p.bulk_bytes >> 20,
+        p.bulk_reps
+    );
+    for path in &paths {
+        match scrub::bulk(b, path, &origin, p.bulk_bytes, p.bulk_reps).await {
+            Ok((mibps, cpu)) => {
+                eprintln!("  {:<13} {mibps:>7.0} MiB/s  cpu {cpu:?} s/GiB", path.name);
+                put(results, &path.name, "scrub_bulk_mib_per_s", Some(mibps));
+                put(results, &path.name, "scrub_bulk_cpu_s_per_gib", cpu);
+            }
+            Err(e) => skip(skipped, format!("scrubbing cost, bulk via {}: {e}", path.name)),
+        }
+    }
+    let m = egress_e2e::harness::control_call(egress.control, "GET", "/metrics", None, None)
+        .await
+        .text();
+    let scrubs = egress_e2e::harness::sample(
+        &m,
+        "egress_credential_scrubs_total{tool=\"scrubbed\",credential=\"api\"}",
+    );
+    put(results, "scrubbed", "scrub_count", Some(scrubs));
     drop(egress);
     drop(origin);
 }

@@ -93,7 +93,7 @@ impl Launcher {
 
     /// A directory for one process, writable by the unprivileged users
     /// squid and tinyproxy switch to when started as root.
-    fn subdir(&self, name: &str) -> io::Result<PathBuf> {
+    pub fn subdir(&self, name: &str) -> io::Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt;
         let d = self.dir.join(name);
         std::fs::create_dir_all(&d)?;

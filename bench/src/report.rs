@@ -78,6 +78,20 @@ const DISPATCH_ROWS: &[(&str, &str)] = &[
 ];
 
 const TLS_PATHS: &[&str] = &["direct-tls", "blind-tunnel", "intercepted"];
+
+/// The scrubbing table's rows (label, result key), each with the ratio
+/// scrubbed ÷ plain.
+const SCRUB_ROWS: &[(&str, &str)] = &[
+    ("keep-alive GET 1 KiB: requests/s", "scrub_keepalive_rps"),
+    ("keep-alive: p50 ms", "scrub_keepalive_p50_ms"),
+    ("keep-alive: proxy CPU µs/request", "scrub_keepalive_cpu_us"),
+    (
+        "keep-alive: proxy instructions/request (callgrind)",
+        "scrub_keepalive_instructions",
+    ),
+    ("plain-HTTP download: MiB/s (median)", "scrub_bulk_mib_per_s"),
+    ("plain-HTTP download: proxy CPU s/GiB", "scrub_bulk_cpu_s_per_gib"),
+];
 const PEERS: &[&str] = &["squid", "tinyproxy"];
 
 fn fmt(v: f64) -> String {
@@ -165,6 +179,7 @@ pub fn markdown(doc: &Value) -> String {
         out += &rows;
     }
     out += &intercept_table(doc);
+    out += &scrub_table(doc);
     out += &dispatch_table(doc);
     out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
     if let Some(s) = doc["skipped"].as_array().filter(|s| !s.is_empty()) {
@@ -208,6 +223,38 @@ fn intercept_table(doc: &Value) -> String {
         p["window_s"],
         p["warm_s"],
         doc["machine"]["summary"].as_str().unwrap_or("")
+    )
+}
+
+/// The scrubbing table (one egress-proxy, a tool without credentials and
+/// one whose credential host is the origin), or nothing when that figure
+/// did not run.
+fn scrub_table(doc: &Value) -> String {
+    let (r, p) = (&doc["results"], &doc["params"]);
+    let mut rows = String::new();
+    for (label, key) in SCRUB_ROWS {
+        let get = |path: &str| r[path][*key].as_f64();
+        let (plain, scrubbed) = (get("plain"), get("scrubbed"));
+        if plain.is_none() && scrubbed.is_none() {
+            continue;
+        }
+        let cell = |v: Option<f64>| v.map(fmt).unwrap_or_else(|| "—".into());
+        rows += &format!("| {label} | {} | {} |", cell(plain), cell(scrubbed));
+        rows += &match (scrubbed, plain) {
+            (Some(a), Some(b)) if b > 0.0 => format!(" {:.2}× |\n", a / b),
+            _ => " — |\n".into(),
+        };
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\n### Scrubbing cost (plain HTTP, a credential host's responses scanned for its secret)\n\n{} keep-alive connections; download {} MiB x {} of printable text; {} s windows after {} s warm-up.\n\n| figure | plain (no credential) | scrubbed | scrubbed ÷ plain |\n|---|---|---|---|\n{rows}",
+        p["keepalive_conns"],
+        p["bulk_bytes"].as_u64().unwrap_or(0) >> 20,
+        p["bulk_reps"],
+        p["window_s"],
+        p["warm_s"]
     )
 }
 
