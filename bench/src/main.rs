@@ -4,12 +4,14 @@
 //! figure with ratios to direct and to the best peer, and writes the same as
 //! JSON. The `dispatch` figure runs the executor's warm-dispatch benchmark
 //! (`dispatch.rs`). The `intercept` figure measures the cost of interception instead:
-//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`). `bench/run.sh` installs the peers, builds and runs this; see
+//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`); the
+//! `leafs` figure, what each leaf certificate an `inspect` tool makes the
+//! proxy cache costs in memory (`leafs.rs`). `bench/run.sh` installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
 //! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] [--callgrind DIR]`
 //! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
-//! intercept, dispatch;
+//! intercept, leafs, dispatch;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
 //! `perf record` egress-proxy during each of its windows; `--callgrind DIR`:
 //! run egress-proxy under callgrind and report its user-space instructions
@@ -19,6 +21,7 @@
 mod callgrind;
 mod dispatch;
 mod intercept;
+mod leafs;
 mod load;
 mod peers;
 mod procfs;
@@ -47,6 +50,8 @@ struct Params {
     tls_in_flight: usize,
     /// Warm dispatch: invocations per tool and isolation.
     dispatches: usize,
+    /// Cached leaves: names an `inspect` tool handshakes for.
+    leaf_names: usize,
 }
 
 impl Params {
@@ -65,6 +70,7 @@ impl Params {
             tls_conns: 50,
             tls_in_flight: 50,
             dispatches: 200,
+            leaf_names: 1000,
         }
     }
 
@@ -83,6 +89,7 @@ impl Params {
             tls_conns: 4,
             tls_in_flight: 4,
             dispatches: 5,
+            leaf_names: 20,
         }
     }
 }
@@ -291,6 +298,9 @@ async fn main() {
     if bench.a.wants("intercept") {
         intercept_figure(&bench, &mut results, &mut skipped).await;
     }
+    if bench.a.wants("leafs") {
+        leafs_figure(&bench, &mut results, &mut skipped).await;
+    }
     if bench.a.wants("dispatch") {
         dispatch_figure(&bench, &exe, dir.path(), &mut results, &mut skipped);
     }
@@ -309,7 +319,7 @@ async fn main() {
             "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
             "idle_tunnels": idle, "denial_clients": p.denial_clients,
             "tls_keepalive_conns": p.tls_conns, "tls_new_conns_in_flight": p.tls_in_flight,
-            "dispatches": p.dispatches,
+            "dispatches": p.dispatches, "leaf_names": p.leaf_names,
         },
         "skipped": skipped,
         "results": results,
@@ -594,7 +604,7 @@ async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipp
     } = bench;
     let t = &p.timing;
     let window = t.warm + t.secs;
-    let origin = intercept::start_origin().unwrap();
+    let origin = intercept::start_origin(&[intercept::HOST]).unwrap();
     dns.set(intercept::HOST, &["127.0.0.2"]);
     let egress = intercept::egress_proxy(launcher, proxy_bin, dns.addr, &origin, TOKEN).unwrap();
     let paths = intercept::paths(&origin, &egress, TOKEN).await.unwrap();
@@ -645,4 +655,27 @@ async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipp
         );
     }
     drop(egress);
+}
+
+/// The memory per cached leaf: a fresh egress-proxy, an `inspect` tool with
+/// a `*.` rule, one intercepted request to each of `leaf_names` names.
+async fn leafs_figure(bench: &Bench, results: &mut Map<String, Value>, skipped: &mut Vec<String>) {
+    let n = bench.p.leaf_names;
+    eprintln!("cached leaves: intercepted HTTPS requests to {n} names of an inspect tool's *. rule");
+    match leafs::run(&bench.launcher, &bench.proxy_bin, &bench.dns, &bench.b, n, TOKEN).await {
+        Ok(l) => {
+            eprintln!(
+                "  egress-proxy  {:.2} KiB RSS per cached leaf ({} names, {:.0} handshakes/s one at a time)",
+                l.kib_per_leaf, l.names, l.handshakes_per_s
+            );
+            put(results, "egress-proxy", "leaf_rss_kib", Some(l.kib_per_leaf));
+            put(
+                results,
+                "egress-proxy",
+                "leaf_handshakes_per_s",
+                Some(l.handshakes_per_s),
+            );
+        }
+        Err(e) => skip(skipped, format!("cached leaves: {e}")),
+    }
 }

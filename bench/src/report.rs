@@ -165,6 +165,7 @@ pub fn markdown(doc: &Value) -> String {
         out += &rows;
     }
     out += &intercept_table(doc);
+    out += &leafs_table(doc);
     out += &dispatch_table(doc);
     out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
     if let Some(s) = doc["skipped"].as_array().filter(|s| !s.is_empty()) {
@@ -208,6 +209,20 @@ fn intercept_table(doc: &Value) -> String {
         p["window_s"],
         p["warm_s"],
         doc["machine"]["summary"].as_str().unwrap_or("")
+    )
+}
+
+/// The cached-leaf figure, or nothing when it did not run.
+fn leafs_table(doc: &Value) -> String {
+    let r = &doc["results"]["egress-proxy"];
+    let (Some(kib), Some(rate)) = (r["leaf_rss_kib"].as_f64(), r["leaf_handshakes_per_s"].as_f64()) else {
+        return String::new();
+    };
+    format!(
+        "\n### Cached leaf certificates (an `inspect` tool, one `*.` rule)\n\n{} names, one intercepted HTTPS request each, one at a time, on a fresh egress-proxy.\n\n| figure | egress-proxy |\n|---|---|\n| proxy RSS growth per cached leaf, KiB | {} |\n| new names/s (CONNECT, handshake with a new leaf, GET, close) | {} |\n",
+        doc["params"]["leaf_names"],
+        fmt(kib),
+        fmt(rate)
     )
 }
 
