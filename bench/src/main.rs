@@ -657,24 +657,32 @@ async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipp
     drop(egress);
 }
 
-/// The memory per cached leaf: a fresh egress-proxy, an `inspect` tool with
-/// a `*.` rule, one intercepted request to each of `leaf_names` names.
+/// The memory per cached leaf (`leafs.rs`): one request to each of
+/// `leaf_names` names of an `inspect` tool's `*.` rule, on a fresh
+/// egress-proxy, less the same through blind tunnels on another.
 async fn leafs_figure(bench: &Bench, results: &mut Map<String, Value>, skipped: &mut Vec<String>) {
     let n = bench.p.leaf_names;
     eprintln!("cached leaves: intercepted HTTPS requests to {n} names of an inspect tool's *. rule");
     match leafs::run(&bench.launcher, &bench.proxy_bin, &bench.dns, &bench.b, n, TOKEN).await {
         Ok(l) => {
+            let leaf = l.kib_per_intercepted_name - l.kib_per_blind_name;
             eprintln!(
-                "  egress-proxy  {:.2} KiB RSS per cached leaf ({} names, {:.0} handshakes/s one at a time)",
-                l.kib_per_leaf, l.names, l.handshakes_per_s
+                "  egress-proxy  {:.2} KiB RSS per cached leaf: {:.2} KiB per name intercepted, {:.2} through blind tunnels ({} names, {:.0} intercepted handshakes/s one at a time)",
+                leaf, l.kib_per_intercepted_name, l.kib_per_blind_name, l.names, l.handshakes_per_s
             );
-            put(results, "egress-proxy", "leaf_rss_kib", Some(l.kib_per_leaf));
-            put(
-                results,
-                "egress-proxy",
-                "leaf_handshakes_per_s",
-                Some(l.handshakes_per_s),
-            );
+            let r = [
+                ("leaf_rss_kib", leaf),
+                ("leaf_intercepted_name_rss_kib", l.kib_per_intercepted_name),
+                ("leaf_blind_name_rss_kib", l.kib_per_blind_name),
+                ("leaf_handshakes_per_s", l.handshakes_per_s),
+            ];
+            for (key, v) in r {
+                put(results, "egress-proxy", key, Some(v));
+            }
+            if let Some(i) = l.instructions {
+                eprintln!("  egress-proxy  {i:>9.0} instructions per intercepted new name (callgrind, user space)");
+            }
+            put(results, "egress-proxy", "leaf_instructions", l.instructions);
         }
         Err(e) => skip(skipped, format!("cached leaves: {e}")),
     }

@@ -212,17 +212,37 @@ fn intercept_table(doc: &Value) -> String {
     )
 }
 
-/// The cached-leaf figure, or nothing when it did not run.
+/// The cached-leaf figure (`leafs.rs`), or nothing when it did not run.
 fn leafs_table(doc: &Value) -> String {
     let r = &doc["results"]["egress-proxy"];
-    let (Some(kib), Some(rate)) = (r["leaf_rss_kib"].as_f64(), r["leaf_handshakes_per_s"].as_f64()) else {
-        return String::new();
-    };
+    let rows = [
+        (
+            "proxy RSS growth per name, intercepted, KiB",
+            "leaf_intercepted_name_rss_kib",
+        ),
+        (
+            "proxy RSS growth per name, blind tunnels (DNS answers), KiB",
+            "leaf_blind_name_rss_kib",
+        ),
+        ("per cached leaf (the difference), KiB", "leaf_rss_kib"),
+        ("intercepted new names/s, one at a time", "leaf_handshakes_per_s"),
+        (
+            "intercepted new name: proxy instructions each (callgrind)",
+            "leaf_instructions",
+        ),
+    ];
+    let mut out = String::new();
+    for (label, key) in rows {
+        if let Some(v) = r[key].as_f64() {
+            out += &format!("| {label} | {} |\n", fmt(v));
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
     format!(
-        "\n### Cached leaf certificates (an `inspect` tool, one `*.` rule)\n\n{} names, one intercepted HTTPS request each, one at a time, on a fresh egress-proxy.\n\n| figure | egress-proxy |\n|---|---|\n| proxy RSS growth per cached leaf, KiB | {} |\n| new names/s (CONNECT, handshake with a new leaf, GET, close) | {} |\n",
+        "\n### Cached leaf certificates (an `inspect` tool, one `*.` rule)\n\n{} names, one HTTPS request each (CONNECT, handshake, GET, close), on two fresh egress-proxies: one intercepting (a new leaf per name), one through blind tunnels.\n\n| figure | egress-proxy |\n|---|---|\n{out}",
         doc["params"]["leaf_names"],
-        fmt(kib),
-        fmt(rate)
     )
 }
 
