@@ -6,6 +6,8 @@
 //! client reads them, so the compiler checks that the two agree.
 #![forbid(unsafe_code)]
 
+pub mod rules;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -56,10 +58,11 @@ pub struct CreateRun {
     pub tool: String,
     /// The kernel's own id for the run (1–128 of `A-Z a-z 0-9 - _ . ~`); a UUID when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::run_id_schema)]
     pub run_id: Option<String>,
     /// Up to 64 labels (e.g. the kernel's id), returned in views and usable as a filter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = rules::labels_schema)]
     pub labels: Option<Map<String, Value>>,
     /// `false` creates the run inactive (a warm child's): egress is denied
     /// (`run_not_active`) until `POST /v1/runs/{id}/activate`. Default `true`.
@@ -67,6 +70,7 @@ pub struct CreateRun {
     pub activate: Option<bool>,
     /// Who creates the run; it must hold a lease (`PUT /v1/owners/{owner}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::owner_schema)]
     pub owner: Option<String>,
 }
 
@@ -90,6 +94,7 @@ pub struct RunView {
     pub run_id: String,
     pub tool: String,
     /// `created`, `active` or `ended`.
+    #[schema(schema_with = rules::run_state_schema)]
     pub state: String,
     /// RFC 3339.
     pub created_at: String,
@@ -201,14 +206,16 @@ pub struct EndedRun {
 #[into_params(parameter_in = Query)]
 pub struct RunFilter {
     pub tool: Option<String>,
-    /// `created`, `active` or `ended`.
+    #[param(schema_with = rules::run_state_filter_schema)]
     pub state: Option<String>,
     pub owner: Option<String>,
     /// `key=value`: runs whose label `key` is the string `value`.
+    #[param(pattern = "=")]
     pub label: Option<String>,
     /// Paging: runs whose id sorts after this one.
     pub after: Option<String>,
-    /// 1–1000, default 100.
+    /// Runs per page: default 100; 0 counts as 1, above 1000 as 1000.
+    #[param(maximum = 18446744073709551615_usize)]
     pub limit: Option<usize>,
 }
 
@@ -227,9 +234,12 @@ pub struct RunList {
 pub struct Cursor {
     /// Facts with `seq` greater than this (0 ..= 2^63−1).
     #[serde(default)]
+    #[param(maximum = 9223372036854775807_usize)]
     pub after: u64,
-    /// 1–1000, default 100.
+    /// Facts per page: default 100; 0 counts as 1, above 1000 as 1000.
+    /// The live stream ignores it.
     #[serde(default)]
+    #[param(maximum = 18446744073709551615_usize)]
     pub limit: Option<usize>,
 }
 
@@ -251,7 +261,9 @@ pub struct FactsPage {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewOwner {
-    /// 1 000 – 600 000.
+    /// How long the lease lasts from now, in milliseconds (1 000 – 600 000).
+    #[serde(deserialize_with = "rules::whole::u64")]
+    #[schema(minimum = 1000, maximum = 600000)]
     pub lease_ms: u64,
 }
 

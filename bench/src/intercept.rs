@@ -68,14 +68,16 @@ pub fn connector(ca_pem: &str) -> io::Result<TlsConnector> {
 }
 
 /// The Rust HTTPS test origin on a thread (and runtime) of its own, as
-/// [`peers::rust_origin`] for plain HTTP.
-pub fn start_origin() -> io::Result<egress_e2e::tls_origin::TlsOrigin> {
+/// [`peers::rust_origin`] for plain HTTP, its certificate naming `names`.
+pub fn start_origin(names: &[&str]) -> io::Result<egress_e2e::tls_origin::TlsOrigin> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
         if let Ok(rt) = rt {
             rt.block_on(async move {
-                let o = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &[HOST]).await;
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let o = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &names).await;
                 let _ = tx.send(o);
                 std::future::pending::<()>().await;
             });
@@ -123,14 +125,8 @@ placeholder_env = \"API_TOKEN\"
     peers::egress_proxy_in(l, program, name, dns, &extra, &tools, token)
 }
 
-/// The three paths: `direct-tls`, `blind-tunnel` (tool `blind`, TLS
-/// end-to-end with the origin) and `intercepted` (tool `injected`, TLS with
-/// the proxy's leaf, trusting the appliance CA from `GET /v1/ca`).
-pub async fn paths(
-    origin: &egress_e2e::tls_origin::TlsOrigin,
-    proxy: &Egress,
-    token: &str,
-) -> io::Result<Vec<(String, TlsPath)>> {
+/// The appliance CA of `proxy` (PEM), from `GET /v1/ca`.
+pub async fn appliance_ca(proxy: &Egress, token: &str) -> io::Result<String> {
     let r = egress_e2e::harness::control_call(proxy.control, "GET", "/v1/ca", None, Some(token)).await;
     if r.status != 200 {
         return Err(io::Error::other(format!(
@@ -140,9 +136,21 @@ pub async fn paths(
         )));
     }
     let ca: serde_json::Value = serde_json::from_slice(&r.body).map_err(io::Error::other)?;
-    let appliance_pem = ca["pem"]
+    ca["pem"]
         .as_str()
-        .ok_or_else(|| io::Error::other("GET /v1/ca: no pem"))?;
+        .map(str::to_owned)
+        .ok_or_else(|| io::Error::other("GET /v1/ca: no pem"))
+}
+
+/// The three paths: `direct-tls`, `blind-tunnel` (tool `blind`, TLS
+/// end-to-end with the origin) and `intercepted` (tool `injected`, TLS with
+/// the proxy's leaf, trusting the appliance CA from `GET /v1/ca`).
+pub async fn paths(
+    origin: &egress_e2e::tls_origin::TlsOrigin,
+    proxy: &Egress,
+    token: &str,
+) -> io::Result<Vec<(String, TlsPath)>> {
+    let appliance_pem = appliance_ca(proxy, token).await?;
     let authority = format!("{HOST}:{}", origin.addr.port());
     let via = |tool: &str| {
         let authority = authority.clone();
@@ -185,7 +193,7 @@ pub async fn paths(
             "intercepted".into(),
             TlsPath {
                 tcp: via("injected").await,
-                tls: connector(appliance_pem)?,
+                tls: connector(&appliance_pem)?,
             },
         ),
     ])

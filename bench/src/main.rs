@@ -4,14 +4,16 @@
 //! figure with ratios to direct and to the best peer, and writes the same as
 //! JSON. The `dispatch` figure runs the executor's warm-dispatch benchmark
 //! (`dispatch.rs`). The `intercept` figure measures the cost of interception instead:
-//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`),
-//! and the `scrub` figure the cost of scrubbing credential hosts' responses
-//! (`scrub.rs`). `bench/run.sh` installs the peers, builds and runs this; see
+//! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`); the
+//! `leafs` figure, what each leaf certificate an `inspect` tool makes the
+//! proxy cache costs in memory (`leafs.rs`); the `scrub` figure, the cost of
+//! scrubbing credential hosts' responses (`scrub.rs`). `bench/run.sh`
+//! installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
 //! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] [--callgrind DIR]`
 //! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
-//! intercept, scrub, dispatch;
+//! intercept, leafs, scrub, dispatch;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
 //! `perf record` egress-proxy during each of its windows; `--callgrind DIR`:
 //! run egress-proxy under callgrind and report its user-space instructions
@@ -21,6 +23,7 @@
 mod callgrind;
 mod dispatch;
 mod intercept;
+mod leafs;
 mod load;
 mod peers;
 mod procfs;
@@ -50,6 +53,8 @@ struct Params {
     tls_in_flight: usize,
     /// Warm dispatch: invocations per tool and isolation.
     dispatches: usize,
+    /// Cached leaves: names an `inspect` tool handshakes for.
+    leaf_names: usize,
 }
 
 impl Params {
@@ -68,6 +73,7 @@ impl Params {
             tls_conns: 50,
             tls_in_flight: 50,
             dispatches: 200,
+            leaf_names: 1000,
         }
     }
 
@@ -86,6 +92,7 @@ impl Params {
             tls_conns: 4,
             tls_in_flight: 4,
             dispatches: 5,
+            leaf_names: 20,
         }
     }
 }
@@ -294,6 +301,9 @@ async fn main() {
     if bench.a.wants("intercept") {
         intercept_figure(&bench, &mut results, &mut skipped).await;
     }
+    if bench.a.wants("leafs") {
+        leafs_figure(&bench, &mut results, &mut skipped).await;
+    }
     if bench.a.wants("scrub") {
         scrub_figure(&bench, &mut results, &mut skipped).await;
     }
@@ -315,7 +325,7 @@ async fn main() {
             "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
             "idle_tunnels": idle, "denial_clients": p.denial_clients,
             "tls_keepalive_conns": p.tls_conns, "tls_new_conns_in_flight": p.tls_in_flight,
-            "dispatches": p.dispatches,
+            "dispatches": p.dispatches, "leaf_names": p.leaf_names,
         },
         "skipped": skipped,
         "results": results,
@@ -664,7 +674,7 @@ async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipp
     } = bench;
     let t = &p.timing;
     let window = t.warm + t.secs;
-    let origin = intercept::start_origin().unwrap();
+    let origin = intercept::start_origin(&[intercept::HOST]).unwrap();
     dns.set(intercept::HOST, &["127.0.0.2"]);
     let egress = intercept::egress_proxy(launcher, proxy_bin, dns.addr, &origin, TOKEN).unwrap();
     let paths = intercept::paths(&origin, &egress, TOKEN).await.unwrap();
@@ -715,4 +725,35 @@ async fn intercept_figure(bench: &Bench, results: &mut Map<String, Value>, skipp
         );
     }
     drop(egress);
+}
+
+/// The memory per cached leaf (`leafs.rs`): one request to each of
+/// `leaf_names` names of an `inspect` tool's `*.` rule, on a fresh
+/// egress-proxy, less the same through blind tunnels on another.
+async fn leafs_figure(bench: &Bench, results: &mut Map<String, Value>, skipped: &mut Vec<String>) {
+    let n = bench.p.leaf_names;
+    eprintln!("cached leaves: intercepted HTTPS requests to {n} names of an inspect tool's *. rule");
+    match leafs::run(&bench.launcher, &bench.proxy_bin, &bench.dns, &bench.b, n, TOKEN).await {
+        Ok(l) => {
+            let leaf = l.kib_per_intercepted_name - l.kib_per_blind_name;
+            eprintln!(
+                "  egress-proxy  {:.2} KiB RSS per cached leaf: {:.2} KiB per name intercepted, {:.2} through blind tunnels ({} names, {:.0} intercepted handshakes/s one at a time)",
+                leaf, l.kib_per_intercepted_name, l.kib_per_blind_name, l.names, l.handshakes_per_s
+            );
+            let r = [
+                ("leaf_rss_kib", leaf),
+                ("leaf_intercepted_name_rss_kib", l.kib_per_intercepted_name),
+                ("leaf_blind_name_rss_kib", l.kib_per_blind_name),
+                ("leaf_handshakes_per_s", l.handshakes_per_s),
+            ];
+            for (key, v) in r {
+                put(results, "egress-proxy", key, Some(v));
+            }
+            if let Some(i) = l.instructions {
+                eprintln!("  egress-proxy  {i:>9.0} instructions per intercepted new name (callgrind, user space)");
+            }
+            put(results, "egress-proxy", "leaf_instructions", l.instructions);
+        }
+        Err(e) => skip(skipped, format!("cached leaves: {e}")),
+    }
 }

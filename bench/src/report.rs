@@ -179,6 +179,7 @@ pub fn markdown(doc: &Value) -> String {
         out += &rows;
     }
     out += &intercept_table(doc);
+    out += &leafs_table(doc);
     out += &scrub_table(doc);
     out += &dispatch_table(doc);
     out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
@@ -255,6 +256,40 @@ fn scrub_table(doc: &Value) -> String {
         p["bulk_reps"],
         p["window_s"],
         p["warm_s"]
+    )
+}
+
+/// The cached-leaf figure (`leafs.rs`), or nothing when it did not run.
+fn leafs_table(doc: &Value) -> String {
+    let r = &doc["results"]["egress-proxy"];
+    let rows = [
+        (
+            "proxy RSS growth per name, intercepted, KiB",
+            "leaf_intercepted_name_rss_kib",
+        ),
+        (
+            "proxy RSS growth per name, blind tunnels (DNS answers), KiB",
+            "leaf_blind_name_rss_kib",
+        ),
+        ("per cached leaf (the difference), KiB", "leaf_rss_kib"),
+        ("intercepted new names/s, one at a time", "leaf_handshakes_per_s"),
+        (
+            "intercepted new name: proxy instructions each (callgrind)",
+            "leaf_instructions",
+        ),
+    ];
+    let mut out = String::new();
+    for (label, key) in rows {
+        if let Some(v) = r[key].as_f64() {
+            out += &format!("| {label} | {} |\n", fmt(v));
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!(
+        "\n### Cached leaf certificates (an `inspect` tool, one `*.` rule)\n\n{} names, one HTTPS request each (CONNECT, handshake, GET, close), on two fresh egress-proxies: one intercepting (a new leaf per name), one through blind tunnels.\n\n| figure | egress-proxy |\n|---|---|\n{out}",
+        doc["params"]["leaf_names"],
     )
 }
 

@@ -26,6 +26,7 @@ pub fn router(exec: Arc<Executor>) -> Router {
     let (v1, mut doc) = v1_routes().split_for_parts();
     let (open, open_doc) = open_routes().split_for_parts();
     doc.merge(open_doc);
+    complete(&mut doc);
     let doc = Arc::new(doc);
     let v1 = v1.route_layer(axum::middleware::from_fn_with_state(exec.clone(), require_token));
     Router::new()
@@ -55,6 +56,38 @@ fn v1_routes() -> OpenApiRouter<Arc<Executor>> {
         .routes(routes!(abort))
 }
 
+/// What every `/v1` operation shares, added once the routes are collected:
+/// the bearer scheme, and `503 no_token` (an executor without a control
+/// token refuses every call).
+fn complete(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    doc.components.get_or_insert_with(Default::default).add_security_scheme(
+        "control_token",
+        SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+    );
+    let no_token = ResponseBuilder::new()
+        .description("no_token: the executor has no control token to check against")
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            op.responses
+                .responses
+                .entry("503".into())
+                .or_insert_with(|| no_token.clone().into());
+        }
+    }
+}
+
 fn open_routes() -> OpenApiRouter<Arc<Executor>> {
     OpenApiRouter::new().routes(routes!(metrics)).routes(routes!(healthz))
 }
@@ -64,6 +97,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = v1_routes().split_for_parts();
     let (_, open) = open_routes().split_for_parts();
     doc.merge(open);
+    complete(&mut doc);
     doc
 }
 
@@ -110,12 +144,13 @@ async fn require_token(
 }
 
 #[utoipa::path(post, path = "/v1/invocations", tag = "invocations", request_body = InvocationRequest,
+    security(("control_token" = [])),
     responses(
         (status = 200, description = "The invocation ran: `ok`, or the tool's failure (tool_error, timeout, aborted, disconnected, protocol, startup)", body = InvocationResult),
-        (status = 400, description = "bad_request", body = InvocationResult),
+        (status = 400, description = "bad_request: the body is not JSON of this schema (or over 2 MiB, or not `application/json`), `timeout_ms` is 0, `run_id` is not a valid id, or an invocation with this `run_id` or `idempotency_key` is in flight", body = InvocationResult),
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "unknown_tool", body = InvocationResult),
-        (status = 409, description = "idempotency_conflict", body = InvocationResult),
+        (status = 409, description = "idempotency_conflict (the key was used with another request), run_exists (the proxy has a run with this `run_id`)", body = InvocationResult),
         (status = 502, description = "proxy: the proxy's control API failed", body = InvocationResult),
         (status = 503, description = "busy: no child within the pool's bounds", body = InvocationResult),
     ))]
@@ -136,29 +171,28 @@ async fn invoke(
     (status, Json(result)).into_response()
 }
 
-#[derive(Debug, serde::Deserialize)]
+/// Filters of `GET /v1/invocations` (no others: an unknown one is `400`).
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct InvocationFilter {
+    /// Only this tool.
     tool: Option<String>,
-    /// `running` or `done`.
+    #[param(schema_with = egress_api::rules::invocation_state_filter_schema)]
     state: Option<String>,
-    /// `ok` or an error kind.
+    /// Only this outcome: `ok` or an error kind.
     outcome: Option<String>,
     /// The last `invocation_id` of the previous page.
     after: Option<String>,
-    /// 1-1000, default 100.
+    /// Invocations per page: default 100; 0 counts as 1, above 1000 as 1000.
+    #[param(maximum = 18446744073709551615_usize)]
     limit: Option<usize>,
 }
 
 /// `GET /v1/invocations`: running and recent invocations, newest first.
 #[utoipa::path(get, path = "/v1/invocations", tag = "invocations",
-    params(
-        ("tool" = Option<String>, Query, description = "Only this tool"),
-        ("state" = Option<String>, Query, description = "running or done"),
-        ("outcome" = Option<String>, Query, description = "ok or an error kind"),
-        ("after" = Option<String>, Query, description = "The last invocation_id of the previous page"),
-        ("limit" = Option<usize>, Query, description = "1-1000, default 100"),
-    ),
+    security(("control_token" = [])),
+    params(InvocationFilter),
     responses(
         (status = 200, description = "Newest first", body = InvocationList),
         (status = 400, description = "bad_request", body = ErrorBody),
@@ -189,6 +223,7 @@ async fn list_invocations(
 /// `GET /v1/invocations/{id}`: by invocation id, run id or idempotency key;
 /// the whole result once done, the summary while it runs.
 #[utoipa::path(get, path = "/v1/invocations/{id}", tag = "invocations",
+    security(("control_token" = [])),
     params(("id" = String, Path, description = "Invocation id, run id or idempotency key")),
     responses(
         (status = 200, description = "`{\"state\": \"done\", \"result\": …}` or `{\"state\": \"running\", \"invocation\": …}`", body = Object),
@@ -211,6 +246,7 @@ async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String
 }
 
 #[utoipa::path(post, path = "/v1/invocations/{id}/abort", tag = "invocations",
+    security(("control_token" = [])),
     params(("id" = String, Path, description = "Run id or idempotency key of an invocation in flight")),
     responses(
         (status = 200, description = "`{\"aborted\": true, \"id\"}`; the invocation answers `aborted`", body = Object),

@@ -199,6 +199,19 @@ async fn create_run(
 ) -> Result<RunCreds, InvokeError> {
     match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id)).await {
         Ok(Ok(run)) => Ok(run),
+        // The kernel's run id names a run the proxy has (live, or ended
+        // within its retention): the kernel's mistake, not the proxy's.
+        Ok(Err(crate::control::ControlError::Rejected { status: 409, code, .. }))
+            if code == "run_exists" && run_id.is_some() =>
+        {
+            Err(InvokeError::new(
+                ErrorKind::RunExists,
+                format!(
+                    "run_id {:?} is taken: the proxy has a run with that id (pass a new one, or none)",
+                    run_id.unwrap_or_default()
+                ),
+            ))
+        }
         Ok(Err(e)) => Err(InvokeError::new(ErrorKind::Proxy, e.to_string())),
         Err(_) => Err(InvokeError::startup(
             Phase::Spawn,

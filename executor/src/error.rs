@@ -31,10 +31,12 @@ pub enum ErrorKind {
     BadRequest,
     /// The idempotency key was used before with a different request.
     IdempotencyConflict,
+    /// The request's `run_id` names a run the proxy already has.
+    RunExists,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 11] = [
+    pub const ALL: [ErrorKind; 12] = [
         ErrorKind::Startup,
         ErrorKind::Timeout,
         ErrorKind::Aborted,
@@ -46,6 +48,7 @@ impl ErrorKind {
         ErrorKind::UnknownTool,
         ErrorKind::BadRequest,
         ErrorKind::IdempotencyConflict,
+        ErrorKind::RunExists,
     ];
 
     /// The metric `outcome` label and the word in the JSON body.
@@ -62,6 +65,7 @@ impl ErrorKind {
             ErrorKind::UnknownTool => "unknown_tool",
             ErrorKind::BadRequest => "bad_request",
             ErrorKind::IdempotencyConflict => "idempotency_conflict",
+            ErrorKind::RunExists => "run_exists",
         }
     }
 
@@ -69,14 +73,15 @@ impl ErrorKind {
     /// did (its result, its error, a timeout, an abort, a crash) is `200`
     /// with `ok:false`: the invocation ran. What kept it from running is a
     /// non-2xx: the proxy's control API failing (`502`), no child to be had
-    /// (`503`), an unknown tool (`404`), a malformed request (`400`).
+    /// (`503`), an unknown tool (`404`), a malformed request (`400`), a
+    /// conflict with what was used before (`409`).
     pub fn http_status(self) -> u16 {
         match self {
             ErrorKind::Proxy => 502,
             ErrorKind::Busy => 503,
             ErrorKind::UnknownTool => 404,
             ErrorKind::BadRequest => 400,
-            ErrorKind::IdempotencyConflict => 409,
+            ErrorKind::IdempotencyConflict | ErrorKind::RunExists => 409,
             _ => 200,
         }
     }

@@ -41,11 +41,22 @@ pub fn warm_max_idle(max_run: Duration, p: &ProcessConfig) -> Duration {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InvocationRequest {
+    /// A tool of the config with a `[tools.<id>.process]` section.
     pub tool: String,
+    /// Handed to the tool as it is; `null` when absent.
     #[serde(default)]
     pub input: Value,
+    /// The run's id on the proxy (a dedicated cold child); a warm child's
+    /// run when absent.
+    #[serde(default)]
+    #[schema(schema_with = egress_api::rules::invocation_run_id_schema)]
     pub run_id: Option<String>,
+    /// A repeat with the same key and request gets the first answer.
+    #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// At most the tool's `timeout_ms`, which applies when absent.
+    #[serde(default, deserialize_with = "egress_api::rules::whole::option_u64")]
+    #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -542,6 +553,15 @@ impl Executor {
             Some(t) => t.min(configured),
             None => configured,
         };
+        if let Some(id) = req.run_id.as_deref().filter(|id| !egress_api::rules::valid_id(id)) {
+            return InvocationResult::failed(
+                &req.tool,
+                InvokeError::new(
+                    ErrorKind::BadRequest,
+                    format!("run_id {id:?} must be {}", egress_api::rules::ID_RULE),
+                ),
+            );
+        }
         let cancel = CancellationToken::new();
         // If the caller goes away (its HTTP connection closes and this future
         // is dropped), the invocation is aborted and its child killed.

@@ -118,6 +118,7 @@ async fn every_bounded_executor_series_exists_at_zero() {
         "executor_invocations_total{tool=\"count\",outcome=\"ok\"} 0",
         "executor_invocations_total{tool=\"count\",outcome=\"proxy\"} 0",
         "executor_invocations_total{tool=\"count\",outcome=\"idempotency_conflict\"} 0",
+        "executor_invocations_total{tool=\"count\",outcome=\"run_exists\"} 0",
         "executor_pool_ready{tool=\"count\"} 0",
         "executor_children{tool=\"count\",state=\"busy\"} 0",
     ] {
@@ -338,4 +339,53 @@ async fn the_executor_openapi_document_lists_every_route_and_describes_the_answe
         .unwrap()
         .check_response(status, &serde_json::from_str(&text).unwrap());
     assert!(problems.is_empty(), "{problems:?}\n{text}");
+}
+
+/// What the document says of `run_id` and `timeout_ms` is what the executor
+/// holds a request to: an id the proxy would refuse is a `400` before the
+/// proxy is asked (it was a `502` from the proxy's refusal), an id the proxy
+/// already has is `409 run_exists` (it was a `502`), `timeout_ms` 0 is a
+/// `400`, and a whole float is an integer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_ids_and_timeouts_are_held_to_the_document() {
+    let Some(_) = python() else { return };
+    let (control, _dir, exec) = setup("doc-rules").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = egress_executor::api::router(exec.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let spec = egress_e2e::openapi::Spec::new(serde_json::to_value(egress_executor::api::openapi()).unwrap());
+    let op = spec.operation("POST", "/v1/invocations").unwrap();
+    let call = |body: Value| async move {
+        let (status, text) = http(addr, "POST", "/v1/invocations", Some(body)).await;
+        let v: Value = serde_json::from_str(&text).unwrap();
+        (status, v)
+    };
+    for bad in ["a b", "", "é", &"a".repeat(129)] {
+        let body = json!({"tool": "count", "input": {"n": 1}, "run_id": bad});
+        assert!(!op.check_request(&body).is_empty(), "the document allows {bad:?}");
+        let (status, v) = call(body).await;
+        assert_eq!(
+            (status, v["error"]["kind"].as_str()),
+            (400, Some("bad_request")),
+            "{bad:?}: {v}"
+        );
+        assert!(op.check_response(status, &v).is_empty());
+    }
+    assert!(
+        !control.calls().iter().any(|c| c.starts_with("create ")),
+        "an invalid id reached the proxy: {:?}",
+        control.calls()
+    );
+    let body = json!({"tool": "count", "input": {"n": 1}, "run_id": "kernel-7", "timeout_ms": 20000.0});
+    assert!(op.check_request(&body).is_empty());
+    let (status, v) = call(body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["run_id"], "kernel-7");
+    let (status, v) = call(json!({"tool": "count", "input": {"n": 2}, "run_id": "kernel-7"})).await;
+    assert_eq!((status, v["error"]["kind"].as_str()), (409, Some("run_exists")), "{v}");
+    assert!(op.check_response(status, &v).is_empty(), "{v}");
+    let body = json!({"tool": "count", "timeout_ms": 0});
+    assert!(!op.check_request(&body).is_empty(), "the document allows timeout_ms 0");
+    assert_eq!(call(body).await.0, 400);
 }

@@ -12,32 +12,28 @@
 //! directory removed on exit.
 //!
 //! Leaves (ECDSA P-256, one key per authority, 30 days, renewed after 7) are
-//! issued on the first CONNECT to a host and cached per host.
+//! issued on the first CONNECT to a host and cached per host, under a byte
+//! cap (`leaves.rs`). Every intercepted CONNECT shares one TLS server
+//! configuration, which picks the leaf from the ClientHello's server name
+//! and resumes sessions with tickets only (no per-session state).
+
+mod leaves;
 
 use egress_config::{Host, ProxyConfig};
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use leaves::Leaves;
+use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use sha2::{Digest, Sha256};
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
 pub const BUNDLE: &str = "bundle.pem";
 
-/// How long a leaf is valid, and when a cached one is replaced.
-const LEAF_VALIDITY: Duration = Duration::from_secs(30 * 24 * 3600);
-const LEAF_RENEW: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Cached leaves at most (an `inspect` tool with wildcard rules could name
-/// any number of hosts); the cache starts over when full.
-const MAX_LEAVES: usize = 10_000;
 const CA_VALIDITY_DAYS: i64 = 10 * 365;
 
 #[derive(Debug, thiserror::Error)]
@@ -70,11 +66,6 @@ pub struct CaFiles {
     pub bundle: PathBuf,
 }
 
-struct Leaf {
-    config: Arc<rustls::ServerConfig>,
-    made: std::time::Instant,
-}
-
 /// A temporary directory removed when the (ephemeral) authority goes.
 struct Ephemeral(PathBuf);
 
@@ -85,14 +76,14 @@ impl Drop for Ephemeral {
 }
 
 pub struct Authority {
-    issuer: Issuer<'static, KeyPair>,
-    ca_der: CertificateDer<'static>,
     /// `sha256:` of the CA certificate (DER), for logs and `/v1/ca`.
     pub fingerprint: String,
     pub pem: String,
     pub files: CaFiles,
-    leaf_key: KeyPair,
-    leaves: papaya::HashMap<String, Leaf>,
+    leaves: Arc<Leaves>,
+    /// The server side of every intercepted CONNECT whose ClientHello names
+    /// its host: the leaf comes from the cache by that name.
+    server: Arc<rustls::ServerConfig>,
     /// How intercepted origins are verified.
     upstream: tokio_rustls::TlsConnector,
     ephemeral: Option<Ephemeral>,
@@ -109,6 +100,24 @@ impl std::fmt::Debug for Authority {
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The shared server side of intercepted CONNECTs, its leaf from
+/// `resolver`. Sessions resume with TLS 1.3 (and 1.2) tickets sealed by a
+/// key of this authority (rotated every 6 hours, gone with a CA rotation
+/// or reload) and never from server-side state: nothing is stored per
+/// session, so nothing needs a bound.
+fn server_config(resolver: Arc<dyn rustls::server::ResolvesServerCert>) -> Result<Arc<rustls::ServerConfig>, CaError> {
+    let tls = |e: rustls::Error| CaError::Tls(e.to_string());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(tls)?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(tls)?;
+    Ok(Arc::new(config))
 }
 
 /// Where the CA lives for `cfg` (`None`: ephemeral).
@@ -181,18 +190,16 @@ impl Authority {
         })?;
         let bundle = dir.join(BUNDLE);
         write_file(&bundle, bundle_text(&pem, system).as_bytes(), 0o644)?;
-        let leaf_key = KeyPair::generate().map_err(|e| CaError::Issue(e.to_string()))?;
+        let leaves = Arc::new(Leaves::new(issuer, ca_der.clone(), &provider(), leaves::CACHE_BYTES)?);
         Ok(Authority {
-            issuer,
             fingerprint: fingerprint(&ca_der),
-            ca_der,
+            server: server_config(Arc::new(leaves::BySni(leaves.clone())))?,
             pem,
             files: CaFiles {
                 cert: cert_path,
                 bundle,
             },
-            leaf_key,
-            leaves: papaya::HashMap::new(),
+            leaves,
             upstream,
             ephemeral,
         })
@@ -203,57 +210,23 @@ impl Authority {
         self.ephemeral.is_some()
     }
 
-    /// The server side of an intercepted CONNECT to `host`: a leaf for it,
-    /// issued on first use and cached.
-    pub fn server_config(&self, host: &Host) -> Result<Arc<rustls::ServerConfig>, CaError> {
-        let name = host.to_string();
-        let leaves = self.leaves.pin();
-        if let Some(l) = leaves.get(&name) {
-            if l.made.elapsed() < LEAF_RENEW {
-                return Ok(l.config.clone());
+    /// The server side of an intercepted CONNECT to `host`, for a
+    /// ClientHello naming `sni` (which the caller has checked is `host`):
+    /// the configuration every such CONNECT shares. Without a name (an
+    /// address, or a client that sends none), a copy of it whose resolver
+    /// holds only `host`'s leaf, for this handshake; it shares the rest
+    /// (tickets, provider) and is never cached. Either way the leaf is
+    /// issued here when missing, so an error surfaces to the caller.
+    pub fn server_config(&self, host: &Host, sni: Option<&str>) -> Result<Arc<rustls::ServerConfig>, CaError> {
+        let leaf = self.leaves.get(host)?;
+        match (host, sni) {
+            (Host::Name(n), Some(sni)) if *n == leaves::normalize(sni) => Ok(self.server.clone()),
+            _ => {
+                let mut own = (*self.server).clone();
+                own.cert_resolver = Arc::new(leaves::Fixed(leaf));
+                Ok(Arc::new(own))
             }
         }
-        let config = Arc::new(self.issue(host)?);
-        if leaves.len() >= MAX_LEAVES {
-            leaves.clear();
-        }
-        leaves.insert(
-            name,
-            Leaf {
-                config: config.clone(),
-                made: std::time::Instant::now(),
-            },
-        );
-        Ok(config)
-    }
-
-    fn issue(&self, host: &Host) -> Result<rustls::ServerConfig, CaError> {
-        let leaf = self.leaf(host)?;
-        let key = PrivateKeyDer::try_from(self.leaf_key.serialize_der()).map_err(|m| CaError::Issue(m.to_owned()))?;
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| CaError::Tls(e.to_string()))?
-            .with_no_client_auth()
-            .with_single_cert(vec![leaf, self.ca_der.clone()], key)
-            .map_err(|e| CaError::Tls(e.to_string()))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(config)
-    }
-
-    /// A leaf certificate for `host`, signed by the CA.
-    fn leaf(&self, host: &Host) -> Result<CertificateDer<'static>, CaError> {
-        let e = |e: rcgen::Error| CaError::Issue(e.to_string());
-        let mut params = CertificateParams::new(vec![host.to_string()]).map_err(e)?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, host.to_string());
-        params.distinguished_name = dn;
-        let now = ::time::OffsetDateTime::now_utc();
-        params.not_before = now - ::time::Duration::hours(1);
-        params.not_after = now + LEAF_VALIDITY;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.use_authority_key_identifier_extension = true;
-        Ok(params.signed_by(&self.leaf_key, &self.issuer).map_err(e)?.der().clone())
     }
 
     /// Opens TLS to an intercepted origin over `io` (already dialled to a
@@ -507,36 +480,147 @@ mod tests {
         assert!(!dir.exists());
     }
 
+    /// A verifier trusting only `ca`, at `now`.
+    fn verifier(ca: &CertificateDer<'static>) -> Arc<rustls::client::WebPkiServerVerifier> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone()).unwrap();
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .unwrap()
+    }
+
+    pub(super) fn verify_at(
+        ca: &CertificateDer<'static>,
+        leaf: &CertificateDer<'_>,
+        name: &str,
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<(), rustls::Error> {
+        let name = ServerName::try_from(name.to_owned()).unwrap();
+        rustls::client::danger::ServerCertVerifier::verify_server_cert(&*verifier(ca), leaf, &[], &name, &[], now)
+            .map(|_| ())
+    }
+
+    fn verify(ca: &CertificateDer<'static>, leaf: &CertificateDer<'_>, name: &str) -> Result<(), rustls::Error> {
+        verify_at(ca, leaf, name, rustls::pki_types::UnixTime::now())
+    }
+
     #[test]
     fn leaves_chain_to_the_ca_and_are_cached_per_host() {
         let dir = tempfile::tempdir().unwrap();
         let a = Authority::open(&cfg(dir.path())).unwrap();
         let h = Host::Name("api.example".into());
-        let one = a.server_config(&h).unwrap();
-        assert!(Arc::ptr_eq(&one, &a.server_config(&h).unwrap()));
+        let one = a.leaves.get(&h).unwrap();
+        assert!(Arc::ptr_eq(&one, &a.leaves.get(&h).unwrap()));
         assert!(!Arc::ptr_eq(
             &one,
-            &a.server_config(&Host::Name("b.example".into())).unwrap()
+            &a.leaves.get(&Host::Name("b.example".into())).unwrap()
         ));
+        assert_eq!(one.cert[1], a.leaves.ca_der, "the CA follows the leaf");
         // A client that trusts only the CA accepts the leaf for its host only.
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(a.ca_der.clone()).unwrap();
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
-            .build()
-            .unwrap();
-        let now = rustls::pki_types::UnixTime::now();
-        let verify = |leaf: &CertificateDer<'_>, name: &str| {
-            let name = ServerName::try_from(name.to_owned()).unwrap();
-            rustls::client::danger::ServerCertVerifier::verify_server_cert(&*verifier, leaf, &[], &name, &[], now)
-        };
-        let leaf = a.leaf(&h).unwrap();
-        assert!(verify(&leaf, "api.example").is_ok());
-        assert!(verify(&leaf, "other.example").is_err());
-        let ip = a.leaf(&Host::Ip("127.0.0.9".parse().unwrap())).unwrap();
-        assert!(verify(&ip, "127.0.0.9").is_ok());
+        let leaf = &one.cert[0];
+        assert!(verify(&a.leaves.ca_der, leaf, "api.example").is_ok());
+        assert!(verify(&a.leaves.ca_der, leaf, "other.example").is_err());
+        for ip in ["127.0.0.9", "::1"] {
+            let cert = a.leaves.certificate(&Host::Ip(ip.parse().unwrap())).unwrap();
+            assert!(verify(&a.leaves.ca_der, &cert, ip).is_ok(), "{ip}");
+        }
         // Another CA's leaf is not accepted.
         let other = tempfile::tempdir().unwrap();
         let b = Authority::open(&cfg(other.path())).unwrap();
-        assert!(verify(&b.leaf(&h).unwrap(), "api.example").is_err());
+        assert!(verify(&a.leaves.ca_der, &b.leaves.certificate(&h).unwrap(), "api.example").is_err());
+    }
+
+    /// A client trusting only `ca`, sending a server name or not.
+    fn client(ca: &CertificateDer<'static>, sni: bool) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone()).unwrap();
+        let mut c = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        c.enable_sni = sni;
+        Arc::new(c)
+    }
+
+    /// A whole handshake in memory between `client` (verifying `name`) and
+    /// `server`; the chain the server showed.
+    fn handshake(
+        server: Arc<rustls::ServerConfig>,
+        client: Arc<rustls::ClientConfig>,
+        name: &str,
+    ) -> Result<Vec<CertificateDer<'static>>, rustls::Error> {
+        fn transfer(from: &mut rustls::Connection, to: &mut rustls::Connection) -> Result<(), rustls::Error> {
+            let mut buf = Vec::new();
+            while from.wants_write() {
+                from.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                to.read_tls(&mut rd).unwrap();
+                to.process_new_packets()?;
+            }
+            Ok(())
+        }
+        let name = ServerName::try_from(name.to_owned()).unwrap();
+        let mut c = rustls::Connection::Client(rustls::ClientConnection::new(client, name)?);
+        let mut s = rustls::Connection::Server(rustls::ServerConnection::new(server)?);
+        for _ in 0..8 {
+            if !c.is_handshaking() && !s.is_handshaking() {
+                let chain = c.peer_certificates().unwrap_or_default();
+                return Ok(chain.iter().map(|c| c.clone().into_owned()).collect());
+            }
+            transfer(&mut c, &mut s)?;
+            transfer(&mut s, &mut c)?;
+        }
+        Err(rustls::Error::General("the handshake did not finish".into()))
+    }
+
+    #[test]
+    fn many_names_share_one_server_configuration_each_with_its_own_leaf() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Authority::open(&cfg(dir.path())).unwrap();
+        let shared = a
+            .server_config(&Host::Name("n0.example".into()), Some("n0.example"))
+            .unwrap();
+        for i in 0..64 {
+            let name = format!("n{i}.example");
+            let config = a.server_config(&Host::Name(name.clone()), Some(&name)).unwrap();
+            assert!(Arc::ptr_eq(&config, &shared), "{name} has a configuration of its own");
+            // The client verifies the leaf for the name it asked for.
+            let chain = handshake(config, client(&a.leaves.ca_der, true), &name).unwrap();
+            assert!(verify(&a.leaves.ca_der, &chain[0], &name).is_ok(), "{name}");
+        }
+        // A name in another case, or with the trailing dot, is the same host.
+        let upper = a
+            .server_config(&Host::Name("n1.example".into()), Some("N1.Example."))
+            .unwrap();
+        assert!(Arc::ptr_eq(&upper, &shared));
+        assert_eq!(a.leaves.held().0, 64, "one leaf per name");
+    }
+
+    #[test]
+    fn a_client_hello_without_a_name_gets_the_connect_host_s_leaf() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Authority::open(&cfg(dir.path())).unwrap();
+        let anonymous = client(&a.leaves.ca_der, false);
+        let h = Host::Name("api.example".into());
+        let config = a.server_config(&h, None).unwrap();
+        assert!(!Arc::ptr_eq(&config, &a.server), "a configuration for this handshake");
+        let chain = handshake(config, anonymous.clone(), "api.example").unwrap();
+        assert!(verify(&a.leaves.ca_der, &chain[0], "api.example").is_ok());
+        // The shared configuration has no name to find a leaf by.
+        assert!(handshake(a.server.clone(), anonymous.clone(), "api.example").is_err());
+        // Addresses: clients send no server name for them.
+        for ip in ["127.0.0.9", "::1"] {
+            let config = a.server_config(&Host::Ip(ip.parse().unwrap()), None).unwrap();
+            let chain = handshake(config, client(&a.leaves.ca_der, true), ip).unwrap();
+            assert!(verify(&a.leaves.ca_der, &chain[0], ip).is_ok(), "{ip}");
+        }
+        // A name that is not the host's (refused by the caller before) does
+        // not reach the shared configuration either.
+        let config = a.server_config(&h, Some("other.example")).unwrap();
+        assert!(!Arc::ptr_eq(&config, &a.server));
+        assert!(handshake(config, client(&a.leaves.ca_der, true), "other.example").is_err());
     }
 }

@@ -120,9 +120,10 @@ impl TestProxy {
 
     /// A control API call, checked against the API's OpenAPI document: the
     /// route and the answer's status must be documented, a request that
-    /// succeeds must match its request schema, and every JSON answer must
-    /// match the schema of its status. So every control call of the tests is
-    /// also a test of the document.
+    /// succeeds must match the document (parameters and body), a request
+    /// refused as malformed must not, and every JSON answer must match the
+    /// schema of its status. So every control call of the tests is also a
+    /// test of the document.
     pub async fn control_raw(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>) -> RawResponse {
         let r = control_call(self.control, method, path, body.clone(), token).await;
         check_against_openapi(method, path, body.as_ref(), &r);
@@ -231,11 +232,30 @@ pub fn check_against_openapi(method: &str, path: &str, body: Option<&Value>, r: 
         r.status,
         r.text()
     );
-    if let (Some(b), true) = (body, (200..300).contains(&r.status)) {
-        let problems = op.check_request(b);
+    // The request against the document: its parameters, and its body.
+    let mut problems = op.check_params(path);
+    match body {
+        Some(b) => problems.extend(op.check_request(b)),
+        None if op.requires_body() => problems.push("no body, which the document requires".into()),
+        None => {}
+    }
+    if (200..300).contains(&r.status) {
         assert!(
             problems.is_empty(),
-            "{method} {path}: the request {b} does not match the document: {problems:?}"
+            "{method} {path}: the request {body:?} does not match the document: {problems:?}"
+        );
+    }
+    // And the reverse: a request the document allows is not refused as
+    // malformed, or the document says less than the server enforces.
+    let code = serde_json::from_slice::<Value>(&r.body)
+        .ok()
+        .map(|v| v["error"]["code"].clone());
+    let malformed = code.is_some_and(|c| c == "bad_request" || c == "bad_lease");
+    if matches!(r.status, 400 | 422) && malformed {
+        assert!(
+            !problems.is_empty(),
+            "{method} {path} {body:?} was refused ({}) although the document allows it: a rule the document does not state",
+            r.text()
         );
     }
     let json = r

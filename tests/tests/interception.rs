@@ -344,6 +344,18 @@ async fn the_server_name_and_host_must_be_the_tunnel_s_host() {
 /// A TLS client over `stream` (a tunnel) trusting `ca_pem` only, naming
 /// `sni`, that sends one `GET /` with `Host: host` and reads the answer.
 async fn tls_client(ca_pem: &str, sni: &str, host: &str, stream: tokio::net::TcpStream) -> std::io::Result<String> {
+    tls_client_with(ca_pem, sni, true, host, stream).await
+}
+
+/// [`tls_client`] verifying the server for `name`, which it sends as the
+/// server name only when `send_sni`.
+async fn tls_client_with(
+    ca_pem: &str,
+    sni: &str,
+    send_sni: bool,
+    host: &str,
+    stream: tokio::net::TcpStream,
+) -> std::io::Result<String> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     roots
@@ -354,6 +366,8 @@ async fn tls_client(ca_pem: &str, sni: &str, host: &str, stream: tokio::net::Tcp
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
+    let mut config = config;
+    config.enable_sni = send_sni;
     let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, stream)
@@ -368,6 +382,33 @@ async fn tls_client(ca_pem: &str, sni: &str, host: &str, stream: tokio::net::Tcp
         return Err(std::io::Error::other("no answer"));
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[tokio::test]
+async fn a_client_hello_without_a_server_name_gets_the_connect_host_s_leaf() {
+    // Intercepted CONNECTs share one TLS configuration that finds the leaf
+    // by the ClientHello's server name; a client that sends none must still
+    // be shown the CONNECT host's leaf, for names of several hosts.
+    let w = world("inspect = true", "").await;
+    let (run, _) = w.run_full().await;
+    let (_, ca) = w.p.control("GET", "/v1/ca", None).await;
+    let ca = ca["pem"].as_str().unwrap();
+    for (host, port) in [
+        ("api.example", w.api.addr.port()),
+        ("other.example", w.other.addr.port()),
+    ] {
+        let target = format!("{host}:{port}");
+        for send_sni in [false, true, false] {
+            let (resp, stream) = w.p.connect(&run, &target).await;
+            assert_eq!(resp.status, 200);
+            let tls = tls_client_with(ca, host, send_sni, &target, stream).await;
+            assert!(
+                tls.as_ref().is_ok_and(|t| t.contains("ok from the tls origin")),
+                "{host}, server name sent: {send_sni}: {tls:?}"
+            );
+        }
+    }
+    assert_eq!(w.api.heads().len() + w.other.heads().len(), 6);
 }
 
 #[tokio::test]

@@ -426,3 +426,140 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
         .check_request(&json!({"tool": "web", "activate": false}))
         .is_empty());
 }
+
+/// The document states every rule the control API enforces on a request:
+/// each malformed request below is refused, and fails the document too (the
+/// harness asserts the second half on every call: a request the document
+/// allows must not be refused as malformed). Requests at the bounds pass
+/// both, and so does an integer spelled as a whole float.
+#[tokio::test]
+async fn the_document_states_every_rule_the_control_api_enforces() {
+    let p = TestProxy::start(TOOLS).await;
+    let id128 = "a".repeat(128);
+    let labels = |n: usize| -> Value { (0..n).map(|i| (format!("k{i}"), json!("v"))).collect() };
+    let big = u64::MAX.to_string();
+    let refused: Vec<(&str, String, Option<Value>)> = vec![
+        ("POST", "/v1/runs".into(), Some(json!({"tool": "web", "run_id": "a b"}))),
+        ("POST", "/v1/runs".into(), Some(json!({"tool": "web", "run_id": ""}))),
+        (
+            "POST",
+            "/v1/runs".into(),
+            Some(json!({"tool": "web", "run_id": "a".repeat(129)})),
+        ),
+        ("POST", "/v1/runs".into(), Some(json!({"tool": "web", "owner": "µ"}))),
+        (
+            "POST",
+            "/v1/runs".into(),
+            Some(json!({"tool": "web", "labels": labels(65)})),
+        ),
+        ("PUT", "/v1/owners/k".into(), Some(json!({"lease_ms": 999}))),
+        ("PUT", "/v1/owners/k".into(), Some(json!({"lease_ms": 600001}))),
+        ("PUT", "/v1/owners/k".into(), Some(json!({"lease_ms": 1500.5}))),
+        ("PUT", "/v1/owners/a%20b".into(), Some(json!({"lease_ms": 1000}))),
+        ("GET", "/v1/runs?state=sleeping".into(), None),
+        ("GET", "/v1/runs?label=nokey".into(), None),
+        ("GET", "/v1/runs?limit=-1".into(), None),
+        ("GET", format!("/v1/runs?limit={big}0"), None),
+        ("GET", "/v1/facts?after=9223372036854775808".into(), None),
+        ("GET", format!("/v1/facts?limit={big}0"), None),
+        ("GET", "/v1/runs/x/facts?after=-1".into(), None),
+        ("GET", "/v1/facts?cursor=1".into(), None),
+    ];
+    for (m, path, body) in refused {
+        let r = p
+            .control_raw(m, &path, body.clone(), Some(egress_e2e::harness::TOKEN))
+            .await;
+        assert!(
+            matches!(r.status, 400 | 422),
+            "{m} {path} {body:?}: {} {}",
+            r.status,
+            r.text()
+        );
+    }
+    let accepted: Vec<(&str, String, Option<Value>, u16)> = vec![
+        ("PUT", "/v1/owners/k".into(), Some(json!({"lease_ms": 1000})), 200),
+        ("PUT", "/v1/owners/k".into(), Some(json!({"lease_ms": 600000})), 200),
+        ("PUT", "/v1/owners/k".into(), Some(json!({"lease_ms": 5100.0})), 200),
+        (
+            "POST",
+            "/v1/runs".into(),
+            Some(json!({"tool": "web", "run_id": id128, "owner": "k", "labels": labels(64)})),
+            201,
+        ),
+        ("GET", "/v1/runs?state=created&label=k0%3Dv&limit=0".into(), None, 200),
+        ("GET", format!("/v1/runs?limit={big}"), None, 200),
+        (
+            "GET",
+            format!("/v1/facts?after=9223372036854775807&limit={big}"),
+            None,
+            200,
+        ),
+    ];
+    for (m, path, body, want) in accepted {
+        let r = p
+            .control_raw(m, &path, body.clone(), Some(egress_e2e::harness::TOKEN))
+            .await;
+        assert_eq!(r.status, want, "{m} {path} {body:?}: {}", r.text());
+    }
+    let (_, v) = p.control("GET", "/v1/owners", None).await;
+    assert_eq!(v["owners"][0]["lease_ms"], 5100, "{v}");
+
+    // The document's bounds are the code's.
+    let doc = egress_e2e::harness::openapi().doc();
+    let schemas = &doc["components"]["schemas"];
+    let lease = &schemas["RenewOwner"]["properties"]["lease_ms"];
+    assert_eq!(lease["minimum"], egress_api::rules::LEASE_MS_MIN);
+    assert_eq!(lease["maximum"], egress_api::rules::LEASE_MS_MAX);
+    let create = &schemas["CreateRun"]["properties"];
+    assert_eq!(create["labels"]["maxProperties"], egress_api::rules::MAX_LABELS);
+    let param = |path: &str, method: &str, name: &str| -> Value {
+        doc["paths"][path][method]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["schema"]
+            .clone()
+    };
+    assert_eq!(
+        param("/v1/facts", "get", "after")["maximum"],
+        egress_api::Cursor::MAX_AFTER
+    );
+    for (path, method, name) in [("/v1/facts", "get", "limit"), ("/v1/runs", "get", "limit")] {
+        assert_eq!(
+            param(path, method, name)["maximum"],
+            egress_api::rules::LIMIT_MAX,
+            "{path}"
+        );
+    }
+    let ids = [
+        create["run_id"].clone(),
+        create["owner"].clone(),
+        param("/v1/owners/{owner}", "put", "owner"),
+    ];
+    let pattern = regex::Regex::new(egress_api::rules::ID_PATTERN).unwrap();
+    for id in ids {
+        assert_eq!(id["pattern"], egress_api::rules::ID_PATTERN, "{id}");
+        assert_eq!(
+            (id["minLength"].clone(), id["maxLength"].clone()),
+            (json!(1), json!(128)),
+            "{id}"
+        );
+    }
+    // The pattern and the lengths say what `valid_id` checks.
+    for s in [
+        "a",
+        "run-1.A_b~",
+        "",
+        "a b",
+        "a/b",
+        "é",
+        "a\n",
+        "x\u{0}",
+        &"a".repeat(129),
+        &id128,
+    ] {
+        let by_doc = pattern.is_match(s) && (1..=128).contains(&s.chars().count());
+        assert_eq!(by_doc, egress_api::rules::valid_id(s), "{s:?}");
+    }
+}

@@ -23,7 +23,8 @@ fn owner_view(owner: &str, lease: &Lease, live_runs: usize) -> OwnerView {
 
 /// `PUT /v1/owners/{owner}` `{lease_ms}`: creates or renews a lease (the heartbeat).
 #[utoipa::path(put, path = "/v1/owners/{owner}", tag = "owners", security(("control_token" = [])),
-    params(("owner" = String, Path, description = "Owner name (1–128 of A-Z a-z 0-9 - _ . ~)")),
+    params(("owner" = String, Path, description = "Owner name (1–128 of A-Z a-z 0-9 - _ . ~)",
+        pattern = "^[A-Za-z0-9._~-]+$", min_length = 1, max_length = 128)),
     request_body = RenewOwner,
     responses(
         (status = 200, description = "Leased until expires_at", body = OwnerView),

@@ -80,11 +80,11 @@ pub(super) async fn create_run(
         None => uuid::Uuid::new_v4().to_string(),
     };
     let labels = req.labels.unwrap_or_default();
-    if labels.len() > 64 {
+    if labels.len() > egress_api::rules::MAX_LABELS {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_request",
-            "at most 64 labels",
+            format!("at most {} labels", egress_api::rules::MAX_LABELS),
         ));
     }
     let owner = match req.owner {

@@ -149,7 +149,9 @@ impl Origin<'_> {
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, "host_mismatch"));
             }
         }
-        let config = self.sh.ca.load().server_config(&self.target.host).map_err(|e| {
+        let hello = start.client_hello();
+        let config = self.sh.ca.load().server_config(&self.target.host, hello.server_name());
+        let config = config.map_err(|e| {
             tracing::error!(error = %e, dest = %self.target, "cannot issue a leaf certificate");
             io::Error::other(e.to_string())
         })?;

@@ -308,14 +308,9 @@ pub struct Runs {
     max_run: Duration,
 }
 
-/// Run ids: safe in a URL's userinfo, in logs and as a Basic-auth user.
-pub fn valid_run_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'))
-}
+/// Run ids: safe in a URL's userinfo, in logs and as a Basic-auth user
+/// (the rule the OpenAPI document states, in `egress-api`).
+pub use egress_api::rules::valid_id as valid_run_id;
 
 /// A fresh random token, hex-encoded.
 pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {

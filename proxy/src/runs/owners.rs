@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Shortest and longest lease an owner may ask for.
-pub const MIN_LEASE: Duration = Duration::from_millis(1000);
-pub const MAX_LEASE: Duration = Duration::from_secs(600);
+pub const MIN_LEASE: Duration = Duration::from_millis(egress_api::rules::LEASE_MS_MIN);
+pub const MAX_LEASE: Duration = Duration::from_millis(egress_api::rules::LEASE_MS_MAX);
 /// The lease an owner of restored runs gets after a proxy restart, to renew
 /// before its runs are ended.
 pub const RESTART_GRACE: Duration = Duration::from_secs(30);
