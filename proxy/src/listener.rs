@@ -26,6 +26,12 @@ pub(crate) trait Serve: Clone + Send + Sync + 'static {
     fn serve<I>(&self, io: I, conn: Arc<Conn>) -> impl Future<Output = ()> + Send
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// Serves a plain TCP connection (no listener TLS): [`Serve::serve`],
+    /// unless the listener tells entrances apart by their first bytes.
+    fn serve_tcp(&self, s: TcpStream, conn: Arc<Conn>) -> impl Future<Output = ()> + Send {
+        self.serve(s, conn)
+    }
 }
 
 /// One listener's identity and stop signal.
@@ -65,7 +71,7 @@ async fn one<S: Serve>(sh: Arc<Shared>, stream: TcpStream, conn: Arc<Conn>, name
     let timeout = sh.cfg.pending_head_timeout;
     let served = async {
         match &sh.tls {
-            None => serve.serve(stream, conn.clone()).await,
+            None => serve.serve_tcp(stream, conn.clone()).await,
             Some(acceptor) => {
                 if let Ok(Ok(tls)) = tokio::time::timeout(timeout, acceptor.accept(stream)).await {
                     serve.serve(tls, conn.clone()).await;

@@ -17,6 +17,7 @@ pub mod openapi;
 pub mod origin;
 pub mod process;
 pub mod raw;
+pub mod socks;
 pub mod tls_origin;
 
 pub use dns::FakeDns;

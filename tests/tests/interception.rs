@@ -643,3 +643,24 @@ async fn the_real_value_inside_tls_goes_only_to_its_host() {
     let r = curl(&env, &w.api_url("/own"), &["-H", &auth]).await;
     assert_eq!(status(&r), "200", "{}", r.stderr);
 }
+
+/// A SOCKS5 CONNECT to a credential host is intercepted like an HTTP
+/// CONNECT: the same decision, the same injection.
+#[tokio::test]
+async fn a_socks5_connect_to_a_credential_host_is_intercepted_too() {
+    let w = world("", "").await;
+    let (run, env) = w.run_full().await;
+    let ph = env["API_TOKEN"].clone();
+    let socks = format!("socks5h://{}:{}@{}", run.id, run.secret, w.p.proxy);
+    let auth = format!("Authorization: Bearer {ph}");
+    let r = curl(&env, &w.api_url("/via-socks"), &["--proxy", &socks, "-H", &auth]).await;
+    assert_eq!(status(&r), "200", "{} {}", r.stdout, r.stderr);
+    let heads = w.api.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(
+        heads[0].contains(&format!("authorization: Bearer {SECRET}\n")),
+        "{}",
+        heads[0]
+    );
+    assert!(!r.stdout.contains(SECRET) && !r.stderr.contains(SECRET));
+}

@@ -82,7 +82,34 @@ fn authenticate_any(runs: &Runs, headers: &HeaderMap) -> Result<Arc<Run>, AuthFa
         .map_err(|_| invalid())?;
     let decoded = &buf[..n];
     let colon = decoded.iter().position(|b| *b == b':').ok_or_else(invalid)?;
-    let (user, secret) = (&decoded[..colon], &decoded[colon + 1..]);
+    check_pair(runs, &decoded[..colon], &decoded[colon + 1..])
+}
+
+/// Authenticates a run id and secret given apart (SOCKS5 username and
+/// password, RFC 1929), with the same binding rule as [`authenticate`].
+pub fn authenticate_pair(
+    runs: &Runs,
+    user: &[u8],
+    secret: &[u8],
+    bound: Option<&BoundRun>,
+) -> Result<Arc<Run>, AuthFailure> {
+    let run = check_pair(runs, user, secret)?;
+    match bound {
+        Some(BoundRun(id)) if *id != run.id => Err(AuthFailure {
+            reason: DenyReason::AuthInvalid,
+            claimed: runs.get(id),
+        }),
+        _ => Ok(run),
+    }
+}
+
+/// The run `user` names, if `secret` is its secret (compared in constant
+/// time; an unknown run costs the same work).
+fn check_pair(runs: &Runs, user: &[u8], secret: &[u8]) -> Result<Arc<Run>, AuthFailure> {
+    let invalid = || AuthFailure {
+        reason: DenyReason::AuthInvalid,
+        claimed: None,
+    };
     let user = std::str::from_utf8(user).map_err(|_| invalid())?;
     let Some(run) = runs.get(user) else {
         // Same work as for a known run, so timing does not tell whether a

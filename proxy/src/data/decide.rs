@@ -21,7 +21,7 @@ use crate::metrics::{Decision, Outcome, ToolMetrics};
 use crate::runs::Run;
 use crate::state::Shared;
 use egress_config::{Mode, Policy, ToolPolicy};
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -40,6 +40,20 @@ pub(super) enum Dest<'a> {
     Raw(String),
     /// Nothing: the request is not the named run's own (a wrong secret).
     Withheld,
+}
+
+/// What an entrance parsed from its input, as the decision steps take it
+/// (the forward and CONNECT requests, SOCKS5, ...: each entrance is a
+/// parser of its own, the steps are the same).
+pub(super) struct Ask<'r> {
+    /// The canonical target, or why the input names none.
+    pub target: Result<Target, TargetError>,
+    /// The method the tool uses (`CONNECT` for a tunnel, by any entrance).
+    pub method: &'r str,
+    /// The pieces of the input a credential could be carried in.
+    pub head: &'r (dyn Head + Sync),
+    /// The raw target, quoted in a fact when the run or the target is refused.
+    pub raw: &'r (dyn Fn() -> String + Sync),
 }
 
 /// One fetch's context: the shared state, the policy snapshot, the run, and
@@ -80,32 +94,36 @@ impl<'a> Fetch<'a> {
 
     /// Step 2: the run is active, and its tool still configured. Returns the
     /// tool's policy.
-    pub(super) async fn check_run(&self, run: &Run, uri: &http::Uri) -> Result<Arc<ToolPolicy>, Answer> {
+    pub(super) async fn check_run(
+        &self,
+        run: &Run,
+        raw: &(dyn Fn() -> String + Sync),
+    ) -> Result<Arc<ToolPolicy>, Answer> {
         if let Err(reason) = policy::check_run(run.state()) {
             let detail = format!("run {} is {}", run.id, run.state().as_str());
-            return Err(self.deny(reason, detail, Dest::Raw(raw_target(uri)), &[]).await);
+            return Err(self.deny(reason, detail, Dest::Raw(raw()), &[]).await);
         }
         match self.policy.tool(&run.tool) {
             Some(tool) => Ok(tool.clone()),
             None => {
                 let detail = format!("tool {} is no longer configured", run.tool);
                 Err(self
-                    .deny(DenyReason::NotAllowlisted, detail, Dest::Raw(raw_target(uri)), &[])
+                    .deny(DenyReason::NotAllowlisted, detail, Dest::Raw(raw()), &[])
                     .await)
             }
         }
     }
 
-    /// Step 3: one canonical host and port (CONNECT authority, or absolute
-    /// URI whose `Host` agrees).
-    pub(super) async fn canonical_target(&self, req: &Request<Incoming>) -> Result<Target, Answer> {
-        let parsed = match self.kind {
-            Kind::Connect => target::parse_connect(req.uri()),
-            Kind::Http => target::parse_absolute(req.uri(), req.headers(), req.version()),
-        };
+    /// Step 3: the target an entrance parsed, or its refusal (`bad_target`,
+    /// `host_mismatch`) quoting the raw target.
+    pub(super) async fn canonical_target(
+        &self,
+        parsed: Result<Target, TargetError>,
+        raw: &(dyn Fn() -> String + Sync),
+    ) -> Result<Target, Answer> {
         match parsed {
             Ok(t) => Ok(t),
-            Err(e) => Err(self.refuse_target(e, Dest::Raw(raw_target(req.uri()))).await),
+            Err(e) => Err(self.refuse_target(e, Dest::Raw(raw())).await),
         }
     }
 
@@ -120,8 +138,8 @@ impl<'a> Fetch<'a> {
 
     /// Step 4: the allowlist and the tool's methods, before any DNS. Returns
     /// whether the matching rule lets addresses in private ranges through.
-    pub(super) async fn admit(&self, tool: &ToolPolicy, target: &Target, method: &Method) -> Result<bool, Answer> {
-        match policy::admit(tool, target, method.as_str()) {
+    pub(super) async fn admit(&self, tool: &ToolPolicy, target: &Target, method: &str) -> Result<bool, Answer> {
+        match policy::admit(tool, target, method) {
             Admission::Allow { private } => Ok(private),
             Admission::Deny(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
             Admission::Report { denial, private } => {
@@ -142,20 +160,13 @@ impl<'a> Fetch<'a> {
         tool: &Arc<ToolPolicy>,
         run: &Run,
         target: &Target,
-        req: &Request<Incoming>,
+        head: &(dyn Head + Sync),
         channel: Channel,
     ) -> Result<Option<Injection>, Answer> {
         if self.policy.secrets.is_empty() && run.placeholders.is_empty() {
             return Ok(None);
         }
-        match policy::credentials(
-            tool,
-            &self.policy.secrets,
-            &run.placeholders,
-            target,
-            channel,
-            &ReqHead(req),
-        ) {
+        match policy::credentials(tool, &self.policy.secrets, &run.placeholders, target, channel, head) {
             Ok(i) if i.creds.is_empty() => Ok(None),
             Ok(i) => Ok(Some(Injection {
                 tool: tool.clone(),
@@ -303,8 +314,8 @@ impl<'a> Fetch<'a> {
     }
 }
 
-/// The head of a request as the credential checks see it.
-struct ReqHead<'r>(&'r Request<Incoming>);
+/// The head of an HTTP request as the credential checks see it.
+pub(super) struct ReqHead<'r>(pub &'r Request<Incoming>);
 
 impl Head for ReqHead<'_> {
     fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
@@ -340,14 +351,14 @@ pub async fn decide_inside(
     let policy = sh.policy.load_full();
     let tm = sh.tool_metrics(Some(&run.tool));
     let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
-    let tool = fetch.check_run(run, req.uri()).await?;
+    let tool = fetch.check_run(run, &|| raw_target(req.uri())).await?;
     let target = match target::parse_inside(connect, req.uri(), req.headers()) {
         Ok(t) => t,
         Err(e) => return Err(fetch.refuse_target(e, Dest::Target(connect)).await),
     };
-    fetch.admit(&tool, &target, req.method()).await?;
+    fetch.admit(&tool, &target, req.method().as_str()).await?;
     let credentials = fetch
-        .credentials(&tool, run, &target, req, Channel::VerifiedTls)
+        .credentials(&tool, run, &target, &ReqHead(req), Channel::VerifiedTls)
         .await?;
     fetch.count_allowed(&tool);
     Ok(Inside { target, credentials })

@@ -29,7 +29,7 @@
 use crate::admission::{self, Refused};
 use crate::data::auth::{self, AuthFailure};
 use crate::data::body::{Exchange, ProxyBody};
-use crate::data::decide::{Dest, Fetch};
+use crate::data::decide::{Ask, Dest, Fetch, ReqHead};
 use crate::data::finish::Finish;
 use crate::data::forward::{self, Exchanging};
 use crate::data::inject::Injection;
@@ -37,7 +37,7 @@ use crate::data::intercept;
 use crate::data::policy::{self, Channel};
 use crate::data::respond::{self, raw_target};
 use crate::data::target::{Kind, Target};
-use crate::data::tunnel;
+use crate::data::tunnel::{self, Client};
 use crate::data::upstream::Upstream;
 use crate::deny::{DenyReason, FetchError, Phase};
 use crate::dns::DnsError;
@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use tokio::time::Instant;
 
-type Answer = Response<ProxyBody>;
+pub(super) type Answer = Response<ProxyBody>;
 
 /// Why steps 5–7 gave no connection.
 enum Halt {
@@ -96,28 +96,102 @@ pub async fn handle(
     let policy = sh.policy.load_full();
     let run = match auth::authenticate(&sh.runs, req.headers(), req.extensions().get::<auth::BoundRun>()) {
         Ok(run) => run,
-        Err(f) => return Ok(refuse_credential(&sh, &policy, f, kind, started, req.uri()).await),
+        Err(f) => return Ok(refuse_credential(&sh, &policy, f, kind, started, raw_target(req.uri())).await),
     };
     if let Some(r) = establish(&sh, &conn, &run) {
         return Ok(r);
     }
     let tm = sh.tool_metrics(Some(&run.tool));
     let fetch = Fetch::new(&sh, &policy, Some(&run), &tm, kind, started);
-    Ok(match fetch.decide(&run, &mut req).await {
-        Ok(prepared) if prepared.intercept => fetch.intercept(prepared, &sh, &run, req).await,
-        Ok(prepared) => fetch.carry(prepared, &run, req, &conn).await,
+    let target = match kind {
+        Kind::Connect => crate::data::target::parse_connect(req.uri()),
+        Kind::Http => crate::data::target::parse_absolute(req.uri(), req.headers(), req.version()),
+    };
+    let ask = Ask {
+        target,
+        method: req.method().as_str(),
+        head: &ReqHead(&req),
+        raw: &|| raw_target(req.uri()),
+    };
+    Ok(match fetch.decide(&run, ask).await {
+        Ok(prepared) if kind == Kind::Http => fetch.carry(prepared, &run, req, &conn).await,
+        Ok(prepared) => match fetch.open_tunnel(prepared, &sh, &run).await {
+            Ok(opened) => {
+                opened.start(Client::Upgrade(hyper::upgrade::on(&mut req)));
+                Response::new(ProxyBody::empty())
+            }
+            Err(r) => r,
+        },
         Err(r) => r,
     })
 }
 
-/// Step 1 failed: count it, record the fact, answer `407`.
-async fn refuse_credential(
+/// What a tunnel carries: bytes as they are, or requests inside the TLS the
+/// proxy terminates (with its own verified TLS to the origin).
+enum Carried {
+    Blind(tokio::net::TcpStream),
+    Intercepted(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>, SocketAddr),
+}
+
+/// A tunnel opened to the origin, waiting for the entrance's success answer.
+pub(super) struct Opened {
+    sh: Arc<Shared>,
+    run: Arc<Run>,
+    target: Target,
+    slot: Slot,
+    deadline: Instant,
+    finish: Finish,
+    carried: Carried,
+}
+
+impl Opened {
+    /// Runs the tunnel on its own task with `client`, the tool's side.
+    pub(super) fn start(self, client: Client) {
+        let Opened {
+            sh,
+            run,
+            target,
+            slot,
+            deadline,
+            finish,
+            carried,
+        } = self;
+        let tasks = sh.tasks.clone();
+        match carried {
+            Carried::Blind(upstream) => tasks.spawn(tunnel::run(tunnel::Tunnel {
+                client,
+                upstream,
+                slot,
+                deadline,
+                idle: sh.cfg.tunnel_idle_timeout,
+                cancel: run.cancel.clone(),
+                shutdown: sh.hard_stop.clone(),
+                finish,
+            })),
+            Carried::Intercepted(upstream, addr) => tasks.spawn(intercept::run(intercept::Session {
+                sh,
+                run,
+                target,
+                addr,
+                client,
+                upstream: *upstream,
+                slot,
+                deadline,
+                finish,
+            })),
+        };
+    }
+}
+
+/// Step 1 failed: count it, record the fact (quoting `raw`, the target as
+/// the entrance received it), answer `407`.
+pub(super) async fn refuse_credential(
     sh: &Shared,
     policy: &Policy,
     f: AuthFailure,
     kind: Kind,
     started: Instant,
-    uri: &http::Uri,
+    raw: String,
 ) -> Answer {
     sh.metrics
         .auth_failures
@@ -127,13 +201,13 @@ async fn refuse_credential(
         .inc();
     let tm = sh.tool_metrics(f.claimed.as_ref().map(|r| &*r.tool));
     let fetch = Fetch::new(sh, policy, f.claimed.as_deref(), &tm, kind, started);
-    fetch.deny_auth(f.reason, f.claimed.is_some(), raw_target(uri)).await
+    fetch.deny_auth(f.reason, f.claimed.is_some(), raw).await
 }
 
 /// The authenticated request's connection takes its place among the
 /// proxy's and the run's established connections; or the answer that
 /// closes it.
-fn establish(sh: &Shared, conn: &admission::Conn, run: &Run) -> Option<Answer> {
+pub(super) fn establish(sh: &Shared, conn: &admission::Conn, run: &Run) -> Option<Answer> {
     let refused = conn.establish(Some(run)).err()?;
     sh.count_closed("data", refused.label());
     let (e, detail) = match refused {
@@ -153,7 +227,7 @@ fn establish(sh: &Shared, conn: &admission::Conn, run: &Run) -> Option<Answer> {
 }
 
 /// A fetch that passed steps 1–7: what step 8 carries it on.
-struct Prepared {
+pub(super) struct Prepared {
     target: Target,
     slot: Slot,
     upstream: Upstream,
@@ -167,14 +241,14 @@ struct Prepared {
 /// Steps 5–8: the run's slot, DNS, the dial and the carrying; the
 /// decisions before them are [`decide`]'s.
 impl Fetch<'_> {
-    /// Steps 2–7 for an authenticated request.
-    async fn decide(&self, run: &Arc<Run>, req: &mut Request<Incoming>) -> Result<Prepared, Answer> {
-        let tool = self.check_run(run, req.uri()).await?;
+    /// Steps 2–7 for an authenticated request, whatever its entrance.
+    pub(super) async fn decide(&self, run: &Arc<Run>, ask: Ask<'_>) -> Result<Prepared, Answer> {
+        let tool = self.check_run(run, ask.raw).await?;
         // The fetch deadline opens now that the head is authenticated.
         let deadline = self.started + tool.fetch_timeout;
-        let target = self.canonical_target(req).await?;
-        let private = self.admit(&tool, &target, req.method()).await?;
-        let credentials = self.credentials(&tool, run, &target, req, Channel::Plain).await?;
+        let target = self.canonical_target(ask.target, ask.raw).await?;
+        let private = self.admit(&tool, &target, ask.method).await?;
+        let credentials = self.credentials(&tool, run, &target, ask.head, Channel::Plain).await?;
         let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
         let finish = Finish::new(
             self.tm.clone(),
@@ -238,9 +312,8 @@ impl Fetch<'_> {
         respond::error(e, &detail)
     }
 
-    /// Step 8: forward (plain HTTP) or open the tunnel (CONNECT; an
-    /// intercepted one goes to [`Fetch::intercept`] instead).
-    async fn carry(&self, p: Prepared, run: &Arc<Run>, mut req: Request<Incoming>, conn: &admission::Conn) -> Answer {
+    /// Step 8 for plain HTTP: forward.
+    async fn carry(&self, p: Prepared, run: &Arc<Run>, req: Request<Incoming>, conn: &admission::Conn) -> Answer {
         let Prepared {
             target,
             slot,
@@ -250,89 +323,76 @@ impl Fetch<'_> {
             credentials,
             intercept: _,
         } = p;
-        match (self.kind, upstream) {
-            (Kind::Connect, Upstream::Stream(stream, _)) => {
-                let upgrade = hyper::upgrade::on(&mut req);
-                self.sh.tasks.spawn(tunnel::run(tunnel::Tunnel {
-                    upgrade,
-                    upstream: stream,
-                    slot,
-                    deadline,
-                    idle: self.sh.cfg.tunnel_idle_timeout,
-                    cancel: run.cancel.clone(),
-                    shutdown: self.sh.hard_stop.clone(),
-                    finish,
-                }));
-                Response::new(ProxyBody::empty())
-            }
-            (Kind::Connect, Upstream::Pooled(_)) => {
-                respond::error(FetchError::UpstreamFailed, "tunnels never use pooled connections")
-            }
-            (Kind::Http, upstream) => {
-                let (exchange, over) = Exchange::new(finish, slot, run.clone());
-                let x = Exchanging {
-                    upstream,
-                    exchange,
-                    over,
-                    deadline,
-                    client_cut: conn.cut.clone(),
-                    credentials,
-                };
-                forward::forward(self.sh, run, req, &target, x).await
-            }
-        }
+        let (exchange, over) = Exchange::new(finish, slot, run.clone());
+        let x = Exchanging {
+            upstream,
+            exchange,
+            over,
+            deadline,
+            client_cut: conn.cut.clone(),
+            credentials,
+        };
+        forward::forward(self.sh, run, req, &target, x).await
     }
 
-    /// Step 8 for an intercepted CONNECT: TLS to the origin first (verified
-    /// for the target's name; `502 upstream_tls` otherwise), bounded by the
-    /// deadline and the run's end; then the `200`, and the session that
-    /// terminates the tool's TLS runs on its own.
-    async fn intercept(&self, p: Prepared, sh: &Arc<Shared>, run: &Arc<Run>, mut req: Request<Incoming>) -> Answer {
+    /// Step 8 for a tunnel (CONNECT, or any entrance that relays bytes):
+    /// a blind one is open once dialled; an intercepted one only after the
+    /// proxy's own TLS to the origin verified (`502 upstream_tls`
+    /// otherwise), bounded by the deadline and the run's end. The entrance
+    /// then sends its success answer and [`Opened::start`]s it.
+    pub(super) async fn open_tunnel(&self, p: Prepared, sh: &Arc<Shared>, run: &Arc<Run>) -> Result<Opened, Answer> {
         let Prepared {
             target,
             slot,
             upstream,
             finish,
             deadline,
+            intercept,
             ..
         } = p;
         let Upstream::Stream(stream, addr) = upstream else {
-            return respond::error(FetchError::UpstreamFailed, "tunnels never use pooled connections");
+            return Err(respond::error(
+                FetchError::UpstreamFailed,
+                "tunnels never use pooled connections",
+            ));
         };
-        let ca = self.sh.ca.load_full();
-        let tls = tokio::select! {
-            r = ca.connect(&target.host, stream) => r,
-            _ = tokio::time::sleep_until(deadline) => {
-                finish.timed_out(Phase::Connect);
-                self.sh.count_error(&run.tool, FetchError::Timeout);
-                return respond::error(FetchError::Timeout, &format!("TLS to {target} did not finish before the fetch deadline"));
-            }
-            _ = run.cancel.cancelled() => {
-                finish.severed("run_ended");
-                return respond::error(FetchError::RunEnded, &format!("run {} ended", run.id));
+        let carried = if !intercept {
+            Carried::Blind(stream)
+        } else {
+            let ca = self.sh.ca.load_full();
+            let tls = tokio::select! {
+                r = ca.connect(&target.host, stream) => r,
+                _ = tokio::time::sleep_until(deadline) => {
+                    finish.timed_out(Phase::Connect);
+                    self.sh.count_error(&run.tool, FetchError::Timeout);
+                    return Err(respond::error(FetchError::Timeout, &format!("TLS to {target} did not finish before the fetch deadline")));
+                }
+                _ = run.cancel.cancelled() => {
+                    finish.severed("run_ended");
+                    return Err(respond::error(FetchError::RunEnded, &format!("run {} ended", run.id)));
+                }
+            };
+            match tls {
+                Ok(s) => Carried::Intercepted(Box::new(s), addr),
+                Err(e) => {
+                    finish.failed(FetchError::UpstreamTls.code());
+                    self.sh.count_error(&run.tool, FetchError::UpstreamTls);
+                    return Err(respond::error(
+                        FetchError::UpstreamTls,
+                        &format!("{target} ({addr}): {e}"),
+                    ));
+                }
             }
         };
-        let upstream = match tls {
-            Ok(s) => s,
-            Err(e) => {
-                finish.failed(FetchError::UpstreamTls.code());
-                self.sh.count_error(&run.tool, FetchError::UpstreamTls);
-                return respond::error(FetchError::UpstreamTls, &format!("{target} ({addr}): {e}"));
-            }
-        };
-        let upgrade = hyper::upgrade::on(&mut req);
-        self.sh.tasks.spawn(intercept::run(intercept::Session {
+        Ok(Opened {
             sh: sh.clone(),
             run: run.clone(),
             target,
-            addr,
-            upgrade,
-            upstream,
             slot,
             deadline,
             finish,
-        }));
-        Response::new(ProxyBody::empty())
+            carried,
+        })
     }
 
     /// A plain-HTTP request carrying a credential that may go in cleartext

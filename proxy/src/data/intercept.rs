@@ -24,7 +24,7 @@ use crate::data::inject;
 use crate::data::respond;
 use crate::data::scrub::{self, Scrubbed};
 use crate::data::target::Target;
-use crate::data::tunnel::{upgraded, Bounds, Meter, Metered};
+use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::upstream;
 use crate::deny::FetchError;
 use crate::runs::pool::{Conn, UpBody};
@@ -36,7 +36,6 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, Version};
 use http_body_util::{BodyExt as _, Either};
 use hyper::body::Incoming;
-use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::io;
@@ -57,37 +56,29 @@ pub struct Session {
     pub target: Target,
     /// The vetted address the upstream connection was dialled to.
     pub addr: SocketAddr,
-    pub upgrade: OnUpgrade,
+    pub client: Client,
     pub upstream: tokio_rustls::client::TlsStream<TcpStream>,
     pub slot: Slot,
     pub deadline: Instant,
     pub finish: Finish,
 }
 
-/// Runs an intercepted CONNECT to completion. Spawned after the `200` is queued.
+/// Runs an intercepted CONNECT to completion. Spawned after the success
+/// answer (`200`, or SOCKS5's) is queued.
 pub async fn run(s: Session) {
     let Session {
         sh,
         run,
         target,
         addr,
-        upgrade,
+        client,
         upstream,
         slot,
         deadline,
         finish,
     } = s;
     let _slot = slot;
-    let Some(client) = upgraded(upgrade, deadline, &run.cancel, &finish).await else {
-        return;
-    };
     let meter = Meter::new();
-    let io = Metered {
-        io: TokioIo::new(client),
-        meter: &meter,
-        counter: &meter.up,
-        written: Some(&meter.down),
-    };
     let origin = Origin {
         sh: &sh,
         run: &run,
@@ -101,7 +92,19 @@ pub async fn run(s: Session) {
         cancel: &run.cancel,
         shutdown: &sh.hard_stop,
     };
-    bounds.watch(origin.serve(io, upstream), &meter, &finish).await;
+    match client {
+        Client::Upgrade(upgrade) => {
+            let Some(client) = upgraded(upgrade, deadline, &run.cancel, &finish).await else {
+                return;
+            };
+            let io = Metered::client(TokioIo::new(client), &meter);
+            bounds.watch(origin.serve(io, upstream), &meter, &finish).await;
+        }
+        Client::Tcp(client) => {
+            let io = Metered::client(client, &meter);
+            bounds.watch(origin.serve(io, upstream), &meter, &finish).await;
+        }
+    }
     finish.add_up(meter.up.load(Ordering::Relaxed));
     finish.add_down(meter.down.load(Ordering::Relaxed));
 }

@@ -25,6 +25,7 @@ pub(crate) mod intercept;
 pub(crate) mod policy;
 pub(crate) mod respond;
 pub(crate) mod scrub;
+pub(crate) mod socks;
 pub(crate) mod target;
 pub(crate) mod tunnel;
 pub(crate) mod upstream;
@@ -37,7 +38,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// Serves a data listener: the proxy's own (`bound` = `None`) or one handed
 /// over for a single run, with the connection admission it belongs to.
@@ -86,5 +87,26 @@ impl Serve for DataConn {
         });
         let c = self.builder.serve_connection(TokioIo::new(io), svc).with_upgrades();
         serve_one(&self.sh.shutdown, &self.sh.hard_stop, &conn.cut, c).await;
+    }
+
+    /// A plain TCP connection whose first byte is SOCKS5's version goes to
+    /// that entrance; any other to HTTP (the byte is only peeked at).
+    async fn serve_tcp(&self, s: TcpStream, conn: Arc<Conn>) {
+        let mut first = [0u8; 1];
+        let peeked = tokio::select! {
+            r = s.peek(&mut first) => r,
+            _ = conn.cut.cancelled() => return,
+        };
+        match peeked {
+            Ok(1) if first[0] == socks::VERSION => {
+                let served = socks::serve(self.sh.clone(), s, conn.clone(), self.bound.clone());
+                tokio::select! {
+                    _ = served => {}
+                    _ = conn.cut.cancelled() => {}
+                }
+            }
+            Ok(_) => self.serve(s, conn).await,
+            Err(_) => {}
+        }
     }
 }

@@ -12,6 +12,7 @@
 use crate::data::finish::Finish;
 use crate::deny::Phase;
 use crate::runs::slots::Slot;
+use bytes::Bytes;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use std::future::Future;
@@ -71,6 +72,18 @@ pub(super) struct Metered<'a, T> {
     pub written: Option<&'a AtomicU64>,
 }
 
+impl<'a, T> Metered<'a, T> {
+    /// The tool's side of an intercepted session: reads count up, writes down.
+    pub fn client(io: T, meter: &'a Meter) -> Metered<'a, T> {
+        Metered {
+            io,
+            meter,
+            counter: &meter.up,
+            written: Some(&meter.down),
+        }
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for Metered<'_, T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
@@ -101,8 +114,16 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Metered<'_, T> {
     }
 }
 
+/// The tool's side of a tunnel: a CONNECT's connection, upgraded once the
+/// `200` is out, or a connection an entrance holds itself (SOCKS5, after
+/// its success reply).
+pub enum Client {
+    Upgrade(OnUpgrade),
+    Tcp(TcpStream),
+}
+
 pub struct Tunnel {
-    pub upgrade: OnUpgrade,
+    pub client: Client,
     pub upstream: TcpStream,
     pub slot: Slot,
     pub deadline: Instant,
@@ -112,10 +133,10 @@ pub struct Tunnel {
     pub finish: Finish,
 }
 
-/// Runs a tunnel to completion. Spawned after the `200` is queued.
+/// Runs a tunnel to completion. Spawned after the success answer is queued.
 pub async fn run(t: Tunnel) {
     let Tunnel {
-        upgrade,
+        client,
         upstream,
         slot,
         deadline,
@@ -125,9 +146,6 @@ pub async fn run(t: Tunnel) {
         finish,
     } = t;
     let _slot = slot;
-    let Some(client) = upgraded(upgrade, deadline, &cancel, &finish).await else {
-        return;
-    };
     let meter = Meter::new();
     let bounds = Bounds {
         deadline,
@@ -135,57 +153,88 @@ pub async fn run(t: Tunnel) {
         cancel: &cancel,
         shutdown: &shutdown,
     };
-    let plain = if splice_enabled() {
-        client.downcast::<TokioIo<TcpStream>>()
-    } else {
-        Err(client)
-    };
-    match plain {
-        Ok(parts) => {
-            let client = parts.io.into_inner();
-            // What the client sent after its CONNECT, before the `200`. It
-            // shares hyper's whole read buffer (8 KiB), so it is dropped once
-            // written instead of being held for the tunnel's life.
-            let early = parts.read_buf;
-            let relay = async {
-                if !early.is_empty() {
-                    write_all(&upstream, &early).await?;
-                    meter.moved(&meter.up, early.len());
-                }
-                drop(early);
-                egress_splice::both_ways(
-                    &client,
-                    &upstream,
-                    |n| meter.moved(&meter.up, n),
-                    |n| meter.moved(&meter.down, n),
-                )
-                .await
-            };
-            bounds.watch(relay, &meter, &finish).await;
+    match client {
+        Client::Tcp(client) if splice_enabled() => {
+            spliced(&client, &upstream, Bytes::new(), &meter, &bounds, &finish).await;
         }
-        Err(client) => {
-            let mut a = Metered {
-                io: TokioIo::new(client),
-                meter: &meter,
-                counter: &meter.up,
-                written: None,
+        Client::Tcp(client) => copied(client, upstream, &meter, &bounds, &finish).await,
+        Client::Upgrade(upgrade) => {
+            let Some(client) = upgraded(upgrade, deadline, &cancel, &finish).await else {
+                return;
             };
-            let mut b = Metered {
-                io: upstream,
-                meter: &meter,
-                counter: &meter.down,
-                written: None,
+            let plain = if splice_enabled() {
+                client.downcast::<TokioIo<TcpStream>>()
+            } else {
+                Err(client)
             };
-            let copy = async {
-                tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 16 * 1024, 16 * 1024)
-                    .await
-                    .map(|_| ())
-            };
-            bounds.watch(copy, &meter, &finish).await;
+            match plain {
+                // What the client sent after its CONNECT, before the `200`,
+                // shares hyper's whole read buffer (8 KiB): it is dropped
+                // once written instead of being held for the tunnel's life.
+                Ok(parts) => {
+                    let client = parts.io.into_inner();
+                    spliced(&client, &upstream, parts.read_buf, &meter, &bounds, &finish).await;
+                }
+                Err(client) => copied(TokioIo::new(client), upstream, &meter, &bounds, &finish).await,
+            }
         }
     }
     finish.add_up(meter.up.load(Ordering::Relaxed));
     finish.add_down(meter.down.load(Ordering::Relaxed));
+}
+
+/// Both ends plain TCP: `early` bytes first, then `splice(2)` both ways.
+async fn spliced(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    early: Bytes,
+    meter: &Meter,
+    bounds: &Bounds<'_>,
+    finish: &Finish,
+) {
+    let relay = async {
+        if !early.is_empty() {
+            write_all(upstream, &early).await?;
+            meter.moved(&meter.up, early.len());
+        }
+        drop(early);
+        egress_splice::both_ways(
+            client,
+            upstream,
+            |n| meter.moved(&meter.up, n),
+            |n| meter.moved(&meter.down, n),
+        )
+        .await
+    };
+    bounds.watch(relay, meter, finish).await;
+}
+
+/// Any client stream: a buffered copy both ways.
+async fn copied<C: AsyncRead + AsyncWrite + Unpin>(
+    client: C,
+    upstream: TcpStream,
+    meter: &Meter,
+    bounds: &Bounds<'_>,
+    finish: &Finish,
+) {
+    let mut a = Metered {
+        io: client,
+        meter,
+        counter: &meter.up,
+        written: None,
+    };
+    let mut b = Metered {
+        io: upstream,
+        meter,
+        counter: &meter.down,
+        written: None,
+    };
+    let copy = async {
+        tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 16 * 1024, 16 * 1024)
+            .await
+            .map(|_| ())
+    };
+    bounds.watch(copy, meter, finish).await;
 }
 
 /// The client's connection once the `200` is out, unless the upgrade fails,
