@@ -63,6 +63,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    egress_executor::release_large_allocations();
     let cli = Cli::parse();
     let verbose = matches!(cli.command, Command::Serve { .. });
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -1,8 +1,8 @@
 //! The only module with `unsafe`: creating a child with `clone3` and turning it
 //! into the tool with `execve`, confining it on the way (network namespace,
 //! private /dev/shm, cgroup, rlimits, uid/gid, no_new_privs, Landlock,
-//! seccomp), creating the network namespaces themselves, and adopting
-//! inherited file descriptors.
+//! seccomp), creating the network namespaces themselves, adopting inherited
+//! file descriptors, and the allocator's large-block policy.
 //! Everything the child does between clone and exec is a raw, async-signal-safe
 //! system call on memory prepared before the clone; see `child_after_clone`.
 #![allow(unsafe_code)]
@@ -687,6 +687,23 @@ fn loopback_up() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes every allocation of 1 MiB or more its own mapping, returned to the
+/// system when freed. Answers of megabytes pass through the executor (a
+/// protocol line, its parsed value, the JSON sent and kept); with glibc's
+/// default, the threshold rises to the size of the largest block freed (up
+/// to 32 MiB) and such blocks come from per-thread arenas, which keep the
+/// memory after a free: the process grows with every large answer even
+/// though it holds none. For the binary (a process-wide setting), first
+/// thing in `main`.
+pub fn release_large_allocations() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc malloc's tuning parameters (under
+    // its own lock); no memory is touched.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
 }
 
 /// The Landlock ABI version of the running kernel (0: none).
