@@ -785,6 +785,13 @@ pool = {{ warm = 0, max = 2 }}
         if layers.contains(&Layer::Seccomp) {
             assert_eq!(unix_hits(), 0, "a host-side unix socket was reached");
         }
+        let abi =
+            egress_executor::confine::host(&Config::parse(Path::new("/x.toml"), "").unwrap().executor).landlock_abi;
+        if layers == [Layer::Landlock] && abi >= 6 {
+            // Landlock's abstract-socket scope: the extra layer where present.
+            assert!(!ok("unix_abstract"), "{:?}", outcomes["unix_abstract"]);
+            assert_eq!(unix_abstract.hits(), 0);
+        }
         if layers.contains(&Layer::Netns) {
             assert_eq!(canary.connections(), 0, "the canary was reached");
             assert_eq!(udp_count.load(std::sync::atomic::Ordering::SeqCst), 0);
