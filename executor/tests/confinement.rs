@@ -385,13 +385,14 @@ fn attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) -> 
 fn unix_attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) {
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram, UnixStream};
+    // Connected is reached (the host side counts it and hangs up at once).
     for attempt in ["unix_tmp", "unix_run"] {
-        let r = UnixStream::connect(s(input, attempt)).and_then(|mut c| c.write_all(b"x"));
+        let r = UnixStream::connect(s(input, attempt)).map(|_| ());
         outcome(emit, attempt, r.is_ok(), format!("{r:?}"));
     }
     let r = UnixAddr::from_abstract_name(s(input, "unix_abstract").as_bytes())
         .and_then(|a| UnixStream::connect_addr(&a))
-        .and_then(|mut c| c.write_all(b"x"));
+        .map(|_| ());
     outcome(emit, "unix_abstract", r.is_ok(), format!("{r:?}"));
     let dgram = s(input, "unix_dgram");
     let r = UnixDatagram::unbound().and_then(|d| d.send_to(b"x", &dgram));
@@ -436,6 +437,41 @@ fn unix_attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>
     outcome(emit, "unix_pair_raw_sendto", r.is_ok(), format!("{r:?}"));
     let r = std::fs::File::open(s(input, "unix_tmp"));
     outcome(emit, "open_unix_socket", r.is_ok(), format!("{:?}", r.map(|_| ())));
+    // The pairs strict allows, re-targeted: connect fails (EISCONN or
+    // EPROTOTYPE); a seqpacket pair's sendto ignores the address (its peer
+    // gets it), which the host-side counts show.
+    let mut connected = Vec::new();
+    for ty in [libc::SOCK_STREAM, libc::SOCK_SEQPACKET] {
+        // SAFETY: socketpair into a local array; connect and sendto with a
+        // sockaddr_un built here; both fds closed before the next round.
+        unsafe {
+            let mut fds = [-1; 2];
+            if libc::socketpair(libc::AF_UNIX, ty, 0, fds.as_mut_ptr()) != 0 {
+                connected.push(format!("{ty}: socketpair {}", std::io::Error::last_os_error()));
+                continue;
+            }
+            for target in [s(input, "unix_tmp"), dgram.clone()] {
+                let mut addr: libc::sockaddr_un = std::mem::zeroed();
+                addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+                for (d, b) in addr.sun_path.iter_mut().zip(target.as_bytes()) {
+                    *d = *b as libc::c_char;
+                }
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                if libc::connect(fds[0], std::ptr::addr_of!(addr).cast(), len) == 0 {
+                    connected.push(format!("{ty} connected to {target}"));
+                }
+                libc::sendto(fds[0], b"x".as_ptr().cast(), 1, 0, std::ptr::addr_of!(addr).cast(), len);
+            }
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
+    outcome(
+        emit,
+        "unix_pair_stream_retarget",
+        !connected.is_empty(),
+        format!("{connected:?}"),
+    );
 }
 
 /// The unix attempts: each reaches a host-side socket unless confinement
@@ -770,9 +806,10 @@ pool = {{ warm = 0, max = 2 }}
     .into_iter()
     .chain(UNIX_ATTEMPTS)
     .collect::<Vec<_>>();
-    // Never possible, confined or not: a socket cannot be open()ed, and a
-    // child inherits no socket (fds 0-4 are pipes or /dev/null).
-    for a in ["open_unix_socket", "inherited_socket"] {
+    // Never possible, confined or not: a socket cannot be open()ed, a
+    // connected pair cannot be re-targeted, and a child inherits no socket
+    // (fds 0-4 are pipes or /dev/null).
+    for a in ["open_unix_socket", "unix_pair_stream_retarget", "inherited_socket"] {
         assert!(!ok(a), "{a}: {:?}", outcomes[a]);
     }
     if let Some((layers, fails, succeeds)) = only {
