@@ -64,6 +64,10 @@ pub struct ExecutorConfig {
     /// The owner lease `serve` holds and renews every third of it: after a
     /// crash, the proxy ends the executor's runs within this (milliseconds).
     pub lease_ms: u64,
+    /// MiB of finished invocations' answers kept for `GET /v1/invocations`
+    /// and repeated idempotency keys; one answer keeps its body only up to a
+    /// quarter of it.
+    pub journal_max_mb: u64,
 }
 
 impl Default for ExecutorConfig {
@@ -83,6 +87,7 @@ impl Default for ExecutorConfig {
             proxy_handoff: None,
             name: "egress-executor".into(),
             lease_ms: 15_000,
+            journal_max_mb: 64,
         }
     }
 }
@@ -194,6 +199,7 @@ pub(crate) fn executor(s: &mut Section) -> ExecutorConfig {
         proxy_handoff: s.get("proxy_handoff"),
         name: s.or("name", d.name),
         lease_ms: s.int("lease_ms", 1_000..=600_000, d.lease_ms),
+        journal_max_mb: s.int("journal_max_mb", 1..=1 << 20, d.journal_max_mb),
     };
     let name_ok = !cfg.name.is_empty()
         && cfg.name.len() <= 128
@@ -345,6 +351,8 @@ mod tests {
             ("executor", "child_gid = 0", "child_gid"),
             ("executor", "child_uid_count = 0", "child_uid_count"),
             ("executor", "lease_ms = 10", "lease_ms"),
+            ("executor", "journal_max_mb = 0", "journal_max_mb"),
+            ("executor", "journal_max_mb = \"64\"", "journal_max_mb"),
             ("executor", "name = \"a b\"", "name"),
             ("executor", "max_message_bytes = 8", "max_message_bytes"),
             ("executor", "listen = \"localhost:1\"", "listen"),

@@ -431,6 +431,7 @@ mod tests {
                 proxy_handoff: None,
                 name: "egress-executor".into(),
                 lease_ms: 15_000,
+                journal_max_mb: 64,
             }
         );
         assert!(c.policy.tools.is_empty(), "no tools: every fetch is denied");

@@ -146,7 +146,7 @@ async fn require_token(
 #[utoipa::path(post, path = "/v1/invocations", tag = "invocations", request_body = InvocationRequest,
     security(("control_token" = [])),
     responses(
-        (status = 200, description = "The invocation ran: `ok`, or the tool's failure (tool_error, timeout, aborted, disconnected, protocol, startup)", body = InvocationResult),
+        (status = 200, description = "The invocation ran: `ok`, or the tool's failure (tool_error, timeout, aborted, disconnected, protocol, startup). A repeated `idempotency_key` gets the first answer again, or its stub with `body_dropped` once the executor no longer keeps its body; the tool never runs twice", body = InvocationResult),
         (status = 400, description = "bad_request: the body is not JSON of this schema (or over 2 MiB, or not `application/json`), `timeout_ms` is 0, `run_id` is not a valid id, or an invocation with this `run_id` or `idempotency_key` is in flight", body = InvocationResult),
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "unknown_tool", body = InvocationResult),
@@ -165,10 +165,9 @@ async fn invoke(
             return (StatusCode::BAD_REQUEST, Json(r)).into_response();
         }
     };
-    let result = exec.invoke(req).await;
-    let status = result.error.as_ref().map(|e| e.kind.http_status()).unwrap_or(200);
+    let (status, json) = exec.answer(req).await.into_http();
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    (status, Json(result)).into_response()
+    (status, [(header::CONTENT_TYPE, "application/json")], json).into_response()
 }
 
 /// Filters of `GET /v1/invocations` (no others: an unknown one is `400`).
@@ -226,13 +225,21 @@ async fn list_invocations(
     security(("control_token" = [])),
     params(("id" = String, Path, description = "Invocation id, run id or idempotency key")),
     responses(
-        (status = 200, description = "`{\"state\": \"done\", \"result\": …}` or `{\"state\": \"running\", \"invocation\": …}`", body = Object),
+        (status = 200, description = "`{\"state\": \"done\", \"result\": …}` (the answer as `POST` gave it, or its stub with `body_dropped` once the executor no longer keeps its body) or `{\"state\": \"running\", \"invocation\": …}`", body = Object),
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
     ))]
 async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
     match exec.invocation(&id) {
-        Some(crate::executor::Found::Done(r)) => Json(json!({"state": "done", "result": r})).into_response(),
+        Some(crate::executor::Found::Done(kept)) => {
+            // The kept JSON as it is, not parsed again.
+            let result = kept.answer_json();
+            let mut body = Vec::with_capacity(result.len() + 32);
+            body.extend_from_slice(br#"{"state":"done","result":"#);
+            body.extend_from_slice(&result);
+            body.push(b'}');
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
         Some(crate::executor::Found::Running(s)) => Json(json!({"state": "running", "invocation": s})).into_response(),
         None => api_error(
             StatusCode::NOT_FOUND,

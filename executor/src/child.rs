@@ -582,6 +582,7 @@ impl Warm {
             stdout,
             exit,
             duration_ms: ms(t0.elapsed()),
+            body_dropped: None,
         };
         (result, Teardown(self))
     }

@@ -2,11 +2,11 @@
 //! result body of `POST /v1/invocations` (also printed by `run`). Error kinds
 //! double as the `outcome` metric label, so the two cannot disagree.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The kind of a failed invocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The child did not reach `ready` (see `phase`).
@@ -89,7 +89,7 @@ impl ErrorKind {
 
 /// Startup phase: `spawn` (to `booted`: an environment fault) or `load`
 /// (`booted` to `ready`: a tool fault).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Spawn,
@@ -97,7 +97,7 @@ pub enum Phase {
 }
 
 /// A typed invocation error.
-#[derive(Debug, Clone, Serialize, thiserror::Error, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error, utoipa::ToSchema)]
 #[error("{}{}: {message}", kind.as_str(), phase.map(|p| format!("({})", match p { Phase::Spawn => "spawn", Phase::Load => "load" })).unwrap_or_default())]
 pub struct InvokeError {
     pub kind: ErrorKind,
@@ -130,8 +130,9 @@ impl InvokeError {
     }
 }
 
-/// The body of an invocation's answer.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+/// The body of an invocation's answer. (Deserialized only from the
+/// executor's own serialization of it, kept for repeated idempotency keys.)
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InvocationResult {
     /// The executor's id of this invocation (`GET /v1/invocations/{id}`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -155,6 +156,47 @@ pub struct InvocationResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit: Option<String>,
     pub duration_ms: u64,
+    /// Present only on an answer given again (a repeated
+    /// `idempotency_key`, `GET /v1/invocations/{id}`) whose body the
+    /// executor no longer keeps: `ok`, `error` (its message shortened, no
+    /// stderr), `run_id`, `exit` and `duration_ms` are the invocation's;
+    /// `output`, `emits`, `facts` and `stdout` are empty here, not the
+    /// tool's. The tool is never run again for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_dropped: Option<BodyDropped>,
+}
+
+/// What is left of an answer whose body was dropped: why, its sizes, and
+/// the SHA-256 of the dropped JSON (the whole answer as first sent, which a
+/// caller that kept it can compare).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BodyDropped {
+    /// `entry_too_large`: the answer alone was over a quarter of
+    /// `[executor] journal_max_mb`; `journal_full`: newer answers needed the
+    /// room (the oldest bodies go first).
+    #[schema(value_type = String)]
+    pub reason: DropReason,
+    /// Bytes of the dropped JSON answer.
+    pub body_bytes: u64,
+    /// Lower-case hex SHA-256 of the dropped JSON answer.
+    pub sha256: String,
+    /// Bytes of `output` as JSON (0: none).
+    pub output_bytes: u64,
+    /// Number of emits, and their bytes as a JSON array.
+    pub emits: u64,
+    pub emits_bytes: u64,
+    /// Bytes of `stdout`.
+    pub stdout_bytes: u64,
+    /// Number of facts (the proxy still has them: `GET /v1/runs/{id}/facts`).
+    pub facts: u64,
+}
+
+/// Why an answer's body was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    EntryTooLarge,
+    JournalFull,
 }
 
 impl InvocationResult {
@@ -173,6 +215,7 @@ impl InvocationResult {
             stdout: String::new(),
             exit: None,
             duration_ms: 0,
+            body_dropped: None,
         }
     }
 

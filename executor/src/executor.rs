@@ -19,6 +19,7 @@ use crate::error::{ErrorKind, InvocationResult, InvokeError};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::process::Spawner;
+use crate::retained::{Kept, Retained};
 
 /// Why the executor cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -72,9 +73,12 @@ pub struct Executor {
     idempotency: Mutex<HashMap<String, Remembered>>,
     /// Running and recently finished invocations (`GET /v1/invocations`).
     journal: Mutex<Journal>,
+    /// The finished answers both of them hold, bounded by `journal_max_mb`.
+    retained: Retained,
 }
 
-/// Finished invocations kept for `GET /v1/invocations` (the oldest go first).
+/// Finished invocations listed by `GET /v1/invocations` (the oldest go
+/// first); their answers' bodies are bounded in bytes by `journal_max_mb`.
 pub const JOURNAL_MAX: usize = 1000;
 
 /// One invocation as `GET /v1/invocations` lists it.
@@ -103,14 +107,66 @@ pub struct InvocationSummary {
 struct Journal {
     running: HashMap<String, InvocationSummary>,
     /// Newest last.
-    done: std::collections::VecDeque<(InvocationSummary, InvocationResult)>,
+    done: std::collections::VecDeque<(InvocationSummary, Arc<Kept>)>,
 }
 
 /// What `GET /v1/invocations/{id}` finds.
 #[derive(Debug)]
 pub enum Found {
     Running(InvocationSummary),
-    Done(Box<InvocationResult>),
+    /// The answer as kept (whole, or its stub once the body was dropped).
+    Done(Arc<Kept>),
+}
+
+/// An invocation's answer: as it came now, or as it was kept.
+#[derive(Debug)]
+pub enum Answer {
+    /// Ran now, or failed before running: the live result, and its JSON
+    /// when it was already serialized (to be kept).
+    Live(Box<InvocationResult>, Option<bytes::Bytes>),
+    /// Given again for a repeated idempotency key.
+    Kept(Arc<Kept>),
+}
+
+impl Answer {
+    /// A failure before any child was involved.
+    fn failed(tool: &str, error: InvokeError) -> Answer {
+        Answer::Live(Box::new(InvocationResult::failed(tool, error)), None)
+    }
+
+    /// The answer as a result (a kept body is parsed again).
+    pub fn result(self) -> InvocationResult {
+        match self {
+            Answer::Live(r, _) => *r,
+            Answer::Kept(k) => k.answer(),
+        }
+    }
+
+    /// The HTTP status and JSON body of `POST /v1/invocations`: serialized
+    /// once (what was serialized to be kept is sent as it is).
+    pub fn into_http(self) -> (u16, bytes::Bytes) {
+        match self {
+            Answer::Live(r, json) => {
+                let status = r.error.as_ref().map_or(200, |e| e.kind.http_status());
+                let json = json.unwrap_or_else(|| serde_json::to_vec(&r).unwrap_or_default().into());
+                (status, json)
+            }
+            Answer::Kept(k) => (k.status(), k.answer_json()),
+        }
+    }
+}
+
+/// One invocation just run: its result, its JSON, and what is kept of it.
+struct Done {
+    result: InvocationResult,
+    json: bytes::Bytes,
+    kept: Arc<Kept>,
+}
+
+impl From<Done> for Answer {
+    fn from(d: Done) -> Answer {
+        Answer::Live(Box::new(d.result), Some(d.json))
+    }
 }
 
 /// Removes a running entry whose invocation was dropped unfinished.
@@ -137,8 +193,8 @@ const IDEMPOTENCY_MAX: usize = 10_000;
 struct Remembered {
     /// Hash of the request (tool, input, run id, timeout) that used the key.
     fingerprint: u64,
-    /// `None` while the invocation runs, then its answer.
-    answer: tokio::sync::watch::Receiver<Option<InvocationResult>>,
+    /// `None` while the invocation runs, then its answer as kept.
+    answer: tokio::sync::watch::Receiver<Option<Arc<Kept>>>,
     finished: Option<Instant>,
 }
 
@@ -221,10 +277,13 @@ impl Executor {
         Ok(Arc::new(Executor {
             shared,
             pools,
-            config,
             inflight: Mutex::new(HashMap::new()),
             idempotency: Mutex::new(HashMap::new()),
             journal: Mutex::new(Journal::default()),
+            retained: Retained::new(
+                usize::try_from(config.executor.journal_max_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            ),
+            config,
         }))
     }
 
@@ -343,22 +402,28 @@ impl Executor {
 
     /// Run one invocation. A repeated `idempotency_key` within
     /// [`IDEMPOTENCY_WINDOW`] answers with the first invocation's result (or
-    /// waits for it while it runs) instead of running the tool again; the same
+    /// waits for it while it runs) instead of running the tool again — its
+    /// stub with `body_dropped` once the body is no longer kept; the same
     /// key with a different request is `idempotency_conflict` (409).
     pub async fn invoke(&self, req: InvocationRequest) -> InvocationResult {
+        self.answer(req).await.result()
+    }
+
+    /// [`Executor::invoke`], with the answer as it came or as it was kept.
+    pub async fn answer(&self, req: InvocationRequest) -> Answer {
         let Some(key) = req.idempotency_key.clone() else {
-            return self.invoke_once(req).await;
+            return self.invoke_once(req).await.into();
         };
         let fp = fingerprint(&req);
         let tx = {
             let Ok(mut m) = self.idempotency.lock() else {
-                return self.invoke_once(req).await;
+                return self.invoke_once(req).await.into();
             };
             let now = Instant::now();
             m.retain(|_, r| r.finished.is_none_or(|t| now.duration_since(t) < IDEMPOTENCY_WINDOW));
             match m.get(&key) {
                 Some(r) if r.fingerprint != fp => {
-                    return InvocationResult::failed(
+                    return Answer::failed(
                         &req.tool,
                         InvokeError::new(
                             ErrorKind::IdempotencyConflict,
@@ -397,19 +462,22 @@ impl Executor {
                     exec: self,
                     key: Some(key.clone()),
                 };
-                let result = self.invoke_once(req).await;
+                let done = self.invoke_once(req).await;
                 guard.key = None;
                 if let Ok(mut m) = self.idempotency.lock() {
                     if let Some(r) = m.get_mut(&key) {
                         r.finished = Some(Instant::now());
                     }
                 }
-                let _ = tx.send(Some(result.clone()));
-                result
+                let _ = tx.send(Some(done.kept.clone()));
+                done.into()
             }
             Err(mut rx) => match rx.wait_for(Option::is_some).await {
-                Ok(answer) => answer.clone().unwrap_or_else(|| InvocationResult::failed(&req.tool, InvokeError::new(ErrorKind::Aborted, "no answer"))),
-                Err(_) => InvocationResult::failed(
+                Ok(answer) => match answer.as_ref() {
+                    Some(kept) => Answer::Kept(kept.clone()),
+                    None => Answer::failed(&req.tool, InvokeError::new(ErrorKind::Aborted, "no answer")),
+                },
+                Err(_) => Answer::failed(
                     &req.tool,
                     InvokeError::new(
                         ErrorKind::Aborted,
@@ -420,7 +488,9 @@ impl Executor {
         }
     }
 
-    async fn invoke_once(&self, req: InvocationRequest) -> InvocationResult {
+    /// Runs the tool once: the live answer, and the answer as kept for the
+    /// journal and the idempotency key.
+    async fn invoke_once(&self, req: InvocationRequest) -> Done {
         let t0 = Instant::now();
         let id = uuid::Uuid::new_v4().to_string();
         let summary = InvocationSummary {
@@ -452,6 +522,7 @@ impl Executor {
                 .outcome(&req.tool, result.outcome(), t0.elapsed().as_secs_f64());
         }
         guard.id = None;
+        let (kept, json) = self.retained.keep(&result);
         if let Ok(mut j) = self.journal.lock() {
             j.running.remove(&id);
             let done = InvocationSummary {
@@ -464,9 +535,9 @@ impl Executor {
             if j.done.len() >= JOURNAL_MAX {
                 j.done.pop_front();
             }
-            j.done.push_back((done, result.clone()));
+            j.done.push_back((done, kept.clone()));
         }
-        result
+        Done { result, json, kept }
     }
 
     /// Running and recently finished invocations, newest first, filtered
@@ -530,7 +601,7 @@ impl Executor {
             .iter()
             .rev()
             .find(|(s, _)| matches(s))
-            .map(|(_, r)| Found::Done(Box::new(r.clone())))
+            .map(|(_, k)| Found::Done(k.clone()))
     }
 
     async fn invoke_inner(&self, req: InvocationRequest) -> InvocationResult {

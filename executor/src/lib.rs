@@ -18,6 +18,7 @@ pub mod process;
 pub mod protocol;
 pub mod reaper;
 pub mod relay;
+pub mod retained;
 mod sys;
 
 /// The Rust tool SDK, re-exported under its former path.
@@ -25,4 +26,5 @@ pub use egress_tool as tool;
 
 pub use config::Config;
 pub use error::{ErrorKind, InvocationResult, InvokeError, Phase};
-pub use executor::{Executor, InvocationRequest};
+pub use executor::{Answer, Executor, InvocationRequest};
+pub use sys::release_large_allocations;

@@ -63,6 +63,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    egress_executor::release_large_allocations();
     let cli = Cli::parse();
     let verbose = matches!(cli.command, Command::Serve { .. });
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -307,6 +308,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             match Confinement::for_tool(tool, p, &config.executor, &host) {
                 Ok(c) => {
                     let names: Vec<&str> = c.layers().iter().map(|l| l.name()).collect();
+                    let (closed, unix) = c.unix_sockets();
                     line(
                         &format!("isolation of `{tool}`"),
                         true,
@@ -319,7 +321,10 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
                                 names.join(", ")
                             }
                         ),
-                    )
+                    );
+                    // Reported, not required: `best_effort` and `off` are choices.
+                    let state = if closed { "ok" } else { "OPEN" };
+                    println!("{:<28} {state:<4} {unix}", format!("unix sockets of `{tool}`"));
                 }
                 Err(e) => line(&format!("isolation of `{tool}`"), false, e.to_string()),
             }

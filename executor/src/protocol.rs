@@ -20,6 +20,9 @@ pub enum Read {
     Failed(std::io::Error),
 }
 
+/// Bytes asked of the pipe per read (a Linux pipe's default capacity).
+const READ_CHUNK: usize = 64 << 10;
+
 /// Reads newline-delimited messages with a cap per line and per run.
 #[derive(Debug)]
 pub struct LineReader<R> {
@@ -27,6 +30,9 @@ pub struct LineReader<R> {
     buf: Vec<u8>,
     /// Start of unconsumed bytes in `buf`.
     start: usize,
+    /// Unconsumed bytes already searched for a newline (none there): each
+    /// byte is looked at once, however many reads a long line takes.
+    scanned: usize,
     max_line: usize,
     max_total: usize,
     total: usize,
@@ -39,6 +45,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             inner,
             buf: Vec::with_capacity(4096),
             start: 0,
+            scanned: 0,
             max_line,
             max_total,
             total: 0,
@@ -49,7 +56,10 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     /// The next message. Cancel-safe: bytes read stay buffered.
     pub async fn next(&mut self) -> Read {
         loop {
-            if let Some(pos) = self.buf[self.start..].iter().position(|&b| b == b'\n') {
+            let from = self.start + self.scanned;
+            if let Some(pos) = self.buf[from..].iter().position(|&b| b == b'\n') {
+                let pos = self.scanned + pos;
+                self.scanned = 0;
                 if pos > self.max_line {
                     return Read::Violation(format!("protocol line longer than {} bytes", self.max_line));
                 }
@@ -62,6 +72,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 }
                 return parsed;
             }
+            self.scanned = self.buf.len() - self.start;
             if self.buf.len() - self.start > self.max_line {
                 return Read::Violation(format!("protocol line longer than {} bytes", self.max_line));
             }
@@ -76,15 +87,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 self.buf.drain(..self.start);
                 self.start = 0;
             }
-            let mut chunk = [0u8; 8192];
-            match self.inner.read(&mut chunk).await {
+            // Straight into the buffer, a pipe's worth at a time.
+            self.buf.reserve(READ_CHUNK);
+            match self.inner.read_buf(&mut self.buf).await {
                 Ok(0) => self.eof = true,
                 Ok(n) => {
                     self.total += n;
                     if self.total > self.max_total {
                         return Read::Violation(format!("more than {} protocol bytes in one run", self.max_total));
                     }
-                    self.buf.extend_from_slice(&chunk[..n]);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Read::Failed(e),
@@ -129,6 +140,56 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Yields its bytes `step` at a time, as a pipe filled slowly does.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let n = self.step.min(buf.remaining()).min(self.data.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Lines split across many reads, and several lines in one read: the
+    /// search resumes where it stopped, and restarts after each line.
+    #[tokio::test]
+    async fn lines_across_reads_and_reads_across_lines() {
+        let long = format!("{{\"t\":\"result\",\"output\":\"{}\"}}\n", "x".repeat(100_000));
+        let input = format!("{{\"t\":\"booted\"}}\n{long}{{\"t\":\"ready\"}}\n{long}");
+        for step in [1, 7, 4096, 70_000, 1 << 20] {
+            let r = Trickle {
+                data: input.clone().into_bytes(),
+                at: 0,
+                step,
+            };
+            let mut r = LineReader::new(r, 200_000, 1 << 20);
+            let mut kinds = Vec::new();
+            loop {
+                match r.next().await {
+                    Read::Msg(ChildMsg::Result { output }) => {
+                        assert_eq!(output.as_str().map(str::len), Some(100_000));
+                        kinds.push("result".to_string());
+                    }
+                    Read::Msg(m) => kinds.push(m.kind().to_string()),
+                    Read::Eof => break,
+                    other => panic!("step {step}: {other:?}"),
+                }
+            }
+            assert_eq!(kinds, ["booted", "result", "ready", "result"], "step {step}");
+        }
     }
 
     #[tokio::test]

@@ -1,7 +1,8 @@
 //! The only module with `unsafe`: creating a child with `clone3` and turning it
 //! into the tool with `execve`, confining it on the way (network namespace,
-//! cgroup, rlimits, uid/gid, no_new_privs, Landlock, seccomp), creating the
-//! network namespaces themselves, and adopting inherited file descriptors.
+//! private /dev/shm, cgroup, rlimits, uid/gid, no_new_privs, Landlock,
+//! seccomp), creating the network namespaces themselves, adopting inherited
+//! file descriptors, and the allocator's large-block policy.
 //! Everything the child does between clone and exec is a raw, async-signal-safe
 //! system call on memory prepared before the clone; see `child_after_clone`.
 #![allow(unsafe_code)]
@@ -40,6 +41,13 @@ pub struct ChildConfine {
     pub setsid: bool,
     /// `setns(fd, CLONE_NEWNET)`: the child's network namespace.
     pub netns: Option<OwnedFd>,
+    /// Mount options of a private tmpfs on `/dev/shm` in a mount namespace
+    /// of the child's own (`unshare(CLONE_NEWNS)`, propagation private), so
+    /// POSIX semaphores and shared memory work without the host's.
+    pub private_shm: Option<CString>,
+    /// Landlock access rights the child grants itself on that `/dev/shm`
+    /// (only it can name the new mount; 0: no rule).
+    pub shm_access: u64,
     /// `cgroup.procs` files (opened for writing) the child moves itself into.
     pub cgroup_procs: Vec<OwnedFd>,
     /// `(resource, soft, hard)` for setrlimit.
@@ -65,13 +73,16 @@ const LANDLOCK_ACCESS_FS_READ_DIR: u64 = 1 << 3;
 /// Most rlimits, cgroup files and seccomp programs a child applies.
 const MAX_RLIMITS: usize = 8;
 const MAX_CGROUPS: usize = 2;
-const MAX_FILTERS: usize = 2;
+const MAX_FILTERS: usize = 3;
 
 /// `ChildConfine` as raw numbers and pointers, copied into the child.
 #[derive(Clone, Copy)]
 struct RawConfine {
     setsid: bool,
     netns: RawFd,
+    /// NUL-terminated mount options, or null: no private `/dev/shm`.
+    shm_data: *const libc::c_char,
+    shm_access: u64,
     cgroup_procs: [RawFd; MAX_CGROUPS],
     rlimits: [(u32, u64, u64); MAX_RLIMITS],
     n_rlimits: usize,
@@ -97,6 +108,8 @@ impl RawConfine {
         let mut r = RawConfine {
             setsid: c.setsid,
             netns: c.netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            shm_data: c.private_shm.as_ref().map_or(std::ptr::null(), |d| d.as_ptr()),
+            shm_access: c.shm_access,
             cgroup_procs: [-1; MAX_CGROUPS],
             rlimits: [(0, 0, 0); MAX_RLIMITS],
             n_rlimits: c.rlimits.len(),
@@ -165,6 +178,7 @@ const STAGE_NNP: u8 = 12;
 const STAGE_LANDLOCK: u8 = 13;
 const STAGE_SECCOMP: u8 = 14;
 const STAGE_SESSION: u8 = 15;
+const STAGE_SHM: u8 = 16;
 
 fn stage_name(stage: u8) -> &'static str {
     match stage {
@@ -182,6 +196,7 @@ fn stage_name(stage: u8) -> &'static str {
         STAGE_LANDLOCK => "applying the Landlock ruleset",
         STAGE_SECCOMP => "installing the seccomp filter",
         STAGE_SESSION => "starting a new session",
+        STAGE_SHM => "mounting the private /dev/shm",
         _ => "starting the child",
     }
 }
@@ -445,6 +460,9 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
         if c.netns >= 0 && libc::setns(c.netns, libc::CLONE_NEWNET) != 0 {
             fail(p, STAGE_NETNS);
         }
+        if !c.shm_data.is_null() && !private_shm(c.shm_data) {
+            fail(p, STAGE_SHM);
+        }
         for &fd in &c.cgroup_procs[..] {
             // "0" moves the writer itself (cgroup v1 and v2).
             if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -524,6 +542,29 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
                 );
                 libc::close(dir);
             }
+            // The private /dev/shm mounted above: a new inode only this
+            // process can name. Without the rule, semaphores fail (EACCES).
+            if c.shm_access != 0 {
+                let dir = libc::open(c"/dev/shm".as_ptr(), libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+                if dir < 0 {
+                    fail(p, STAGE_LANDLOCK);
+                }
+                let attr = LandlockPathBeneath {
+                    allowed_access: c.shm_access,
+                    parent_fd: dir,
+                };
+                if libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    c.landlock,
+                    1 as libc::c_int, /* LANDLOCK_RULE_PATH_BENEATH */
+                    std::ptr::addr_of!(attr),
+                    0u32,
+                ) != 0
+                {
+                    fail(p, STAGE_LANDLOCK);
+                }
+                libc::close(dir);
+            }
             if libc::syscall(libc::SYS_landlock_restrict_self, c.landlock, 0u32) != 0 {
                 fail(p, STAGE_LANDLOCK);
             }
@@ -577,6 +618,55 @@ pub fn new_netns(addr: std::net::SocketAddrV4) -> io::Result<(OwnedFd, std::net:
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
 }
 
+/// Moves the calling thread into a mount namespace of its own (propagation
+/// private: nothing reaches the host's) and mounts a fresh tmpfs with
+/// options `data` over `/dev/shm` there; it dies with the namespace. Raw
+/// system calls only (the child calls it between clone and exec).
+///
+/// # Safety
+/// `data` must point to a NUL-terminated string.
+unsafe fn private_shm(data: *const libc::c_char) -> bool {
+    // SAFETY: plain system calls on constant C strings and `data`.
+    unsafe {
+        libc::unshare(libc::CLONE_NEWNS) == 0
+            && libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) == 0
+            && libc::mount(
+                c"tmpfs".as_ptr(),
+                c"/dev/shm".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                data.cast(),
+            ) == 0
+    }
+}
+
+/// Whether a child can get its private `/dev/shm`: the child's very steps,
+/// tried on a short-lived thread (whose mount namespace dies with it), so a
+/// host that refuses any of them (a container's seccomp or AppArmor profile
+/// denying `mount`) is known before a child depends on it.
+pub fn private_shm_available() -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("loom-shm-probe".into())
+        .spawn(|| -> io::Result<()> {
+            // SAFETY: unshare moves only this thread (with its own fs_struct)
+            // into the new namespace, where the mounts happen; the thread
+            // exits right after, and the namespace with it.
+            if unsafe { private_shm(c"size=1m,nr_inodes=16,mode=1777".as_ptr()) } {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the probe thread panicked"))?
+}
+
 /// Set `IFF_UP` on `lo` in the calling thread's network namespace.
 fn loopback_up() -> io::Result<()> {
     let sock = rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::DGRAM, None)?;
@@ -597,6 +687,23 @@ fn loopback_up() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes every allocation of 1 MiB or more its own mapping, returned to the
+/// system when freed. Answers of megabytes pass through the executor (a
+/// protocol line, its parsed value, the JSON sent and kept); with glibc's
+/// default, the threshold rises to the size of the largest block freed (up
+/// to 32 MiB) and such blocks come from per-thread arenas, which keep the
+/// memory after a free: the process grows with every large answer even
+/// though it holds none. For the binary (a process-wide setting), first
+/// thing in `main`.
+pub fn release_large_allocations() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc malloc's tuning parameters (under
+    // its own lock); no memory is touched.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
 }
 
 /// The Landlock ABI version of the running kernel (0: none).

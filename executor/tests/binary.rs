@@ -10,7 +10,7 @@ use std::time::Duration;
 use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
 use egress_e2e::harness::TOKEN;
-use egress_e2e::process::spawn_reporting;
+use egress_e2e::process::{rss_bytes, spawn_reporting, KillOnDrop};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-executor");
@@ -416,4 +416,142 @@ async fn sigterm_ends_warm_runs_and_leaves_no_child() {
     assert_eq!(created.len(), 1, "{calls:?}");
     let run = created[0].trim_start_matches("create ");
     assert!(calls.contains(&format!("end {run}")), "warm run not ended: {calls:?}");
+}
+
+/// An untrusted tool's output cannot grow the executor without bound: 200
+/// invocations of a tool returning 15 MB each, each with its own idempotency
+/// key, leave the real binary's RSS within `journal_max_mb` plus a constant.
+/// The oldest answers lose their bodies (outcome, sizes and a SHA-256 stay);
+/// their idempotency keys answer with `body_dropped` instead of running the
+/// tool again, and so does `GET /v1/invocations/{id}`.
+#[tokio::test]
+async fn large_results_keep_the_executor_within_journal_max_mb() {
+    if python().is_none() {
+        eprintln!("skipped: needs python3");
+        return;
+    }
+    const MB: u64 = 1 << 20;
+    const BUDGET_MB: u64 = 64;
+    const RESULT: u64 = 15_000_000;
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("journal");
+    dir.write("big.py", "def run(input, ctx):\n    return 'x' * input['n']\n");
+    let cfg = dir.write(
+        "egress.toml",
+        &format!(
+            r#"
+[proxy]
+control = "{control}"
+facts = "var/egress-facts.db"
+
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+# A 15 MB result is one protocol line.
+max_message_bytes = {line}
+max_run_bytes = {run}
+journal_max_mb = {BUDGET_MB}
+
+[tools.big]
+egress = []
+[tools.big.process]
+command = ["python3", "{runner}", "big.py"]
+isolation = "off"
+pool = {{ warm = 2, max = 2, queue = 4 }}
+"#,
+            control = control.addr,
+            line = 16 * MB,
+            run = 24 * MB,
+            runner = runners_dir().join("loom_runner.py").display(),
+        ),
+    );
+    let (child, addr) = serve(&cfg);
+    let pid = child.id();
+    // Killed even when an assertion fails (it may hold gigabytes then).
+    let _child = KillOnDrop(child);
+    let invoke = |key: String| async move {
+        let (status, body) = http(
+            addr,
+            "POST",
+            "/v1/invocations",
+            Some(json!({"tool": "big", "input": {"n": RESULT}, "idempotency_key": key})),
+        )
+        .await;
+        assert_eq!(status, 200, "{}", &body[..body.len().min(400)]);
+        body
+    };
+    let mut first_id = String::new();
+    let mut baseline = 0;
+    for i in 0..200 {
+        let body = invoke(format!("k-{i}")).await;
+        // The live answer is whole, whatever is kept.
+        assert!(body.len() as u64 > RESULT, "{}", &body[..body.len().min(400)]);
+        assert!(body[..200].contains("\"ok\":true"), "{}", &body[..400]);
+        if i == 0 {
+            first_id = body[..200]
+                .split("\"invocation_id\":\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap()
+                .to_string();
+        }
+        if i == 0 {
+            baseline = rss_bytes(pid);
+        }
+        if i % 50 == 49 {
+            eprintln!("after {} invocations: RSS {} MiB", i + 1, rss_bytes(pid) / MB);
+        }
+    }
+    let rss = rss_bytes(pid);
+    eprintln!(
+        "RSS after 200 x 15 MB: {} MiB (after the first: {} MiB; journal_max_mb = {BUDGET_MB})",
+        rss / MB,
+        baseline / MB
+    );
+    // The constant is the process after its first answer: the binary at
+    // work, and what serving one 15 MB answer takes (the protocol line, the
+    // parsed value, the JSON sent and kept).
+    assert!(
+        rss <= baseline + BUDGET_MB * MB,
+        "RSS {} MiB > {} MiB after the first answer + journal_max_mb",
+        rss / MB,
+        baseline / MB
+    );
+
+    // The first key's body was dropped: its answer says so, with the
+    // outcome, the sizes and a digest; the tool does not run again.
+    let (_, metrics_before) = http(addr, "GET", "/metrics", None).await;
+    let repeat: Value = serde_json::from_str(&invoke("k-0".into()).await).unwrap();
+    assert_eq!(repeat["ok"], json!(true), "{repeat}");
+    assert_eq!(repeat["invocation_id"], json!(first_id), "{repeat}");
+    assert!(repeat.get("output").is_none(), "{repeat}");
+    let dropped = &repeat["body_dropped"];
+    assert_eq!(dropped["reason"], json!("journal_full"), "{repeat}");
+    assert!(dropped["output_bytes"].as_u64().unwrap() >= RESULT, "{repeat}");
+    assert!(dropped["body_bytes"].as_u64().unwrap() > RESULT, "{repeat}");
+    assert_eq!(dropped["sha256"].as_str().unwrap().len(), 64, "{repeat}");
+    // The field is in the executor's OpenAPI document.
+    let spec = egress_e2e::openapi::Spec::new(serde_json::to_value(egress_executor::api::openapi()).unwrap());
+    let op = spec.operation("POST", "/v1/invocations").unwrap();
+    let problems = op.check_response(200, &repeat);
+    assert!(problems.is_empty(), "{problems:?}\n{repeat}");
+    assert!(
+        serde_json::to_string(spec.doc()).unwrap().contains("\"body_dropped\""),
+        "body_dropped is not documented"
+    );
+    let (_, metrics_after) = http(addr, "GET", "/metrics", None).await;
+    let runs = |m: &str| {
+        m.lines()
+            .find(|l| l.starts_with("executor_invocations_total{tool=\"big\",outcome=\"ok\"}"))
+            .map(str::to_string)
+    };
+    assert_eq!(runs(&metrics_before), runs(&metrics_after), "the tool ran again");
+    let (status, body) = http(addr, "GET", &format!("/v1/invocations/{first_id}"), None).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["result"]["body_dropped"], *dropped, "{v}");
+    // The newest answer is still whole.
+    let (status, body) = http(addr, "GET", "/v1/invocations/k-199", None).await;
+    assert_eq!(status, 200);
+    assert!(body.len() as u64 > RESULT && !body.contains("body_dropped"));
 }

@@ -3,7 +3,10 @@
 //! tries, in one invocation, every escape we know of: reading secrets,
 //! appending to the facts database, connecting around the proxy (canary on
 //! the host loopback, the proxy's control port, the executor's API, a UDP
-//! "DNS" listener), fetching denied targets through the proxy, using another
+//! "DNS" listener), reaching host-side unix sockets (world-writable ones in
+//! /tmp and /run, an abstract one, a datagram one through unbound sockets and
+//! re-targeted socketpairs; sockets among its inherited fds), fetching denied
+//! targets through the proxy, using another
 //! run's credential, writing outside its scratch dir, raw sockets, io_uring,
 //! ptrace, a fork bomb, a memory hog, and a grandchild that outlives a
 //! timeout. Each attempt's outcome is an emit. Under `strict` every attempt
@@ -25,6 +28,7 @@ use egress_e2e::executor::*;
 use egress_e2e::harness::TOKEN;
 use egress_e2e::harness::{basic, TestProxy};
 use egress_e2e::origin::{canary, http_origin};
+use egress_e2e::unix_canary::UnixCanary;
 use egress_e2e::FakeDns;
 use egress_executor::confine::{Confinement, Layer};
 use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
@@ -68,8 +72,10 @@ fn main() {
                     "connect_proxy_control",
                     "connect_executor_api",
                     "udp_dns",
+                    "unix_abstract",
                 ],
-                &["read_passwd", "io_uring_setup", "write_outside"],
+                // A network namespace does not cover the filesystem.
+                &["read_passwd", "io_uring_setup", "write_outside", "unix_tmp"],
             ))
         }),
         ("landlock_alone_stops_reads_writes_and_connects", || {
@@ -83,7 +89,8 @@ fn main() {
                     "write_outside",
                     "connect_canary",
                 ],
-                &["io_uring_setup", "udp_dns", "fork_bomb"],
+                // Landlock does not mediate connect(2) to a socket file.
+                &["io_uring_setup", "udp_dns", "fork_bomb", "unix_tmp"],
             ))
         }),
         ("seccomp_alone_stops_the_denied_calls", || {
@@ -95,6 +102,13 @@ fn main() {
                     "unshare_user",
                     "raw_socket",
                     "packet_socket",
+                    "unix_tmp",
+                    "unix_run",
+                    "unix_abstract",
+                    "unix_dgram_sendto",
+                    "unix_pair_sendto",
+                    "unix_pair_connect",
+                    "unix_pair_raw_sendto",
                 ],
                 &["read_passwd", "connect_canary"],
             ))
@@ -103,7 +117,8 @@ fn main() {
             Box::pin(layer_alone(
                 &[Layer::Identity],
                 &["read_token", "append_facts", "raw_socket"],
-                &["read_passwd", "connect_canary"],
+                // A world-writable socket file admits any uid.
+                &["read_passwd", "connect_canary", "unix_tmp"],
             ))
         }),
         ("cgroup_alone_bounds_pids_and_memory", || {
@@ -131,6 +146,9 @@ fn main() {
         }),
         ("runners_fetch_through_the_proxy_under_strict", || {
             Box::pin(runners_fetch())
+        }),
+        ("runtimes_keep_their_own_pipes_under_strict", || {
+            Box::pin(runtime_pipes())
         }),
     ];
     for (name, t) in tests {
@@ -193,6 +211,16 @@ fn via_proxy(url: &str, cred: Option<&str>) -> Result<(u16, String), String> {
 }
 
 fn attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) -> Result<Value, String> {
+    // Before anything of ours is open: sockets among the inherited fds.
+    let socks: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|l| l.display().to_string())
+        .filter(|l| l.starts_with("socket:"))
+        .collect();
+    outcome(emit, "inherited_socket", !socks.is_empty(), format!("{socks:?}"));
     for (attempt, key) in [
         ("read_passwd", "passwd"),
         ("read_config", "config"),
@@ -228,6 +256,7 @@ fn attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) -> 
         }
     });
     outcome(emit, "udp_dns", r.is_ok(), format!("{r:?}"));
+    unix_attack(input, emit);
 
     for (attempt, key) in [
         ("fetch_unlisted", "unlisted"),
@@ -348,6 +377,115 @@ fn attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) -> 
     }
 }
 
+/// Every way we know to a host-side unix socket: connect to a path in /tmp
+/// and in /run and to an abstract name; a datagram to a host socket from an
+/// unbound socket and from socketpairs (a datagram pair can be re-targeted
+/// with `sendto` or `connect`; `SOCK_RAW` is a datagram pair for AF_UNIX);
+/// `open()` of a socket path.
+fn unix_attack(input: &Value, emit: &mut dyn FnMut(Value) -> std::io::Result<()>) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram, UnixStream};
+    // Connected is reached (the host side counts it and hangs up at once).
+    for attempt in ["unix_tmp", "unix_run"] {
+        let r = UnixStream::connect(s(input, attempt)).map(|_| ());
+        outcome(emit, attempt, r.is_ok(), format!("{r:?}"));
+    }
+    let r = UnixAddr::from_abstract_name(s(input, "unix_abstract").as_bytes())
+        .and_then(|a| UnixStream::connect_addr(&a))
+        .map(|_| ());
+    outcome(emit, "unix_abstract", r.is_ok(), format!("{r:?}"));
+    let dgram = s(input, "unix_dgram");
+    let r = UnixDatagram::unbound().and_then(|d| d.send_to(b"x", &dgram));
+    outcome(emit, "unix_dgram_sendto", r.is_ok(), format!("{r:?}"));
+    let r = UnixDatagram::pair().and_then(|(a, _b)| a.send_to(b"x", &dgram));
+    outcome(emit, "unix_pair_sendto", r.is_ok(), format!("{r:?}"));
+    let r = UnixDatagram::pair().and_then(|(a, _b)| {
+        a.connect(&dgram)?;
+        a.send(b"x")
+    });
+    outcome(emit, "unix_pair_connect", r.is_ok(), format!("{r:?}"));
+    // SAFETY: socketpair into a local array, sendto with a sockaddr_un built
+    // here; both fds are closed before returning.
+    let r = unsafe {
+        let mut fds = [-1; 2];
+        if libc::socketpair(libc::AF_UNIX, libc::SOCK_RAW, 0, fds.as_mut_ptr()) != 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            let mut addr: libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (d, b) in addr.sun_path.iter_mut().zip(dgram.as_bytes()) {
+                *d = *b as libc::c_char;
+            }
+            let n = libc::sendto(
+                fds[0],
+                b"x".as_ptr().cast(),
+                1,
+                0,
+                std::ptr::addr_of!(addr).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            );
+            let e = std::io::Error::last_os_error();
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+    };
+    outcome(emit, "unix_pair_raw_sendto", r.is_ok(), format!("{r:?}"));
+    let r = std::fs::File::open(s(input, "unix_tmp"));
+    outcome(emit, "open_unix_socket", r.is_ok(), format!("{:?}", r.map(|_| ())));
+    // The pairs strict allows, re-targeted: connect fails (EISCONN or
+    // EPROTOTYPE); a seqpacket pair's sendto ignores the address (its peer
+    // gets it), which the host-side counts show.
+    let mut connected = Vec::new();
+    for ty in [libc::SOCK_STREAM, libc::SOCK_SEQPACKET] {
+        // SAFETY: socketpair into a local array; connect and sendto with a
+        // sockaddr_un built here; both fds closed before the next round.
+        unsafe {
+            let mut fds = [-1; 2];
+            if libc::socketpair(libc::AF_UNIX, ty, 0, fds.as_mut_ptr()) != 0 {
+                connected.push(format!("{ty}: socketpair {}", std::io::Error::last_os_error()));
+                continue;
+            }
+            for target in [s(input, "unix_tmp"), dgram.clone()] {
+                let mut addr: libc::sockaddr_un = std::mem::zeroed();
+                addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+                for (d, b) in addr.sun_path.iter_mut().zip(target.as_bytes()) {
+                    *d = *b as libc::c_char;
+                }
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                if libc::connect(fds[0], std::ptr::addr_of!(addr).cast(), len) == 0 {
+                    connected.push(format!("{ty} connected to {target}"));
+                }
+                libc::sendto(fds[0], b"x".as_ptr().cast(), 1, 0, std::ptr::addr_of!(addr).cast(), len);
+            }
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
+    outcome(
+        emit,
+        "unix_pair_stream_retarget",
+        !connected.is_empty(),
+        format!("{connected:?}"),
+    );
+}
+
+/// The unix attempts: each reaches a host-side socket unless confinement
+/// stops it (`open_unix_socket` fails anyway: a socket cannot be opened).
+const UNIX_ATTEMPTS: [&str; 7] = [
+    "unix_tmp",
+    "unix_run",
+    "unix_abstract",
+    "unix_dgram_sendto",
+    "unix_pair_sendto",
+    "unix_pair_connect",
+    "unix_pair_raw_sendto",
+];
+
 // ---------------------------------------------------------------- the tests
 
 /// How the child's in-namespace listener reaches the proxy.
@@ -465,6 +603,15 @@ async fn suite_with(fixture: Fixture, isolation: &str, mode: Mode, only: Only) {
             }
         });
     }
+    // Host-side unix sockets, world-writable like a permissive service's
+    // (D-Bus, X11, docker.sock): in /tmp, in /run, at an abstract name, and
+    // an unconnected datagram socket.
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let unix_tmp = UnixCanary::stream_at(&std::env::temp_dir().join(format!("loom-unix-{tag}.sock")));
+    let unix_run = UnixCanary::stream_at(&Path::new("/run").join(format!("loom-unix-{tag}.sock")));
+    let unix_abstract = UnixCanary::stream_abstract(&format!("loom-unix-{tag}"));
+    let unix_dgram = UnixCanary::datagram_at(&std::env::temp_dir().join(format!("loom-unixdg-{tag}.sock")));
+    let unix_hits = || unix_tmp.hits() + unix_run.hits() + unix_abstract.hits() + unix_dgram.hits();
     let handoff = var.join("egress-handoff.sock");
     let handoff_line = match mode {
         Mode::Handoff => format!("handoff = \"{}\"", handoff.display()),
@@ -565,6 +712,10 @@ pool = {{ warm = 0, max = 2 }}
         "allowed": format!("http://127.0.0.2:{}/", origin.addr.port()),
         "stolen": format!("{}:{}", victim.id, victim.secret),
         "outside": outside,
+        "unix_tmp": unix_tmp.target(),
+        "unix_run": unix_run.target(),
+        "unix_abstract": unix_abstract.target(),
+        "unix_dgram": unix_dgram.target(),
         "pids": if strict { 100 } else { 40 },
         "memory_mb": 3 * MEMORY_MB,
     });
@@ -651,7 +802,16 @@ pool = {{ warm = 0, max = 2 }}
         "unshare_user",
         "fork_bomb",
         "memory_hog",
-    ];
+    ]
+    .into_iter()
+    .chain(UNIX_ATTEMPTS)
+    .collect::<Vec<_>>();
+    // Never possible, confined or not: a socket cannot be open()ed, a
+    // connected pair cannot be re-targeted, and a child inherits no socket
+    // (fds 0-4 are pipes or /dev/null).
+    for a in ["open_unix_socket", "unix_pair_stream_retarget", "inherited_socket"] {
+        assert!(!ok(a), "{a}: {:?}", outcomes[a]);
+    }
     if let Some((layers, fails, succeeds)) = only {
         for a in fails {
             assert!(!ok(a), "{a} must fail with only {layers:?}: {:?}", outcomes[*a]);
@@ -659,15 +819,26 @@ pool = {{ warm = 0, max = 2 }}
         for a in succeeds {
             assert!(ok(a), "{a} should succeed with only {layers:?}: {:?}", outcomes[*a]);
         }
+        if layers.contains(&Layer::Seccomp) {
+            assert_eq!(unix_hits(), 0, "a host-side unix socket was reached");
+        }
+        let abi =
+            egress_executor::confine::host(&Config::parse(Path::new("/x.toml"), "").unwrap().executor).landlock_abi;
+        if layers == [Layer::Landlock] && abi >= 6 {
+            // Landlock's abstract-socket scope: the extra layer where present.
+            assert!(!ok("unix_abstract"), "{:?}", outcomes["unix_abstract"]);
+            assert_eq!(unix_abstract.hits(), 0);
+        }
         if layers.contains(&Layer::Netns) {
             assert_eq!(canary.connections(), 0, "the canary was reached");
             assert_eq!(udp_count.load(std::sync::atomic::Ordering::SeqCst), 0);
         }
         let _ = std::fs::remove_file(&outside);
     } else if strict {
-        for a in local {
-            assert!(!ok(a), "{a} must fail under strict: {:?}", outcomes[a]);
+        for a in &local {
+            assert!(!ok(a), "{a} must fail under strict: {:?}", outcomes[*a]);
         }
+        assert_eq!(unix_hits(), 0, "a host-side unix socket was reached");
         let forked = res.emits.iter().find_map(|v| v["forked"].as_u64()).unwrap();
         assert!(forked < PIDS, "forked {forked} with max_pids = {PIDS}");
         assert_eq!(canary.connections(), 0, "the canary was reached");
@@ -684,7 +855,10 @@ pool = {{ warm = 0, max = 2 }}
             "unshare_user",
             "raw_socket",
             "packet_socket",
-        ] {
+        ]
+        .into_iter()
+        .chain(UNIX_ATTEMPTS)
+        {
             assert!(
                 outcomes[a].1.contains("Operation not permitted"),
                 "{a}: {:?}",
@@ -714,9 +888,20 @@ pool = {{ warm = 0, max = 2 }}
             "ptrace",
             "fork_bomb",
             "memory_hog",
-        ] {
+        ]
+        .into_iter()
+        .chain(UNIX_ATTEMPTS)
+        {
             assert!(ok(a), "{a} should succeed under off: {:?}", outcomes[a]);
         }
+        assert!(
+            eventually(Duration::from_secs(2), || unix_tmp.hits() >= 1
+                && unix_run.hits() >= 1
+                && unix_abstract.hits() >= 1
+                && unix_dgram.hits() >= 4)
+            .await,
+            "the host-side unix sockets did not see the tool under off"
+        );
         assert!(canary.connections() >= 1);
         assert!(
             eventually(Duration::from_secs(2), || udp_count
@@ -957,6 +1142,139 @@ async fn runners_fetch() {
     proxy.shutdown().await;
 }
 
+const PIPES_PY: &str = r#"
+import multiprocessing as mp, os, socket, subprocess
+
+def square(x):
+    return x * x
+
+def put(q, v):
+    q.put(v)
+
+def answer(conn):
+    conn.send(conn.recv() * 2)
+    conn.close()
+
+def run(input, ctx):
+    out = {}
+    with mp.Pool(2) as p:
+        out["pool"] = p.map(square, range(5))
+    q = mp.Queue()
+    pr = mp.Process(target=put, args=(q, 42))
+    pr.start()
+    out["queue"] = q.get(timeout=10)
+    pr.join()
+    a, b = mp.Pipe()
+    pr = mp.Process(target=answer, args=(b,))
+    pr.start()
+    a.send(21)
+    out["pipe"] = a.recv()
+    pr.join()
+    out["subprocess"] = subprocess.run(["cat"], input=b"piped", capture_output=True, check=True).stdout.decode()
+    x, y = socket.socketpair()
+    x.sendall(b"pair")
+    out["socketpair"] = y.recv(4).decode()
+    with mp.get_context("spawn").Pool(1) as p:
+        out["spawn"] = p.map(abs, [-3])
+    # forkserver listens on a unix socket: not available under strict.
+    try:
+        with mp.get_context("forkserver").Pool(1) as p:
+            out["forkserver"] = p.map(abs, [-1])
+    except OSError as e:
+        out["forkserver"] = e.errno
+    return out
+"#;
+
+const PIPES_JS: &str = r#"
+const { fork, spawn, spawnSync } = require('child_process');
+if (require.main === module) {
+  // The forked child: answer one message over the IPC channel.
+  process.on('message', (m) => { process.send({ doubled: m.n * 2 }); process.disconnect(); });
+} else {
+  module.exports.run = async () => {
+    const out = {};
+    out.fork = await new Promise((resolve, reject) => {
+      const c = fork(__filename, [], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+      c.on('message', resolve);
+      c.on('error', reject);
+      c.send({ n: 21 });
+    });
+    out.spawn = await new Promise((resolve, reject) => {
+      const c = spawn('cat');
+      let d = '';
+      c.stdout.on('data', (x) => { d += x; });
+      c.on('close', () => resolve(d));
+      c.on('error', reject);
+      c.stdin.end('piped');
+    });
+    out.spawnSync = spawnSync('cat', { input: 'sync' }).stdout.toString();
+    return out;
+  };
+}
+"#;
+
+/// Runtimes make their own pipes with socketpair(2) and pipe(2), which stay
+/// allowed under strict: Python's multiprocessing (a Pool, a Queue and a
+/// duplex Pipe between processes; fork and spawn) with semaphores in the
+/// child's private /dev/shm, subprocess with pipes, socket.socketpair; Node's
+/// child_process (fork with an IPC channel, spawn with pipes). Python's
+/// forkserver needs a listening unix socket: it fails with EPERM, by decision.
+async fn runtime_pipes() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED runtimes_keep_their_own_pipes_under_strict: {why}");
+        return;
+    }
+    let proxy = TestProxy::start("[tools.py]\negress = []\n[tools.js]\negress = []\n").await;
+    let dir = TempDir::new("confine-pipes");
+    dir.write("pipes.py", PIPES_PY);
+    dir.write("pipes.js", PIPES_JS);
+    let runners = runners_dir();
+    let cfg = exec_config(
+        &dir,
+        "egress.toml",
+        proxy.control,
+        &format!(
+            "[tools.py]\negress = []\n[tools.py.process]\ncommand = [\"python3\", \"{py}\", \"pipes.py\"]\npool = {{ warm = 0, max = 1 }}\n\
+             [tools.js]\negress = []\n[tools.js.process]\ncommand = [\"node\", \"{js}\", \"pipes.js\"]\npool = {{ warm = 0, max = 1 }}\n",
+            py = runners.join("loom_runner.py").display(),
+            js = runners.join("loom_runner.js").display(),
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let invoke = |tool: &str| InvocationRequest {
+        tool: tool.into(),
+        input: json!(null),
+        run_id: None,
+        idempotency_key: None,
+        timeout_ms: None,
+    };
+    if python().is_some() {
+        let res = exec.invoke(invoke("py")).await;
+        let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
+        assert_eq!(
+            out,
+            json!({"pool": [0, 1, 4, 9, 16], "queue": 42, "pipe": 42, "subprocess": "piped",
+                   "socketpair": "pair", "spawn": [3], "forkserver": libc::EPERM}),
+            "{res:#?}"
+        );
+    } else {
+        eprintln!("SKIPPED the Python half: no python3");
+    }
+    if node().is_some() {
+        let res = exec.invoke(invoke("js")).await;
+        let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
+        assert_eq!(
+            out,
+            json!({"fork": {"doubled": 42}, "spawn": "piped", "spawnSync": "sync"}),
+            "{res:#?}"
+        );
+    } else {
+        eprintln!("SKIPPED the Node half: no node");
+    }
+    exec.shutdown();
+    proxy.shutdown().await;
+}
+
 const PROBE_PY: &str = r#"
 import os, socket, sys
 print("uid", os.getuid())
@@ -1071,6 +1389,11 @@ async fn unprivileged() {
         assert_eq!(word, if available { "yes" } else { "NO" }, "{r}");
     }
     assert!(row("isolation of `st`").contains("FAIL"), "{table}");
+    // Seccomp works in a user namespace: unix sockets stay closed there.
+    assert!(
+        row("unix sockets of `be`").contains(" ok   seccomp denies socket(AF_UNIX)"),
+        "{table}"
+    );
     assert!(
         row("isolation of `be`").contains("network namespace, landlock, seccomp, rlimits"),
         "{table}"

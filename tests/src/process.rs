@@ -242,3 +242,13 @@ impl Drop for ProxyProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Resident set size of process `pid` in bytes (`VmRSS` in `/proc/<pid>/status`).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
