@@ -6,6 +6,8 @@
 //! client reads them, so the compiler checks that the two agree.
 #![forbid(unsafe_code)]
 
+pub mod handoff;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
