@@ -34,17 +34,25 @@ impl Binding {
         }
     }
 
+    /// Where the socket comes from, in words: `[proxy] handoff`, …
+    pub fn source(&self) -> &'static str {
+        match self {
+            Binding::Handoff { key: "proxy.facts", .. } => "the default beside [proxy] facts",
+            Binding::Handoff {
+                key: "proxy.handoff", ..
+            } => "[proxy] handoff",
+            Binding::Handoff { .. } => "[executor] proxy_handoff",
+            Binding::Relay => "[executor] allow_relay",
+        }
+    }
+
     /// One line for `check` and `doctor`.
     pub fn describe(&self) -> String {
         match self {
-            Binding::Handoff { socket, key } => format!(
+            Binding::Handoff { socket, .. } => format!(
                 "hand-off to {} ({}): each confined child's connections are bound to its run",
                 socket.display(),
-                match *key {
-                    "proxy.facts" => "the default beside [proxy] facts",
-                    "proxy.handoff" => "[proxy] handoff",
-                    _ => "[executor] proxy_handoff",
-                }
+                self.source()
             ),
             Binding::Relay => "relay ([executor] allow_relay = true): confined children's connections reach \
                                the proxy through the executor and are not bound to their run"

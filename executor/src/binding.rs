@@ -102,7 +102,7 @@ pub fn needs_listener(isolation: Isolation, host: &HostSupport) -> bool {
 #[derive(Debug, Clone)]
 pub struct Gate {
     socket: PathBuf,
-    key: &'static str,
+    binding: Binding,
 }
 
 /// How long `serve` waits for the hand-off socket once the proxy's control
@@ -113,12 +113,10 @@ impl Gate {
     /// The gate for children of these isolations; `None` when none of them
     /// gets a listener or the file allows the relay.
     pub fn new(config: &Config, host: &HostSupport, isolations: impl IntoIterator<Item = Isolation>) -> Option<Gate> {
-        let Binding::Handoff { socket, key } = &config.binding else {
-            return None;
-        };
+        let socket = config.binding.socket()?;
         isolations.into_iter().any(|i| needs_listener(i, host)).then(|| Gate {
-            socket: socket.clone(),
-            key,
+            socket: socket.to_path_buf(),
+            binding: config.binding.clone(),
         })
     }
 
@@ -158,17 +156,14 @@ impl Gate {
     /// The operator's message: what failed, which key named the socket, and
     /// the two ways out.
     fn refusal(&self, why: &str) -> String {
-        let from = match self.key {
-            "proxy.facts" => "the default beside [proxy] facts; [proxy] handoff names another",
-            "proxy.handoff" => "[proxy] handoff",
-            _ => "[executor] proxy_handoff",
-        };
         format!(
-            "confined children cannot be bound to their runs: the listener hand-off socket {} ({from}) cannot be used: {why}. \
-             Both services derive it from this file: run the proxy with it on this host (or set [executor] proxy_handoff \
-             to where the executor sees the proxy's socket), or set [executor] allow_relay = true to relay children's \
-             connections instead (the proxy on another host; they are then not bound to their run)",
-            self.socket.display()
+            "confined children cannot be bound to their runs: the listener hand-off socket {} ({}) cannot be used: {why}. \
+             Both services derive it from this file: run the proxy on this host with this file ([proxy] handoff moves \
+             the socket for both; [executor] proxy_handoff names where the executor sees it, if elsewhere), or set \
+             [executor] allow_relay = true to relay children's connections instead (the proxy on another host; they \
+             are then not bound to their run)",
+            self.socket.display(),
+            self.binding.source()
         )
     }
 }

@@ -52,9 +52,8 @@ async fn exchange_inner(path: &Path, msg: &str, fd: Option<BorrowedFd<'_>>) -> i
         let r = stream.try_io(Interest::WRITABLE, || {
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut control = SendAncillaryBuffer::new(&mut space);
-            let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
-            if !fds.is_empty() {
-                control.push(SendAncillaryMessage::ScmRights(&fds));
+            if !fd.as_slice().is_empty() {
+                control.push(SendAncillaryMessage::ScmRights(fd.as_slice()));
             }
             Ok(rustix::net::sendmsg(
                 &stream,
