@@ -10,5 +10,7 @@ groupadd --system --gid 10002 executor
 useradd --system --uid 10002 --gid executor --home-dir /var/lib/loom-executor --shell /usr/sbin/nologin executor
 install -d -o egress -g egress -m 0750 /var/lib/loom-egress
 install -d -o executor -g executor -m 0750 /var/lib/loom-executor
-install -d -o egress -g executor -m 0770 /run/loom-egress
+# The hand-off socket's directory: the proxy's alone to write (the executor
+# refuses a socket in a directory others could write: they could replace it).
+install -d -o egress -g executor -m 0750 /run/loom-egress
 install -d -m 0755 /etc/loom-egress /usr/local/lib/loom-egress/runners

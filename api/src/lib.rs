@@ -6,6 +6,7 @@
 //! client reads them, so the compiler checks that the two agree.
 #![forbid(unsafe_code)]
 
+pub mod handoff;
 pub mod rules;
 
 use serde::{Deserialize, Serialize};

@@ -56,8 +56,14 @@ pub struct ExecutorConfig {
     pub child_uid_count: u32,
     /// A delegated cgroup v2 directory for per-child cgroups (else v1).
     pub cgroup: Option<PathBuf>,
-    /// Unix socket of the proxy's listener hand-off (unset: relay).
+    /// The proxy's listener hand-off socket as the executor sees it, when
+    /// that differs from `[proxy] handoff` (another mount path); unset: the
+    /// proxy's own (see [`crate::Config::binding`]).
     pub proxy_handoff: Option<PathBuf>,
+    /// Relay confined children's connections through the executor instead
+    /// of handing their listeners to the proxy (the proxy on another host):
+    /// the proxy then cannot bind a connection to its run.
+    pub allow_relay: bool,
     /// The owner name `serve` creates runs under on the proxy (one per
     /// executor: a restarted instance ends what its predecessor left).
     pub name: String,
@@ -85,6 +91,7 @@ impl Default for ExecutorConfig {
             child_uid_count: 1,
             cgroup: None,
             proxy_handoff: None,
+            allow_relay: false,
             name: "egress-executor".into(),
             lease_ms: 15_000,
             journal_max_mb: 64,
@@ -197,6 +204,7 @@ pub(crate) fn executor(s: &mut Section) -> ExecutorConfig {
         child_uid_count: s.or("child_uid_count", d.child_uid_count),
         cgroup: s.get("cgroup"),
         proxy_handoff: s.get("proxy_handoff"),
+        allow_relay: s.or("allow_relay", d.allow_relay),
         name: s.or("name", d.name),
         lease_ms: s.int("lease_ms", 1_000..=600_000, d.lease_ms),
         journal_max_mb: s.int("journal_max_mb", 1..=1 << 20, d.journal_max_mb),
@@ -216,6 +224,13 @@ pub(crate) fn executor(s: &mut Section) -> ExecutorConfig {
             let at = s.at(key);
             s.problems.push(at, "must not be 0 (root)");
         }
+    }
+    if cfg.allow_relay && cfg.proxy_handoff.is_some() {
+        let at = s.at("allow_relay");
+        s.problems.push(
+            at,
+            "cannot be true while executor.proxy_handoff names a hand-off socket: choose one",
+        );
     }
     if cfg.child_uid_count == 0 {
         let at = s.at("child_uid_count");
@@ -357,6 +372,7 @@ mod tests {
             ("executor", "max_message_bytes = 8", "max_message_bytes"),
             ("executor", "listen = \"localhost:1\"", "listen"),
             ("executor", "pid_namespace = \"yes\"", "pid_namespace"),
+            ("executor", "allow_relay = 1", "allow_relay"),
         ] {
             let e = errors(&format!("[{section}]\n{body}\n"));
             assert!(e.starts_with(&format!("egress.toml: {section}.{key}: ")), "{body}: {e}");

@@ -4,6 +4,7 @@
 //! digest). Pure: no I/O beyond reading the file, no async runtime.
 
 pub mod allowlist;
+pub mod binding;
 pub mod credentials;
 pub mod executor;
 pub mod host;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use allowlist::{Allowlist, Match, Rule, RuleError};
+pub use binding::Binding;
 pub use credentials::{Credential, Plaintext, Secret, SecretSource, Template};
 pub use executor::{ExecutorConfig, Isolation, ProcessConfig, Protocol};
 pub use host::{parse_authority, parse_host, Host, HostError};
@@ -138,7 +140,9 @@ pub struct ProxyConfig {
     pub control: SocketAddr,
     pub facts: PathBuf,
     /// Unix socket on which the executor hands over the listening socket it
-    /// created inside a confined child's network namespace (`None`: off).
+    /// created inside a confined child's network namespace, as written
+    /// (`None`: the default beside the facts store, see
+    /// [`ProxyConfig::handoff_socket`]).
     pub handoff: Option<PathBuf>,
     pub max_run: Duration,
     pub max_runs: usize,
@@ -429,9 +433,19 @@ mod tests {
                 child_uid_count: 1,
                 cgroup: None,
                 proxy_handoff: None,
+                allow_relay: false,
                 name: "egress-executor".into(),
                 lease_ms: 15_000,
                 journal_max_mb: 64,
+            }
+        );
+        // Confined children are bound to their runs with no key set: both
+        // services find the hand-off socket beside the facts store.
+        assert_eq!(
+            c.binding(),
+            Binding::Handoff {
+                socket: PathBuf::from("var/egress-handoff.sock"),
+                key: "proxy.facts"
             }
         );
         assert!(c.policy.tools.is_empty(), "no tools: every fetch is denied");

@@ -112,7 +112,7 @@ async fn main() {
         std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
         Config::load(&p).unwrap_or_else(|e| panic!("{e}"))
     };
-    let strict_relay = write("relay.toml", config("", "strict"));
+    let strict_relay = write("relay.toml", config("allow_relay = true", "strict"));
     let strict_handoff = write(
         "handoff.toml",
         config(&format!("proxy_handoff = \"{}\"", handoff.display()), "strict"),

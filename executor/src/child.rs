@@ -360,7 +360,10 @@ async fn launch(
     match (launched, handed) {
         (Ok(mut l), Err(e)) => {
             let _ = l.process.kill_and_reap().await;
-            Err(format!("cannot hand the child's proxy listener to the proxy: {e}"))
+            Err(format!(
+                "cannot hand the child's proxy listener to the proxy: {e} (the child is not relayed: \
+                 `egress-executor doctor` checks the hand-off socket; [executor] allow_relay = true relays instead)"
+            ))
         }
         (Ok(l), Ok(())) => Ok(l),
         (Err(e), _) => {

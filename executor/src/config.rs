@@ -1,9 +1,10 @@
 //! The executor's view of the shared config file. `egress-config` reads and
 //! validates the whole file (every problem at once, named by key path) and
 //! owns every type and default; this module picks what the executor uses:
-//! the proxy's control address, facts path and run lifetime, `[executor]`
-//! and each tool's `[tools.<id>.process]`, with relative paths resolved
-//! against the file's directory made absolute.
+//! the proxy's control address, facts path and run lifetime, the binding of
+//! confined children (the hand-off socket both services derive from the
+//! file), `[executor]` and each tool's `[tools.<id>.process]`, with relative
+//! paths resolved against the file's directory made absolute.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use std::time::Duration;
 pub use egress_config::executor::{DEFAULT_CHILD_ID, DEFAULT_LANG, DEFAULT_PATH, RESERVED_ENV};
 /// `[executor]` (the executor's name for [`egress_config::ExecutorConfig`]).
 pub use egress_config::ExecutorConfig as ExecutorSection;
-pub use egress_config::{ConfigError, Isolation, ProcessConfig, Protocol};
+pub use egress_config::{Binding, ConfigError, Isolation, ProcessConfig, Protocol};
 
 /// What the executor reads from the file.
 #[derive(Debug, Clone)]
@@ -26,6 +27,10 @@ pub struct Config {
     /// `[proxy] max_run_ms`: runs expire this long after creation, so warm
     /// children are recycled before their run could expire.
     pub max_run: Duration,
+    /// How confined children reach the proxy: the hand-off socket in force
+    /// (also in `executor.proxy_handoff`, which children are started with)
+    /// or the relay `[executor] allow_relay` accepts.
+    pub binding: Binding,
     pub executor: ExecutorSection,
     /// Every tool id in `[tools]`, with its process section if it has one.
     pub tools: BTreeMap<String, Option<ProcessConfig>>,
@@ -56,13 +61,20 @@ impl Config {
     }
 
     fn from_shared(file: &Path, dir: PathBuf, shared: egress_config::Config) -> Config {
+        let binding = shared.binding();
+        let mut executor = shared.executor;
+        // The socket in force, whichever key (or default) gave it: a child
+        // is handed off there or fails to start, never relayed without
+        // `allow_relay`.
+        executor.proxy_handoff = binding.socket().map(Path::to_path_buf);
         Config {
             file: file.to_path_buf(),
             dir,
             control: shared.proxy.control,
             facts: shared.proxy.facts,
             max_run: shared.proxy.max_run,
-            executor: shared.executor,
+            binding,
+            executor,
             tools: shared
                 .policy
                 .tools
@@ -132,6 +144,12 @@ egress = []
         assert_eq!(c.control.to_string(), "127.0.0.1:3129");
         assert_eq!(c.facts, Path::new("/etc/loom/var/egress-facts.db"));
         assert_eq!(c.max_run, Duration::from_secs(3600));
+        // No key: children are handed off beside the facts store.
+        let sock = Path::new("/etc/loom/var/egress-handoff.sock");
+        assert_eq!(c.binding.socket(), Some(sock));
+        assert_eq!(c.executor.proxy_handoff.as_deref(), Some(sock));
+        let relay = parse("[executor]\nallow_relay = true\n").unwrap();
+        assert_eq!((relay.binding, relay.executor.proxy_handoff), (Binding::Relay, None));
         assert_eq!(c.executor.scratch_dir, Path::new("/etc/loom/scratch"));
         let p = c.tools["weather"].clone().unwrap();
         assert_eq!(p.cwd, Path::new("/etc/loom"));

@@ -1,17 +1,19 @@
 //! The executor's side of the listener hand-off: give the proxy the listening
 //! socket created inside a confined child's network namespace, tagged with the
-//! child's run id, over the proxy's unix socket (`[executor] proxy_handoff`,
-//! the proxy's `[proxy] handoff`). The proxy then accepts there itself and
-//! binds every connection to that run; the executor keeps no copy.
-//! Wire: `loom-handoff/1 <run_id>\n` with one `SCM_RIGHTS` descriptor;
-//! answer `ok\n` or `error <why>\n`.
+//! child's run id, over the proxy's hand-off socket (the one `egress-config`
+//! derives for both services, see `binding`). The proxy then accepts there
+//! itself and binds every connection to that run; the executor keeps no copy.
+//! Every connection to the socket is checked first (`binding::vet`): a
+//! listener never goes to a socket another user could have put there.
+//! Wire: `egress_api::handoff`.
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::time::Duration;
 
+use egress_api::handoff::{ERROR, MAGIC, OK, PROBE};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
@@ -22,27 +24,37 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// Hand `listener` to the proxy for `run_id`. On success the caller drops its
 /// copy: the proxy holds the only one and closes it when the run ends.
 pub async fn send(path: &Path, run_id: &str, listener: &std::net::TcpListener) -> io::Result<()> {
-    match tokio::time::timeout(TIMEOUT, send_inner(path, run_id, listener)).await {
+    exchange(path, &format!("{MAGIC}{run_id}\n"), Some(listener.as_fd())).await
+}
+
+/// Ask the proxy whether it receives hand-offs on `path` (no descriptor).
+pub async fn probe(path: &Path) -> io::Result<()> {
+    exchange(path, PROBE, None).await
+}
+
+async fn exchange(path: &Path, msg: &str, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    match tokio::time::timeout(TIMEOUT, exchange_inner(path, msg, fd)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
-            "the proxy did not answer the hand-off",
+            format!("{}: the proxy did not answer", path.display()),
         )),
     }
 }
 
-async fn send_inner(path: &Path, run_id: &str, listener: &std::net::TcpListener) -> io::Result<()> {
+async fn exchange_inner(path: &Path, msg: &str, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    crate::binding::vet(path).map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
     let mut stream = UnixStream::connect(path)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    let msg = format!("loom-handoff/1 {run_id}\n");
     loop {
         stream.writable().await?;
         let r = stream.try_io(Interest::WRITABLE, || {
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut control = SendAncillaryBuffer::new(&mut space);
-            let fds = [listener.as_fd()];
-            control.push(SendAncillaryMessage::ScmRights(&fds));
+            if !fd.as_slice().is_empty() {
+                control.push(SendAncillaryMessage::ScmRights(fd.as_slice()));
+            }
             Ok(rustix::net::sendmsg(
                 &stream,
                 &[IoSlice::new(msg.as_bytes())],
@@ -60,11 +72,12 @@ async fn send_inner(path: &Path, run_id: &str, listener: &std::net::TcpListener)
     let mut answer = Vec::new();
     (&mut stream).take(512).read_to_end(&mut answer).await?;
     let answer = String::from_utf8_lossy(&answer);
-    match answer.trim_end() {
-        "ok" => Ok(()),
-        other => Err(io::Error::other(format!(
-            "the proxy refused the hand-off: {}",
-            other.strip_prefix("error ").unwrap_or(other)
-        ))),
+    if answer == OK {
+        return Ok(());
     }
+    Err(io::Error::other(format!(
+        "the proxy refused on {}: {}",
+        path.display(),
+        answer.trim_end().strip_prefix(ERROR).unwrap_or(answer.trim_end())
+    )))
 }

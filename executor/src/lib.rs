@@ -4,6 +4,7 @@
 //! See `docs/executor.md` for the lifecycle and `docs/protocol.md` for the wire.
 
 pub mod api;
+pub mod binding;
 pub mod child;
 pub mod config;
 pub mod confine;

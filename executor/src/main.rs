@@ -108,29 +108,64 @@ fn token_env() -> Option<String> {
 async fn serve(config: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&config)?;
     let listen = config.executor.listen;
+    let gate = binding_gate(&config, config.tools.values().flatten().map(|p| p.isolation));
+    if let Some(g) = &gate {
+        g.check_now().map_err(anyhow::Error::msg)?;
+    }
+    tracing::info!(binding = %config.binding.describe(), "confined children");
     let exec = Executor::new(config, token_env())?;
     subreaper(&exec);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(addr = %listener.local_addr()?, "executor listening");
-    // Own the runs (ending what a crashed predecessor left), then warm the
-    // pools; invocations that arrive before are served on demand.
+    // Own the runs (ending what a crashed predecessor left), check that the
+    // proxy receives hand-offs once its control API answers (never relay
+    // because it was not up yet: refuse to go on), then warm the pools;
+    // invocations that arrive before are served on demand.
     let stop = CancellationToken::new();
-    let (e, st) = (exec.clone(), stop.clone());
+    let refused = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
+    let (e, st, r) = (exec.clone(), stop.clone(), refused.clone());
     tokio::spawn(async move {
-        e.take_ownership(st).await;
+        e.take_ownership(st.clone()).await;
+        if let Some(g) = gate.filter(|_| !st.is_cancelled()) {
+            if let Err(why) = g.wait(egress_executor::binding::WAIT).await {
+                let _ = r.set(why);
+                st.cancel();
+                return;
+            }
+            tracing::info!(socket = %g.socket().display(), "the proxy receives listener hand-offs");
+        }
         e.warm_up();
     });
     let app = egress_executor::api::router(exec.clone());
+    let st = stop.clone();
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = st.cancelled() => {}
+            }
+        })
         .await?;
     stop.cancel();
     exec.shutdown();
     exec.drain(std::time::Duration::from_secs(5)).await;
     exec.release_ownership().await;
-    Ok(())
+    match refused.get() {
+        Some(why) => Err(anyhow::Error::msg(why.clone())),
+        None => Ok(()),
+    }
+}
+
+/// The binding gate for children of these isolations (`None`: nothing to
+/// check, the relay is allowed or no child gets a network namespace).
+fn binding_gate(
+    config: &Config,
+    isolations: impl IntoIterator<Item = egress_executor::config::Isolation>,
+) -> Option<egress_executor::binding::Gate> {
+    let host = egress_executor::confine::host(&config.executor);
+    egress_executor::binding::Gate::new(config, &host, isolations)
 }
 
 /// Problems of the file that need no running service: the whole schema
@@ -196,6 +231,7 @@ fn check(file: &std::path::Path) -> anyhow::Result<Vec<String>> {
             config.executor.listen, config.executor.name
         );
         println!("  proxy     control {}", config.control);
+        println!("  binding   {}", config.binding.describe());
         println!(
             "  tools     {}",
             if tools.is_empty() {
@@ -292,16 +328,6 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             layer.cost()
         );
     }
-    match config.executor.proxy_handoff.as_ref() {
-        Some(p) => println!(
-            "{:<32} {:<4} to {}: the proxy accepts in each confined child's namespace and binds the connections to its run",
-            "listener hand-off", "yes", p.display()
-        ),
-        None => println!(
-            "{:<32} {:<4} no [executor] proxy_handoff: the executor relays each child's connections to the proxy",
-            "listener hand-off", "no"
-        ),
-    }
     println!();
     for (tool, process) in &config.tools {
         if let Some(p) = process {
@@ -348,6 +374,28 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             format!("{} answers, token accepted", config.control),
         ),
         Err(e) => line("proxy control API", false, e.to_string()),
+    }
+    // `run --tool T` runs strict when T has no process section.
+    let isolations = config.tools.values().map(|p| {
+        p.as_ref()
+            .map_or(egress_executor::config::Isolation::Strict, |p| p.isolation)
+    });
+    match binding_gate(&config, isolations) {
+        Some(g) => match g.probe().await {
+            Ok(()) => line("listener hand-off", true, config.binding.describe()),
+            Err(why) => line("listener hand-off", false, why),
+        },
+        None => line(
+            "listener hand-off",
+            true,
+            match config.binding.socket() {
+                Some(_) => format!(
+                    "{}; not needed here: no child gets a network namespace",
+                    config.binding.describe()
+                ),
+                None => config.binding.describe(),
+            },
+        ),
     }
     match control.tools().await {
         Ok(known) => {
@@ -417,6 +465,14 @@ async fn run(
         Some(s) => serde_json::from_str(&s).context("--input is not valid JSON")?,
         None => Value::Null,
     };
+    // A tool without a process section runs strict.
+    let isolation = config.tool(&tool).map(|p| {
+        p.as_ref()
+            .map_or(egress_executor::config::Isolation::Strict, |p| p.isolation)
+    });
+    if let Some(g) = binding_gate(&config, isolation) {
+        g.probe().await.map_err(anyhow::Error::msg)?;
+    }
     let exec = Executor::new(config, token_env())?;
     subreaper(&exec);
     let cwd = std::env::current_dir().context("cannot read the current directory")?;

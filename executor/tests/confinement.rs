@@ -50,19 +50,19 @@ fn main() {
     let mut passed = 0;
     let tests: &[Case] = &[
         ("rust_tool_is_contained_under_strict", || {
-            Box::pin(suite(Fixture::Rust, "strict", Mode::Handoff))
+            Box::pin(suite(Fixture::Rust, "strict", Mode::Default))
         }),
         ("python_tool_is_contained_under_strict", || {
-            Box::pin(suite(Fixture::Python, "strict", Mode::Handoff))
+            Box::pin(suite(Fixture::Python, "strict", Mode::ProxyKey))
         }),
-        ("rust_tool_under_strict_with_the_relay_fallback", || {
+        ("rust_tool_under_strict_relays_only_with_allow_relay", || {
             Box::pin(suite(Fixture::Rust, "strict", Mode::Relay))
         }),
         ("rust_tool_escapes_under_off", || {
-            Box::pin(suite(Fixture::Rust, "off", Mode::Relay))
+            Box::pin(suite(Fixture::Rust, "off", Mode::Default))
         }),
         ("python_tool_escapes_under_off", || {
-            Box::pin(suite(Fixture::Python, "off", Mode::Relay))
+            Box::pin(suite(Fixture::Python, "off", Mode::Default))
         }),
         ("network_namespace_alone_stops_direct_connections", || {
             Box::pin(layer_alone(
@@ -133,6 +133,12 @@ fn main() {
             "a_failed_hand_off_fails_the_start_loudly",
             || Box::pin(failed_handoff()),
         ),
+        ("strict_refuses_to_start_without_the_binding_unless_allow_relay", || {
+            Box::pin(refuses_without_binding())
+        }),
+        ("an_executor_started_before_the_proxy_waits_and_then_binds", || {
+            Box::pin(started_before_the_proxy())
+        }),
         (
             "handed_off_listeners_are_bound_to_their_run_and_closed_at_its_end",
             || Box::pin(handoff_protocol()),
@@ -491,9 +497,13 @@ const UNIX_ATTEMPTS: [&str; 7] = [
 /// How the child's in-namespace listener reaches the proxy.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
-    /// Handed to the proxy (`SCM_RIGHTS`), connections bound to the run.
-    Handoff,
-    /// The executor accepts and relays (no hand-off socket configured).
+    /// No key: the listener is handed to the proxy (`SCM_RIGHTS`) over the
+    /// socket both services derive beside the facts store; connections are
+    /// bound to the run.
+    Default,
+    /// The same through `[proxy] handoff`, the one key both services read.
+    ProxyKey,
+    /// `[executor] allow_relay = true`: the executor accepts and relays.
     Relay,
 }
 
@@ -527,7 +537,7 @@ async fn suite(fixture: Fixture, isolation: &str, mode: Mode) {
 /// The malicious tool under strict, with only `layers` applied: each layer
 /// alone stops its own attempts (so removing a layer's rules fails here).
 async fn layer_alone(layers: &'static [Layer], fails: &'static [&'static str], succeeds: &'static [&'static str]) {
-    suite_with(Fixture::Rust, "strict", Mode::Relay, Some((layers, fails, succeeds))).await
+    suite_with(Fixture::Rust, "strict", Mode::Default, Some((layers, fails, succeeds))).await
 }
 
 /// One invocation on a child confined by `layers` only (no pool).
@@ -612,10 +622,13 @@ async fn suite_with(fixture: Fixture, isolation: &str, mode: Mode, only: Only) {
     let unix_abstract = UnixCanary::stream_abstract(&format!("loom-unix-{tag}"));
     let unix_dgram = UnixCanary::datagram_at(&std::env::temp_dir().join(format!("loom-unixdg-{tag}.sock")));
     let unix_hits = || unix_tmp.hits() + unix_run.hits() + unix_abstract.hits() + unix_dgram.hits();
-    let handoff = var.join("egress-handoff.sock");
+    let handoff = match mode {
+        Mode::ProxyKey => var.join("run/handoff.sock"),
+        _ => var.join("egress-handoff.sock"),
+    };
     let handoff_line = match mode {
-        Mode::Handoff => format!("handoff = \"{}\"", handoff.display()),
-        Mode::Relay => String::new(),
+        Mode::ProxyKey => format!("handoff = \"{}\"", handoff.display()),
+        Mode::Default | Mode::Relay => String::new(),
     };
     let proxy_text = format!(
         r#"
@@ -675,14 +688,14 @@ pool = {{ warm = 0, max = 2 }}
     .replace("[proxy_control_for_the_executor]\n", "")
     .replace(
         "{executor_handoff}",
-        &match mode {
-            Mode::Handoff => format!("proxy_handoff = \"{}\"", handoff.display()),
-            Mode::Relay => String::new(),
+        match mode {
+            Mode::Relay => "allow_relay = true",
+            Mode::Default | Mode::ProxyKey => "",
         },
     )
     .replace("control = \"127.0.0.1:0\"", &format!("control = \"{}\"", proxy.control));
     let cfg = dir.write("egress.toml", &config_text);
-    if mode == Mode::Handoff {
+    if mode != Mode::Relay {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&handoff).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the hand-off socket must be private to the proxy");
@@ -911,14 +924,15 @@ pool = {{ warm = 0, max = 2 }}
         );
         let _ = std::fs::remove_file(&outside);
     }
-    // Another run's credential. Handed-off listener: the connection is bound
-    // to this run, so the stolen credential is refused (auth_invalid, recorded
-    // against the run that presented it). The relay fallback and `off` lose
-    // that binding: the credential works, within the victim run's policy.
+    // Another run's credential. Handed-off listener (by default, with no
+    // key): the connection is bound to this run, so the stolen credential is
+    // refused (auth_invalid, recorded against the run that presented it). The
+    // relay (only with allow_relay) and `off` lose that binding: the
+    // credential works, within the victim run's policy.
     let victim_reasons = reasons(&victim.id);
     if only.is_some() {
         // Layer tests are about local attempts.
-    } else if strict && mode == Mode::Handoff {
+    } else if strict && mode != Mode::Relay {
         assert!(!ok("stolen_credential"), "{:?}", outcomes["stolen_credential"]);
         assert!(
             outcomes["stolen_credential"].1.contains("407"),
@@ -970,6 +984,13 @@ pool = {{ warm = 0, max = 2 }}
     proxy.shutdown().await;
 }
 
+/// A proxy receiving hand-offs where an executor config in `dir` with
+/// `facts = "var/…"` finds them by default (`var/egress-handoff.sock`).
+async fn proxy_beside(dir: &TempDir, tools: &str) -> TestProxy {
+    let sock = dir.path().join("var/egress-handoff.sock");
+    TestProxy::start_with(&format!("handoff = \"{}\"", sock.display()), tools, None).await
+}
+
 /// Writes `name` in `dir`: a config whose proxy control API is `control`,
 /// with its facts and the scratch directory inside `dir`, followed by `rest`
 /// (more `[executor]` keys, then `[tools.*]` tables).
@@ -989,8 +1010,8 @@ async fn run_command() {
         eprintln!("SKIPPED run_command_applies_the_tools_isolation: {why}");
         return;
     }
-    let proxy = TestProxy::start("[tools.strict]\negress = []\n[tools.open]\negress = []\n").await;
     let dir = TempDir::new("confine-run");
+    let proxy = proxy_beside(&dir, "[tools.strict]\negress = []\n[tools.open]\negress = []\n").await;
     let cfg = exec_config(
         &dir,
         "egress.toml",
@@ -1085,11 +1106,12 @@ async fn runners_fetch() {
     }
     let origin = http_origin("127.0.0.2:0").await;
     let port = origin.addr.port();
-    let proxy = TestProxy::start(&format!(
-        "[tools.py]\negress = [\"127.0.0.2:{port}\"]\n[tools.js]\negress = [\"127.0.0.2:{port}\"]\n"
-    ))
-    .await;
     let dir = TempDir::new("confine-fetch");
+    let proxy = proxy_beside(
+        &dir,
+        &format!("[tools.py]\negress = [\"127.0.0.2:{port}\"]\n[tools.js]\negress = [\"127.0.0.2:{port}\"]\n"),
+    )
+    .await;
     dir.write("fetch.py", FETCH_PY);
     dir.write("fetch.js", FETCH_JS);
     let runners = runners_dir();
@@ -1323,11 +1345,16 @@ async fn unprivileged() {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     }
     dir.write("probe.py", PROBE_PY);
+    // The proxy runs as root here, and its hand-off socket takes listeners
+    // only from root or its own user: an executor in a user namespace of
+    // uid 4242 binds only to a proxy of that uid, so this one relays, as
+    // the file says.
     let cfg = exec_config(
         &dir,
         "egress.toml",
         proxy.control,
-        "[tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
+        "allow_relay = true\n\
+         [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
          [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n",
     );
     // `run` builds every tool's plan: the best-effort tool alone in its own file.
@@ -1335,7 +1362,8 @@ async fn unprivileged() {
         &dir,
         "be.toml",
         proxy.control,
-        "[tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n",
+        "allow_relay = true\n\
+         [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n",
     );
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
     let probe_path = dir.path().join("probe.py");
@@ -1414,6 +1442,254 @@ async fn unprivileged() {
         err.contains("unprivileged uid/gid") && err.contains("cgroup memory+pids"),
         "{err}"
     );
+    proxy.shutdown().await;
+}
+
+/// Runs the executor binary with `args` and the control token; kills it
+/// and fails the test if it has not exited within `cap`.
+fn executor_bin(args: &[&str], cap: Duration) -> std::process::Output {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_egress-executor"))
+        .args(args)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > cap {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "egress-executor {args:?} still runs after {cap:?}:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The doctor's `listener hand-off` line.
+fn handoff_line(doctor: &std::process::Output) -> String {
+    let out = String::from_utf8_lossy(&doctor.stdout);
+    out.lines()
+        .find(|l| l.starts_with("listener hand-off"))
+        .unwrap_or_else(|| panic!("no hand-off line:\n{out}"))
+        .to_string()
+}
+
+/// No key is needed to bind confined children, so nothing may silently
+/// take the binding away: without a usable hand-off socket (none, one no
+/// proxy answers on, one other users may use) `serve` and `run` refuse to
+/// start and `doctor` fails, each naming the socket and `allow_relay`;
+/// `allow_relay = true` relays, and a proxy receiving at the default socket
+/// passes.
+async fn refuses_without_binding() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED strict_refuses_to_start_without_the_binding_unless_allow_relay: {why}");
+        return;
+    }
+    // Its own fact sink, no [proxy] handoff: this proxy receives no hand-offs.
+    let proxy = TestProxy::start("[tools.t]\negress = []\n").await;
+    let dir = TempDir::new("confine-nobinding");
+    let tools = "listen = \"127.0.0.1:0\"\n\
+                 [tools.t]\negress = []\n[tools.t.process]\ncommand = [\"true\"]\nprotocol = \"plain\"\npool = { warm = 1, max = 1 }\n";
+    let cfg = exec_config(&dir, "egress.toml", proxy.control, tools);
+    let relay_cfg = exec_config(
+        &dir,
+        "relay.toml",
+        proxy.control,
+        &format!("allow_relay = true\n{tools}"),
+    );
+    let sock = dir.path().join("var/egress-handoff.sock");
+    let (c, r) = (cfg.display().to_string(), relay_cfg.display().to_string());
+    let run = |c: &str| {
+        let c = c.to_string();
+        tokio::task::spawn_blocking(move || {
+            let cap = Duration::from_secs(60);
+            (
+                executor_bin(&["doctor", "--config", &c], cap),
+                executor_bin(&["run", "--config", &c, "--tool", "t", "--", "true"], cap),
+                executor_bin(&["serve", "--config", &c], cap),
+            )
+        })
+    };
+    let names_the_way_out = |text: &str, why: &str| {
+        for needle in [&sock.display().to_string(), "allow_relay = true", "[proxy] facts", why] {
+            assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+        }
+    };
+
+    // No socket: the proxy answers its control API (the executor waits for
+    // that), but nothing receives listeners.
+    let (doctor, ad_hoc, serve) = run(&c).await.unwrap();
+    assert_eq!(doctor.status.code(), Some(1));
+    let line = handoff_line(&doctor);
+    assert!(line.contains("FAIL"), "{line}");
+    names_the_way_out(&line, "no socket at");
+    assert_eq!(ad_hoc.status.code(), Some(125));
+    names_the_way_out(&String::from_utf8_lossy(&ad_hoc.stderr), "no socket at");
+    assert!(!serve.status.success());
+    names_the_way_out(&String::from_utf8_lossy(&serve.stderr), "no socket at");
+
+    // A socket no proxy answers on.
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    chmod(&sock, 0o600);
+    let (doctor, ad_hoc, serve) = run(&c).await.unwrap();
+    names_the_way_out(&handoff_line(&doctor), "refused");
+    assert_eq!((doctor.status.code(), ad_hoc.status.code()), (Some(1), Some(125)));
+    assert!(!serve.status.success());
+    names_the_way_out(&String::from_utf8_lossy(&serve.stderr), "refused");
+
+    // A socket other users could hand listeners to (or replace): refused
+    // before anything is sent.
+    std::fs::remove_file(&sock).unwrap();
+    let _open = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    chmod(&sock, 0o666);
+    let (doctor, ad_hoc, serve) = run(&c).await.unwrap();
+    names_the_way_out(&handoff_line(&doctor), "mode 666");
+    assert_eq!((doctor.status.code(), ad_hoc.status.code()), (Some(1), Some(125)));
+    assert!(!serve.status.success());
+    names_the_way_out(&String::from_utf8_lossy(&serve.stderr), "mode 666");
+    std::fs::remove_file(&sock).unwrap();
+
+    // allow_relay = true: the operator accepts the relay; doctor says so.
+    let doctor =
+        tokio::task::spawn_blocking(move || executor_bin(&["doctor", "--config", &r], Duration::from_secs(60)))
+            .await
+            .unwrap();
+    let line = handoff_line(&doctor);
+    assert!(
+        line.contains(" ok ") && line.contains("relay ([executor] allow_relay = true)"),
+        "{line}"
+    );
+    assert!(doctor.status.success(), "{}", String::from_utf8_lossy(&doctor.stdout));
+    let r = relay_cfg.display().to_string();
+    let ad_hoc = tokio::task::spawn_blocking(move || {
+        executor_bin(
+            &["run", "--config", &r, "--tool", "t", "--", "true"],
+            Duration::from_secs(60),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ad_hoc.status.success(), "{}", String::from_utf8_lossy(&ad_hoc.stderr));
+
+    // A proxy receiving at the default socket: bound, no key anywhere.
+    let bound = proxy_beside(&dir, "[tools.t]\negress = []\n").await;
+    let cfg = exec_config(&dir, "bound.toml", bound.control, tools);
+    let c = cfg.display().to_string();
+    let (doctor, ad_hoc) = tokio::task::spawn_blocking(move || {
+        let cap = Duration::from_secs(60);
+        (
+            executor_bin(&["doctor", "--config", &c], cap),
+            executor_bin(&["run", "--config", &c, "--tool", "t", "--", "true"], cap),
+        )
+    })
+    .await
+    .unwrap();
+    let line = handoff_line(&doctor);
+    assert!(
+        line.contains(" ok ") && line.contains("(the default beside [proxy] facts)"),
+        "{line}"
+    );
+    assert!(doctor.status.success(), "{}", String::from_utf8_lossy(&doctor.stdout));
+    assert!(ad_hoc.status.success(), "{}", String::from_utf8_lossy(&ad_hoc.stderr));
+    bound.shutdown().await;
+    proxy.shutdown().await;
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Reads the stolen credential from stdin and presents it on the child's
+/// proxy listener; prints the status line it gets.
+const STOLEN_PY: &str = r#"
+import base64, json, os, socket, sys
+cred = json.load(sys.stdin)["stolen"]
+auth = base64.b64encode(cred.encode()).decode()
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(("GET http://unlisted.example/ HTTP/1.1\r\nHost: unlisted.example\r\n"
+           "Proxy-Authorization: Basic %s\r\nConnection: close\r\n\r\n" % auth).encode())
+print(s.recv(4096).split(b"\r\n")[0].decode())
+"#;
+
+/// The executor may start before the proxy: it serves, waits for the
+/// proxy's control API, then for its hand-off socket, and only then warms
+/// its pool. It neither gives up nor relays: a child started afterwards is
+/// bound (another run's credential is refused on its listener).
+async fn started_before_the_proxy() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED an_executor_started_before_the_proxy_waits_and_then_binds: {why}");
+        return;
+    }
+    if python().is_none() {
+        eprintln!("SKIPPED an_executor_started_before_the_proxy_waits_and_then_binds: no python3");
+        return;
+    }
+    let dir = TempDir::new("confine-order");
+    dir.write("stolen.py", STOLEN_PY);
+    let control = egress_e2e::process::free_addr();
+    let cfg = exec_config(
+        &dir,
+        "egress.toml",
+        control,
+        "listen = \"127.0.0.1:0\"\n[tools.t]\negress = []\n[tools.t.process]\n\
+         command = [\"python3\", \"stolen.py\"]\nprotocol = \"plain\"\npool = { warm = 1, max = 2 }\n",
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_egress-executor"));
+    cmd.args(["serve", "--config"])
+        .arg(&cfg)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1");
+    let (child, api) = egress_e2e::process::spawn_reporting(&mut cmd, "addr");
+    let mut child = egress_e2e::process::KillOnDrop(child);
+    let (status, _) = http(api, "GET", "/healthz", None).await;
+    assert_eq!(status, 200);
+
+    // The proxy, later, on that control address, its facts store beside the
+    // executor's `[proxy] facts`: it receives at the default socket.
+    let dns = FakeDns::start().await;
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\ncontrol = \"{control}\"\nfacts = \"{}\"\n[proxy.dns]\nservers = [\"{}\"]\n\
+         [tools.t]\negress = []\n",
+        dir.path().join("var/f.db").display(),
+        dns.addr
+    );
+    let proxy = TestProxy::start_config(dns, &text, None, None).await;
+    let victim = proxy.run("t").await;
+    let (status, body) = http(
+        api,
+        "POST",
+        "/v1/invocations",
+        Some(json!({"tool": "t", "input": {"stolen": format!("{}:{}", victim.id, victim.secret)}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ok"], json!(true), "{v:#}");
+    assert!(
+        v["stdout"].as_str().unwrap().contains("407"),
+        "the stolen credential worked: {v:#}"
+    );
+    let facts = egress_e2e::harness::all_facts_at(proxy.control).await;
+    let thief = v["run_id"].as_str().unwrap();
+    assert!(
+        facts
+            .iter()
+            .any(|f| f["run_id"] == json!(thief) && f["reason"] == json!("auth_invalid")),
+        "{facts:#?}"
+    );
+    assert!(child.0.try_wait().unwrap().is_none(), "the executor exited");
+    drop(child);
     proxy.shutdown().await;
 }
 
@@ -1532,8 +1808,8 @@ async fn private_tool_dir() {
         eprintln!("SKIPPED a_tool_directory_the_child_cannot_enter_is_a_clear_startup_error: {why}");
         return;
     }
-    let proxy = TestProxy::start("[tools.t]\negress = []\n").await;
     let dir = TempDir::new("confine-private");
+    let proxy = proxy_beside(&dir, "[tools.t]\negress = []\n").await;
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();

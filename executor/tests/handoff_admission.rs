@@ -59,3 +59,57 @@ async fn handed_off_listeners_bind_their_run_and_keep_their_own_pending_connecti
     );
     drop(flood);
 }
+
+/// The hand-off socket is an authority (a listener sent there is bound to
+/// whichever run the sender names), so the proxy checks who sends on the
+/// connection's peer credentials, not only by the socket's mode: root or its
+/// own user, never another. Even a socket whose mode was opened up (or the
+/// instant between bind and chmod) lets no other user hand anything over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_cannot_send_even_through_a_socket_opened_to_all() {
+    use egress_e2e::executor::{is_root, which};
+    use std::os::unix::fs::PermissionsExt;
+    let (Some(setpriv), Some(python)) = (which("setpriv"), which("python3")) else {
+        eprintln!("SKIPPED: needs setpriv and python3");
+        return;
+    };
+    if !is_root() {
+        eprintln!("SKIPPED: needs root (to act as another uid)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let sock = dir.path().join("handoff.sock");
+    let p = TestProxy::start_with(
+        &format!("handoff = \"{}\"", sock.display()),
+        "[tools.web]\negress = []\n",
+        None,
+    )
+    .await;
+    // Root (the executor) is answered.
+    egress_executor::handoff::probe(&sock).await.unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = "import socket, sys\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  s.connect(sys.argv[1])\n\
+                  try:\n    s.sendall(b'loom-handoff-probe/1\\n')\nexcept OSError:\n    pass\n\
+                  print(s.recv(512).decode(), end='')\n";
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(setpriv)
+            .args(["--reuid=4242", "--regid=4242", "--clear-groups", "--"])
+            .arg(python)
+            .args(["-c", script])
+            .arg(&sock)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        answer.starts_with("error uid 4242 may not hand over listeners"),
+        "{answer:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    p.shutdown().await;
+}

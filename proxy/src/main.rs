@@ -106,6 +106,15 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
             println!("  listen  {}", c.proxy.listen);
             println!("  control {}", c.proxy.control);
             println!("  facts   {}", c.proxy.facts.display());
+            println!(
+                "  handoff {} ({}: receives confined children's listeners from the executor)",
+                c.proxy.handoff_socket().display(),
+                if c.proxy.handoff.is_some() {
+                    "[proxy] handoff"
+                } else {
+                    "the default beside the facts store"
+                }
+            );
             println!("  policy  {}", c.policy.digest);
             match egress_proxy::ca_dir(&c.proxy) {
                 Some(d) => println!("  ca      {} (appliance CA of intercepted CONNECTs)", d.display()),

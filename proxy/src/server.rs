@@ -208,12 +208,18 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         None,
         shared.data_admission.clone(),
     ));
-    if let Some(path) = &pc.handoff {
-        let l = crate::data::handoff::bind(path).map_err(|source| StartError::Handoff {
-            path: path.clone(),
-            source,
-        })?;
-        tasks.spawn(crate::data::handoff::serve(shared.clone(), l));
+    if let Some(h) = crate::data::handoff::socket(&pc, own_sink) {
+        let senders = crate::data::handoff::Senders::new(&cfg.executor);
+        match crate::data::handoff::bind(&h.path) {
+            Ok(l) => {
+                tracing::info!(socket = %h.path.display(), only_root = senders.only_root(), "receiving listener hand-offs");
+                tasks.spawn(crate::data::handoff::serve(shared.clone(), l, senders));
+            }
+            Err(source) if h.explicit => return Err(StartError::Handoff { path: h.path, source }),
+            Err(e) => {
+                tracing::warn!(socket = %h.path.display(), error = %e, "cannot listen for listener hand-offs at the default socket beside the facts store: confined children of an executor on this host cannot be bound to their runs (set [proxy] handoff)")
+            }
+        }
     }
     tasks.spawn(crate::control::serve(shared.clone(), control_l));
     tasks.spawn(sweeper(shared.clone()));

@@ -12,12 +12,15 @@ checks from outside the containers that:
   3. Prometheus scraped both services, loaded every rule without error, and
      every PromQL expression of both dashboards and of alerts.yml parses and
      evaluates, each dashboard query returning data;
-  4. nothing on the tools network reaches anything but the proxy: a tool
+  4. a confined tool's connections are bound to its run (the listener
+     hand-off through the volume both containers share): another run's
+     credential presented by the tool is refused, 407;
+  5. nothing on the tools network reaches anything but the proxy: a tool
      process (run by the executor), the executor and demo containers connect
      and send DNS to a canary on the outside network, the origin, and the
      Docker host; the canary counts zero such connections and queries, while
      the proxy (positive control) does reach it;
-  5. `down -v` leaves no container, network or volume behind.
+  6. `down -v` leaves no container, network or volume behind.
 
 Skips loudly (exit 0) when no Docker engine or no Compose is available.
 Environment: LOOM_SKIP_CARGO=1 to reuse target/release as is;
@@ -258,6 +261,37 @@ sys.exit(1 if reached else 0)
 """
 
 
+# Run by a confined tool: presents the credential in argv[1] (another run's)
+# on the tool's own proxy listener and prints the status line.
+STOLEN = r"""
+import base64, socket, sys
+auth = base64.b64encode(sys.argv[1].encode()).decode()
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(("GET http://origin.demo.test:8080/ HTTP/1.1\r\nHost: origin.demo.test:8080\r\n"
+           "Proxy-Authorization: Basic %s\r\nConnection: close\r\n\r\n" % auth).encode())
+print("STATUS", s.recv(4096).split(b"\r\n")[0].decode())
+"""
+
+
+def check_binding(stack, token):
+    with phase("binding: a confined tool's connections are bound to its run"):
+        victim = json.loads(http(CONTROL + "/v1/runs", token=token, data={"tool": "well-behaved"}))
+        try:
+            r = stack.exec("executor", "egress-executor", "run", "--config", "/etc/loom-egress/egress.toml",
+                           "--tool", "well-behaved", "--", "python3", "-c", STOLEN,
+                           "%s:%s" % (victim["run_id"], victim["secret"]), timeout=120)
+        finally:
+            req = urllib.request.Request(CONTROL + "/v1/runs/" + victim["run_id"], method="DELETE")
+            req.add_header("Authorization", "Bearer " + token)
+            OPENER.open(req, timeout=10).read()
+        out = (r.stdout + r.stderr).strip()
+        if "STATUS HTTP/1.1 407" not in out:
+            raise Failure("another run's credential was not refused on a tool's listener (exit %d):\n%s"
+                          % (r.returncode, out))
+        log("a tool presenting another live run's credential on its listener: %s"
+            % next(l for l in out.splitlines() if l.startswith("STATUS")))
+
+
 def host_listener(ip):
     """A TCP listener on a host address; returns (port, connections list, stop)."""
     s = socket.socket()
@@ -344,7 +378,8 @@ def check_demo(stack, token):
         if r.returncode != 0 or "REASON" not in r.stdout or not any(x in r.stdout for x in ("not_allowlisted", "ip_literal")):
             raise Failure("kernel.py facts failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))
         r = stack.exec("executor", "egress-executor", "doctor", "--config", "/etc/loom-egress/egress.toml")
-        if r.returncode != 0 or "token accepted" not in r.stdout:
+        if r.returncode != 0 or "token accepted" not in r.stdout \
+                or "hand-off to /run/loom-egress/handoff.sock ([proxy] handoff)" not in r.stdout:
             raise Failure("egress-executor doctor failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))
         log("kernel.py facts and egress-executor doctor work in the containers; doctor says:\n    "
             + "\n    ".join(r.stdout.strip().splitlines()))
@@ -473,6 +508,7 @@ def main():
             log("healthy: %s" % ", ".join(sorted(states)))
         check_demo(stack, token)
         check_prometheus()
+        check_binding(stack, token)
         check_isolation(stack)
         ok = True
     except (Failure, subprocess.TimeoutExpired) as e:

@@ -2,8 +2,9 @@
 //! executor config pointing at a control API, `/proc` scans for processes
 //! carrying a marker variable, a minimal client of the executor's API, and
 //! where the runners and interpreters are. The fake control API is
-//! [`crate::fake_control`].
+//! [`crate::fake_control`], the fake hand-off socket [`crate::fake_handoff`].
 
+use crate::fake_handoff::FakeHandoff;
 use crate::harness::TOKEN;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -52,8 +53,12 @@ pub fn runners_dir() -> PathBuf {
 }
 
 /// A config file with `[proxy] control` pointing at `control` and the given
-/// tool sections appended; scratch inside `dir`.
+/// tool sections appended; scratch inside `dir`. Like a real proxy beside
+/// the facts store, a [`FakeHandoff`] serves the default hand-off socket
+/// (`var/egress-handoff.sock`), so confined children are handed off with no
+/// key, as they are by default (needs the test's tokio runtime).
 pub fn write_config(dir: &TempDir, control: SocketAddr, pid_namespace: bool, tools: &str) -> PathBuf {
+    FakeHandoff::start(&dir.0.join("var/egress-handoff.sock"));
     let body = format!(
         r#"
 [proxy]

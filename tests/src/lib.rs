@@ -1,17 +1,18 @@
 //! Shared test support for Loom Egress: a fake DNS server on loopback with a
 //! query log, loopback origins (HTTP, TCP echo, connection-counting canary,
 //! black hole), a proxy harness that starts a real proxy on `127.0.0.1:0`,
-//! a raw HTTP/1.1 client, counting unix-socket canaries, and a helper that
-//! re-runs a test inside a network namespace holding only `lo`; for the
-//! executor's tests, a fake control API speaking the real wire types and
-//! process and config helpers. One crate of test support for both products.
-//! Tests never use the machine's resolver.
+//! a raw HTTP/1.1 client and a SOCKS5 one, counting unix-socket canaries,
+//! and a helper that re-runs a test inside a network namespace holding only
+//! `lo`; for the executor's tests, a fake control API speaking the real wire
+//! types, a fake hand-off socket, and process and config helpers. One crate
+//! of test support for both products. Tests never use the machine's resolver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod credentials;
 pub mod dns;
 pub mod executor;
 pub mod fake_control;
+pub mod fake_handoff;
 pub mod harness;
 pub mod netns;
 pub mod openapi;

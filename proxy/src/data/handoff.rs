@@ -1,14 +1,16 @@
-//! Listener hand-off (`[proxy] handoff`): the executor passes the listening
-//! socket it created inside a confined child's network namespace over a unix
-//! socket (`SCM_RIGHTS`), tagged with the child's run id. The proxy accepts on
-//! that listener directly (no relay) and binds every connection arriving on it
-//! to the run: another run's credential presented there is `auth_invalid`
+//! Listener hand-off: the executor passes the listening socket it created
+//! inside a confined child's network namespace over a unix socket
+//! (`SCM_RIGHTS`), tagged with the child's run id. The proxy accepts on
+//! that listener directly (no relay) and binds every connection arriving on
+//! it to the run: another run's credential presented there is `auth_invalid`
 //! (see `auth::BoundRun`), so a leaked credential is useless outside its own
 //! sandbox. The listener is closed when the run ends.
 //!
-//! Wire: one unix stream connection per hand-off. The executor sends one
-//! message `loom-handoff/1 <run_id>\n` carrying exactly one descriptor; the
-//! proxy answers `ok\n` or `error <why>\n` and closes.
+//! The socket is `[proxy] handoff`, else `egress-handoff.sock` beside the
+//! facts store (the executor derives the same path from the same file). It
+//! is an authority (whoever sends on it chooses which run a listener is
+//! bound to): it is created 0600, and a sender must be root or the proxy's
+//! own user, never a confined child's uid. Wire: `egress_api::handoff`.
 
 use std::io::{self, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -21,15 +23,74 @@ use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
+use egress_api::handoff::{ERROR, MAGIC, OK, PROBE};
+use egress_config::{ExecutorConfig, ProxyConfig};
+
 use crate::data::auth::BoundRun;
 use crate::state::Shared;
 
-/// Prefix of a hand-off message.
-pub const MAGIC: &str = "loom-handoff/1 ";
 /// How long one hand-off may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Hand-offs processed at once (each is a few system calls).
 const MAX_INFLIGHT: usize = 64;
+
+/// Where the proxy receives hand-offs, and whether the file named it.
+pub struct Socket {
+    pub path: std::path::PathBuf,
+    /// Named by `[proxy] handoff`: failing to bind it fails the start. The
+    /// default beside the facts store only warns (a proxy without an
+    /// executor still serves); the executor then refuses confined children
+    /// rather than relay them.
+    pub explicit: bool,
+}
+
+/// The hand-off socket of `cfg`. An embedder with its own fact sink has no
+/// directory of its own to put the default in, so it gets one only when
+/// `[proxy] handoff` names it (as its CA is ephemeral unless `ca_dir` is set).
+pub fn socket(cfg: &ProxyConfig, own_sink: bool) -> Option<Socket> {
+    match (&cfg.handoff, own_sink) {
+        (Some(path), _) => Some(Socket {
+            path: path.clone(),
+            explicit: true,
+        }),
+        (None, false) => Some(Socket {
+            path: cfg.handoff_socket(),
+            explicit: false,
+        }),
+        (None, true) => None,
+    }
+}
+
+/// Who may send on the hand-off socket: root, or the proxy's own user when
+/// that is not a confined child's uid (`[executor] child_uid`, `child_uid_count`).
+#[derive(Debug, Clone)]
+pub struct Senders {
+    me: u32,
+    children: std::ops::Range<u32>,
+}
+
+impl Senders {
+    pub fn new(exec: &ExecutorConfig) -> Senders {
+        Senders::with(rustix::process::geteuid().as_raw(), exec)
+    }
+
+    fn with(me: u32, exec: &ExecutorConfig) -> Senders {
+        Senders {
+            me,
+            children: exec.child_uid..exec.child_uid.saturating_add(exec.child_uid_count),
+        }
+    }
+
+    /// Pure: whether a peer of uid `uid` may hand over listeners.
+    pub fn may_send(&self, uid: u32) -> bool {
+        uid == 0 || (uid == self.me && !self.children.contains(&uid))
+    }
+
+    /// Said at start when only root can send (the proxy runs as a child's uid).
+    pub fn only_root(&self) -> bool {
+        self.me != 0 && self.children.contains(&self.me)
+    }
+}
 
 /// Binds the hand-off socket at `path` (replacing a stale socket, never
 /// another kind of file), readable and writable by the proxy's user only.
@@ -54,7 +115,7 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 }
 
 /// Accepts hand-offs until shutdown.
-pub async fn serve(sh: Arc<Shared>, listener: UnixListener) {
+pub async fn serve(sh: Arc<Shared>, listener: UnixListener, senders: Senders) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT));
     loop {
         let accepted = tokio::select! {
@@ -69,18 +130,27 @@ pub async fn serve(sh: Arc<Shared>, listener: UnixListener) {
             return;
         };
         let sh = sh.clone();
+        let senders = senders.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let mut stream = stream;
-            let answer = match tokio::time::timeout(TIMEOUT, receive(&stream)).await {
-                Ok(Ok((run_id, fd))) => match adopt(&sh, &run_id, fd) {
-                    Ok(()) => "ok\n".to_string(),
-                    Err(e) => format!("error {e}\n"),
-                },
-                Ok(Err(e)) => format!("error {e}\n"),
-                Err(_) => "error timed out\n".to_string(),
+            let answer = match stream.peer_cred() {
+                Ok(c) if senders.may_send(c.uid()) => {
+                    match tokio::time::timeout(TIMEOUT, receive(&stream)).await {
+                        Ok(Ok(Message::Probe)) => Ok(()),
+                        Ok(Ok(Message::Listener(run_id, fd))) => adopt(&sh, &run_id, fd).map_err(|e| e.to_string()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err("timed out".to_string()),
+                    }
+                }
+                Ok(c) => Err(format!("uid {} may not hand over listeners (only root or the proxy's own user, never a confined child's uid)", c.uid())),
+                Err(e) => Err(format!("no peer credentials: {e}")),
             };
-            if answer != "ok\n" {
+            let answer = match answer {
+                Ok(()) => OK.to_string(),
+                Err(e) => format!("{ERROR}{e}\n"),
+            };
+            if answer != OK {
                 tracing::warn!(answer = answer.trim_end(), "listener hand-off refused");
             }
             let _ = stream.write_all(answer.as_bytes()).await;
@@ -88,8 +158,15 @@ pub async fn serve(sh: Arc<Shared>, listener: UnixListener) {
     }
 }
 
+/// One message on the hand-off socket.
+enum Message {
+    Probe,
+    /// A run id and its listener.
+    Listener(String, OwnedFd),
+}
+
 /// Reads the one message and its descriptor.
-async fn receive(stream: &UnixStream) -> io::Result<(String, OwnedFd)> {
+async fn receive(stream: &UnixStream) -> io::Result<Message> {
     let mut buf = [0u8; 256];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     loop {
@@ -112,6 +189,9 @@ async fn receive(stream: &UnixStream) -> io::Result<(String, OwnedFd)> {
             Err(e) => return Err(e),
         };
         let text = std::str::from_utf8(&buf[..n]).map_err(|_| invalid("message is not UTF-8"))?;
+        if text == PROBE {
+            return Ok(Message::Probe);
+        }
         let run_id = text
             .strip_prefix(MAGIC)
             .and_then(|r| r.strip_suffix('\n'))
@@ -120,7 +200,7 @@ async fn receive(stream: &UnixStream) -> io::Result<(String, OwnedFd)> {
             return Err(invalid("exactly one descriptor expected"));
         }
         let fd = fds.remove(0);
-        return Ok((run_id.to_string(), fd));
+        return Ok(Message::Listener(run_id.to_string(), fd));
     }
 }
 
@@ -167,4 +247,60 @@ fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The socket's authority: root, or the proxy's own user unless that
+    /// is a confined child's uid; nobody else.
+    #[test]
+    fn only_root_or_the_proxys_own_user_may_send() {
+        let exec = ExecutorConfig {
+            child_uid: 65534,
+            child_uid_count: 4,
+            ..ExecutorConfig::default()
+        };
+        for (me, uid, ok) in [
+            (0, 0, true),
+            (0, 1000, false),
+            (0, 65534, false),
+            (10001, 0, true),
+            (10001, 10001, true),
+            (10001, 10002, false),
+            (10001, 65535, false),
+            // The proxy runs as a confined child's uid: root alone.
+            (65534, 65534, false),
+            (65535, 65535, false),
+            (65535, 0, true),
+            (65538, 65538, true),
+        ] {
+            let s = Senders::with(me, &exec);
+            assert_eq!(s.may_send(uid), ok, "proxy uid {me}, peer uid {uid}");
+            assert_eq!(s.only_root(), (65534..65538).contains(&me), "proxy uid {me}");
+        }
+        // A range at the top of the uid space does not wrap.
+        let top = ExecutorConfig {
+            child_uid: u32::MAX - 1,
+            child_uid_count: 5,
+            ..ExecutorConfig::default()
+        };
+        assert!(!Senders::with(u32::MAX - 1, &top).may_send(u32::MAX - 1));
+        assert!(Senders::with(7, &top).may_send(7));
+    }
+
+    #[test]
+    fn the_default_socket_only_for_the_proxys_own_store() {
+        let c = egress_config::Config::parse_relative_to("", "f", std::path::Path::new("/srv/loom")).unwrap();
+        let s = socket(&c.proxy, false).unwrap();
+        assert_eq!(s.path, std::path::Path::new("/srv/loom/var/egress-handoff.sock"));
+        assert!(!s.explicit);
+        assert!(socket(&c.proxy, true).is_none());
+        let c = egress_config::Config::parse("[proxy]\nhandoff = \"/run/h.sock\"\n", "f").unwrap();
+        for own in [false, true] {
+            let s = socket(&c.proxy, own).unwrap();
+            assert_eq!((s.path.to_str(), s.explicit), (Some("/run/h.sock"), true));
+        }
+    }
 }
