@@ -61,19 +61,12 @@ impl Binding {
     }
 }
 
-/// `egress-handoff.sock` beside `facts`. A facts path of `:memory:` read
-/// from a file has been made relative to the file's directory, so the socket
-/// lands there; without a file (`:memory:` as written) it is relative to the
-/// working directory, like the control token file.
-pub fn default_handoff(facts: &Path) -> PathBuf {
-    facts.parent().unwrap_or(Path::new("")).join(HANDOFF_SOCKET)
-}
-
 impl ProxyConfig {
     /// The socket the proxy receives listeners on: `handoff`, else the
-    /// default beside the facts store.
+    /// default in the proxy's [`home`](ProxyConfig::home) (beside the facts
+    /// store, or the config file with an in-memory store).
     pub fn handoff_socket(&self) -> PathBuf {
-        self.handoff.clone().unwrap_or_else(|| default_handoff(&self.facts))
+        self.handoff.clone().unwrap_or_else(|| self.home().join(HANDOFF_SOCKET))
     }
 }
 
@@ -92,7 +85,7 @@ impl Config {
                 key: "proxy.handoff",
             },
             (None, None) => Binding::Handoff {
-                socket: default_handoff(&self.proxy.facts),
+                socket: self.proxy.handoff_socket(),
                 key: "proxy.facts",
             },
         }

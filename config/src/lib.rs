@@ -138,7 +138,11 @@ pub struct DnsConfig {
 pub struct ProxyConfig {
     pub listen: SocketAddr,
     pub control: SocketAddr,
+    /// The fact store's file, or `:memory:` (never made relative).
     pub facts: PathBuf,
+    /// The directory of the file this was read from (empty for text
+    /// without one): where an in-memory store's neighbours go.
+    pub config_dir: PathBuf,
     /// Unix socket on which the executor hands over the listening socket it
     /// created inside a confined child's network namespace, as written
     /// (`None`: the default beside the facts store, see
@@ -186,6 +190,20 @@ pub struct InterceptionConfig {
     pub upstream_ca_file: Option<PathBuf>,
 }
 
+impl ProxyConfig {
+    /// The directory of the proxy's own files when the file names no other
+    /// place (the control token, the hand-off socket, the appliance CA):
+    /// the fact store's directory, or with an in-memory store the config
+    /// file's.
+    pub fn home(&self) -> PathBuf {
+        if self.facts.as_os_str() == ":memory:" {
+            self.config_dir.clone()
+        } else {
+            self.facts.parent().unwrap_or(Path::new("")).to_path_buf()
+        }
+    }
+}
+
 /// The defaults of every `[proxy]` key.
 impl Default for ProxyConfig {
     fn default() -> Self {
@@ -193,6 +211,7 @@ impl Default for ProxyConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
             control: SocketAddr::from(([127, 0, 0, 1], 3129)),
             facts: PathBuf::from("var/egress-facts.db"),
+            config_dir: PathBuf::new(),
             handoff: None,
             max_run: Duration::from_secs(3600),
             max_runs: 10_000,
@@ -383,6 +402,23 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// `facts = ":memory:"` is the in-memory store wherever the file lives;
+    /// other relative facts paths are the file's directory's.
+    #[test]
+    fn an_in_memory_store_is_not_a_path_relative_to_the_file() {
+        let dir = Path::new("/etc/loom");
+        let c = Config::parse_relative_to("[proxy]\nfacts = \":memory:\"\n", "c.toml", dir).unwrap();
+        assert_eq!(c.proxy.facts, PathBuf::from(":memory:"));
+        assert_eq!(
+            c.proxy.home(),
+            PathBuf::from("/etc/loom"),
+            "its neighbours go beside the file"
+        );
+        let c = Config::parse_relative_to("[proxy]\nfacts = \"var/f.db\"\n", "c.toml", dir).unwrap();
+        assert_eq!(c.proxy.facts, PathBuf::from("/etc/loom/var/f.db"));
+        assert_eq!(c.proxy.home(), PathBuf::from("/etc/loom/var"));
+    }
+
     /// Every default of the file, spelled out: changing one is a decision
     /// this test makes visible (and adding a field makes it fail to compile).
     #[test]
@@ -395,6 +431,7 @@ mod tests {
                 listen: "127.0.0.1:3128".parse().unwrap(),
                 control: "127.0.0.1:3129".parse().unwrap(),
                 facts: PathBuf::from("var/egress-facts.db"),
+                config_dir: PathBuf::new(),
                 handoff: None,
                 max_run: Duration::from_millis(3_600_000),
                 max_runs: 10_000,

@@ -74,7 +74,11 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
             };
         }
     };
-    rel(&mut proxy.facts);
+    // `:memory:` names no file (an in-memory store), wherever the file is.
+    if proxy.facts.as_os_str() != ":memory:" {
+        rel(&mut proxy.facts);
+    }
+    proxy.config_dir = dir.to_path_buf();
     proxy.handoff.iter_mut().for_each(rel);
     if let Some(tls) = proxy.tls.as_mut() {
         rel(&mut tls.cert);
@@ -224,6 +228,7 @@ fn proxy(s: &mut Section) -> (ProxyConfig, Vec<IpNet>, Vec<IpNet>) {
         listen,
         control,
         facts,
+        config_dir: PathBuf::new(),
         handoff: s.get("handoff"),
         max_run: s.millis("max_run_ms", 1000..=7 * 24 * 3_600_000, d.max_run),
         max_runs: s.count("max_runs", 1..=1_000_000, d.max_runs),

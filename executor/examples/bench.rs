@@ -144,7 +144,7 @@ isolation = "off"
     // Cold start spawn→ready, one child at a time, no pool involved.
     let shared = Arc::new(Shared::new(
         egress_executor::process::Spawner::start().unwrap_or_else(|e| panic!("{e}")),
-        egress_executor::control::ControlClient::new(control, &cfg.facts, Some("t".into())),
+        egress_executor::control::ControlClient::new(control, &cfg.home, Some("t".into())),
         egress_executor::metrics::Metrics::new(),
         cfg.executor.clone(),
     ));

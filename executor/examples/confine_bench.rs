@@ -33,7 +33,7 @@ fn median_p99(mut v: Vec<Duration>) -> (f64, f64) {
 fn shared(cfg: &Config) -> Arc<Shared> {
     Arc::new(Shared::new(
         egress_executor::process::Spawner::start().unwrap_or_else(|e| panic!("{e}")),
-        egress_executor::control::ControlClient::new(cfg.control, &cfg.facts, Some(TOKEN.into())),
+        egress_executor::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
         egress_executor::metrics::Metrics::new(),
         cfg.executor.clone(),
     ))

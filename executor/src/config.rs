@@ -23,7 +23,9 @@ pub struct Config {
     /// Directory of the config file (absolute); relative paths are relative to it.
     pub dir: PathBuf,
     pub control: SocketAddr,
-    pub facts: PathBuf,
+    /// The proxy's home ([`egress_config::ProxyConfig::home`]): where its
+    /// control token file is.
+    pub home: PathBuf,
     /// `[proxy] max_run_ms`: runs expire this long after creation, so warm
     /// children are recycled before their run could expire.
     pub max_run: Duration,
@@ -71,7 +73,7 @@ impl Config {
             file: file.to_path_buf(),
             dir,
             control: shared.proxy.control,
-            facts: shared.proxy.facts,
+            home: shared.proxy.home(),
             max_run: shared.proxy.max_run,
             binding,
             executor,
@@ -142,7 +144,7 @@ egress = []
         )
         .unwrap();
         assert_eq!(c.control.to_string(), "127.0.0.1:3129");
-        assert_eq!(c.facts, Path::new("/etc/loom/var/egress-facts.db"));
+        assert_eq!(c.home, Path::new("/etc/loom/var"));
         assert_eq!(c.max_run, Duration::from_secs(3600));
         // No key: children are handed off beside the facts store.
         let sock = Path::new("/etc/loom/var/egress-handoff.sock");
@@ -163,7 +165,7 @@ egress = []
         let here = std::path::absolute(".").unwrap();
         assert_eq!(c.dir, here);
         assert_eq!(c.tools["t"].as_ref().unwrap().cwd, here);
-        assert_eq!(c.facts, here.join("var/egress-facts.db"));
+        assert_eq!(c.home, here.join("var"));
     }
 
     #[test]

@@ -75,12 +75,10 @@ pub struct ControlClient {
 
 impl ControlClient {
     /// `token_env` is the value of `EGRESS_CONTROL_TOKEN` if set; otherwise the
-    /// token is read (once, lazily) from `egress-control.token` beside `facts`.
-    pub fn new(addr: SocketAddr, facts: &std::path::Path, token_env: Option<String>) -> Self {
-        let token_file = facts
-            .parent()
-            .map(|d| d.join("egress-control.token"))
-            .unwrap_or_else(|| PathBuf::from("egress-control.token"));
+    /// token is read (once, lazily) from `egress-control.token` in the
+    /// proxy's `home` (beside its facts store).
+    pub fn new(addr: SocketAddr, home: &std::path::Path, token_env: Option<String>) -> Self {
+        let token_file = home.join("egress-control.token");
         ControlClient {
             addr,
             token_env: token_env.filter(|t| !t.is_empty()),
@@ -417,12 +415,8 @@ mod tests {
     }
 
     #[test]
-    fn token_file_beside_facts() {
-        let c = ControlClient::new(
-            "127.0.0.1:1".parse().unwrap(),
-            std::path::Path::new("/srv/var/egress-facts.db"),
-            None,
-        );
+    fn token_file_in_the_proxys_home() {
+        let c = ControlClient::new("127.0.0.1:1".parse().unwrap(), std::path::Path::new("/srv/var"), None);
         assert_eq!(c.token_file, PathBuf::from("/srv/var/egress-control.token"));
     }
 }

@@ -260,7 +260,7 @@ impl Executor {
         }
         let shared = Arc::new(Shared::new(
             Spawner::start().map_err(StartError::Spawner)?,
-            ControlClient::new(config.control, &config.facts, token_env),
+            ControlClient::new(config.control, &config.home, token_env),
             Metrics::new(),
             config.executor.clone(),
         ));

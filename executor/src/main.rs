@@ -366,7 +366,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             problems.join("; ")
         },
     );
-    let control = egress_executor::control::ControlClient::new(config.control, &config.facts, token_env());
+    let control = egress_executor::control::ControlClient::new(config.control, &config.home, token_env());
     match control.probe().await {
         Ok(()) => line(
             "proxy control API",

@@ -556,7 +556,7 @@ async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egr
     });
     let shared = std::sync::Arc::new(Shared::new(
         egress_executor::process::Spawner::start().unwrap(),
-        egress_executor::control::ControlClient::new(cfg.control, &cfg.facts, Some(TOKEN.into())),
+        egress_executor::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
         egress_executor::metrics::Metrics::new(),
         cfg.executor.clone(),
     ));

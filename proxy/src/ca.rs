@@ -128,7 +128,7 @@ pub fn ca_dir(cfg: &ProxyConfig) -> Option<PathBuf> {
     if cfg.facts.as_os_str() == ":memory:" {
         return None;
     }
-    Some(cfg.facts.parent().unwrap_or(Path::new(".")).join("ca"))
+    Some(cfg.home().join("ca"))
 }
 
 impl Authority {

@@ -147,7 +147,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         Some(t) => (t, None),
         None => {
             let (t, s) =
-                crate::control::token::resolve(std::env::var(crate::control::token::TOKEN_ENV).ok(), &pc.facts)?;
+                crate::control::token::resolve(std::env::var(crate::control::token::TOKEN_ENV).ok(), &pc.home())?;
             (t, Some(s))
         }
     };

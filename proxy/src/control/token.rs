@@ -29,12 +29,12 @@ pub enum TokenSource {
 }
 
 /// The token file path for a facts store path.
-pub fn token_path(facts: &Path) -> PathBuf {
-    facts.parent().unwrap_or(Path::new(".")).join(TOKEN_FILE)
+pub fn token_path(home: &Path) -> PathBuf {
+    home.join(TOKEN_FILE)
 }
 
 /// Resolves the control token.
-pub fn resolve(env: Option<String>, facts: &Path) -> Result<(String, TokenSource), TokenError> {
+pub fn resolve(env: Option<String>, home: &Path) -> Result<(String, TokenSource), TokenError> {
     if let Some(t) = env {
         let t = t.trim().to_owned();
         if t.len() < 16 {
@@ -42,7 +42,7 @@ pub fn resolve(env: Option<String>, facts: &Path) -> Result<(String, TokenSource
         }
         return Ok((t, TokenSource::Env));
     }
-    let path = token_path(facts);
+    let path = token_path(home);
     let io = |source| TokenError::Io {
         path: path.clone(),
         source,
@@ -85,12 +85,12 @@ mod tests {
     #[test]
     fn a_generated_token_is_private_and_reused() {
         let dir = tempfile::tempdir().unwrap();
-        let facts = dir.path().join("var/facts.db");
-        let (t1, s1) = resolve(None, &facts).unwrap();
+        let home = dir.path().join("var");
+        let (t1, s1) = resolve(None, &home).unwrap();
         assert!(matches!(s1, TokenSource::Generated(_)));
-        let mode = std::fs::metadata(token_path(&facts)).unwrap().permissions().mode() & 0o777;
+        let mode = std::fs::metadata(token_path(&home)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let (t2, s2) = resolve(None, &facts).unwrap();
+        let (t2, s2) = resolve(None, &home).unwrap();
         assert!(matches!(s2, TokenSource::File(_)));
         assert_eq!(t1, t2);
     }
@@ -98,10 +98,10 @@ mod tests {
     #[test]
     fn a_token_file_others_can_read_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let facts = dir.path().join("facts.db");
-        std::fs::write(token_path(&facts), "0123456789abcdef0123456789abcdef\n").unwrap();
-        std::fs::set_permissions(token_path(&facts), std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(resolve(None, &facts), Err(TokenError::Permissive { .. })));
+        let home = dir.path();
+        std::fs::write(token_path(home), "0123456789abcdef0123456789abcdef\n").unwrap();
+        std::fs::set_permissions(token_path(home), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(resolve(None, home), Err(TokenError::Permissive { .. })));
     }
 
     #[test]
