@@ -1246,8 +1246,8 @@ async fn runtime_pipes() {
         eprintln!("SKIPPED runtimes_keep_their_own_pipes_under_strict: {why}");
         return;
     }
-    let proxy = TestProxy::start("[tools.py]\negress = []\n[tools.js]\negress = []\n").await;
     let dir = TempDir::new("confine-pipes");
+    let proxy = proxy_beside(&dir, "[tools.py]\negress = []\n[tools.js]\negress = []\n").await;
     dir.write("pipes.py", PIPES_PY);
     dir.write("pipes.js", PIPES_JS);
     let runners = runners_dir();
