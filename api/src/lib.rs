@@ -136,10 +136,25 @@ pub struct CreatedRun {
     pub env: std::collections::BTreeMap<String, String>,
 }
 
+/// The variable holding the run's SOCKS5 URL (`socks5h://run:secret@…`).
+/// Not `ALL_PROXY`, which stays the HTTP proxy URL: some HTTP clients
+/// (httpx, for one) build a SOCKS transport for `ALL_PROXY` at start and
+/// fail without an optional package, even for `http://` and `https://`.
+pub const SOCKS_VAR: &str = "LOOM_SOCKS_PROXY";
+
+/// The SOCKS5 form of an `http://` proxy URL (same credential and listener,
+/// which speaks both); `None` for a listener with TLS (`https://`), which
+/// speaks HTTP only.
+pub fn socks_url(proxy_url: &str) -> Option<String> {
+    proxy_url
+        .strip_prefix("http://")
+        .map(|rest| format!("socks5h://{rest}"))
+}
+
 /// The variables that point a child at its proxy URL (`CreatedRun::env`
 /// without the placeholders): the upper- and lower-case proxy variables,
-/// `NO_PROXY` empty so nothing bypasses the proxy, and Node's switch that
-/// makes its `fetch` honour them.
+/// `NO_PROXY` empty so nothing bypasses the proxy, Node's switch that
+/// makes its `fetch` honour them, and the SOCKS5 URL ([`SOCKS_VAR`]).
 pub fn proxy_env(proxy_url: &str) -> std::collections::BTreeMap<String, String> {
     let mut env = std::collections::BTreeMap::new();
     for k in [
@@ -154,6 +169,9 @@ pub fn proxy_env(proxy_url: &str) -> std::collections::BTreeMap<String, String> 
     }
     env.insert("NO_PROXY".into(), String::new());
     env.insert("no_proxy".into(), String::new());
+    if let Some(socks) = socks_url(proxy_url) {
+        env.insert(SOCKS_VAR.into(), socks);
+    }
     // Node >= 24 honours the proxy variables in fetch/http only with this.
     env.insert("NODE_USE_ENV_PROXY".into(), "1".into());
     env

@@ -25,6 +25,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "all_proxy",
     "no_proxy",
     "NODE_USE_ENV_PROXY",
+    "LOOM_SOCKS_PROXY",
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE",

@@ -315,14 +315,18 @@ async fn launch(
     handoff: Option<(std::net::TcpListener, PathBuf)>,
 ) -> Result<process::Launched, String> {
     let p = &tool.process;
-    // The proxy's variables as it gave them, but the proxy URL as this
-    // child reaches it (the in-namespace listener when relayed or handed off).
+    // The proxy's variables as it gave them, but the proxy URL (and its
+    // SOCKS5 form) as this child reaches it (the in-namespace listener when
+    // relayed or handed off).
+    let run_socks = egress_api::socks_url(&run.proxy_url);
     let egress = run
         .env
         .iter()
         .map(|(k, v)| {
             let v = if *v == run.proxy_url {
                 proxy_url.to_owned()
+            } else if run_socks.as_deref() == Some(v.as_str()) {
+                egress_api::socks_url(proxy_url).unwrap_or_default()
             } else {
                 v.clone()
             };

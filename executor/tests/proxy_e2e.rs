@@ -257,6 +257,9 @@ timeout_ms = 20000
     let ph = env["API_TOKEN"].as_str().unwrap();
     assert!(ph.starts_with("loom-cred-"), "{out}");
     assert!(env["HTTP_PROXY"].as_str().unwrap().contains('@'), "{out}");
+    // The SOCKS5 form names the same listener the child reaches.
+    let socks = env["HTTP_PROXY"].as_str().unwrap().replacen("http://", "socks5h://", 1);
+    assert_eq!(env["LOOM_SOCKS_PROXY"].as_str(), Some(socks.as_str()), "{out}");
     assert!(!out.to_string().contains(SECRET), "the secret is in the child: {out}");
     let proc = out["proc"].as_str().unwrap();
     if !proc.starts_with("unreadable") {

@@ -111,6 +111,8 @@ async fn a_run_gets_the_proxy_variables_and_one_placeholder_never_the_secret() {
         assert_eq!(env[k].as_str(), Some(run.url.as_str()), "{k}");
     }
     assert_eq!(env["NO_PROXY"], "");
+    let socks = run.url.replacen("http://", "socks5h://", 1);
+    assert_eq!(env["LOOM_SOCKS_PROXY"].as_str(), Some(socks.as_str()));
     let ph = placeholder(&env);
     assert!(ph.starts_with("loom-cred-") && ph.len() == 10 + 32, "{ph}");
     let (_, env2) = self::run(&s.p).await;

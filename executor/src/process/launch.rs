@@ -211,6 +211,7 @@ mod tests {
                 "API_TOKEN",
                 "HTTPS_PROXY",
                 "HTTP_PROXY",
+                "LOOM_SOCKS_PROXY",
                 "NODE_USE_ENV_PROXY",
                 "NO_PROXY",
                 "all_proxy",
