@@ -12,3 +12,10 @@ pub const PROBE: &str = "loom-handoff-probe/1\n";
 pub const OK: &str = "ok\n";
 /// Prefix of the answer to one that was refused.
 pub const ERROR: &str = "error ";
+/// Prefix of a transparent hand-off (the run id and `\n` follow): exactly
+/// four `SCM_RIGHTS` descriptors made inside the child's namespace, in this
+/// order: the TCP listener on `127.0.0.1:3127` and the one on `[::1]:3127`
+/// (where every TCP connection to an outside address is redirected), the
+/// UDP socket on `127.0.0.1:53` and the TCP listener on `127.0.0.1:53`
+/// (where every DNS query is).
+pub const TRANSPARENT: &str = "loom-transparent/1 ";

@@ -164,6 +164,16 @@ impl Allowlist {
         &self.rules
     }
 
+    /// Whether some rule lists the name `name` (exact, or a strict subdomain
+    /// of a wildcard) on any port: what an in-sandbox DNS answers for.
+    pub fn lists_name(&self, name: &str) -> bool {
+        self.exact.contains_key(name)
+            || (!self.suffixes.is_empty()
+                && name
+                    .match_indices('.')
+                    .any(|(i, _)| self.suffixes.contains_key(&name[i + 1..])))
+    }
+
     /// Matches a canonical host and port. Never resolves anything.
     pub fn check(&self, host: &Host, port: u16) -> Match {
         match host {
@@ -197,6 +207,23 @@ impl Allowlist {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_is_listed_on_some_port_or_not_at_all() {
+        let a = list(&["api.example:443", "*.cdn.example:8443", "10.0.0.1:80"]);
+        for (n, want) in [
+            ("api.example", true),
+            ("x.cdn.example", true),
+            ("a.b.cdn.example", true),
+            ("cdn.example", false),
+            ("example", false),
+            ("xapi.example", false),
+            ("10.0.0.1", false),
+        ] {
+            assert_eq!(a.lists_name(n), want, "{n}");
+        }
+        assert!(!Allowlist::default().lists_name("api.example"));
+    }
 
     fn list(entries: &[&str]) -> Allowlist {
         Allowlist::new(entries.iter().map(|e| Rule::parse_str(e).unwrap()).collect())

@@ -118,6 +118,7 @@ async fn python_tool_round_trip_with_emits_env_and_run_lifecycle() {
         "HTTP_PROXY",
         "LANG",
         "LOOM_IPC_FDS",
+        "LOOM_SOCKS_PROXY",
         "NODE_USE_ENV_PROXY",
         "NO_PROXY",
         "PATH",

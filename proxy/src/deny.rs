@@ -22,6 +22,40 @@ impl Kind {
     }
 }
 
+/// How a fetch is labelled in facts (`target.kind`), metrics (`kind`) and
+/// logs: its kind, unless it came in transparently — a connection from a
+/// sandbox that named no proxy (whatever it carried), or a query to the
+/// sandbox's DNS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Connect,
+    Http,
+    Transparent,
+    Dns,
+}
+
+impl Via {
+    pub const ALL: [Via; 4] = [Via::Connect, Via::Http, Via::Transparent, Via::Dns];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Connect => "connect",
+            Via::Http => "http",
+            Via::Transparent => "transparent",
+            Via::Dns => "dns",
+        }
+    }
+}
+
+impl From<Kind> for Via {
+    fn from(k: Kind) -> Via {
+        match k {
+            Kind::Connect => Via::Connect,
+            Kind::Http => Via::Http,
+        }
+    }
+}
+
 /// Where a fetch was when its deadline expired (the `phase` label of
 /// `egress_fetch_timeouts_total` and of the log line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! never run ids, host names or addresses). Per-tool handles are resolved
 //! once per run ([`ToolMetrics`]) so the data path touches only atomics.
 
-use crate::deny::{DenyReason, Kind, Phase};
+use crate::deny::{DenyReason, Phase, Via};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -370,7 +370,7 @@ impl Metrics {
     /// Per-tool handles, resolved once (label lookups take a lock; the data path must not).
     pub fn tool(&self, tool: &str) -> Arc<ToolMetrics> {
         let t = || tool.to_owned();
-        let kinds = ["connect", "http"];
+        let kinds = Via::ALL.map(Via::as_str);
         let decisions = ["allowed", "denied", "reported", "error"];
         let outcomes = ["ok", "denied", "error", "timeout", "severed"];
         let per_kind = |k: &'static str| KindMetrics {
@@ -496,7 +496,7 @@ impl KindMetrics {
 
 /// Handles for one tool.
 pub struct ToolMetrics {
-    kinds: [KindMetrics; 2],
+    kinds: [KindMetrics; Via::ALL.len()],
     denials: [Counter; DenyReason::ALL.len()],
     pub bytes_up: Counter,
     pub bytes_down: Counter,
@@ -508,10 +508,12 @@ pub struct ToolMetrics {
 }
 
 impl ToolMetrics {
-    pub fn kind(&self, k: Kind) -> &KindMetrics {
+    pub fn kind(&self, k: Via) -> &KindMetrics {
         match k {
-            Kind::Connect => &self.kinds[0],
-            Kind::Http => &self.kinds[1],
+            Via::Connect => &self.kinds[0],
+            Via::Http => &self.kinds[1],
+            Via::Transparent => &self.kinds[2],
+            Via::Dns => &self.kinds[3],
         }
     }
 

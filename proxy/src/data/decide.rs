@@ -15,11 +15,12 @@ use crate::data::inject::Injection;
 use crate::data::policy::{self, Admission, Channel, Denial, Head};
 use crate::data::respond::{self, fact_target, raw_target};
 use crate::data::target::{self, Kind, Target, TargetError};
-use crate::deny::{DenyReason, FetchError, Phase};
+use crate::deny::{DenyReason, FetchError, Phase, Via};
 use crate::facts::{NewFact, Recorded};
 use crate::metrics::{Decision, Outcome, ToolMetrics};
 use crate::runs::Run;
 use crate::state::Shared;
+use egress_api::FactTarget;
 use egress_config::{Mode, Policy, ToolPolicy};
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -64,6 +65,8 @@ pub(super) struct Fetch<'a> {
     pub(super) run: Option<&'a Run>,
     pub(super) tm: &'a Arc<ToolMetrics>,
     pub(super) kind: Kind,
+    /// How it is labelled (facts, metrics, logs): `kind`, unless transparent.
+    pub(super) via: Via,
     pub(super) started: Instant,
     /// The [`Phase`] of the step in progress (index into `Phase::ALL`).
     pub(super) phase: AtomicU8,
@@ -86,10 +89,17 @@ impl<'a> Fetch<'a> {
             run,
             tm,
             kind,
+            via: kind.into(),
             started,
             phase: AtomicU8::new(0),
             reported: AtomicBool::new(false),
         }
+    }
+
+    /// The same fetch, labelled as arriving `via` an entrance of its own.
+    pub(super) fn via(mut self, via: Via) -> Self {
+        self.via = via;
+        self
     }
 
     /// Step 2: the run is active, and its tool still configured. Returns the
@@ -185,7 +195,7 @@ impl<'a> Fetch<'a> {
         } else {
             Decision::Allowed
         };
-        self.tm.kind(self.kind).request(decision);
+        self.tm.kind(self.via).request(decision);
     }
 
     pub(super) fn phase(&self) -> Phase {
@@ -213,7 +223,7 @@ impl<'a> Fetch<'a> {
         dest: Dest<'_>,
         resolved: &[IpAddr],
     ) -> Answer {
-        let km = self.tm.kind(self.kind);
+        let km = self.tm.kind(self.via);
         self.tm.denial(reason);
         km.request(Decision::Denied);
         let (target, detail) = match dest {
@@ -230,7 +240,7 @@ impl<'a> Fetch<'a> {
             target: "egress::fetch",
             run = self.run.map(|r| &*r.id).unwrap_or("-"),
             tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
-            kind = self.kind.as_str(),
+            kind = self.via.as_str(),
             dest = %target.map(|t| t.to_string()).unwrap_or_default(),
             decision = "denied",
             reason = reason.code(),
@@ -271,7 +281,7 @@ impl<'a> Fetch<'a> {
             target: "egress::fetch",
             run = self.run.map(|r| &*r.id).unwrap_or("-"),
             tool = self.run.map(|r| &*r.tool).unwrap_or("-"),
-            kind = self.kind.as_str(),
+            kind = self.via.as_str(),
             dest = %target,
             decision = "reported",
             reason = d.reason.code(),
@@ -298,7 +308,10 @@ impl<'a> Fetch<'a> {
             tool: self.run.map(|r| &*r.tool),
             reason: reason.code(),
             mode: mode.as_str(),
-            target: target.map(fact_target),
+            target: target.map(|t| FactTarget {
+                kind: self.via.as_str().to_owned(),
+                ..fact_target(t)
+            }),
             resolved: resolved.iter().map(|i| i.to_string()).collect(),
             policy: &self.policy.digest,
             detail,

@@ -36,10 +36,10 @@ use crate::data::inject::Injection;
 use crate::data::intercept;
 use crate::data::policy::{self, Channel};
 use crate::data::respond::{self, raw_target};
-use crate::data::target::{Kind, Target};
+use crate::data::target::{Kind, Target, TargetError};
 use crate::data::tunnel::{self, Client};
 use crate::data::upstream::Upstream;
-use crate::deny::{DenyReason, FetchError, Phase};
+use crate::deny::{DenyReason, FetchError, Phase, Via};
 use crate::dns::DnsError;
 use crate::metrics::{Decision, KindLabel, ReasonLabel};
 use crate::runs::slots::{self, Slot, SlotError};
@@ -75,11 +75,7 @@ impl From<Answer> for Halt {
 /// Entry point: hyper service function for the data listeners. `conn` is
 /// the client connection the request arrived on (its admission, and the
 /// token that closes it).
-pub async fn handle(
-    sh: Arc<Shared>,
-    mut req: Request<Incoming>,
-    conn: Arc<admission::Conn>,
-) -> Result<Answer, Infallible> {
+pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission::Conn>) -> Result<Answer, Infallible> {
     let started = Instant::now();
     let kind = if req.method() == Method::CONNECT {
         Kind::Connect
@@ -101,21 +97,43 @@ pub async fn handle(
     if let Some(r) = establish(&sh, &conn, &run) {
         return Ok(r);
     }
-    let tm = sh.tool_metrics(Some(&run.tool));
-    let fetch = Fetch::new(&sh, &policy, Some(&run), &tm, kind, started);
     let target = match kind {
         Kind::Connect => crate::data::target::parse_connect(req.uri()),
         Kind::Http => crate::data::target::parse_absolute(req.uri(), req.headers(), req.version()),
     };
+    Ok(serve_run(&sh, &policy, &run, req, target, &conn, kind.into(), started).await)
+}
+
+/// Steps 2–8 for a request of `run` (authenticated by its credential, or by
+/// the transparent connection it arrived on), whose target the entrance
+/// parsed.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn serve_run(
+    sh: &Arc<Shared>,
+    policy: &Policy,
+    run: &Arc<Run>,
+    mut req: Request<Incoming>,
+    target: Result<Target, TargetError>,
+    conn: &admission::Conn,
+    via: Via,
+    started: Instant,
+) -> Answer {
+    let kind = if req.method() == Method::CONNECT {
+        Kind::Connect
+    } else {
+        Kind::Http
+    };
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(sh, policy, Some(run), &tm, kind, started).via(via);
     let ask = Ask {
         target,
         method: req.method().as_str(),
         head: &ReqHead(&req),
         raw: &|| raw_target(req.uri()),
     };
-    Ok(match fetch.decide(&run, ask).await {
-        Ok(prepared) if kind == Kind::Http => fetch.carry(prepared, &run, req, &conn).await,
-        Ok(prepared) => match fetch.open_tunnel(prepared, &sh, &run).await {
+    match fetch.decide(run, ask).await {
+        Ok(prepared) if kind == Kind::Http => fetch.carry(prepared, run, req, conn).await,
+        Ok(prepared) => match fetch.open_tunnel(prepared, sh, run).await {
             Ok(opened) => {
                 opened.start(Client::Upgrade(hyper::upgrade::on(&mut req)));
                 Response::new(ProxyBody::empty())
@@ -123,7 +141,7 @@ pub async fn handle(
             Err(r) => r,
         },
         Err(r) => r,
-    })
+    }
 }
 
 /// What a tunnel carries: bytes as they are, or requests inside the TLS the
@@ -250,13 +268,7 @@ impl Fetch<'_> {
         let private = self.admit(&tool, &target, ask.method).await?;
         let credentials = self.credentials(&tool, run, &target, ask.head, Channel::Plain).await?;
         let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
-        let finish = Finish::new(
-            self.tm.clone(),
-            self.kind,
-            self.started,
-            run.clone(),
-            target.to_string(),
-        );
+        let finish = Finish::new(self.tm.clone(), self.via, self.started, run.clone(), target.to_string());
         let connected = async {
             let slot = self.acquire_slot(run, &target).await?;
             let (dial, resolved) = self.resolve_and_vet(&tool, &target, private).await?;
@@ -307,7 +319,7 @@ impl Fetch<'_> {
                 (e, detail)
             }
         };
-        self.tm.kind(self.kind).request(Decision::Error);
+        self.tm.kind(self.via).request(Decision::Error);
         self.sh.count_error(tool, e);
         respond::error(e, &detail)
     }

@@ -325,3 +325,81 @@ async fn vetting_denies_before_dialling() {
     assert!(!header(&resp, respond::FACT_HEADER).is_empty());
     assert!(p.net.dialled.lock().unwrap().is_empty());
 }
+
+/// A DNS query message for `name` of type `qtype`.
+fn dns_query(name: &str, qtype: hickory_proto::rr::RecordType) -> Vec<u8> {
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::Name;
+    use std::str::FromStr;
+    let mut m = Message::new(0x4242, MessageType::Query, OpCode::Query);
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_str(name).unwrap(), qtype));
+    m.to_vec().unwrap()
+}
+
+#[tokio::test]
+async fn the_sandbox_dns_answers_listed_names_with_synthetic_addresses_and_records_the_others() {
+    use crate::data::nameserver::answer;
+    use hickory_proto::op::{Message, ResponseCode};
+    use hickory_proto::rr::{RData, RecordType};
+    let p = Proxy::new("");
+    let reply = |b: Vec<u8>| Message::from_vec(&b).unwrap();
+    let a = reply(
+        answer(&p.sh, &p.run, &dns_query("API.test.", RecordType::A))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(a.metadata.id, 0x4242);
+    assert_eq!(a.metadata.response_code, ResponseCode::NoError);
+    let addrs: Vec<_> = a
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(addrs, ["198.18.0.1".parse::<std::net::Ipv4Addr>().unwrap()]);
+    // The same address again; AAAA and TXT answered empty.
+    let again = reply(
+        answer(&p.sh, &p.run, &dns_query("api.test", RecordType::A))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.answers.len(), 1);
+    for t in [RecordType::AAAA, RecordType::TXT] {
+        let r = reply(answer(&p.sh, &p.run, &dns_query("api.test", t)).await.unwrap());
+        assert_eq!(
+            (r.metadata.response_code, r.answers.len()),
+            (ResponseCode::NoError, 0),
+            "{t}"
+        );
+    }
+    // A connection to it is to the name.
+    let dest = crate::data::transparent::destination(&p.run, "198.18.0.1:443".parse().unwrap());
+    assert_eq!(dest.to_string(), "api.test:443");
+    let dest = crate::data::transparent::destination(&p.run, "198.18.0.9:443".parse().unwrap());
+    assert_eq!(dest.to_string(), "198.18.0.9:443", "never handed out: an address");
+    // A name no rule lists: NXDOMAIN, recorded first, and never resolved.
+    let d = reply(
+        answer(&p.sh, &p.run, &dns_query("c2VjcmV0.evil.test", RecordType::TXT))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(d.metadata.response_code, ResponseCode::NXDomain);
+    let facts =
+        p.sh.facts
+            .query(crate::facts::FactQuery {
+                after: 0,
+                limit: 100,
+                run_id: None,
+            })
+            .await
+            .unwrap();
+    let f = facts.last().unwrap();
+    assert_eq!(f.reason, "not_allowlisted");
+    let t = f.target.as_ref().unwrap();
+    assert_eq!((t.kind.as_str(), t.host.as_str()), ("dns", "c2vjcmv0.evil.test"));
+    // Not a query: no answer.
+    assert!(answer(&p.sh, &p.run, b"\x00\x01garbage").await.is_none());
+}

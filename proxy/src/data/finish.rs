@@ -5,7 +5,7 @@
 //! tool, target, decision, reason, duration, bytes). The first outcome set
 //! wins; it never logs secrets or `Proxy-Authorization`.
 
-use crate::deny::{Kind, Phase};
+use crate::deny::{Phase, Via};
 use crate::metrics::{Outcome, ToolMetrics};
 use crate::runs::Run;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 pub struct Finish {
     pub tm: Arc<ToolMetrics>,
-    pub kind: Kind,
+    pub kind: Via,
     pub started: Instant,
     pub run: Arc<Run>,
     pub target: String,
@@ -26,7 +26,7 @@ pub struct Finish {
 }
 
 impl Finish {
-    pub fn new(tm: Arc<ToolMetrics>, kind: Kind, started: Instant, run: Arc<Run>, target: String) -> Finish {
+    pub fn new(tm: Arc<ToolMetrics>, kind: Via, started: Instant, run: Arc<Run>, target: String) -> Finish {
         Finish {
             tm,
             kind,

@@ -23,7 +23,7 @@ use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
-use egress_api::handoff::{ERROR, MAGIC, OK, PROBE};
+use egress_api::handoff::{ERROR, MAGIC, OK, PROBE, TRANSPARENT};
 use egress_config::{ExecutorConfig, ProxyConfig};
 
 use crate::data::auth::BoundRun;
@@ -139,6 +139,9 @@ pub async fn serve(sh: Arc<Shared>, listener: UnixListener, senders: Senders) {
                     match tokio::time::timeout(TIMEOUT, receive(&stream)).await {
                         Ok(Ok(Message::Probe)) => Ok(()),
                         Ok(Ok(Message::Listener(run_id, fd))) => adopt(&sh, &run_id, fd).map_err(|e| e.to_string()),
+                        Ok(Ok(Message::Transparent(run_id, fds))) => {
+                            adopt_transparent(&sh, &run_id, fds).map_err(|e| e.to_string())
+                        }
                         Ok(Err(e)) => Err(e.to_string()),
                         Err(_) => Err("timed out".to_string()),
                     }
@@ -163,12 +166,14 @@ enum Message {
     Probe,
     /// A run id and its listener.
     Listener(String, OwnedFd),
+    /// A run id and its transparent sockets (see `egress_api::handoff::TRANSPARENT`).
+    Transparent(String, [OwnedFd; 4]),
 }
 
 /// Reads the one message and its descriptor.
 async fn receive(stream: &UnixStream) -> io::Result<Message> {
     let mut buf = [0u8; 256];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(5))];
     loop {
         stream.readable().await?;
         let r = stream.try_io(Interest::READABLE, || {
@@ -192,6 +197,12 @@ async fn receive(stream: &UnixStream) -> io::Result<Message> {
         if text == PROBE {
             return Ok(Message::Probe);
         }
+        if let Some(run_id) = text.strip_prefix(TRANSPARENT).and_then(|r| r.strip_suffix('\n')) {
+            let fds: [OwnedFd; 4] = fds
+                .try_into()
+                .map_err(|_| invalid("exactly four descriptors expected"))?;
+            return Ok(Message::Transparent(run_id.to_string(), fds));
+        }
         let run_id = text
             .strip_prefix(MAGIC)
             .and_then(|r| r.strip_suffix('\n'))
@@ -208,9 +219,8 @@ fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
-/// Checks the descriptor is a listening TCP socket, then serves it for the
-/// run until the run ends (or the proxy shuts down).
-fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
+/// The live run a hand-off names.
+fn live_run(sh: &Shared, run_id: &str) -> io::Result<Arc<crate::runs::Run>> {
     let run = sh
         .runs
         .get(run_id)
@@ -218,6 +228,11 @@ fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
     if run.cancel.is_cancelled() {
         return Err(invalid("the run has ended"));
     }
+    Ok(run)
+}
+
+/// `fd` as a tokio TCP listener, if it is a listening IPv4 or IPv6 TCP socket.
+fn tcp_listener(fd: OwnedFd) -> io::Result<tokio::net::TcpListener> {
     if !rustix::net::sockopt::socket_acceptconn(&fd)? {
         return Err(invalid("the descriptor is not a listening socket"));
     }
@@ -227,18 +242,17 @@ fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
     }
     let std_listener = std::net::TcpListener::from(fd);
     std_listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+    tokio::net::TcpListener::from_std(std_listener)
+}
+
+/// Checks the descriptor is a listening TCP socket, then serves it for the
+/// run until the run ends (or the proxy shuts down).
+fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
+    let run = live_run(sh, run_id)?;
+    let listener = tcp_listener(fd)?;
     let sh2 = sh.clone();
     let bound = BoundRun(run.id.clone());
-    // Its own pending set (one sandbox cannot push out another's pending
-    // connections), the proxy's established places.
-    let admission = crate::admission::Admission::sharing(
-        sh.cfg
-            .max_pending_connections
-            .min(sh.cfg.max_connections_per_run.max(1) * 2),
-        sh.data_admission.established_places(),
-        sh.data_admission.evicted_counter(),
-    );
+    let admission = run_admission(sh);
     tokio::spawn(async move {
         tokio::select! {
             _ = crate::data::serve(sh2, listener, Some(bound), admission) => {}
@@ -246,6 +260,49 @@ fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
             _ = run.cancel.cancelled() => {}
         }
     });
+    Ok(())
+}
+
+/// A handed-over listener's admission: its own pending set (one sandbox
+/// cannot push out another's pending connections), the proxy's
+/// established places.
+fn run_admission(sh: &Shared) -> Arc<crate::admission::Admission> {
+    crate::admission::Admission::sharing(
+        sh.cfg
+            .max_pending_connections
+            .min(sh.cfg.max_connections_per_run.max(1) * 2),
+        sh.data_admission.established_places(),
+        sh.data_admission.evicted_counter(),
+    )
+}
+
+/// Checks a transparent hand-off's four sockets (two TCP listeners, a UDP
+/// socket, a TCP listener), then serves them for the run until it ends:
+/// the transparent entrance on the first two, the sandbox's DNS on the
+/// others.
+fn adopt_transparent(sh: &Arc<Shared>, run_id: &str, fds: [OwnedFd; 4]) -> io::Result<()> {
+    let run = live_run(sh, run_id)?;
+    let [t4, t6, udp, dns_tcp] = fds;
+    let t4 = tcp_listener(t4)?;
+    let t6 = tcp_listener(t6)?;
+    let dns_tcp = tcp_listener(dns_tcp)?;
+    if rustix::net::sockopt::socket_type(&udp)? != rustix::net::SocketType::DGRAM {
+        return Err(invalid("the third descriptor is not a UDP socket"));
+    }
+    let udp = std::net::UdpSocket::from(udp);
+    udp.set_nonblocking(true)?;
+    let udp = tokio::net::UdpSocket::from_std(udp)?;
+    let admission = run_admission(sh);
+    for l in [t4, t6] {
+        tokio::spawn(crate::data::transparent::serve(
+            sh.clone(),
+            run.clone(),
+            l,
+            admission.clone(),
+        ));
+    }
+    tokio::spawn(crate::data::nameserver::serve_udp(sh.clone(), run.clone(), udp));
+    tokio::spawn(crate::data::nameserver::serve_tcp(sh.clone(), run, dns_tcp));
     Ok(())
 }
 

@@ -22,11 +22,14 @@ pub(crate) mod forward;
 pub(crate) mod handoff;
 pub(crate) mod inject;
 pub(crate) mod intercept;
+pub(crate) mod nameserver;
 pub(crate) mod policy;
 pub(crate) mod respond;
 pub(crate) mod scrub;
+pub(crate) mod sniff;
 pub(crate) mod socks;
 pub(crate) mod target;
+pub(crate) mod transparent;
 pub(crate) mod tunnel;
 pub(crate) mod upstream;
 

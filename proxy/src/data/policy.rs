@@ -8,7 +8,7 @@ use crate::addrs::{HostAddrs, SelfAddrs};
 use crate::data::target::{Kind, Target};
 use crate::deny::DenyReason;
 use crate::runs::{Placeholder, RunState};
-use egress_config::{Credential, Match, Mode, Plaintext, RangeTable, RangeVerdict, SecretScan, ToolPolicy};
+use egress_config::{Credential, Host, Match, Mode, Plaintext, RangeTable, RangeVerdict, SecretScan, ToolPolicy};
 use std::net::IpAddr;
 
 /// Lifecycle state of a run.
@@ -250,6 +250,25 @@ pub fn admit(tool: &ToolPolicy, target: &Target, method: &str) -> Admission {
         }
     }
     Admission::Allow { private }
+}
+
+/// Step 4 for a name the sandbox's DNS is asked (transparent egress): a
+/// name some rule of the tool lists, on any port, is answered (the port is
+/// decided when the child connects); any other is `not_allowlisted`, and no
+/// real DNS query is made; an address asked as a name is an `ip_literal`.
+pub fn lookup(tool: &ToolPolicy, host: &Host, qtype: &str) -> Admission {
+    let denial = match host {
+        Host::Name(n) if tool.allowlist.lists_name(n) => return Admission::Allow { private: false },
+        Host::Name(n) => Denial {
+            reason: DenyReason::NotAllowlisted,
+            detail: format!("DNS query ({qtype}) for {n}: no rule of tool {} lists it", tool.id),
+        },
+        Host::Ip(ip) => Denial {
+            reason: DenyReason::IpLiteral,
+            detail: format!("DNS query ({qtype}) for the address {ip}: not a name"),
+        },
+    };
+    gate(tool, denial, false)
 }
 
 /// Addresses after vetting (step 6), in resolver order.

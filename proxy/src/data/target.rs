@@ -154,10 +154,38 @@ pub fn parse_absolute(uri: &Uri, headers: &HeaderMap, version: Version) -> Resul
 /// when omitted. Anything else is `host_mismatch`: a tool may not tunnel to
 /// one host and talk to another inside.
 pub fn parse_inside(connect: &Target, uri: &Uri, headers: &HeaderMap) -> Result<Target, TargetError> {
-    let names_connect =
-        |raw: &str| authority_with_default(raw, 443).is_ok_and(|(h, p)| h == connect.host && p == connect.port);
+    parse_on(connect, "https", 443, uri, headers)
+}
+
+/// The target of a plain-HTTP request on a transparent connection to
+/// `dest` (the name or address the sandbox connected to, and its port):
+/// as [`parse_inside`], for `http` and port 80 when omitted. A request may
+/// not name another host than the one its connection goes to.
+pub fn parse_transparent(dest: &Target, uri: &Uri, headers: &HeaderMap) -> Result<Target, TargetError> {
+    parse_on(dest, "http", 80, uri, headers)
+}
+
+/// Whether a TLS server name (SNI) names `host` (names compare without case
+/// and a trailing dot; an address never matches a name).
+pub fn server_name_is(host: &Host, sni: &str) -> bool {
+    match host {
+        Host::Name(n) => n.eq_ignore_ascii_case(sni.trim_end_matches('.')),
+        Host::Ip(ip) => sni.parse::<std::net::IpAddr>().is_ok_and(|s| s == *ip),
+    }
+}
+
+fn parse_on(
+    connect: &Target,
+    scheme: &str,
+    default_port: u16,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Target, TargetError> {
+    let names_connect = |raw: &str| {
+        authority_with_default(raw, default_port).is_ok_and(|(h, p)| h == connect.host && p == connect.port)
+    };
     if let Some(auth) = uri.authority() {
-        if !uri.scheme_str().is_some_and(|s| s.eq_ignore_ascii_case("https")) || !names_connect(auth.as_str()) {
+        if !uri.scheme_str().is_some_and(|s| s.eq_ignore_ascii_case(scheme)) || !names_connect(auth.as_str()) {
             return Err(TargetError::HostMismatch(format!(
                 "request target {:?} is not on the tunnel's host {connect}",
                 uri.to_string()
@@ -198,6 +226,18 @@ pub fn parse_inside(connect: &Target, uri: &Uri, headers: &HeaderMap) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_server_name_must_be_the_tunnel_s_host() {
+        let name = Host::Name("api.example".into());
+        assert!(server_name_is(&name, "api.example"));
+        assert!(server_name_is(&name, "API.Example."));
+        assert!(!server_name_is(&name, "other.example"));
+        assert!(!server_name_is(&name, "api.example.evil"));
+        let ip = Host::Ip("127.0.0.9".parse().unwrap());
+        assert!(server_name_is(&ip, "127.0.0.9"));
+        assert!(!server_name_is(&ip, "api.example"));
+    }
     use http::HeaderValue;
 
     #[test]

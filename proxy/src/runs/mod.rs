@@ -11,6 +11,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+pub mod names;
 pub mod owners;
 pub mod pool;
 pub mod slots;
@@ -104,6 +105,9 @@ pub struct Run {
     /// Occurrences of each credential's secret scrubbed out of responses
     /// (same order as `placeholders`).
     scrubbed: Box<[AtomicU64]>,
+    /// Names the sandbox's DNS handed synthetic addresses for (transparent
+    /// egress); empty, and allocating nothing, for other runs.
+    pub names: std::sync::Mutex<names::Names>,
     /// Bytes relayed by the run's finished fetches (see `Finish`).
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
@@ -417,6 +421,7 @@ impl Runs {
             conns: Arc::new(Semaphore::new(new.max_conns)),
             conns_max: new.max_conns,
             scrubbed: new.placeholders.iter().map(|_| AtomicU64::new(0)).collect(),
+            names: Default::default(),
             placeholders: new.placeholders.into_boxed_slice(),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
