@@ -3,8 +3,10 @@
 //! pure and happens before any DNS query.
 
 use crate::host::{parse_host, Host, HostError};
+use crate::requests::Requests;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// One allowlist entry after validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +124,31 @@ pub struct Allowlist {
     suffixes: HashMap<String, Ports>,
     ips: HashMap<(IpAddr, u16), bool>,
     rules: Vec<Rule>,
+    /// The method and path rules of each entry in `rules` (same order).
+    requests: Vec<Option<Arc<Requests>>>,
+    /// Only when some entry has method or path rules: every entry, by key.
+    restricted: Option<Box<RequestTable>>,
+}
+
+/// One entry's port and its method and path rules (`None`: any request).
+type PortRequests = (u16, Option<Arc<Requests>>);
+
+/// Every entry's method and path rules, by what it matches.
+#[derive(Debug, Clone, Default)]
+struct RequestTable {
+    exact: HashMap<String, Vec<PortRequests>>,
+    suffixes: HashMap<String, Vec<PortRequests>>,
+    ips: HashMap<(IpAddr, u16), Vec<Option<Arc<Requests>>>>,
+}
+
+/// What the entries matching a host and port allow of its requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestRules<'a> {
+    /// Some matching entry allows every request (or none matches).
+    Any,
+    /// Every matching entry restricts methods or paths: a request must be
+    /// allowed by one of these.
+    Only(Vec<&'a Requests>),
 }
 
 /// The ports listed for one name, each with its `private` flag (several rules
@@ -141,7 +168,28 @@ fn port_lookup(ports: &Ports, port: u16) -> Option<bool> {
 
 impl Allowlist {
     pub fn new(rules: Vec<Rule>) -> Self {
+        Allowlist::with_requests(rules.into_iter().map(|r| (r, None)).collect())
+    }
+
+    /// An allowlist whose entries may restrict methods and paths.
+    pub fn with_requests(entries: Vec<(Rule, Option<Requests>)>) -> Self {
+        let (rules, requests): (Vec<Rule>, Vec<Option<Arc<Requests>>>) =
+            entries.into_iter().map(|(r, q)| (r, q.map(Arc::new))).unzip();
         let mut a = Allowlist::default();
+        if requests.iter().any(Option::is_some) {
+            let mut t = RequestTable::default();
+            for (rule, q) in rules.iter().zip(&requests) {
+                match rule {
+                    Rule::Exact { host, port, .. } => t.exact.entry(host.clone()).or_default().push((*port, q.clone())),
+                    Rule::Suffix { suffix, port, .. } => {
+                        t.suffixes.entry(suffix.clone()).or_default().push((*port, q.clone()))
+                    }
+                    Rule::Ip { ip, port, .. } => t.ips.entry((*ip, *port)).or_default().push(q.clone()),
+                }
+            }
+            a.restricted = Some(Box::new(t));
+        }
+        a.requests = requests;
         for rule in &rules {
             match rule {
                 Rule::Exact { host, port, private } => {
@@ -162,6 +210,52 @@ impl Allowlist {
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// Each entry with its method and path rules, as written in `check`'s
+    /// output and the policy digest: `host:port[ (private)][ methods=…][ paths=…]`.
+    pub fn entries(&self) -> impl Iterator<Item = String> + '_ {
+        self.rules.iter().zip(&self.requests).map(|(r, q)| match q {
+            Some(q) => format!("{r}{q}"),
+            None => r.to_string(),
+        })
+    }
+
+    /// Whether some entry restricts methods or paths (its host's CONNECTs
+    /// are intercepted).
+    pub fn restricts_requests(&self) -> bool {
+        self.restricted.is_some()
+    }
+
+    /// What the entries matching `host` and `port` allow of its requests
+    /// (the same entries [`Allowlist::check`] matches, all of them).
+    /// Without any method or path rule in the list this is one branch.
+    pub fn requests(&self, host: &Host, port: u16) -> RequestRules<'_> {
+        let Some(t) = &self.restricted else {
+            return RequestRules::Any;
+        };
+        let mut matching: Vec<&Option<Arc<Requests>>> = Vec::new();
+        fn on_port(v: &[PortRequests], port: u16) -> impl Iterator<Item = &Option<Arc<Requests>>> {
+            v.iter().filter(move |(p, _)| *p == port).map(|(_, q)| q)
+        }
+        match host {
+            Host::Ip(ip) => matching.extend(t.ips.get(&(ip.to_canonical(), port)).into_iter().flatten()),
+            Host::Name(name) => {
+                matching.extend(t.exact.get(name.as_str()).into_iter().flat_map(|v| on_port(v, port)));
+                for (i, _) in name.match_indices('.') {
+                    matching.extend(
+                        t.suffixes
+                            .get(&name[i + 1..])
+                            .into_iter()
+                            .flat_map(|v| on_port(v, port)),
+                    );
+                }
+            }
+        }
+        if matching.is_empty() || matching.iter().any(|q| q.is_none()) {
+            return RequestRules::Any;
+        }
+        RequestRules::Only(matching.into_iter().flatten().map(Arc::as_ref).collect())
     }
 
     /// Whether some rule lists the name `name` (exact, or a strict subdomain

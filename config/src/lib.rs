@@ -10,6 +10,7 @@ pub mod executor;
 pub mod host;
 pub mod ranges;
 mod reader;
+pub mod requests;
 mod schema;
 pub mod secrets;
 

@@ -8,6 +8,7 @@ use crate::credentials::{self, SecretSource};
 use crate::executor;
 use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
+use crate::requests::{PathPattern, Requests};
 use crate::{
     Config, DnsConfig, InterceptionConfig, Mode, Policy, Problem, ProxyConfig, SecretScan, TlsConfig, ToolPolicy,
 };
@@ -110,7 +111,7 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
             t.methods,
             t.inspect
         );
-        let mut sorted: Vec<String> = t.allowlist.rules().iter().map(|r| r.to_string()).collect();
+        let mut sorted: Vec<String> = t.allowlist.entries().collect();
         sorted.sort();
         for r in sorted {
             let _ = writeln!(canon, "  {r}");
@@ -298,25 +299,13 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
             rules.push(rule);
         }
     }
-    let methods = s.list::<String>("methods").map(|ms| {
-        ms.into_iter()
-            .filter_map(|(at, m)| {
-                let up = m.to_ascii_uppercase();
-                if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
-                    s.problems.push(at, format!("{m:?} is not an HTTP method"));
-                    None
-                } else {
-                    Some(up)
-                }
-            })
-            .collect()
-    });
+    let methods = methods(s);
     let process = s.optional_table("process").and_then(|mut t| {
         let p = executor::process(&mut t);
         t.finish();
         p
     });
-    let allowlist = Allowlist::new(rules);
+    let allowlist = Allowlist::with_requests(rules);
     let credentials = credentials::credentials(s, &allowlist, process.as_ref().map(|p| &p.env));
     ToolPolicy {
         id: Arc::from(id),
@@ -337,27 +326,58 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
     }
 }
 
-/// An allowlist entry: `"host:port"` or `{ host, port, private }`.
-fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<Rule> {
-    let parsed = match v {
-        toml::Value::String(v) => Rule::parse_str(&v),
+/// Upper-case HTTP methods (`methods` of a tool or of an allowlist entry).
+fn methods(s: &mut Section) -> Option<Vec<String>> {
+    s.list::<String>("methods").map(|ms| {
+        ms.into_iter()
+            .filter_map(|(at, m)| {
+                let up = m.to_ascii_uppercase();
+                if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
+                    s.problems.push(at, format!("{m:?} is not an HTTP method"));
+                    None
+                } else {
+                    Some(up)
+                }
+            })
+            .collect()
+    })
+}
+
+/// An allowlist entry: `"host:port"` or `{ host, port, private, methods, paths }`.
+fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<(Rule, Option<Requests>)> {
+    let (parsed, requests) = match v {
+        toml::Value::String(v) => (Rule::parse_str(&v), None),
         toml::Value::Table(_) => {
             let mut t = Section::new(at.clone(), Some(v), s.problems);
             let host: Option<String> = t.required("host", "a host name or address");
             let port: Option<u64> = t.required("port", "1-65535");
             let private = t.or("private", false);
+            let methods = methods(&mut t);
+            let paths = t.list::<String>("paths").map(|ps| {
+                ps.into_iter()
+                    .filter_map(|(at, p)| match PathPattern::parse(&p) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            t.problems.push(at, e);
+                            None
+                        }
+                    })
+                    .collect()
+            });
             t.finish();
+            let requests = (methods.is_some() || paths.is_some()).then_some(Requests { methods, paths });
             let (host, port) = (host?, port?);
-            match u16::try_from(port) {
+            let rule = match u16::try_from(port) {
                 Ok(port) => Rule::parse(&host, port, private),
                 Err(_) => Err(RuleError::BadPort),
-            }
+            };
+            (rule, requests)
         }
         other => {
             s.problems.push(
                 at,
                 format!(
-                    r#"must be "host:port" or {{ host = "...", port = N, private = bool }}, not {}"#,
+                    r#"must be "host:port" or {{ host = "...", port = N, private = bool, methods = [...], paths = [...] }}, not {}"#,
                     other.type_str()
                 ),
             );
@@ -365,7 +385,7 @@ fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<Rule> {
         }
     };
     match parsed {
-        Ok(rule) => Some(rule),
+        Ok(rule) => Some((rule, requests)),
         Err(e) => {
             s.problems.push(at, e.to_string());
             None
@@ -427,6 +447,52 @@ command = ["python3", "tools/weather.py"]
 
     fn errors(text: &str) -> String {
         Config::parse(text, "bad.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn entries_carry_method_and_path_rules() {
+        use crate::allowlist::RequestRules;
+        let text = "[tools.gh]\negress = [{ host = \"api.github.com\", port = 443, methods = [\"get\", \"HEAD\"], paths = [\"/repos/acme/*\", \"/user\"] }, \"cdn.example:443\"]\n";
+        let c = Config::parse(text, "t.toml").unwrap();
+        let t = c.policy.tool("gh").unwrap();
+        let gh = Host::Name("api.github.com".into());
+        let RequestRules::Only(rules) = t.allowlist.requests(&gh, 443) else {
+            panic!("restricted")
+        };
+        assert_eq!(
+            rules[0].methods.as_deref(),
+            Some(&["GET".to_string(), "HEAD".to_string()][..])
+        );
+        assert_eq!(
+            t.allowlist.requests(&Host::Name("cdn.example".into()), 443),
+            RequestRules::Any
+        );
+        assert_eq!(t.allowlist.check(&gh, 443), Match::Allowed { private: false });
+        let entries: Vec<String> = t.allowlist.entries().collect();
+        assert_eq!(
+            entries[0],
+            "api.github.com:443 methods=GET,HEAD paths=/repos/acme/*,/user"
+        );
+        // A path rule is policy: changing it changes the digest.
+        let other = Config::parse(&text.replace("/user", "/users"), "t.toml").unwrap();
+        assert_ne!(c.policy.digest, other.policy.digest);
+        // Patterns must be normal paths; methods tokens.
+        let e = errors(
+            "[tools.gh]\negress = [{ host = \"a.example\", port = 443, methods = [\"G T\"], paths = [\"/a/../b\", \"/x?y\", \"/a/**b\"] }]\n",
+        );
+        assert!(
+            e.contains("tools.gh.egress[0].methods[0]: \"G T\" is not an HTTP method"),
+            "{e}"
+        );
+        assert!(
+            e.contains("tools.gh.egress[0].paths[0]: \"/a/../b\" is not a normal path; write it as \"/b\""),
+            "{e}"
+        );
+        assert!(e.contains("tools.gh.egress[0].paths[1]"), "{e}");
+        assert!(
+            e.contains("tools.gh.egress[0].paths[2]: \"/a/**b\": '**' must be a whole segment"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -524,7 +590,7 @@ child_uid = 0
 bad.toml: proxy.dns.servers[1]: invalid type: integer `53`, expected a string
 bad.toml: proxy.max_runs: invalid type: string "many", expected u64
 bad.toml: proxy.listne: unknown key (expected one of: allow_ranges, control, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
-bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool }, not integer
+bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool, methods = [...], paths = [...] }, not integer
 bad.toml: tools.web.egress[2]: port must be a decimal number in 1..=65535
 bad.toml: tools.web.process.pool.warm: is 3, more than pool.max = 2
 bad.toml: tools.web.process.isolation: "tight" is not one of "strict", "best_effort", "off"

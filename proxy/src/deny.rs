@@ -111,6 +111,8 @@ pub enum DenyReason {
     SelfLoop,
     ConcurrencyLimit,
     MethodNotAllowed,
+    /// A request whose path no method-and-path rule of its host allows.
+    PathNotAllowed,
     /// A run's credential placeholder, or the real value of any
     /// credential, on a request to a host that is not one of the
     /// credential's hosts.
@@ -121,7 +123,7 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 14] = [
+    pub const ALL: [DenyReason; 15] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -134,6 +136,7 @@ impl DenyReason {
         DenyReason::SelfLoop,
         DenyReason::ConcurrencyLimit,
         DenyReason::MethodNotAllowed,
+        DenyReason::PathNotAllowed,
         DenyReason::CredentialMisuse,
         DenyReason::CredentialRequiresTls,
     ];
@@ -152,6 +155,7 @@ impl DenyReason {
             DenyReason::SelfLoop => "self_loop",
             DenyReason::ConcurrencyLimit => "concurrency_limit",
             DenyReason::MethodNotAllowed => "method_not_allowed",
+            DenyReason::PathNotAllowed => "path_not_allowed",
             DenyReason::CredentialMisuse => "credential_misuse",
             DenyReason::CredentialRequiresTls => "credential_requires_tls",
         }
@@ -174,6 +178,7 @@ impl DenyReason {
                 | DenyReason::NotAllowlisted
                 | DenyReason::PrivateAddress
                 | DenyReason::MethodNotAllowed
+                | DenyReason::PathNotAllowed
         )
     }
 }

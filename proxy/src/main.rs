@@ -138,8 +138,13 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                     t.max_concurrent_fetches,
                     t.allowlist.rules().len()
                 );
-                for r in t.allowlist.rules() {
-                    println!("    {r}");
+                for r in t.allowlist.entries() {
+                    let restricted = if r.contains(" methods=") || r.contains(" paths=") {
+                        "  (method and path rules: CONNECTs there are intercepted)"
+                    } else {
+                        ""
+                    };
+                    println!("    {r}{restricted}");
                 }
                 if t.inspect {
                     println!("    inspect: every CONNECT is intercepted");

@@ -158,10 +158,10 @@ pub(super) async fn create_run(
 /// What the run's child must be given for its egress: the proxy URL
 /// variables, one placeholder per credential under its `placeholder_env`,
 /// and, when the proxy may intercept the tool's CONNECTs (credentials,
-/// `inspect`), the CA bundle variables.
+/// `inspect`, method and path rules), the CA bundle variables.
 fn child_env(sh: &Shared, proxy_url: &str, run: &Run, tool: &egress_config::ToolPolicy) -> BTreeMap<String, String> {
     let mut env = egress_api::proxy_env(proxy_url);
-    if tool.inspect || !tool.credentials.is_empty() {
+    if tool.inspect || !tool.credentials.is_empty() || tool.allowlist.restricts_requests() {
         let ca = sh.ca.load();
         env.extend(egress_api::ca_env(
             &ca.files.bundle.display().to_string(),

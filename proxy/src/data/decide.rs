@@ -146,17 +146,26 @@ impl<'a> Fetch<'a> {
         self.deny(reason, detail, dest, &[]).await
     }
 
-    /// Step 4: the allowlist and the tool's methods, before any DNS. Returns
-    /// whether the matching rule lets addresses in private ranges through.
-    pub(super) async fn admit(&self, tool: &ToolPolicy, target: &Target, method: &str) -> Result<bool, Answer> {
-        match policy::admit(tool, target, method) {
-            Admission::Allow { private } => Ok(private),
-            Admission::Deny(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
+    /// Step 4: the allowlist, the tool's methods and its hosts' method and
+    /// path rules, before any DNS. Returns whether the matching rule lets
+    /// addresses in private ranges through. A request a path rule allows
+    /// leaves with its normal path in `target` (what the origin is sent).
+    pub(super) async fn admit(&self, tool: &ToolPolicy, target: &mut Target, method: &str) -> Result<bool, Answer> {
+        let private = match policy::admit(tool, target, method) {
+            Admission::Allow { private } => private,
+            Admission::Deny(d) => return Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
             Admission::Report { denial, private } => {
                 self.report(&denial, target, &[]).await?;
-                Ok(private)
+                private
             }
+        };
+        match policy::request_rules(tool, target, method) {
+            Ok(None) => {}
+            Ok(Some(normal)) => target.path_and_query = Some(normal),
+            Err(d) if tool.mode == Mode::Report && d.reason.reportable() => self.report(&d, target, &[]).await?,
+            Err(d) => return Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
         }
+        Ok(private)
     }
 
     /// Step 4, credentials ([`policy::credentials`]): a placeholder of the
@@ -365,11 +374,11 @@ pub async fn decide_inside(
     let tm = sh.tool_metrics(Some(&run.tool));
     let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
     let tool = fetch.check_run(run, &|| raw_target(req.uri())).await?;
-    let target = match target::parse_inside(connect, req.uri(), req.headers()) {
+    let mut target = match target::parse_inside(connect, req.uri(), req.headers()) {
         Ok(t) => t,
         Err(e) => return Err(fetch.refuse_target(e, Dest::Target(connect)).await),
     };
-    fetch.admit(&tool, &target, req.method().as_str()).await?;
+    fetch.admit(&tool, &mut target, req.method().as_str()).await?;
     let credentials = fetch
         .credentials(&tool, run, &target, &ReqHead(req), Channel::VerifiedTls)
         .await?;

@@ -264,8 +264,8 @@ impl Fetch<'_> {
         let tool = self.check_run(run, ask.raw).await?;
         // The fetch deadline opens now that the head is authenticated.
         let deadline = self.started + tool.fetch_timeout;
-        let target = self.canonical_target(ask.target, ask.raw).await?;
-        let private = self.admit(&tool, &target, ask.method).await?;
+        let mut target = self.canonical_target(ask.target, ask.raw).await?;
+        let private = self.admit(&tool, &mut target, ask.method).await?;
         let credentials = self.credentials(&tool, run, &target, ask.head, Channel::Plain).await?;
         let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
         let finish = Finish::new(self.tm.clone(), self.via, self.started, run.clone(), target.to_string());

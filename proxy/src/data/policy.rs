@@ -1,5 +1,5 @@
 //! Pure policy decisions for one fetch: run state, allowlist (before any DNS),
-//! method restrictions, credentials (placeholders and real secrets only to
+//! method and path rules, credentials (placeholders and real secrets only to
 //! their hosts, only over verified TLS), and vetting of resolved addresses
 //! against the range table and the appliance's own listeners. No I/O, no
 //! async: every entrance calls these and acts on the answer.
@@ -8,7 +8,10 @@ use crate::addrs::{HostAddrs, SelfAddrs};
 use crate::data::target::{Kind, Target};
 use crate::deny::DenyReason;
 use crate::runs::{Placeholder, RunState};
+use egress_config::allowlist::RequestRules;
+use egress_config::requests::{self, Verdict};
 use egress_config::{Credential, Host, Match, Mode, Plaintext, RangeTable, RangeVerdict, SecretScan, ToolPolicy};
+use http::uri::PathAndQuery;
 use std::net::IpAddr;
 
 /// Lifecycle state of a run.
@@ -206,7 +209,78 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// a blind tunnel: the tool inspects everything, or one of its credentials
 /// may go there.
 pub fn intercepts(tool: &ToolPolicy, target: &Target) -> bool {
-    tool.inspect || tool.credentials.iter().any(|c| c.allows(&target.host, target.port))
+    tool.inspect
+        || tool.credentials.iter().any(|c| c.allows(&target.host, target.port))
+        || matches!(
+            tool.allowlist.requests(&target.host, target.port),
+            RequestRules::Only(_)
+        )
+}
+
+/// The method and path rules of the entries matching an HTTP request's
+/// host (`methods`/`paths` of an allowlist entry), decided on its normal
+/// path ([`egress_config::requests::normalise`]). `Ok(Some(pq))`: allowed,
+/// and `pq` (the normal path and the query as sent) is what goes to the
+/// origin, so it receives the path that was matched. `Ok(None)`: no rule
+/// restricts this host, the request goes as it came. A tunnel is not
+/// decided here: one to a restricted host is intercepted ([`intercepts`])
+/// and its requests are.
+pub fn request_rules(tool: &ToolPolicy, target: &Target, method: &str) -> Result<Option<PathAndQuery>, Denial> {
+    if target.kind != Kind::Http {
+        return Ok(None);
+    }
+    let RequestRules::Only(rules) = tool.allowlist.requests(&target.host, target.port) else {
+        return Ok(None);
+    };
+    let pq = target.path_and_query.as_ref().map_or("/", |pq| pq.as_str());
+    let (path, query) = match pq.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (pq, None),
+    };
+    let shown = Bounded(path);
+    let normal = requests::normalise(path).map_err(|e| Denial {
+        reason: DenyReason::BadTarget,
+        detail: format!("path {shown} of {target} has no normal form: {e}"),
+    })?;
+    let denial = |reason, what: &str| Denial {
+        reason,
+        detail: format!("{what} {target}{} for tool {}", Bounded(&normal), tool.id),
+    };
+    match requests::verdict(rules, method, &normal) {
+        Verdict::Allowed => {}
+        Verdict::MethodNotAllowed => {
+            return Err(denial(
+                DenyReason::MethodNotAllowed,
+                &format!("no rule allows method {} on", Bounded(method)),
+            ))
+        }
+        Verdict::PathNotAllowed => return Err(denial(DenyReason::PathNotAllowed, "no rule allows the path")),
+    }
+    let sent = match query {
+        Some(q) => format!("{normal}?{q}"),
+        None => normal,
+    };
+    PathAndQuery::try_from(sent).map(Some).map_err(|e| Denial {
+        reason: DenyReason::BadTarget,
+        detail: format!("path of {target}: {e}"),
+    })
+}
+
+/// At most 256 bytes of a tool's text in a denial's detail.
+struct Bounded<'a>(&'a str);
+
+impl std::fmt::Display for Bounded<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const MAX: usize = 256;
+        if self.0.len() <= MAX {
+            return f.write_str(self.0);
+        }
+        let mut end = MAX;
+        while !self.0.is_char_boundary(end) {
+            end -= 1;
+        }
+        write!(f, "{}…", &self.0[..end])
+    }
 }
 
 /// Allowlist and method checks (steps 4 and the method rule). Never resolves.
