@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The Kubernetes manifests (deploy/k8s): render the base and the tenant
-# overlay with kubectl's kustomize, validate every object against the
-# Kubernetes schema (kubernetes-validate --strict: zero errors, zero unknown
-# kinds or fields), then the invariants a schema cannot see
+# The fleet's deploy files. The Kubernetes manifests (deploy/k8s): render the
+# base and the tenant overlay with kubectl's kustomize, validate every object
+# against the Kubernetes schema (kubernetes-validate --strict: zero errors,
+# zero unknown kinds or fields), then the invariants a schema cannot see
 # (tests/k8s/invariants.py, which first proves on broken copies that it
-# catches each break). Needs kubectl, the pinned Python packages
+# catches each break). Then the SQL views (deploy/sql, tests/k8s/sqlcheck.py). Needs kubectl, the pinned Python packages
 # (requirements.txt) and a built egress-proxy (EGRESS_PROXY, default
 # target/debug/egress-proxy). Run by .ci/run; a few seconds.
 set -euo pipefail
@@ -29,3 +29,6 @@ for k in base overlays/tenant; do
   python3 tests/k8s/invariants.py --proxy "$PROXY" "$f"
 done
 python3 tests/k8s/invariants.py --proxy "$PROXY" --self-test "$out/tenant.yaml"
+# The fleet's SQL views (deploy/sql): PostgreSQL's own parser, and only the
+# columns of the exported egress_facts table.
+python3 tests/k8s/sqlcheck.py
