@@ -203,6 +203,28 @@ def check(docs, proxy):
         if not any(facts.startswith(m["mountPath"].rstrip("/") + "/") for m in mounted):
             bad(f"{name(st)}: the fact store {facts!r} is not on a volumeClaimTemplates volume of the proxy")
 
+        # Both containers see the hand-off socket's directory and ca_dir (the
+        # children read the CA bundle there) from one volume.
+        def volume_of(c, path):
+            best = None
+            for m in c.get("volumeMounts", []):
+                mp = m["mountPath"].rstrip("/") + "/"
+                if path.startswith(mp) and (best is None or len(mp) > len(best[0])):
+                    best = (mp, m["name"])
+            return best and best[1]
+
+        proxy_cfg = cfg.get("proxy") or {}
+        shared = {"[proxy] handoff": proxy_cfg.get("handoff"),
+                  "[proxy.interception] ca_dir": (proxy_cfg.get("interception") or {}).get("ca_dir")}
+        for key, path in shared.items():
+            if not path:
+                bad(f"{name(st)}: the config needs an absolute {key} on a volume both containers mount")
+                continue
+            path = path.rstrip("/") + "/"
+            vp, ve = volume_of(proxy_c, path), volume_of(exec_c, path)
+            if not vp or vp != ve:
+                bad(f"{name(st)}: {key} {path} is not on one volume of both containers ({vp}, {ve})")
+
         # Grace > drain + flush.
         grace = pod.get("terminationGracePeriodSeconds", 30)
         drain = (cfg.get("proxy") or {}).get("drain_timeout_ms", 10000) / 1000
@@ -321,6 +343,8 @@ def self_test(docs, proxy):
         "a config the proxy refuses": lambda: first("ConfigMap", lambda d: "egress.toml" in d.get("data", {}))[
             "data"].__setitem__("egress.toml", first("ConfigMap", lambda d: "egress.toml" in d.get("data", {}))[
                 "data"]["egress.toml"].replace("drain_timeout_ms", "drain_timeout_msx")),
+        "hand-off socket not shared": lambda: ctr("executor").__setitem__("volumeMounts", [
+            m for m in ctr("executor")["volumeMounts"] if m["mountPath"] != "/run/loom-egress"]),
         "a kind outside the core set": lambda: docs_.append(
             {"kind": "Certificate", "metadata": {"name": "x"}}),
     }
@@ -345,6 +369,7 @@ def self_test(docs, proxy):
         "cell id not from the pod name": "EGRESS_CELL_ID",
         "a config the proxy refuses": "drain_timeout_msx",
         "a kind outside the core set": "Certificate/x",
+        "hand-off socket not shared": "[proxy] handoff",
         "tenant egress to the internet": "a tenant's egress",
     }
     ok = True
