@@ -91,6 +91,29 @@ def strip_tables(text, names):
     return "".join(out)
 
 
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "k8s", "base", "statefulset.yaml")
+
+
+def capability_comments(text):
+    """Problems: a capability added in the manifest's source without a comment
+    on its line saying what confinement needs it for (comments do not survive
+    rendering, so this reads the source)."""
+    problems, in_add, indent = [], False, 0
+    for n, ln in enumerate(text.splitlines(), 1):
+        stripped = ln.strip()
+        if stripped == "add:":
+            in_add, indent = True, len(ln) - len(ln.lstrip())
+            continue
+        if in_add:
+            if stripped.startswith("- "):
+                item = stripped[2:].split("#", 1)
+                if len(item) < 2 or not item[1].strip():
+                    problems.append(f"statefulset.yaml:{n}: capability {item[0].strip()} has no comment saying why")
+            elif stripped and (len(ln) - len(ln.lstrip())) <= indent:
+                in_add = False
+    return problems
+
+
 def pod_specs(docs):
     for d in docs:
         if d.get("kind") in ("StatefulSet", "Deployment", "DaemonSet", "Job", "ReplicaSet"):
@@ -300,6 +323,9 @@ def check(docs, proxy):
                 if sel != cell_labels and sel.get("k8s-app") != "kube-dns":
                     bad(f"{name(np_)}: egress to {sel or 'every pod'}: only the cells and DNS")
 
+    with open(SOURCE, encoding="utf-8") as f:
+        problems += capability_comments(f.read())
+
     if cfg_text:
         p, n = check_config(proxy, cfg_text)
         problems += p
@@ -378,6 +404,14 @@ def self_test(docs, proxy):
     if problems:
         print("self-test: the unbroken manifests fail:\n  " + "\n  ".join(problems))
         ok = False
+    with open(SOURCE, encoding="utf-8") as f:
+        src = f.read()
+    uncommented = src.replace("- NET_ADMIN     #", "- NET_ADMIN  \n#", 1)
+    if src == uncommented or not capability_comments(src) == [] or not capability_comments(uncommented):
+        print("self-test: a capability without its comment: NOT caught")
+        ok = False
+    else:
+        print(f"self-test: a capability without its comment: caught ({capability_comments(uncommented)[0]})")
     for what, brk in breaks.items():
         docs_ = copy.deepcopy(docs)
         brk()
