@@ -238,6 +238,22 @@ def egress():
                       [target("rate(egress_fact_write_failures_total[$__rate_interval])", "write failures", "A"),
                        target("rate(egress_facts_coalesced_total[$__rate_interval])", "coalesced", "B")],
                       "reqps", thresholds((None, GREEN), (0.01, RED))))
+
+    L.row("Is the fleet exporting, and do its cells agree?")
+    L.add(*stat("How many policies are live across the fleet?", "Distinct policy digests in the cells' egress_cell_info. 1 is right; more means a reload reached some cells and not others (alert EgressFleetPolicyDiverged), and a tool may be allowed on one cell and denied on another.",
+                "count(count by (policy) (egress_cell_info))", "none", thresholds((None, GREEN), (2, RED)), w=6))
+    L.add(*stat("Is a cell id held twice?", "The most processes reporting one cell id. 1 is right; 2 or more means a second process runs with a cell's id: it exports nothing and is unready (cell_id_in_use) until it is stopped (alert EgressCellIdHeldTwice).",
+                "max(count by (cell) (egress_cell_info))", "none", thresholds((None, GREEN), (2, RED)), w=6))
+    L.add(*timeseries("How far behind is each cell's export?", "Facts committed on the cell (durable there) and not yet in PostgreSQL, per cell. Amber above 1000 (alert EgressExportLagging); past [export] max_lag the cell is unready (export_lag) and takes no new work, and unexported facts are never pruned.",
+                      [target("egress_export_lag_facts", "{{instance}}")],
+                      "short", thresholds((None, GREEN), (1000, AMBER)), w=12))
+    L.add(*timeseries("How fast are facts exported, and what fails?", "Facts per second written to PostgreSQL, per cell, and failed export attempts per second by kind (a failed batch is retried from the remote cursor: nothing is lost or written twice).",
+                      [target("sum by (instance) (rate(egress_export_facts_total[$__rate_interval]))", "{{instance}} exported", "A"),
+                       target("sum by (kind) (rate(egress_export_failures_total[$__rate_interval]))", "failures {{kind}}", "B")],
+                      "reqps"))
+    L.add(*timeseries("How long does an export batch take? (p50, p95, p99)", "One batch is one PostgreSQL transaction (INSERT ... ON CONFLICT DO NOTHING) of up to batch_max facts, across the fleet.",
+                      quantiles("rate(egress_export_batch_duration_seconds_bucket[$__rate_interval])", "", ""),
+                      "s"))
     return dashboard("egress", "Egress", "What the proxy decides for each tool, how fast, and whether denials are recorded.",
                      ["loom-egress"], L, "egress_requests_total", [link("Executor", "executor")])
 

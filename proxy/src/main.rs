@@ -1,5 +1,7 @@
 //! `egress-proxy`: `serve` runs the proxy (embedded default config when no
-//! `--config` is given), `check` validates a config file without starting anything.
+//! `--config` is given), `check` validates a config file without starting anything,
+//! `ranges` prints the default denied address ranges (for fences built outside
+//! the proxy, such as a NetworkPolicy's `except` lists).
 #![forbid(unsafe_code)]
 
 use anyhow::Context as _;
@@ -41,6 +43,12 @@ enum Cmd {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Print the default denied address ranges (IPv4, then IPv6), one per line with
+    /// its registry entry, or as JSON: {"ipv4": [...], "ipv6": [...]}.
+    Ranges {
+        #[arg(long)]
+        json: bool,
+    },
     /// The appliance CA of intercepted CONNECTs.
     Ca {
         #[command(subcommand)]
@@ -75,6 +83,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Check { config } => check(&config),
+        Cmd::Ranges { json } => ranges(json),
         Cmd::Ca {
             action: CaAction::Rotate { config },
         } => rotate_ca(&config),
@@ -97,6 +106,23 @@ fn main() -> std::process::ExitCode {
             }
         }
     }
+}
+
+/// The default denied table, split by family in its own order.
+fn ranges(json: bool) -> std::process::ExitCode {
+    let table = egress_config::ranges::DEFAULT_DENIED;
+    let (v4, v6): (Vec<_>, Vec<_>) = table.iter().partition(|(net, _)| !net.contains(':'));
+    if json {
+        fn nets(l: &[&(&'static str, &'static str)]) -> Vec<&'static str> {
+            l.iter().map(|(n, _)| *n).collect()
+        }
+        println!("{}", serde_json::json!({ "ipv4": nets(&v4), "ipv6": nets(&v6) }));
+    } else {
+        for (net, what) in v4.iter().chain(v6.iter()) {
+            println!("{net:<20} {what}");
+        }
+    }
+    std::process::ExitCode::SUCCESS
 }
 
 fn check(path: &std::path::Path) -> std::process::ExitCode {

@@ -59,3 +59,46 @@ fn check_prints_a_summary_or_every_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// `ranges --json` is what fences outside the proxy are built from (the
+/// Kubernetes NetworkPolicy's `except` lists are checked against it): every
+/// default denied range once, in its family, in the table's order.
+#[test]
+fn ranges_print_the_default_denied_table_by_family() {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["ranges", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (v4, v6) = (list("ipv4"), list("ipv6"));
+    let all: Vec<&str> = egress_config::ranges::DEFAULT_DENIED.iter().map(|(n, _)| *n).collect();
+    assert_eq!(v4.len() + v6.len(), all.len());
+    let addr = |n: &String| n.split_once('/').unwrap().0.to_owned();
+    assert!(
+        v4.iter().all(|n| addr(n).parse::<std::net::Ipv4Addr>().is_ok()),
+        "{v4:?}"
+    );
+    assert!(
+        v6.iter().all(|n| addr(n).parse::<std::net::Ipv6Addr>().is_ok()),
+        "{v6:?}"
+    );
+    let joined: Vec<&str> = v4.iter().chain(v6.iter()).map(String::as_str).collect();
+    assert_eq!(joined, all);
+    assert!(v4.contains(&"169.254.0.0/16".to_owned()) && v6.contains(&"fc00::/7".to_owned()));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .arg("ranges")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), all.len());
+    assert!(text.contains("link-local (cloud metadata)"), "{text}");
+}
