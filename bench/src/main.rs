@@ -98,6 +98,10 @@ impl Params {
 }
 
 /// The figures of the plain-HTTP origin and peers (`intercept` has its own).
+/// The bare CONNECT relay written for the benchmark (`src/bin/bare-relay.rs`):
+/// the floor of the tunnel figures.
+const BARE_RELAY: &str = "bare-relay";
+
 const PLAIN: &[&str] = &["keepalive", "tunnels", "bulk", "idle", "denials"];
 
 /// What every figure needs.
@@ -401,15 +405,26 @@ async fn plain_figures(
     ];
     let mut daemons = vec![];
     type Starter = fn(&Launcher, &std::path::Path, SocketAddr) -> std::io::Result<(Daemon, SocketAddr)>;
-    let peers: [(&str, &str, Starter); 2] = [("squid", "-v", peers::squid), ("tinyproxy", "-v", peers::tinyproxy)];
+    let peers: [(&str, &str, Starter); 3] = [
+        ("squid", "-v", peers::squid),
+        ("tinyproxy", "-v", peers::tinyproxy),
+        (BARE_RELAY, "", peers::bare_relay),
+    ];
     for (name, varg, start) in peers {
-        let Some(prog) = find_program(name) else {
+        let found = if name == BARE_RELAY {
+            Some(proxy_bin.with_file_name(BARE_RELAY)).filter(|p| p.exists())
+        } else {
+            find_program(name)
+        };
+        let Some(prog) = found else {
             skip(skipped, format!("{name} not installed"));
             continue;
         };
         match start(launcher, &prog, origin.addr) {
             Ok((d, addr)) => {
-                versions.insert(name.into(), json!(peers::version(&prog, varg)));
+                if name != BARE_RELAY {
+                    versions.insert(name.into(), json!(peers::version(&prog, varg)));
+                }
                 paths.push(Path {
                     name: name.into(),
                     addr,
@@ -457,7 +472,8 @@ async fn plain_figures(
 
     if a.wants("keepalive") {
         eprintln!("keep-alive small requests, {} connections", p.conns);
-        for path in &paths {
+        // Tunnels only: the bare relay speaks CONNECT alone.
+        for path in paths.iter().filter(|p| p.name != BARE_RELAY) {
             let req = path.get(&format!("origin.test:{}", origin.addr.port()), &origin.small);
             let perf = perf_record(&a.perf, "keepalive", path, window);
             let w = load::keepalive(b, path, req, p.conns, t).await;

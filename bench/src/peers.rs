@@ -395,6 +395,15 @@ DisableViaHeader Yes
     Ok((daemon, addr))
 }
 
+/// The bare relay (`src/bin/bare-relay.rs`), the floor of the tunnel
+/// figures; `program` is the binary beside this one.
+pub fn bare_relay(l: &Launcher, program: &Path, _origin: SocketAddr) -> io::Result<(Daemon, SocketAddr)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port([127, 0, 0, 1])?));
+    let mut daemon = l.spawn("bare-relay", Command::new(program).arg(addr.to_string()))?;
+    daemon.wait_listening(addr)?;
+    Ok((daemon, addr))
+}
+
 /// Whether this process runs as root.
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")

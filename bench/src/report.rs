@@ -44,7 +44,7 @@ const ROWS: &[(&str, &str, bool)] = &[
     ("fact store fsyncs/s during the denial flood", "fsyncs_per_s", false),
 ];
 
-const PATHS: &[&str] = &["direct", "egress-proxy", "squid", "tinyproxy"];
+const PATHS: &[&str] = &["direct", "bare-relay", "egress-proxy", "squid", "tinyproxy"];
 
 /// The interception table's rows (label, result key), each with the ratio
 /// intercepted ÷ blind tunnel.
@@ -160,6 +160,7 @@ pub fn markdown(doc: &Value) -> String {
                 .filter_map(|p| get(p).map(|v| (*p, v)))
                 .reduce(|a, b| if (b.1 > a.1) == *higher { b } else { a });
         row += &format!(" {} |", ratio(get("direct")));
+        row += &format!(" {} |", ratio(get("bare-relay")));
         row += &match best {
             Some((name, v)) => format!(" {} ({name}) |", ratio(Some(v))),
             None => " — |".into(),
@@ -174,8 +175,8 @@ pub fn markdown(doc: &Value) -> String {
             p["keepalive_conns"], p["tunnels_in_flight"], p["bulk_bytes"].as_u64().unwrap_or(0) >> 20, p["bulk_reps"],
             idle, p["denial_clients"], p["window_s"], p["warm_s"], doc["machine"]["summary"].as_str().unwrap_or("")
         );
-        out += "| figure | direct | egress-proxy | squid | tinyproxy | egress ÷ direct | egress ÷ best peer |\n";
-        out += "|---|---|---|---|---|---|---|\n";
+        out += "| figure | direct | bare relay | egress-proxy | squid | tinyproxy | egress ÷ direct | egress ÷ bare relay | egress ÷ best peer |\n";
+        out += "|---|---|---|---|---|---|---|---|---|\n";
         out += &rows;
     }
     out += &intercept_table(doc);
