@@ -331,7 +331,8 @@ pub async fn control_call(
     }
     req.push_str("\r\n");
     req.push_str(&body);
-    send(addr, req.as_bytes()).await
+    // Control calls are not what is measured: a generous cap.
+    crate::raw::send_within(addr, req.as_bytes(), std::time::Duration::from_secs(60)).await
 }
 
 /// Reads one sample value from Prometheus text (`name{labels}` exactly as rendered).

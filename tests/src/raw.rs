@@ -136,16 +136,22 @@ pub async fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Resul
 
 /// Sends raw bytes on a new connection and reads one response (10 s cap).
 pub async fn send(addr: SocketAddr, raw: &[u8]) -> RawResponse {
+    send_within(addr, raw, Duration::from_secs(10)).await
+}
+
+/// [`send`] with another cap (a control call to a proxy under callgrind
+/// on a loaded machine can take longer than 10 s the first time).
+pub async fn send_within(addr: SocketAddr, raw: &[u8], cap: Duration) -> RawResponse {
     let fut = async {
         let mut s = TcpStream::connect(addr).await?;
         s.write_all(raw).await?;
         let head_only = raw.starts_with(b"CONNECT ");
         read_response(&mut s, head_only).await
     };
-    match tokio::time::timeout(Duration::from_secs(10), fut).await {
+    match tokio::time::timeout(cap, fut).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => panic!("request failed: {e}"),
-        Err(_) => panic!("no response within 10 s"),
+        Err(_) => panic!("no response within {cap:?}"),
     }
 }
 
