@@ -5,7 +5,8 @@
 //! request targets they receive, must never see a path no rule allows: a
 //! request goes out with the normal path that was matched. The client is
 //! curl with `--path-as-is`, so dot-segments and escapes reach the proxy as
-//! written. Origins on 127.0.0.2, fake DNS on loopback.
+//! written. Then streams: an event stream reaches the client event by
+//! event on both entrances. Origins on 127.0.0.2, fake DNS on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::{proxy_section, TestProxy};
@@ -82,6 +83,11 @@ struct World {
 }
 
 async fn world() -> (World, egress_e2e::origin::HttpOrigin, egress_e2e::tls_origin::TlsOrigin) {
+    world_with(RULES).await
+}
+
+/// Both origins listed with `rules` (the text of an entry's `methods`/`paths`).
+async fn world_with(rules: &str) -> (World, egress_e2e::origin::HttpOrigin, egress_e2e::tls_origin::TlsOrigin) {
     let dns = FakeDns::start().await;
     dns.set("plain.test", &["127.0.0.2"]);
     dns.set("tls.test", &["127.0.0.2"]);
@@ -91,7 +97,7 @@ async fn world() -> (World, egress_e2e::origin::HttpOrigin, egress_e2e::tls_orig
     let roots = tls.write_ca(dir.path());
     let (hp, tp) = (plain.addr.port(), tls.addr.port());
     let text = format!(
-        "{}[proxy.interception]\nupstream_ca_file = \"{}\"\n[tools.w]\negress = [\n  {{ host = \"plain.test\", port = {hp}, {RULES} }},\n  {{ host = \"tls.test\", port = {tp}, {RULES} }},\n]\nfetch_timeout_ms = 5000\n",
+        "{}[proxy.interception]\nupstream_ca_file = \"{}\"\n[tools.w]\negress = [\n  {{ host = \"plain.test\", port = {hp}, {rules} }},\n  {{ host = \"tls.test\", port = {tp}, {rules} }},\n]\nfetch_timeout_ms = 5000\n",
         proxy_section(&dns, ""),
         roots.display(),
     );
@@ -279,4 +285,52 @@ fn check_says_which_hosts_path_rules_intercept() {
         "{stdout}"
     );
     assert!(stdout.contains("intercepted"), "{stdout}");
+}
+
+/// When each `id:` line of an event stream reached curl (`-N`: no buffering
+/// in curl), counted from the first.
+async fn arrivals(env: &BTreeMap<String, String>, url: &str) -> Vec<std::time::Duration> {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sSN", "--max-time", "10", url]).env_clear().envs(env);
+    cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
+    cmd.stdout(std::process::Stdio::piped());
+    tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn().unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut first = None;
+        let mut at = vec![];
+        for line in out.lines().map_while(Result::ok) {
+            if line.starts_with("id:") {
+                let now = std::time::Instant::now();
+                at.push(now - *first.get_or_insert(now));
+            }
+        }
+        let _ = child.wait();
+        at
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_event_stream_arrives_event_by_event_on_both_entrances() {
+    // The origin sends 4 events 250 ms apart: buffered anywhere on the way,
+    // they would arrive together at the end.
+    let (w, plain, tls) = world_with(r#"methods = ["GET"], paths = ["/sse"]"#).await;
+    for url in [
+        format!("http://plain.test:{}/sse?n=4&ms=250", w.http_port),
+        format!("https://tls.test:{}/sse?n=4&ms=250", w.tls_port),
+    ] {
+        let at = arrivals(&w.env, &url).await;
+        assert_eq!(at.len(), 4, "{url}: {at:?}");
+        assert!(
+            at[3] >= std::time::Duration::from_millis(500),
+            "{url}: the events arrived together, the stream was buffered: {at:?}"
+        );
+    }
+    // Nothing added to what the client asked for: no Accept-Encoding.
+    for head in plain.heads().iter().chain(tls.heads().iter()) {
+        assert!(!head.contains("accept-encoding"), "{head}");
+    }
 }
