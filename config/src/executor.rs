@@ -422,8 +422,9 @@ mod tests {
         };
         assert_eq!(net("[tools.t.process]\ncommand = [\"x\"]\n"), crate::Network::Proxy);
         for iso in ["strict", "best_effort"] {
-            let text =
-                format!("[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\nisolation = \"{iso}\"\n");
+            let text = format!(
+                "[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\nisolation = \"{iso}\"\n"
+            );
             assert_eq!(net(&text), crate::Network::Transparent, "{iso}");
         }
         for (text, want) in [

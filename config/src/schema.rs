@@ -9,7 +9,8 @@ use crate::executor;
 use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
 use crate::{
-    Config, DnsConfig, InterceptionConfig, Isolation, Mode, Network, Policy, Problem, ProxyConfig, SecretScan, TlsConfig, ToolPolicy,
+    Config, DnsConfig, InterceptionConfig, Isolation, Mode, Network, Policy, Problem, ProxyConfig, SecretScan,
+    TlsConfig, ToolPolicy,
 };
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};

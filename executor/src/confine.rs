@@ -1187,6 +1187,34 @@ mod tests {
         assert!(o.layers().is_empty());
     }
 
+    /// A transparent tool without its fence does not start, whatever its
+    /// isolation: no namespace, or no way to set one up (`nft` missing).
+    #[test]
+    fn transparent_refuses_without_the_namespace_or_nft_even_best_effort() {
+        let file = Path::new("/etc/loom/egress.toml");
+        let c = crate::config::Config::parse(
+            file,
+            "[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\nisolation = \"best_effort\"\n",
+        )
+        .unwrap();
+        let p = c.tools["t"].clone().unwrap();
+        let e = Confinement::for_tool("t", &p, &c.executor, &host_without(Layer::Netns)).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("network = \"transparent\" for tool `t`") && msg.contains("network namespace: absent here"),
+            "{msg}"
+        );
+        let mut no_nft = host_without(Layer::Cgroup);
+        no_nft.transparent = Err("no nft binary".into());
+        let msg = Confinement::for_tool("t", &p, &c.executor, &no_nft)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("transparent egress: no nft binary"), "{msg}");
+        // With both, best_effort goes on without the missing cgroup.
+        let ok = Confinement::for_tool("t", &p, &c.executor, &host_without(Layer::Cgroup)).unwrap();
+        assert!(ok.transparent() && ok.has(Layer::Netns));
+    }
+
     #[test]
     fn doctor_says_whether_unix_sockets_are_closed() {
         let file = Path::new("/etc/loom/egress.toml");

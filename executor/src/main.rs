@@ -335,13 +335,14 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
         Ok(d) => (true, d.clone()),
         Err(e) => (false, e.clone()),
     };
+    const TRANSPARENT_COST: &str =
+        "routes, nftables rules and 4 sockets per namespace, made ahead like the namespace; \
+         the proxy peeks at each connection's first bytes";
     println!(
-        "{:<32} {:<4} {:<60} {}",
+        "{:<32} {:<4} {:<60} {TRANSPARENT_COST}",
         "transparent egress (nftables)",
         if transparent.0 { "yes" } else { "NO" },
         transparent.1,
-        "routes, nftables rules and 4 sockets per namespace, made ahead like the namespace; \
-         the proxy peeks at each connection's first bytes"
     );
     println!();
     for (tool, process) in &config.tools {
