@@ -337,12 +337,16 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
     if network == Network::Transparent {
         let at = s.at("network");
         match process.as_mut() {
-            Some(p) if p.isolation == Isolation::Off => s.problems.push(
-                at,
-                "\"transparent\" needs the tool's children in a network namespace of their own: \
-                 process.isolation must be \"strict\" or \"best_effort\", not \"off\"",
-            ),
-            Some(p) => p.network = network,
+            Some(p) => {
+                p.network = network;
+                if p.isolation == Isolation::Off {
+                    s.problems.push(
+                        at,
+                        "\"transparent\" needs the tool's children in a network namespace of their own: \
+                         process.isolation must be \"strict\" or \"best_effort\", not \"off\"",
+                    );
+                }
+            }
             None if had_process => {}
             None => s.problems.push(
                 at,
