@@ -137,6 +137,14 @@ def echo():
         s.sendall(b"\x00raw bytes\n")
         return s.recv(100).decode()
 
+def http_to_another_host():
+    # The raw rule db.test:DB used to speak HTTP to another Host.
+    with socket.create_connection(("db.test", DB), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n")
+        head = s.recv(4096).decode(errors="replace").split("\r\n")
+        reason = [l.split(":", 1)[1].strip() for l in head if l.lower().startswith("x-egress-deny-reason:")]
+        return {"status": head[0], "reason": reason[0] if reason else None}
+
 def tls(server_name):
     ctx = ssl.create_default_context(cafile=CA)
     if server_name != "tls.test":
@@ -186,6 +194,7 @@ def run(input, ctx):
         "http": attempt(lambda: urllib_get(f"http://web.test:{WEB}/")),
         "http_unlisted_port": attempt(lambda: urllib_get(f"http://web.test:{DB}/")),
         "raw": attempt(echo),
+        "http_to_another_host": attempt(http_to_another_host),
         "tls": attempt(lambda: tls("tls.test")),
         "sni_mismatch": attempt(lambda: tls("other.test")),
         "ip_literal": attempt(ip_literal_http),
@@ -221,7 +230,7 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
         return;
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
-    let (db, _) = egress_e2e::origin::echo_origin("127.0.0.2:0").await;
+    let (db, db_connections) = egress_e2e::origin::echo_origin("127.0.0.2:0").await;
     let tls = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &["tls.test"]).await;
     let dns = FakeDns::start().await;
     for name in ["web.test", "db.test", "tls.test"] {
@@ -301,6 +310,10 @@ timeout_ms = 30000
     assert_eq!(out["http_unlisted_port"]["status"], json!(403), "{out:#}");
     assert_eq!(out["http_unlisted_port"]["reason"], json!("not_allowlisted"), "{out:#}");
     assert_eq!(out["raw"], json!("\u{0}raw bytes\n"), "{out:#}");
+    // The raw rule spoken as HTTP to another host: refused (the first bytes
+    // are HTTP, so the Host must name db.test), not relayed to db.test.
+    assert_eq!(out["http_to_another_host"]["reason"], json!("host_mismatch"), "{out:#}");
+    assert_eq!(db_connections.load(std::sync::atomic::Ordering::SeqCst), 1, "{out:#}");
     assert_eq!(out["tls"]["status"], json!("HTTP/1.1 200 OK"), "{out:#}");
     assert_eq!(out["tls"]["body"], json!("ok from the tls origin\n"), "{out:#}");
     // A TLS server name that is not the name: no tunnel.
