@@ -92,18 +92,29 @@ fn sockets() -> io::Result<[OwnedFd; 4]> {
 /// inherits the forking thread's).
 fn apply(nft: &Path, rules: &str) -> io::Result<()> {
     use std::io::Write as _;
-    let mut child = Command::new(nft)
-        .args(["-f", "-"])
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot run {}: {e}", nft.display())))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(rules.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
+    // Listed as the executor's own helper while it runs: the subreaper's
+    // sweep kills every other child it did not spawn.
+    let out = crate::reaper::helper(
+        || {
+            Command::new(nft)
+                .args(["-f", "-"])
+                .env_clear()
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot run {}: {e}", nft.display())))
+        },
+        |c| c.id(),
+        |mut child| {
+            // A write error (nft gone early) shows in its status and stderr;
+            // it is waited for either way.
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(rules.as_bytes());
+            }
+            child.wait_with_output()
+        },
+    )?;
     if out.status.success() {
         return Ok(());
     }
