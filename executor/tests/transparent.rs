@@ -229,6 +229,11 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
         eprintln!("SKIPPED unmodified_clients_reach_allowed_names_and_nothing_else: {why}");
         return;
     }
+    // nft is there, so the kernel must take the rules (a failure here is
+    // the setup's, not the host's, unless the kernel lacks nf_tables).
+    if let Err(e) = egress_executor::confine::transparent_support() {
+        panic!("transparent egress cannot be set up on this host: {e}");
+    }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
     let (db, db_connections) = egress_e2e::origin::echo_origin("127.0.0.2:0").await;
     let tls = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &["tls.test"]).await;
