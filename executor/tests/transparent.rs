@@ -8,7 +8,8 @@
 //! likewise, a hard-coded IP is `ip_literal`, a TLS server name that is not
 //! the name is `host_mismatch`, UDP to another port fails; a
 //! `network = "proxy"` tool is unchanged (no name resolves, no direct
-//! connect). Needs root (namespaces, nftables); skipped loudly otherwise.
+//! connect). Strict where the host has every layer, else best_effort.
+//! Needs root (namespaces, nftables); skipped loudly otherwise.
 //! Loopback only: the origins are on 127.0.0.2, the proxy's upstream DNS is
 //! a fake on loopback, every address the children use lives in their own
 //! namespaces.
@@ -254,6 +255,15 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
         db.port(),
         ca.display()
     );
+    // Strict where the host has every layer (it refuses to start
+    // otherwise); best_effort keeps what the host has.
+    let host = egress_executor::confine::host(&Default::default());
+    let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
+        "strict"
+    } else {
+        eprintln!("not every confinement layer here: the tools run best_effort");
+        "best_effort"
+    };
     let tools = format!(
         r#"
 [tools.tp]
@@ -264,7 +274,7 @@ egress = ["web.test:{web}", "tls.test:{tls}", "db.test:{db}"]
 command = ["python3", "{runner}", "tool.py"]
 {env}
 read_paths = ["{ca}"]
-isolation = "best_effort"
+isolation = "{isolation}"
 pool = {{ warm = 0, max = 2 }}
 timeout_ms = 60000
 
@@ -274,7 +284,7 @@ egress = ["web.test:{web}"]
 [tools.plain.process]
 command = ["python3", "{runner}", "proxy_tool.py"]
 {env}
-isolation = "best_effort"
+isolation = "{isolation}"
 pool = {{ warm = 0, max = 1 }}
 timeout_ms = 30000
 "#,
