@@ -111,6 +111,29 @@ pub enum Isolation {
     Strict,
 }
 
+/// `network` of a tool: how its confined children reach the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Network {
+    /// Only through the proxy variables (the in-namespace proxy listener);
+    /// every other connect fails.
+    #[default]
+    Proxy,
+    /// Also transparently: inside the child's network namespace every TCP
+    /// connect to an outside address is redirected to the proxy with its
+    /// destination, and every DNS query is answered by the proxy (listed
+    /// names only). Needs the network namespace and the hand-off binding.
+    Transparent,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Proxy => "proxy",
+            Network::Transparent => "transparent",
+        }
+    }
+}
+
 /// `protocol` of a tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -145,6 +168,8 @@ pub struct ProcessConfig {
     pub max_pids: u64,
     /// CPU time limit (RLIMIT_CPU, rounded up to whole seconds) per process.
     pub cpu_ms: u64,
+    /// `[tools.<id>] network`: how the tool's children reach the network.
+    pub network: Network,
 }
 
 impl ProcessConfig {
@@ -169,6 +194,7 @@ impl ProcessConfig {
             memory_mb: 512,
             max_pids: 64,
             cpu_ms: cold_start_ms + timeout_ms,
+            network: Network::Proxy,
         }
     }
 }
@@ -308,6 +334,7 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
         memory_mb: s.int("memory_mb", 8..=u64::MAX, d.memory_mb),
         max_pids: s.int("max_pids", 1..=u64::MAX, d.max_pids),
         cpu_ms: s.int("cpu_ms", 1..=u64::MAX, cold_start_ms.saturating_add(timeout_ms)),
+        network: Network::Proxy,
     };
     let command = command?;
     let at = s.at("command");
@@ -379,6 +406,52 @@ mod tests {
             assert!(e.starts_with(&format!("egress.toml: {section}.{key}: ")), "{body}: {e}");
             assert_eq!(e.lines().count(), 1, "{body}: {e}");
         }
+    }
+
+    /// `network = "transparent"` needs a process section, a network
+    /// namespace (not `isolation = "off"`) and the hand-off binding; the
+    /// default is `"proxy"`.
+    #[test]
+    fn transparent_network_needs_a_namespace_and_the_handoff() {
+        let net = |text: &str| {
+            Config::parse(text, "egress.toml").unwrap().policy.tools["t"]
+                .process
+                .as_ref()
+                .unwrap()
+                .network
+        };
+        assert_eq!(net("[tools.t.process]\ncommand = [\"x\"]\n"), crate::Network::Proxy);
+        for iso in ["strict", "best_effort"] {
+            let text = format!(
+                "[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\nisolation = \"{iso}\"\n"
+            );
+            assert_eq!(net(&text), crate::Network::Transparent, "{iso}");
+        }
+        for (text, want) in [
+            (
+                "[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\nisolation = \"off\"\n",
+                "egress.toml: tools.t.network: \"transparent\" needs the tool's children in a network namespace",
+            ),
+            (
+                "[tools.t]\nnetwork = \"transparent\"\n",
+                "egress.toml: tools.t.network: \"transparent\" is how the executor confines",
+            ),
+            (
+                "[executor]\nallow_relay = true\n[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\n",
+                "egress.toml: tools.t.network: \"transparent\" needs the listener hand-off",
+            ),
+            (
+                "[tools.t]\nnetwork = \"direct\"\n[tools.t.process]\ncommand = [\"x\"]\n",
+                "egress.toml: tools.t.network: \"direct\" is not one of \"proxy\", \"transparent\"",
+            ),
+        ] {
+            let e = errors(text);
+            assert!(e.starts_with(want), "{text}: {e}");
+            assert_eq!(e.lines().count(), 1, "{text}: {e}");
+        }
+        // The relay is fine for tools that only use the proxy variables.
+        let relay = "[executor]\nallow_relay = true\n[tools.t.process]\ncommand = [\"x\"]\n";
+        assert_eq!(net(relay), crate::Network::Proxy);
     }
 
     #[test]

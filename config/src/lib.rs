@@ -24,7 +24,7 @@ use std::time::Duration;
 pub use allowlist::{Allowlist, Match, Rule, RuleError};
 pub use binding::Binding;
 pub use credentials::{Credential, Plaintext, Secret, SecretSource, Template};
-pub use executor::{ExecutorConfig, Isolation, ProcessConfig, Protocol};
+pub use executor::{ExecutorConfig, Isolation, Network, ProcessConfig, Protocol};
 pub use host::{parse_authority, parse_host, Host, HostError};
 pub use ipnet::IpNet;
 pub use ranges::{RangeTable, RangeVerdict};
@@ -532,6 +532,7 @@ mod tests {
                 memory_mb: 512,
                 max_pids: 64,
                 cpu_ms: 40_000,
+                network: crate::Network::Proxy,
             })
         );
     }

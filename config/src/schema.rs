@@ -10,7 +10,8 @@ use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
 use crate::requests::{PathPattern, Requests};
 use crate::{
-    Config, DnsConfig, InterceptionConfig, Mode, Policy, Problem, ProxyConfig, SecretScan, TlsConfig, ToolPolicy,
+    Config, DnsConfig, InterceptionConfig, Isolation, Mode, Network, Policy, Problem, ProxyConfig, SecretScan,
+    TlsConfig, ToolPolicy,
 };
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -64,6 +65,17 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
         r
     };
     top.finish();
+    if executor.allow_relay {
+        for (id, t) in &tools {
+            if t.process.as_ref().is_some_and(|p| p.network == Network::Transparent) {
+                p.push(
+                    format!("tools.{id}.network"),
+                    "\"transparent\" needs the listener hand-off (its sockets are handed to the proxy for the run): \
+                     it cannot be used with executor.allow_relay = true",
+                );
+            }
+        }
+    }
 
     // Relative paths in the file are relative to `dir`.
     let rel = |p: &mut PathBuf| {
@@ -300,11 +312,37 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         }
     }
     let methods = methods(s);
-    let process = s.optional_table("process").and_then(|mut t| {
+    let network = s.choice(
+        "network",
+        &[("proxy", Network::Proxy), ("transparent", Network::Transparent)],
+        Network::Proxy,
+    );
+    let had_process = s.has("process");
+    let mut process = s.optional_table("process").and_then(|mut t| {
         let p = executor::process(&mut t);
         t.finish();
         p
     });
+    if network == Network::Transparent {
+        let at = s.at("network");
+        match process.as_mut() {
+            Some(p) => {
+                p.network = network;
+                if p.isolation == Isolation::Off {
+                    s.problems.push(
+                        at,
+                        "\"transparent\" needs the tool's children in a network namespace of their own: \
+                         process.isolation must be \"strict\" or \"best_effort\", not \"off\"",
+                    );
+                }
+            }
+            None if had_process => {}
+            None => s.problems.push(
+                at,
+                "\"transparent\" is how the executor confines the tool's children: it needs a [tools.<id>.process] section",
+            ),
+        }
+    }
     let allowlist = Allowlist::with_requests(rules);
     let credentials = credentials::credentials(s, &allowlist, process.as_ref().map(|p| &p.env));
     ToolPolicy {

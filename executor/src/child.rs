@@ -133,6 +133,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     let Prepared {
         child: confine,
         listener,
+        transparent,
         cgroup,
     } = match prepare(tool, &run, &scratch) {
         Ok(p) => p,
@@ -146,6 +147,19 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         Ok(p) => p,
         Err(e) => return Err(early.fail(e).await),
     };
+    if transparent.is_some() && handoff.is_none() {
+        return Err(early
+            .fail(format!(
+                "`{}` has network = \"transparent\", which needs the listener hand-off (not [executor] allow_relay)",
+                tool.id
+            ))
+            .await);
+    }
+    let handoff = handoff.map(|(listener, socket)| HandOff {
+        listener,
+        socket,
+        transparent,
+    });
     let launched = match launch(shared, tool, &run, &scratch, &child_proxy_url, confine, handoff).await {
         Ok(l) => l,
         Err(e) => {
@@ -259,6 +273,14 @@ fn prepare(tool: &ToolSpec, run: &RunCreds, scratch: &std::path::Path) -> Result
         .map_err(|e| format!("cannot prepare the confinement of `{}`: {e}", tool.id))
 }
 
+/// What is handed to the proxy for a child: its in-namespace proxy
+/// listener, and a transparent tool's four sockets.
+struct HandOff {
+    listener: std::net::TcpListener,
+    socket: PathBuf,
+    transparent: Option<[std::os::fd::OwnedFd; 4]>,
+}
+
 /// How a child reaches its run's proxy.
 struct ProxyPath {
     /// The in-namespace listener to hand to the proxy, and the hand-off socket.
@@ -312,7 +334,7 @@ async fn launch(
     scratch: &std::path::Path,
     proxy_url: &str,
     confine: crate::sys::ChildConfine,
-    handoff: Option<(std::net::TcpListener, PathBuf)>,
+    handoff: Option<HandOff>,
 ) -> Result<process::Launched, String> {
     let p = &tool.process;
     // The proxy's variables as it gave them, but the proxy URL (and its
@@ -353,8 +375,10 @@ async fn launch(
         },
     );
     let handing = async {
-        match &handoff {
-            Some((l, path)) => crate::handoff::send(path, &run.run_id, l).await,
+        let Some(h) = &handoff else { return Ok(()) };
+        crate::handoff::send(&h.socket, &run.run_id, &h.listener).await?;
+        match &h.transparent {
+            Some(fds) => crate::handoff::send_transparent(&h.socket, &run.run_id, fds).await,
             None => Ok(()),
         }
     };

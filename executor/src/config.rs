@@ -14,7 +14,7 @@ use std::time::Duration;
 pub use egress_config::executor::{DEFAULT_CHILD_ID, DEFAULT_LANG, DEFAULT_PATH, RESERVED_ENV};
 /// `[executor]` (the executor's name for [`egress_config::ExecutorConfig`]).
 pub use egress_config::ExecutorConfig as ExecutorSection;
-pub use egress_config::{Binding, ConfigError, Isolation, ProcessConfig, Protocol};
+pub use egress_config::{Binding, ConfigError, Isolation, Network, ProcessConfig, Protocol};
 
 /// What the executor reads from the file.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::config::{ExecutorSection, Isolation, ProcessConfig};
+use crate::config::{ExecutorSection, Isolation, Network, ProcessConfig};
 use crate::sys::{self, ChildConfine};
 
 /// Port of the in-namespace proxy listener a confined child sees.
@@ -129,6 +129,9 @@ pub struct HostSupport {
     /// Whether a child can have its own mount namespace with a private
     /// `/dev/shm` (else, under Landlock, it has no `/dev/shm` at all).
     pub private_shm: Result<(), String>,
+    /// Whether a namespace can be set up for transparent egress (`nft`
+    /// found, routes, rules and sockets made), with what it costs; or why not.
+    pub transparent: Result<String, String>,
 }
 
 impl HostSupport {
@@ -159,6 +162,7 @@ fn probe(exec: &ExecutorSection) -> HostSupport {
             Err(e) => Err(format!("cannot create a network namespace: {e}")),
         },
     );
+    let netns_ok = matches!(layers.get(&Layer::Netns), Some(Ok(_)));
     let abi = sys::landlock_abi();
     let private_shm = if !Path::new("/dev/shm").is_dir() {
         Err("the host has no /dev/shm".to_string())
@@ -215,6 +219,11 @@ fn probe(exec: &ExecutorSection) -> HostSupport {
         landlock_abi: abi,
         cgroup: cgroup.ok(),
         private_shm,
+        transparent: if netns_ok {
+            transparent_support()
+        } else {
+            Err("no network namespace".into())
+        },
     }
 }
 
@@ -291,10 +300,47 @@ fn cgroup_host(exec: &ExecutorSection) -> Result<CgroupHost, String> {
 
 /// Why a tool's requested confinement cannot be provided.
 #[derive(Debug, thiserror::Error)]
-#[error("isolation = \"strict\" for tool `{tool}` needs layers this host cannot provide: {}", .missing.join("; "))]
+#[error("{setting} for tool `{tool}` needs layers this host cannot provide: {}", .missing.join("; "))]
 pub struct Unavailable {
+    /// What asks for them: `isolation = "strict"` or `network = "transparent"`.
+    pub setting: &'static str,
     pub tool: String,
     pub missing: Vec<String>,
+}
+
+/// Files a resolver reads, readable by a transparent tool's children (so
+/// glibc, musl, Go and Node resolve as on the host: `/etc/hosts` first,
+/// then the nameserver `resolv.conf` names, whose queries the namespace
+/// redirects to the proxy's DNS whatever address it is).
+pub const RESOLVER_READ_PATHS: &[&str] = &[
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+];
+
+/// Whether transparent egress works on this host (probed once, when a
+/// transparent tool or `doctor` first asks): `nft` is there, and a
+/// namespace gets its routes, rules and sockets. `Ok` says what it costs.
+pub fn transparent_support() -> Result<String, String> {
+    static SUPPORT: OnceLock<Result<String, String>> = OnceLock::new();
+    SUPPORT
+        .get_or_init(|| {
+            let nft = crate::transparent::nft()?;
+            let t0 = std::time::Instant::now();
+            let made = sys::new_netns_with(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), move || {
+                crate::transparent::set_up(&nft)
+            });
+            match made {
+                Ok(_) => Ok(format!(
+                    "nftables redirect in each child's namespace (set up in {:.1} ms here, kept ready in the background)",
+                    t0.elapsed().as_secs_f64() * 1e3
+                )),
+                Err(e) => Err(format!("cannot set up a transparent namespace: {e}")),
+            }
+        })
+        .clone()
 }
 
 /// The per-tool confinement plan.
@@ -313,6 +359,9 @@ pub struct Confinement {
     seccomp: Vec<Arc<Vec<seccompiler::sock_filter>>>,
     cgroup: Option<CgroupHost>,
     private_shm: bool,
+    /// `network = "transparent"`: the namespace redirects every connect to
+    /// the proxy (and Landlock leaves TCP connect to the namespace).
+    transparent: bool,
 }
 
 impl Confinement {
@@ -332,6 +381,7 @@ impl Confinement {
             seccomp: Vec::new(),
             cgroup: None,
             private_shm: false,
+            transparent: false,
         }
     }
 
@@ -370,9 +420,33 @@ impl Confinement {
                 }
             }
         }
+        let transparent = p.network == Network::Transparent;
+        if transparent {
+            // Whatever the isolation: without the namespace nothing would
+            // redirect the child's connects.
+            let mut needs = Vec::new();
+            if !layers.contains(&Layer::Netns) {
+                needs.push(format!(
+                    "{}: {} ({})",
+                    Layer::Netns.name(),
+                    host.why_not(Layer::Netns),
+                    Layer::Netns.remedy()
+                ));
+            } else if let Err(e) = &host.transparent {
+                needs.push(format!("transparent egress: {e}"));
+            }
+            if !needs.is_empty() {
+                return Err(Unavailable {
+                    setting: "network = \"transparent\"",
+                    tool: tool.to_string(),
+                    missing: needs,
+                });
+            }
+        }
         if !missing.is_empty() {
             if p.isolation == Isolation::Strict {
                 return Err(Unavailable {
+                    setting: "isolation = \"strict\"",
                     tool: tool.to_string(),
                     missing,
                 });
@@ -383,7 +457,7 @@ impl Confinement {
         }
         if layers.contains(&Layer::Netns) {
             // Start preparing namespaces now, before the first child needs one.
-            netns_pool();
+            netns_pool(transparent);
         }
         Ok(Confinement {
             isolation: p.isolation,
@@ -399,7 +473,13 @@ impl Confinement {
             seccomp,
             cgroup: host.cgroup.clone(),
             private_shm: host.private_shm.is_ok(),
+            transparent,
         })
+    }
+
+    /// Whether the child's namespace redirects every connect to the proxy.
+    pub fn transparent(&self) -> bool {
+        self.transparent && self.has(Layer::Netns)
     }
 
     pub fn has(&self, layer: Layer) -> bool {
@@ -527,9 +607,10 @@ impl Confinement {
             }
         }
         let port = if self.has(Layer::Netns) {
-            let (ns, listener) = netns_pool().take()?;
-            c.netns = Some(ns);
-            out.listener = Some(listener);
+            let ns = netns_pool(self.transparent).take()?;
+            c.netns = Some(ns.ns);
+            out.listener = Some(ns.listener);
+            out.transparent = ns.transparent;
             CHILD_PROXY_PORT
         } else {
             proxy_port
@@ -566,10 +647,18 @@ impl Confinement {
         let abi = ABI::from(self.landlock_abi);
         let err = |e: landlock::RulesetError| io::Error::other(format!("landlock: {e}"));
         let mut rs = Ruleset::default().handle_access(AccessFs::from_all(abi)).map_err(err)?;
+        // TCP connect is restricted to the proxy's port, except for a
+        // transparent tool: every connect in its namespace is redirected to
+        // the proxy (the namespace and its nftables rules are the fence), so
+        // a connect to any port must reach that redirect.
+        let connect_rule = self.landlock_abi >= 4 && !self.transparent();
         if self.landlock_abi >= 4 {
-            rs = rs
-                .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
-                .map_err(err)?;
+            let net = if connect_rule {
+                AccessNet::BindTcp | AccessNet::ConnectTcp
+            } else {
+                AccessNet::BindTcp.into()
+            };
+            rs = rs.handle_access(net).map_err(err)?;
         }
         if self.landlock_abi >= 6 {
             rs = rs.scope(Scope::from_all(abi)).map_err(err)?;
@@ -579,6 +668,12 @@ impl Confinement {
             .map(PathBuf::from)
             .chain(self.read_paths.iter().cloned())
             .chain(exec_files.iter().cloned())
+            .chain(
+                RESOLVER_READ_PATHS
+                    .iter()
+                    .filter(|_| self.transparent())
+                    .map(PathBuf::from),
+            )
             .filter(|p| p.exists())
             .collect();
         let mut created = rs
@@ -590,7 +685,7 @@ impl Confinement {
             .map_err(err)?
             .add_rules(path_beneath_rules([scratch], AccessFs::from_all(abi)))
             .map_err(err)?;
-        if self.landlock_abi >= 4 {
+        if connect_rule {
             created = created
                 .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
                 .map_err(err)?;
@@ -605,19 +700,32 @@ impl Confinement {
 /// and is used by exactly one child.
 const READY_NAMESPACES: usize = 4;
 
-/// Ready network namespaces with their proxy listener, refilled by a
-/// background thread.
-struct NetnsPool {
-    ready: std::sync::Mutex<Vec<(OwnedFd, std::net::TcpListener)>>,
-    wanted: std::sync::Condvar,
+/// A network namespace made for one child: its proxy listener, and for a
+/// transparent tool the four sockets of the transparent hand-off.
+pub struct Namespace {
+    pub ns: OwnedFd,
+    pub listener: std::net::TcpListener,
+    pub transparent: Option<[OwnedFd; 4]>,
 }
 
-fn netns_pool() -> &'static NetnsPool {
-    static POOL: OnceLock<&'static NetnsPool> = OnceLock::new();
-    POOL.get_or_init(|| {
+/// Ready network namespaces with their proxy listener, refilled by a
+/// background thread. One pool for plain namespaces, one for transparent
+/// ones (routes, nftables rules and sockets made in advance too).
+struct NetnsPool {
+    ready: std::sync::Mutex<Vec<Namespace>>,
+    wanted: std::sync::Condvar,
+    transparent: bool,
+}
+
+fn netns_pool(transparent: bool) -> &'static NetnsPool {
+    static PLAIN: OnceLock<&'static NetnsPool> = OnceLock::new();
+    static TRANSPARENT: OnceLock<&'static NetnsPool> = OnceLock::new();
+    let cell = if transparent { &TRANSPARENT } else { &PLAIN };
+    cell.get_or_init(|| {
         let pool: &'static NetnsPool = Box::leak(Box::new(NetnsPool {
             ready: std::sync::Mutex::new(Vec::new()),
             wanted: std::sync::Condvar::new(),
+            transparent,
         }));
         let spawned = std::thread::Builder::new()
             .name("loom-netns-pool".into())
@@ -629,9 +737,28 @@ fn netns_pool() -> &'static NetnsPool {
     })
 }
 
+/// A new namespace for a child: plain, or set up for transparent egress.
+pub fn new_namespace(transparent: bool) -> io::Result<Namespace> {
+    if !transparent {
+        let (ns, listener) = sys::new_netns(CHILD_PROXY)?;
+        return Ok(Namespace {
+            ns,
+            listener,
+            transparent: None,
+        });
+    }
+    let nft = crate::transparent::nft().map_err(io::Error::other)?;
+    let (ns, listener, sockets) = sys::new_netns_with(CHILD_PROXY, move || crate::transparent::set_up(&nft))?;
+    Ok(Namespace {
+        ns,
+        listener,
+        transparent: Some(sockets),
+    })
+}
+
 impl NetnsPool {
     /// A ready namespace, or a new one if none is ready.
-    fn take(&self) -> io::Result<(OwnedFd, std::net::TcpListener)> {
+    fn take(&self) -> io::Result<Namespace> {
         let got = match self.ready.lock() {
             Ok(mut r) => r.pop(),
             Err(_) => None,
@@ -639,7 +766,7 @@ impl NetnsPool {
         self.wanted.notify_one();
         match got {
             Some(ns) => Ok(ns),
-            None => sys::new_netns(CHILD_PROXY),
+            None => new_namespace(self.transparent),
         }
     }
 
@@ -658,14 +785,14 @@ impl NetnsPool {
             if !short {
                 continue;
             }
-            match sys::new_netns(CHILD_PROXY) {
+            match new_namespace(self.transparent) {
                 Ok(ns) => {
                     if let Ok(mut r) = self.ready.lock() {
                         r.push(ns);
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot prepare a network namespace");
+                    tracing::warn!(error = %e, transparent = self.transparent, "cannot prepare a network namespace");
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }
             }
@@ -680,6 +807,9 @@ pub struct Prepared {
     pub child: ChildConfine,
     /// The listener on `127.0.0.1:3128` inside the child's namespace.
     pub listener: Option<std::net::TcpListener>,
+    /// A transparent tool's four in-namespace sockets
+    /// (`egress_api::handoff::TRANSPARENT`'s order).
+    pub transparent: Option<[OwnedFd; 4]>,
     /// The child's cgroup directories (removed after the child is reaped).
     pub cgroup: Option<CgroupDirs>,
 }
@@ -1020,6 +1150,7 @@ mod tests {
             landlock_abi: 7,
             cgroup: None,
             private_shm: Ok(()),
+            transparent: Ok(String::new()),
         }
     }
 
@@ -1054,6 +1185,34 @@ mod tests {
         let p = c.tools["t"].clone().unwrap();
         let o = Confinement::for_tool("t", &p, &c.executor, &host_without(Layer::Landlock)).unwrap();
         assert!(o.layers().is_empty());
+    }
+
+    /// A transparent tool without its fence does not start, whatever its
+    /// isolation: no namespace, or no way to set one up (`nft` missing).
+    #[test]
+    fn transparent_refuses_without_the_namespace_or_nft_even_best_effort() {
+        let file = Path::new("/etc/loom/egress.toml");
+        let c = crate::config::Config::parse(
+            file,
+            "[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\nisolation = \"best_effort\"\n",
+        )
+        .unwrap();
+        let p = c.tools["t"].clone().unwrap();
+        let e = Confinement::for_tool("t", &p, &c.executor, &host_without(Layer::Netns)).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("network = \"transparent\" for tool `t`") && msg.contains("network namespace: absent here"),
+            "{msg}"
+        );
+        let mut no_nft = host_without(Layer::Cgroup);
+        no_nft.transparent = Err("no nft binary".into());
+        let msg = Confinement::for_tool("t", &p, &c.executor, &no_nft)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("transparent egress: no nft binary"), "{msg}");
+        // With both, best_effort goes on without the missing cgroup.
+        let ok = Confinement::for_tool("t", &p, &c.executor, &host_without(Layer::Cgroup)).unwrap();
+        assert!(ok.transparent() && ok.has(Layer::Netns));
     }
 
     #[test]

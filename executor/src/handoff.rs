@@ -9,11 +9,11 @@
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use egress_api::handoff::{ERROR, MAGIC, OK, PROBE};
+use egress_api::handoff::{ERROR, MAGIC, OK, PROBE, TRANSPARENT};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
@@ -24,16 +24,26 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// Hand `listener` to the proxy for `run_id`. On success the caller drops its
 /// copy: the proxy holds the only one and closes it when the run ends.
 pub async fn send(path: &Path, run_id: &str, listener: &std::net::TcpListener) -> io::Result<()> {
-    exchange(path, &format!("{MAGIC}{run_id}\n"), Some(listener.as_fd())).await
+    exchange(path, &format!("{MAGIC}{run_id}\n"), &[listener.as_fd()]).await
+}
+
+/// Hand a transparent tool's four in-namespace sockets to the proxy for
+/// `run_id`, in `egress_api::handoff::TRANSPARENT`'s order (the TCP
+/// listeners on `127.0.0.1:3127` and `[::1]:3127`, the UDP socket and the
+/// TCP listener on `127.0.0.1:53`). As with [`send`], the caller drops its
+/// copies after.
+pub async fn send_transparent(path: &Path, run_id: &str, fds: &[OwnedFd; 4]) -> io::Result<()> {
+    let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+    exchange(path, &format!("{TRANSPARENT}{run_id}\n"), &fds).await
 }
 
 /// Ask the proxy whether it receives hand-offs on `path` (no descriptor).
 pub async fn probe(path: &Path) -> io::Result<()> {
-    exchange(path, PROBE, None).await
+    exchange(path, PROBE, &[]).await
 }
 
-async fn exchange(path: &Path, msg: &str, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-    match tokio::time::timeout(TIMEOUT, exchange_inner(path, msg, fd)).await {
+async fn exchange(path: &Path, msg: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    match tokio::time::timeout(TIMEOUT, exchange_inner(path, msg, fds)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
@@ -42,7 +52,7 @@ async fn exchange(path: &Path, msg: &str, fd: Option<BorrowedFd<'_>>) -> io::Res
     }
 }
 
-async fn exchange_inner(path: &Path, msg: &str, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+async fn exchange_inner(path: &Path, msg: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     crate::binding::vet(path).map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
     let mut stream = UnixStream::connect(path)
         .await
@@ -50,10 +60,10 @@ async fn exchange_inner(path: &Path, msg: &str, fd: Option<BorrowedFd<'_>>) -> i
     loop {
         stream.writable().await?;
         let r = stream.try_io(Interest::WRITABLE, || {
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
             let mut control = SendAncillaryBuffer::new(&mut space);
-            if !fd.as_slice().is_empty() {
-                control.push(SendAncillaryMessage::ScmRights(fd.as_slice()));
+            if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                return Err(io::Error::other("too many descriptors for one hand-off"));
             }
             Ok(rustix::net::sendmsg(
                 &stream,

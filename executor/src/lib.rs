@@ -21,6 +21,7 @@ pub mod reaper;
 pub mod relay;
 pub mod retained;
 mod sys;
+pub mod transparent;
 
 /// The Rust tool SDK, re-exported under its former path.
 pub use egress_tool as tool;

@@ -219,11 +219,14 @@ fn check(file: &std::path::Path) -> anyhow::Result<Vec<String>> {
     let problems = static_problems(file);
     if problems.is_empty() {
         let config = Config::load(file)?;
-        let tools: Vec<&str> = config
+        let tools: Vec<String> = config
             .tools
             .iter()
-            .filter(|(_, p)| p.is_some())
-            .map(|(t, _)| t.as_str())
+            .filter_map(|(t, p)| Some((t, p.as_ref()?)))
+            .map(|(t, p)| match p.network {
+                egress_executor::config::Network::Proxy => t.clone(),
+                egress_executor::config::Network::Transparent => format!("{t} (network = \"transparent\")"),
+            })
             .collect();
         println!("{}: ok", file.display());
         println!(
@@ -328,6 +331,19 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             layer.cost()
         );
     }
+    let transparent = match &host.transparent {
+        Ok(d) => (true, d.clone()),
+        Err(e) => (false, e.clone()),
+    };
+    const TRANSPARENT_COST: &str =
+        "routes, nftables rules and 4 sockets per namespace, made ahead like the namespace; \
+         the proxy peeks at each connection's first bytes";
+    println!(
+        "{:<32} {:<4} {:<60} {TRANSPARENT_COST}",
+        "transparent egress (nftables)",
+        if transparent.0 { "yes" } else { "NO" },
+        transparent.1,
+    );
     println!();
     for (tool, process) in &config.tools {
         if let Some(p) = process {
@@ -339,8 +355,9 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
                         &format!("isolation of `{tool}`"),
                         true,
                         format!(
-                            "{:?}: {}",
+                            "{:?}, network = {:?}: {}",
                             p.isolation,
+                            p.network.as_str(),
                             if names.is_empty() {
                                 "none".into()
                             } else {

@@ -597,9 +597,19 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
 /// no executor thread is ever left inside. Returns a namespace fd for
 /// `setns` and the listener (which keeps working from any thread).
 pub fn new_netns(addr: std::net::SocketAddrV4) -> io::Result<(OwnedFd, std::net::TcpListener)> {
+    new_netns_with(addr, || Ok(())).map(|(ns, l, ())| (ns, l))
+}
+
+/// [`new_netns`], then `inside` run on the thread that is in the new
+/// namespace (what it creates, it creates there; a process it spawns starts
+/// there), its result returned beside.
+pub fn new_netns_with<T: Send + 'static>(
+    addr: std::net::SocketAddrV4,
+    inside: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<(OwnedFd, std::net::TcpListener, T)> {
     std::thread::Builder::new()
         .name("loom-netns".into())
-        .spawn(move || -> io::Result<(OwnedFd, std::net::TcpListener)> {
+        .spawn(move || -> io::Result<(OwnedFd, std::net::TcpListener, T)> {
             // SAFETY: unshare only changes this thread's namespace membership;
             // the thread exits right after, taking nothing else with it.
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
@@ -607,12 +617,13 @@ pub fn new_netns(addr: std::net::SocketAddrV4) -> io::Result<(OwnedFd, std::net:
             }
             loopback_up()?;
             let listener = std::net::TcpListener::bind(addr)?;
+            let extra = inside()?;
             let ns = rustix::fs::open(
                 "/proc/thread-self/ns/net",
                 rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
                 rustix::fs::Mode::empty(),
             )?;
-            Ok((ns, listener))
+            Ok((ns, listener, extra))
         })?
         .join()
         .map_err(|_| io::Error::other("the namespace thread panicked"))?

