@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use egress_config::Config;
 use egress_proxy::TokenSource;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -110,29 +111,32 @@ fn main() -> std::process::ExitCode {
 
 /// The default denied table, split by family in its own order.
 fn ranges(json: bool) -> std::process::ExitCode {
+    let mut out = String::new();
     let table = egress_config::ranges::DEFAULT_DENIED;
     let (v4, v6): (Vec<_>, Vec<_>) = table.iter().partition(|(net, _)| !net.contains(':'));
     if json {
         fn nets(l: &[&(&'static str, &'static str)]) -> Vec<&'static str> {
             l.iter().map(|(n, _)| *n).collect()
         }
-        println!("{}", serde_json::json!({ "ipv4": nets(&v4), "ipv6": nets(&v6) }));
+        let _ = writeln!(out, "{}", serde_json::json!({ "ipv4": nets(&v4), "ipv6": nets(&v6) }));
     } else {
         for (net, what) in v4.iter().chain(v6.iter()) {
-            println!("{net:<20} {what}");
+            let _ = writeln!(out, "{net:<20} {what}");
         }
     }
-    std::process::ExitCode::SUCCESS
+    emit(&out)
 }
 
 fn check(path: &std::path::Path) -> std::process::ExitCode {
+    let mut out = String::new();
     match Config::load(path).and_then(|mut c| c.load_secrets().map(|()| c)) {
         Ok(c) => {
-            println!("{}: ok", path.display());
-            println!("  listen  {}", c.proxy.listen);
-            println!("  control {}", c.proxy.control);
-            println!("  facts   {}", c.proxy.facts.display());
-            println!(
+            let _ = writeln!(out, "{}: ok", path.display());
+            let _ = writeln!(out, "  listen  {}", c.proxy.listen);
+            let _ = writeln!(out, "  control {}", c.proxy.control);
+            let _ = writeln!(out, "  facts   {}", c.proxy.facts.display());
+            let _ = writeln!(
+                out,
                 "  handoff {} ({}: receives confined children's listeners from the executor)",
                 c.proxy.handoff_socket().display(),
                 if c.proxy.handoff.is_some() {
@@ -141,23 +145,32 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                     "the default beside the facts store"
                 }
             );
-            println!("  policy  {}", c.policy.digest);
+            let _ = writeln!(out, "  policy  {}", c.policy.digest);
             match egress_proxy::ca_dir(&c.proxy) {
-                Some(d) => println!("  ca      {} (appliance CA of intercepted CONNECTs)", d.display()),
-                None => println!("  ca      ephemeral (facts in memory, no [proxy.interception] ca_dir)"),
+                Some(d) => {
+                    let _ = writeln!(out, "  ca      {} (appliance CA of intercepted CONNECTs)", d.display());
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  ca      ephemeral (facts in memory, no [proxy.interception] ca_dir)"
+                    );
+                }
             }
             let r = &c.policy.ranges;
-            println!(
+            let _ = writeln!(
+                out,
                 "  ranges  default denied table ({} entries), allow {:?}, deny {:?}",
                 egress_config::ranges::DEFAULT_DENIED.len(),
                 r.allow_ranges().iter().map(|n| n.to_string()).collect::<Vec<_>>(),
                 r.deny_ranges().iter().map(|n| n.to_string()).collect::<Vec<_>>()
             );
             if c.policy.tools.is_empty() {
-                println!("  tools   none: every fetch is denied");
+                let _ = writeln!(out, "  tools   none: every fetch is denied");
             }
             for (id, t) in &c.policy.tools {
-                println!(
+                let _ = writeln!(
+                    out,
                     "  tool {id}: mode={} fetch_timeout={}ms max_concurrent_fetches={} rules={}",
                     t.mode.as_str(),
                     t.fetch_timeout.as_millis(),
@@ -170,10 +183,10 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                     } else {
                         ""
                     };
-                    println!("    {r}{restricted}");
+                    let _ = writeln!(out, "    {r}{restricted}");
                 }
                 if t.inspect {
-                    println!("    inspect: every CONNECT is intercepted");
+                    let _ = writeln!(out, "    inspect: every CONNECT is intercepted");
                 }
                 for cr in &t.credentials {
                     let hosts: Vec<String> = cr.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
@@ -184,7 +197,8 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                             "plain HTTP too, to any address (UNSAFE: allow_plaintext = \"force\")"
                         }
                     };
-                    println!(
+                    let _ = writeln!(
+                        out,
                         "    credential {} -> {} in {} (CONNECTs there are intercepted; {plain})",
                         cr.name,
                         hosts.join(", "),
@@ -192,12 +206,25 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                     );
                 }
             }
-            std::process::ExitCode::SUCCESS
+            emit(&out)
         }
         Err(e) => {
             eprintln!("{e}");
             std::process::ExitCode::from(1)
         }
+    }
+}
+
+/// Writes a command's whole output; a reader that stopped early (`| head`)
+/// is not an error.
+fn emit(out: &str) -> std::process::ExitCode {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(1)
+        }
+        _ => std::process::ExitCode::SUCCESS,
     }
 }
 

@@ -102,3 +102,20 @@ fn ranges_print_the_default_denied_table_by_family() {
     assert_eq!(text.lines().count(), all.len());
     assert!(text.contains("link-local (cloud metadata)"), "{text}");
 }
+
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    // A summary longer than a pipe's buffer, read by `head -1`.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("big.toml");
+    let entries: Vec<String> = (0..3000).map(|i| format!("\"h{i}.example:443\"")).collect();
+    std::fs::write(&cfg, format!("[tools.a]\negress = [{}]\n", entries.join(","))).unwrap();
+    let script = format!(
+        "{} check --config {} | head -1 >/dev/null; exit ${{PIPESTATUS[0]}}",
+        env!("CARGO_BIN_EXE_egress-proxy"),
+        cfg.display()
+    );
+    let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
