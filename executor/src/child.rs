@@ -590,6 +590,8 @@ impl Warm {
             exit,
             duration_ms: ms(t0.elapsed()),
             body_dropped: None,
+            cell: crate::error::cell().0,
+            control_url: crate::error::cell().1,
         };
         (result, Teardown(self))
     }

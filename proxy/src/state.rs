@@ -169,7 +169,7 @@ impl Shared {
             if e.state.cell_in_use.load(Ordering::Acquire) {
                 return Some("cell_id_in_use");
             }
-            if e.state.lagging.load(Ordering::Acquire) {
+            if e.state.lag(&*self.facts) > e.state.max_lag {
                 return Some("export_lag");
             }
         }

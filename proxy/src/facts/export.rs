@@ -51,8 +51,6 @@ pub struct ExportState {
     pub cell_in_use: AtomicBool,
     /// Every fact up to this `seq` is in PostgreSQL (as last known).
     pub exported: AtomicU64,
-    /// The lag is past `max_lag`.
-    pub lagging: AtomicBool,
     pub max_lag: u64,
 }
 
@@ -166,7 +164,8 @@ fn ident(s: &str) -> String {
 pub fn migration(schema: &str) -> String {
     let s = ident(schema);
     format!(
-        "SELECT pg_advisory_xact_lock(hashtextextended('loom-egress-migrate', 0));
+        "SET client_min_messages = warning;
+         SELECT pg_advisory_xact_lock(hashtextextended('loom-egress-migrate', 0));
          CREATE SCHEMA IF NOT EXISTS {s};
          CREATE TABLE IF NOT EXISTS {s}.egress_facts (
              cell   text        NOT NULL,
@@ -237,15 +236,13 @@ fn now_secs() -> f64 {
 }
 
 impl Run {
-    /// Keeps the lag gauge and the readiness flag current, also while
-    /// PostgreSQL is away.
+    /// Keeps the lag gauge current, also while PostgreSQL is away.
     async fn gauge(self) {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             tick.tick().await;
             let lag = self.state.lag(&*self.facts);
             self.metrics.lag.set(i64::try_from(lag).unwrap_or(i64::MAX));
-            self.state.lagging.store(lag > self.state.max_lag, Ordering::Release);
         }
     }
 
@@ -297,12 +294,12 @@ impl Run {
         }
         self.state.cell_in_use.store(false, Ordering::Release);
         let table = format!("{}.egress_facts", ident(&self.cfg.schema));
-        let cursor_sql = format!("SELECT COALESCE(max(seq), 0) FROM {table} WHERE cell = $1 AND epoch = $2::uuid");
+        let cursor_sql = format!("SELECT COALESCE(max(seq), 0) FROM {table} WHERE cell = $1 AND epoch = $2::text::uuid");
         let insert = timed(
             "migrate",
             client.prepare(&format!(
                 "INSERT INTO {table} (cell, epoch, seq, id, at, run_id, tool, reason, mode, policy, body)
-                 SELECT $1, $2::uuid, u.seq, u.id::uuid, u.at::timestamptz, u.run_id, u.tool, u.reason, u.mode, u.policy, u.body::jsonb
+                 SELECT $1, $2::text::uuid, u.seq, u.id::uuid, u.at::timestamptz, u.run_id, u.tool, u.reason, u.mode, u.policy, u.body::jsonb
                  FROM unnest($3::int8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])
                    AS u(seq, id, at, run_id, tool, reason, mode, policy, body)
                  ON CONFLICT DO NOTHING"
