@@ -141,6 +141,16 @@ impl Postgres {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// Runs `sql` in the background (e.g. a transaction that holds a lock
+    /// for a while); wait on the child for its end.
+    pub fn spawn(&self, sql: &str) -> std::process::Child {
+        Command::new(Path::new(BIN).join("psql"))
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &self.dsn(), "-c", sql])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     /// `sql`'s single number.
     pub fn number(&self, sql: &str) -> i64 {
         let v = self.query(sql);

@@ -179,12 +179,13 @@ async fn until(what: &str, cap: Duration, mut cond: impl AsyncFnMut() -> bool) {
 
 /// A denial flood, `kill -9` in its middle, a restart on the same store,
 /// more denials, then SIGTERM: PostgreSQL holds each fact exactly once,
-/// and the lag is 0 before the process exits (the exporter idles 3 s
-/// between looks, so only the stop's flush exports the last facts).
+/// and the lag is 0 before the process exits (the last denials come while
+/// another session holds the table locked against inserts for 3 s, so only
+/// the stop's flush exports them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flood_is_exported_exactly_once_across_kill_9_and_sigterm() {
     let Some(pg) = Postgres::start() else { return };
-    let cell = Cell::new("cell-a", "flush_ms = 3000\nbatch_max = 64");
+    let cell = Cell::new("cell-a", "flush_ms = 50\nbatch_max = 64");
     let mut p = cell.start(&pg);
     let auth = run(cell.control).await;
     let answered = Arc::new(AtomicU64::new(0));
@@ -201,14 +202,27 @@ async fn a_flood_is_exported_exactly_once_across_kill_9_and_sigterm() {
     drop(p);
     let mut p = cell.start(&pg);
     assert_eq!(flood(cell.proxy, auth.clone(), 200_000, 400, answered.clone()).await, 400);
+    until("caught up", Duration::from_secs(20), async || {
+        get(cell.control, "/v1/cell").await.1["export_lag"] == 0
+    })
+    .await;
+    let mut locker = pg.spawn("BEGIN; LOCK TABLE egress_facts IN EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT;");
+    until("the table locked", Duration::from_secs(10), async || {
+        pg.number("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'egress_facts' AND l.mode = 'ExclusiveLock' AND l.granted") == 1
+    })
+    .await;
+    assert_eq!(flood(cell.proxy, auth.clone(), 300_000, 40, answered.clone()).await, 40);
     let local = local_facts(cell.control).await;
     let denials: u64 = local.iter().map(|f| f["count"].as_u64().unwrap()).sum();
     assert!(
-        denials >= before + 400,
-        "a denial answered 403 is missing locally: {denials} < {before} + 400"
+        denials >= before + 440,
+        "a denial answered 403 is missing locally: {denials} < {before} + 440"
     );
+    let lag = get(cell.control, "/v1/cell").await.1["export_lag"].as_u64().unwrap();
+    assert!(lag > 0, "nothing left for the stop to flush");
     p.signal("TERM");
     assert_eq!(p.wait_exit(Duration::from_secs(30)), Some(0), "{}", p.logs());
+    let _ = locker.wait();
     assert_exported_once(&pg, "cell-a", &local);
     assert!(p.logs().contains("every fact is exported"), "{}", p.logs());
 }

@@ -52,6 +52,8 @@ pub struct ExportState {
     /// Every fact up to this `seq` is in PostgreSQL (as last known).
     pub exported: AtomicU64,
     pub max_lag: u64,
+    /// Wakes an idle exporter (a stop's flush does not wait for `flush_ms`).
+    wake: tokio::sync::Notify,
 }
 
 impl ExportState {
@@ -110,6 +112,7 @@ impl Exporter {
     /// runs out; returns the lag left.
     pub async fn flush(&self, facts: &dyn FactSink, budget: Duration) -> u64 {
         let until = Instant::now() + budget;
+        self.state.wake.notify_one();
         loop {
             let lag = self.state.lag(facts);
             if lag == 0 || Instant::now() >= until {
@@ -333,7 +336,10 @@ impl Run {
                 })?;
             if batch.is_empty() {
                 self.metrics.last_success.set(now_secs());
-                tokio::time::sleep(self.cfg.flush).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(self.cfg.flush) => {}
+                    _ = self.state.wake.notified() => {}
+                }
                 continue;
             }
             let t0 = Instant::now();
