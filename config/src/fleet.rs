@@ -95,7 +95,9 @@ fn url_problem(url: &str) -> Option<String> {
         || authority.contains(['/', '?', '#', '@'])
         || authority.bytes().any(|b| b.is_ascii_control() || b == b' ')
     {
-        return Some(format!("{url:?} must be scheme://host:port, with no path, query or user"));
+        return Some(format!(
+            "{url:?} must be scheme://host:port, with no path, query or user"
+        ));
     }
     None
 }
@@ -126,17 +128,19 @@ pub(crate) fn cell(
             }
             id
         }
-        None => match host().map(|h| h.trim().to_ascii_lowercase()) {
-            Some(h) if valid_cell_id(&h) => h,
-            other => {
-                let at = s.at("id");
-                s.problems.push(
+        None => {
+            match host().map(|h| h.trim().to_ascii_lowercase()) {
+                Some(h) if valid_cell_id(&h) => h,
+                other => {
+                    let at = s.at("id");
+                    s.problems.push(
                     at,
                     format!("is not set and the host name {other:?} is not a usable cell id (set cell.id or {ENV_CELL_ID})"),
                 );
-                String::new()
+                    String::new()
+                }
             }
-        },
+        }
     };
     let url = |s: &mut Section, key: &'static str, var: &str| -> Option<String> {
         let (at, v) = pick(s, key, var)?;
@@ -239,7 +243,10 @@ mod tests {
         assert_eq!(c.advertise_executor, None);
         let c = parse(
             text,
-            &[("EGRESS_CELL_ID", "cell-e"), ("EGRESS_ADVERTISE_EXECUTOR", "https://e:3130")],
+            &[
+                ("EGRESS_CELL_ID", "cell-e"),
+                ("EGRESS_ADVERTISE_EXECUTOR", "https://e:3130"),
+            ],
             Some("host-1"),
         )
         .unwrap()

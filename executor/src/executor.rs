@@ -393,13 +393,7 @@ impl Executor {
     pub fn cell_view(&self) -> egress_api::CellView {
         let cell = self.config.cell.as_ref();
         let live = self.inflight.lock().map(|m| m.len()).unwrap_or(0);
-        let capacity: usize = self
-            .config
-            .tools
-            .values()
-            .flatten()
-            .map(|p| p.max)
-            .sum();
+        let capacity: usize = self.config.tools.values().flatten().map(|p| p.max).sum();
         egress_api::CellView {
             id: cell.map(|c| c.id.clone()),
             epoch: None,

@@ -90,10 +90,17 @@ impl Handle {
         let _ = tokio::time::timeout(Duration::from_secs(2), sh.tasks.wait()).await;
         if let Some(e) = &sh.exporter {
             let budget = sh.export_cfg.flush_timeout;
-            tracing::info!(lag = sh.export_lag(), budget_ms = budget.as_millis() as u64, "flushing the fact export");
+            tracing::info!(
+                lag = sh.export_lag(),
+                budget_ms = budget.as_millis() as u64,
+                "flushing the fact export"
+            );
             match e.flush(&*sh.facts, budget).await {
                 0 => tracing::info!("every fact is exported"),
-                lag => tracing::warn!(lag, "stopping with facts not yet exported (they stay in the local store)"),
+                lag => tracing::warn!(
+                    lag,
+                    "stopping with facts not yet exported (they stay in the local store)"
+                ),
             }
         }
         sh.control_stop.cancel();

@@ -88,11 +88,20 @@ impl Postgres {
             .stdout(Stdio::null())
             .output()
             .unwrap();
-        assert!(out.status.success(), "pg_ctl start: {}{}", String::from_utf8_lossy(&out.stderr), self.log());
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
         self.running = true;
         let t0 = Instant::now();
         while self.try_query("SELECT 1").is_none() {
-            assert!(t0.elapsed() < Duration::from_secs(30), "PostgreSQL does not answer: {}", self.log());
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "PostgreSQL does not answer: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -121,16 +130,40 @@ impl Postgres {
 
     fn try_query(&self, sql: &str) -> Option<String> {
         let out = Command::new(Path::new(BIN).join("psql"))
-            .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-d", &self.dsn(), "-c", sql])
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                &self.dsn(),
+                "-c",
+                sql,
+            ])
             .output()
             .ok()?;
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
     /// `sql`'s rows, one a line, columns joined by `|`.
     pub fn query(&self, sql: &str) -> String {
         let out = Command::new(Path::new(BIN).join("psql"))
-            .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-d", &self.dsn(), "-c", sql])
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                &self.dsn(),
+                "-c",
+                sql,
+            ])
             .output()
             .unwrap();
         assert!(

@@ -201,7 +201,10 @@ async fn a_flood_is_exported_exactly_once_across_kill_9_and_sigterm() {
     let before = flooding.await.unwrap();
     drop(p);
     let mut p = cell.start(&pg);
-    assert_eq!(flood(cell.proxy, auth.clone(), 200_000, 400, answered.clone()).await, 400);
+    assert_eq!(
+        flood(cell.proxy, auth.clone(), 200_000, 400, answered.clone()).await,
+        400
+    );
     until("caught up", Duration::from_secs(20), async || {
         get(cell.control, "/v1/cell").await.1["export_lag"] == 0
     })
@@ -260,11 +263,18 @@ async fn a_cell_id_held_twice_exports_nothing_and_a_new_store_is_a_new_epoch() {
     let twin_epoch = local_facts(twin.control).await[0]["epoch"].as_str().unwrap().to_owned();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        pg.number(&format!("SELECT count(*) FROM egress_facts WHERE epoch = '{twin_epoch}'")),
+        pg.number(&format!(
+            "SELECT count(*) FROM egress_facts WHERE epoch = '{twin_epoch}'"
+        )),
         0,
         "the twin exported"
     );
-    assert!(sample(&metrics(twin.control).await, "egress_export_failures_total{kind=\"lock\"}") >= 1.0);
+    assert!(
+        sample(
+            &metrics(twin.control).await,
+            "egress_export_failures_total{kind=\"lock\"}"
+        ) >= 1.0
+    );
     drop(pt);
 
     let old = local_facts(a.control).await;
@@ -318,7 +328,11 @@ async fn postgres_away_grows_the_lag_and_unreadies_then_the_export_catches_up() 
     assert_eq!(readyz(cell.control).await.0, 200);
 
     pg.stop();
-    assert_eq!(flood(cell.proxy, auth.clone(), 100, 60, answered.clone()).await, 60, "denials go on");
+    assert_eq!(
+        flood(cell.proxy, auth.clone(), 100, 60, answered.clone()).await,
+        60,
+        "denials go on"
+    );
     until("the lag counted", Duration::from_secs(10), async || {
         sample(&metrics(cell.control).await, "egress_export_lag_facts") >= 21.0
     })
@@ -363,7 +377,9 @@ async fn without_a_cell_the_export_metrics_are_present_at_zero() {
         "egress_export_last_success_timestamp_seconds",
     ] {
         assert!(
-            m.lines().any(|l| l.strip_prefix(series).is_some_and(|v| v.trim() == "0" || v.trim() == "0.0")),
+            m.lines().any(|l| l
+                .strip_prefix(series)
+                .is_some_and(|v| v.trim() == "0" || v.trim() == "0.0")),
             "{series} is not there at 0 in\n{m}"
         );
     }

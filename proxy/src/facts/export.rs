@@ -283,9 +283,7 @@ impl Run {
     async fn on(&self, client: &mut Client) -> Result<(), ExportError> {
         timed("migrate", client.batch_execute(&migration(&self.cfg.schema))).await?;
         loop {
-            let held: bool = timed("lock", client.query_one(LOCK_KEY, &[&self.cell]))
-                .await?
-                .get(0);
+            let held: bool = timed("lock", client.query_one(LOCK_KEY, &[&self.cell])).await?.get(0);
             if held {
                 break;
             }
@@ -297,7 +295,8 @@ impl Run {
         }
         self.state.cell_in_use.store(false, Ordering::Release);
         let table = format!("{}.egress_facts", ident(&self.cfg.schema));
-        let cursor_sql = format!("SELECT COALESCE(max(seq), 0) FROM {table} WHERE cell = $1 AND epoch = $2::text::uuid");
+        let cursor_sql =
+            format!("SELECT COALESCE(max(seq), 0) FROM {table} WHERE cell = $1 AND epoch = $2::text::uuid");
         let insert = timed(
             "migrate",
             client.prepare(&format!(

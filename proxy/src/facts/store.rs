@@ -660,7 +660,9 @@ impl Writer {
             }
         }
         if let Some(upto) = cursors.iter().map(|(s, _)| *s).max() {
-            let r = self.write_cursor(upto).map_err(|e| FactError::Unavailable(e.to_string()));
+            let r = self
+                .write_cursor(upto)
+                .map_err(|e| FactError::Unavailable(e.to_string()));
             if let Err(e) = &r {
                 tracing::warn!(error = %e, "the export cursor could not be written");
                 self.conn = None;
@@ -1155,7 +1157,10 @@ mod tests {
         s.record(fact("r", "h")).await.unwrap();
         assert_eq!(s.head(), 1);
         let f = &all(&s).await[0];
-        assert_eq!((f.cell.as_deref(), f.epoch.as_deref()), (Some("cell-a"), Some(epoch.as_str())));
+        assert_eq!(
+            (f.cell.as_deref(), f.epoch.as_deref()),
+            (Some("cell-a"), Some(epoch.as_str()))
+        );
         drop(s);
         // The same file keeps its epoch; a new file gets another.
         let s = SqliteStore::open(&path, limits.clone(), StoreMetrics::default());
