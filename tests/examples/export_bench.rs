@@ -39,8 +39,7 @@ async fn flood(proxy: SocketAddr, auth: &str, clients: usize, stop: Arc<AtomicBo
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let host = format!("c{c}-{i}.denied.example");
-                let req =
-                    format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\n\r\n");
+                let req = format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\n\r\n");
                 s.write_all(req.as_bytes()).await.unwrap();
                 let r = read_response(&mut s, false).await.unwrap();
                 assert_eq!(r.status, 403);
