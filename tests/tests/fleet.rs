@@ -394,3 +394,53 @@ async fn without_a_cell_the_export_metrics_are_present_at_zero() {
     assert_eq!(view["ready"], true);
     assert_eq!(readyz(control).await.0, 200);
 }
+
+/// With `[cell]`: a run's proxy URL and env use `advertise_proxy`, its view
+/// names the cell and its `control_url`, facts carry the cell, and
+/// `/v1/cell` says who the cell is (the environment's id winning over the
+/// file's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_advertises_its_urls_in_runs_and_names_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, control) = (free_addr(), free_addr());
+    let cfg = write_config(
+        dir.path(),
+        proxy,
+        control,
+        "[tools.t]\negress = []\n[cell]\nid = \"from-file\"\n\
+         advertise_proxy = \"http://cell-c.cells.test:3128\"\nadvertise_control = \"http://cell-c.cells.test:3129\"\n",
+    );
+    let _p = ProxyProcess::start_with_env(
+        &bin("egress-proxy"),
+        &cfg,
+        (proxy, control),
+        TOKEN,
+        &[],
+        &[("EGRESS_CELL_ID", "cell-c")],
+    );
+    let r = control_call(control, "POST", "/v1/runs", Some(json!({"tool": "t"})), Some(TOKEN)).await;
+    assert_eq!(r.status, 201);
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let (id, secret) = (v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
+    let url = format!("http://{id}:{secret}@cell-c.cells.test:3128");
+    assert_eq!(v["proxy_url"], url.as_str());
+    assert_eq!(v["env"]["HTTPS_PROXY"], url.as_str());
+    assert_eq!(v["cell"], "cell-c");
+    assert_eq!(v["control_url"], "http://cell-c.cells.test:3129");
+    let (_, view) = get(control, &format!("/v1/runs/{id}")).await;
+    assert_eq!(
+        (view["cell"].as_str(), view["control_url"].as_str()),
+        (Some("cell-c"), Some("http://cell-c.cells.test:3129"))
+    );
+    assert_eq!(deny(proxy, &basic(id, secret), 1).await, Some(403));
+    let facts = local_facts(control).await;
+    assert_eq!(facts[0]["cell"], "cell-c");
+    let (_, cell) = get(control, "/v1/cell").await;
+    assert_eq!(cell["id"], "cell-c");
+    assert_eq!(cell["epoch"], facts[0]["epoch"]);
+    assert_eq!(cell["live_runs"], 1);
+    assert_eq!(cell["advertise_proxy"], "http://cell-c.cells.test:3128");
+    assert!(cell.get("export_lag").is_none(), "no [export]: {cell}");
+    let m = metrics(control).await;
+    assert!(m.contains("egress_cell_info{cell=\"cell-c\","), "{m}");
+}
