@@ -402,6 +402,12 @@ pub struct ErrorDetail {
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problems: Option<Vec<Problem>>,
+    /// The cell that answered (`[cell] id`; absent without a cell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// Where that cell answers (`[cell] advertise_control`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_url: Option<String>,
 }
 
 /// Every error answer of the control API.
@@ -418,6 +424,8 @@ impl ErrorBody {
                 code: code.into(),
                 message: message.into(),
                 problems: None,
+                cell: None,
+                control_url: None,
             },
         }
     }

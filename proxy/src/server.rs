@@ -192,6 +192,9 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             metrics.store.clone(),
         )),
     };
+    if let Some(cell) = &cfg.cell {
+        crate::control::error::set_cell(cell);
+    }
     let exporter = match (&cfg.cell, cfg.export.sink) {
         (Some(cell), egress_config::Sink::Postgres) => Some(crate::facts::export::Exporter::start(
             &cfg.export,

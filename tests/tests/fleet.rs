@@ -443,4 +443,12 @@ async fn a_cell_advertises_its_urls_in_runs_and_names_itself() {
     assert!(cell.get("export_lag").is_none(), "no [export]: {cell}");
     let m = metrics(control).await;
     assert!(m.contains("egress_cell_info{cell=\"cell-c\","), "{m}");
+    // Errors name the cell too.
+    let (s, e) = get(control, "/v1/runs/nobody").await;
+    assert_eq!(s, 404);
+    assert_eq!(
+        (e["error"]["cell"].as_str(), e["error"]["control_url"].as_str()),
+        (Some("cell-c"), Some("http://cell-c.cells.test:3129")),
+        "{e}"
+    );
 }

@@ -9,7 +9,7 @@
 
 mod ca;
 mod cell;
-mod error;
+pub(crate) mod error;
 mod facts;
 mod health;
 mod owners;
