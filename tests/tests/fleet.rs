@@ -452,3 +452,110 @@ async fn a_cell_advertises_its_urls_in_runs_and_names_itself() {
         "{e}"
     );
 }
+
+/// A TCP relay in front of PostgreSQL that can be cut like a network
+/// partition: while cut, bytes are swallowed both ways and nothing is
+/// closed (the exporter sees silence, not a reset). Healing lets bytes
+/// through again; a connection that lost bytes stays silent (its protocol
+/// stream is broken), so only the exporter's own deadline gets it out.
+struct Partition {
+    addr: SocketAddr,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Partition {
+    async fn start(port: u16) -> Partition {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((a, _)) = l.accept().await {
+                let cut = c.clone();
+                tokio::spawn(async move {
+                    let Ok(b) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                        return;
+                    };
+                    let (mut ar, mut aw) = a.into_split();
+                    let (mut br, mut bw) = b.into_split();
+                    let (mut x, mut y) = (vec![0u8; 16384], vec![0u8; 16384]);
+                    loop {
+                        tokio::select! {
+                            r = ar.read(&mut x) => match r {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => if !cut.load(Ordering::SeqCst) && bw.write_all(&x[..n]).await.is_err() { return },
+                            },
+                            r = br.read(&mut y) => match r {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => if !cut.load(Ordering::SeqCst) && aw.write_all(&y[..n]).await.is_err() { return },
+                            },
+                        }
+                    }
+                });
+            }
+        });
+        Partition { addr, cut }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A partition between the cell and PostgreSQL (silence, not a refused
+/// connection): 403s and local facts go on, the lag grows and `/readyz`
+/// answers 503 past `max_lag`; healed, the lag is 0 within 10 s and the
+/// invariant holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_from_postgres_grows_the_lag_and_heals_within_seconds() {
+    let Some(pg) = Postgres::start() else { return };
+    let part = Partition::start(pg.port).await;
+    let cell = Cell::new("cell-p", "flush_ms = 50\nmax_lag = 20");
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        part.addr.port()
+    );
+    let _p = ProxyProcess::start_with_env(
+        &bin("egress-proxy"),
+        &cell.cfg,
+        (cell.proxy, cell.control),
+        TOKEN,
+        &[],
+        &[(DSN_ENV, dsn.as_str())],
+    );
+    let auth = run(cell.control).await;
+    let answered = Arc::new(AtomicU64::new(0));
+    flood(cell.proxy, auth.clone(), 0, 10, answered.clone()).await;
+    until("exported", Duration::from_secs(10), async || {
+        get(cell.control, "/v1/cell").await.1["export_lag"] == 0
+    })
+    .await;
+    part.cut();
+    assert_eq!(
+        flood(cell.proxy, auth.clone(), 100, 60, answered.clone()).await,
+        60,
+        "denials go on"
+    );
+    until("the lag counted", Duration::from_secs(10), async || {
+        sample(&metrics(cell.control).await, "egress_export_lag_facts") >= 21.0
+    })
+    .await;
+    assert_eq!(readyz(cell.control).await, (503, "export_lag".to_owned()));
+    // Still cut a while later: nothing got through.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(get(cell.control, "/v1/cell").await.1["export_lag"].as_u64().unwrap() >= 60);
+    let local = local_facts(cell.control).await;
+    part.heal();
+    let t0 = Instant::now();
+    until("caught up after the partition", Duration::from_secs(10), async || {
+        get(cell.control, "/v1/cell").await.1["export_lag"] == 0
+    })
+    .await;
+    eprintln!("healed: lag 0 after {:?}", t0.elapsed());
+    assert_eq!(readyz(cell.control).await.0, 200);
+    assert_exported_once(&pg, "cell-p", &local);
+}
