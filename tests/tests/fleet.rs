@@ -1,6 +1,6 @@
 //! The fleet's fact export with real processes and a real PostgreSQL 15 on
-//! loopback (a first step: the layout on network namespaces is not
-//! here yet). Each case checks the exactly-once invariant: per (cell,
+//! loopback (a first step: the layout on network namespaces and a bridge is
+//! not here yet; a partition is a relay that goes silent, see [`Partition`]). Each case checks the exactly-once invariant: per (cell,
 //! epoch), `count(*) = max(seq)` = the local store's newest `seq`, ids
 //! unique, and every body equal to the local fact. Skipped loudly without
 //! root or PostgreSQL (see `egress_e2e::postgres`).
