@@ -16,7 +16,7 @@ use utoipa::{IntoParams, ToSchema};
 /// The `type` of every fact.
 pub const FACT_TYPE: &str = "EGRESS_DENIED";
 /// The fact schema version kernels fold.
-pub const FACT_SCHEMA: &str = "1.7.0";
+pub const FACT_SCHEMA: &str = "1.8.0";
 
 /// Where a fact points.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
@@ -49,6 +49,13 @@ pub struct Fact {
     pub detail: String,
     /// How many identical denials this fact stands for (coalescing).
     pub count: u64,
+    /// The cell that recorded it (`[cell] id`; absent without a cell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// The epoch of the store that holds it: a UUID drawn when the store
+    /// file was made. `(cell, epoch, seq)` names a fact fleet-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
 }
 
 /// `POST /v1/runs`.
@@ -117,6 +124,46 @@ pub struct RunView {
     /// `ended`, `expired`, `shutdown`, `lease_expired` or `owner_released`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
+    /// The cell the run lives on (`[cell] id`; absent without a cell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// Where the run's cell answers for it (`[cell] advertise_control`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_url: Option<String>,
+}
+
+/// `GET /v1/cell` (the proxy's and the executor's): who this cell is and
+/// whether it takes new work.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CellView {
+    /// `[cell] id` (absent without a cell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The fact store's epoch (a UUID drawn when the store file was made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
+    /// The digest of the policy in force.
+    pub policy: String,
+    /// Runs not yet ended (the proxy) or invocations in flight (the executor).
+    pub live_runs: u64,
+    /// Children the executor's pools may hold at once (the executor only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_capacity: Option<u64>,
+    /// Whether `/readyz` answers 200.
+    pub ready: bool,
+    /// Why not, when not (`shutting_down`, `fact_store`, `cell_id_in_use`,
+    /// `export_lag`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Denial facts not yet exported (the proxy with `[export]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export_lag: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_proxy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_control: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_executor: Option<String>,
 }
 
 /// `201` of `POST /v1/runs`: the view plus the credential, shown only here.
@@ -355,6 +402,12 @@ pub struct ErrorDetail {
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problems: Option<Vec<Problem>>,
+    /// The cell that answered (`[cell] id`; absent without a cell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// Where that cell answers (`[cell] advertise_control`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_url: Option<String>,
 }
 
 /// Every error answer of the control API.
@@ -371,6 +424,8 @@ impl ErrorBody {
                 code: code.into(),
                 message: message.into(),
                 problems: None,
+                cell: None,
+                control_url: None,
             },
         }
     }

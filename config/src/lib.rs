@@ -7,6 +7,7 @@ pub mod allowlist;
 pub mod binding;
 pub mod credentials;
 pub mod executor;
+pub mod fleet;
 pub mod host;
 pub mod ranges;
 mod reader;
@@ -25,6 +26,7 @@ pub use allowlist::{Allowlist, Match, Rule, RuleError};
 pub use binding::Binding;
 pub use credentials::{Credential, Plaintext, Secret, SecretSource, Template};
 pub use executor::{ExecutorConfig, Isolation, Network, ProcessConfig, Protocol};
+pub use fleet::{CellConfig, ExportConfig, Sink};
 pub use host::{parse_authority, parse_host, Host, HostError};
 pub use ipnet::IpNet;
 pub use ranges::{RangeTable, RangeVerdict};
@@ -287,6 +289,10 @@ pub struct Config {
     pub proxy: ProxyConfig,
     pub policy: Arc<Policy>,
     pub executor: ExecutorConfig,
+    /// `[cell]` (`None` without the table: a machine of its own, as before).
+    pub cell: Option<CellConfig>,
+    /// `[export]`.
+    pub export: ExportConfig,
 }
 
 impl Config {
@@ -337,6 +343,19 @@ impl Config {
                 problems: problems.0,
             })
         }
+    }
+
+    /// [`Config::parse_relative_to`] with the environment and host name
+    /// given (what `[cell]` reads), for tests.
+    pub fn parse_with_env(
+        text: &str,
+        file: &str,
+        dir: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+        host: &dyn Fn() -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let (config, problems) = schema::parse_with_env(text, file, dir, env, host);
+        verdict(file.to_owned(), config, problems)
     }
 
     /// The embedded default configuration.
@@ -487,6 +506,19 @@ mod tests {
             }
         );
         assert!(c.policy.tools.is_empty(), "no tools: every fetch is denied");
+        assert_eq!(c.cell, None, "no [cell]: a machine of its own");
+        assert_eq!(
+            c.export,
+            ExportConfig {
+                sink: Sink::None,
+                dsn_env: "EGRESS_EXPORT_DSN".into(),
+                batch_max: 500,
+                flush: Duration::from_millis(200),
+                max_lag: 10_000,
+                schema: "public".into(),
+                flush_timeout: Duration::from_secs(10),
+            }
+        );
         assert!(c.policy.ranges.allow_ranges().is_empty() && c.policy.ranges.deny_ranges().is_empty());
         // The digest of the empty policy (the canonical text is empty).
         assert_eq!(

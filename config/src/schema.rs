@@ -6,6 +6,7 @@
 use crate::allowlist::{Allowlist, Rule, RuleError};
 use crate::credentials::{self, SecretSource};
 use crate::executor;
+use crate::fleet;
 use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
 use crate::requests::{PathPattern, Requests};
@@ -32,6 +33,18 @@ const HOUR: u64 = 3600;
 /// The file as far as it can be read (an invalid value reads as its
 /// default), and every problem; no configuration if it is not TOML.
 pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<Problem>) {
+    let env = |k: &str| std::env::var(k).ok();
+    parse_with_env(text, file, dir, &env, &fleet::hostname)
+}
+
+/// [`parse`] with the environment and host name given (`[cell]` reads them).
+pub(crate) fn parse_with_env(
+    text: &str,
+    file: &str,
+    dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    host: &dyn Fn() -> Option<String>,
+) -> (Option<Config>, Vec<Problem>) {
     let root: toml::Table = match toml::from_str(text) {
         Ok(t) => t,
         Err(e) => {
@@ -64,6 +77,13 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
         s.finish();
         r
     };
+    let cell = fleet::cell(top.optional_table("cell"), env, host);
+    let export = {
+        let mut s = top.table("export");
+        let r = fleet::export(&mut s);
+        s.finish();
+        r
+    };
     top.finish();
     if executor.allow_relay {
         for (id, t) in &tools {
@@ -76,6 +96,7 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
             }
         }
     }
+    fleet::check(cell.as_ref(), &export, &mut p);
 
     // Relative paths in the file are relative to `dir`.
     let rel = |p: &mut PathBuf| {
@@ -164,6 +185,8 @@ pub(crate) fn parse(text: &str, file: &str, dir: &Path) -> (Option<Config>, Vec<
             secrets: SecretScan::default(),
         }),
         executor,
+        cell,
+        export,
     };
     (Some(config), p.0)
 }
@@ -635,7 +658,7 @@ bad.toml: tools.web.process.isolation: "tight" is not one of "strict", "best_eff
 bad.toml: tools.web.mode: "audit" is not one of "enforce", "report"
 bad.toml: executor.lease_ms: invalid type: string "15s", expected u64
 bad.toml: executor.child_uid: must not be 0 (root)
-bad.toml: extra: unknown key (expected one of: executor, proxy, tools)"#
+bad.toml: extra: unknown key (expected one of: cell, executor, export, proxy, tools)"#
         );
     }
 

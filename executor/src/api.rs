@@ -54,6 +54,20 @@ fn v1_routes() -> OpenApiRouter<Arc<Executor>> {
         .routes(routes!(invoke, list_invocations))
         .routes(routes!(get_invocation))
         .routes(routes!(abort))
+        .routes(routes!(get_cell))
+}
+
+/// `GET /v1/cell`: the cell's id, the policy digest, invocations in
+/// flight and pool capacity (the store's epoch is the proxy's: its own
+/// `GET /v1/cell` says it).
+#[utoipa::path(get, path = "/v1/cell", tag = "cell",
+    security(("control_token" = [])),
+    responses(
+        (status = 200, description = "The cell's identity and capacity", body = egress_api::CellView),
+        (status = 401, description = "unauthorized", body = ErrorBody),
+    ))]
+async fn get_cell(State(exec): State<Arc<Executor>>) -> Json<egress_api::CellView> {
+    Json(exec.cell_view())
 }
 
 /// What every `/v1` operation shares, added once the routes are collected:

@@ -267,9 +267,9 @@ fn prepare(tool: &ToolSpec, run: &RunCreds, scratch: &std::path::Path) -> Result
             .map(std::path::PathBuf::from)
             .filter(|p| p.is_absolute()),
     );
-    let proxy = crate::confine::proxy_addr(&run.proxy_url);
+    let port = crate::confine::proxy_port(&run.proxy_url).unwrap_or(0);
     tool.confinement
-        .prepare(&tool.id, scratch, &files, proxy.map_or(0, |a| a.port()))
+        .prepare(&tool.id, scratch, &files, port)
         .map_err(|e| format!("cannot prepare the confinement of `{}`: {e}", tool.id))
 }
 
@@ -614,6 +614,8 @@ impl Warm {
             exit,
             duration_ms: ms(t0.elapsed()),
             body_dropped: None,
+            cell: crate::error::cell().0,
+            control_url: crate::error::cell().1,
         };
         (result, Teardown(self))
     }

@@ -36,6 +36,10 @@ pub struct Config {
     pub executor: ExecutorSection,
     /// Every tool id in `[tools]`, with its process section if it has one.
     pub tools: BTreeMap<String, Option<ProcessConfig>>,
+    /// `[cell]` (`None`: a machine of its own).
+    pub cell: Option<egress_config::CellConfig>,
+    /// The digest of the file's policy.
+    pub policy_digest: String,
 }
 
 impl Config {
@@ -70,6 +74,8 @@ impl Config {
         // `allow_relay`.
         executor.proxy_handoff = binding.socket().map(Path::to_path_buf);
         Config {
+            cell: shared.cell.clone(),
+            policy_digest: shared.policy.digest.clone(),
             file: file.to_path_buf(),
             dir,
             control: shared.proxy.control,

@@ -1107,6 +1107,16 @@ pub fn child_proxy_url(run_url: &str) -> String {
     }
 }
 
+/// The port of a run's proxy URL, also when it names a host (a cell's
+/// `advertise_proxy`): what Landlock lets a child without its own network
+/// namespace connect to.
+pub fn proxy_port(run_url: &str) -> Option<u16> {
+    let rest = run_url.split_once("://").map_or(run_url, |(_, r)| r);
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host = host.split('/').next().unwrap_or(host);
+    host.rsplit_once(':').and_then(|(_, p)| p.parse().ok())
+}
+
 /// The proxy's data address from a run's proxy URL (an IP literal; never
 /// resolved).
 pub fn proxy_addr(run_url: &str) -> Option<std::net::SocketAddr> {
@@ -1119,6 +1129,14 @@ pub fn proxy_addr(run_url: &str) -> Option<std::net::SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proxy_port_is_read_from_a_name_too() {
+        assert_eq!(proxy_port("http://r:s@cell-a.cells.example:3128"), Some(3128));
+        assert_eq!(proxy_port("http://r:s@127.0.0.1:9"), Some(9));
+        assert_eq!(proxy_port("http://r:s@[::1]:7"), Some(7));
+        assert_eq!(proxy_port("http://r:s@cell-a"), None);
+    }
 
     #[test]
     fn child_proxy_url_keeps_the_credential() {

@@ -164,6 +164,29 @@ pub struct InvocationResult {
     /// tool's. The tool is never run again for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_dropped: Option<BodyDropped>,
+    /// The cell that ran it (`[cell] id`; absent without a cell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// Where that cell's executor answers for it (`[cell] advertise_executor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_url: Option<String>,
+}
+
+/// This process's cell and the URL kernels reach its executor at, set once
+/// at start from `[cell]`; every invocation result carries them.
+static CELL: std::sync::OnceLock<(Option<String>, Option<String>)> = std::sync::OnceLock::new();
+
+/// Sets the cell every result names (once, at start).
+pub fn set_cell(cell: Option<&egress_config::CellConfig>) {
+    let _ = CELL.set((
+        cell.map(|c| c.id.clone()),
+        cell.and_then(|c| c.advertise_executor.clone()),
+    ));
+}
+
+/// The cell id and executor URL results carry.
+pub fn cell() -> (Option<String>, Option<String>) {
+    CELL.get().cloned().unwrap_or_default()
 }
 
 /// What is left of an answer whose body was dropped: why, its sizes, and
@@ -216,6 +239,8 @@ impl InvocationResult {
             exit: None,
             duration_ms: 0,
             body_dropped: None,
+            cell: cell().0,
+            control_url: cell().1,
         }
     }
 

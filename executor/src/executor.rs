@@ -246,6 +246,7 @@ impl Executor {
     /// Build the executor and start filling every pool. Fails loudly if a
     /// tool asks for confinement that is not available.
     pub fn new(config: Config, token_env: Option<String>) -> Result<Arc<Executor>, StartError> {
+        crate::error::set_cell(config.cell.as_ref());
         let mut specs = Vec::new();
         let host = crate::confine::host(&config.executor);
         for (id, process) in &config.tools {
@@ -384,6 +385,27 @@ impl Executor {
     pub fn warm_up(&self) {
         for pool in self.pools.values() {
             pool.fill();
+        }
+    }
+
+    /// `GET /v1/cell`: the cell, the policy of the file, invocations in
+    /// flight, and the children the pools may hold at once.
+    pub fn cell_view(&self) -> egress_api::CellView {
+        let cell = self.config.cell.as_ref();
+        let live = self.inflight.lock().map(|m| m.len()).unwrap_or(0);
+        let capacity: usize = self.config.tools.values().flatten().map(|p| p.max).sum();
+        egress_api::CellView {
+            id: cell.map(|c| c.id.clone()),
+            epoch: None,
+            policy: self.config.policy_digest.clone(),
+            live_runs: live as u64,
+            pool_capacity: Some(capacity as u64),
+            ready: true,
+            reason: None,
+            export_lag: None,
+            advertise_proxy: cell.and_then(|c| c.advertise_proxy.clone()),
+            advertise_control: cell.and_then(|c| c.advertise_control.clone()),
+            advertise_executor: cell.and_then(|c| c.advertise_executor.clone()),
         }
     }
 

@@ -226,6 +226,8 @@ fn stub(r: &InvocationResult) -> InvocationResult {
         exit: r.exit.clone(),
         duration_ms: r.duration_ms,
         body_dropped: None,
+        cell: r.cell.clone(),
+        control_url: r.control_url.clone(),
     }
 }
 
@@ -289,6 +291,8 @@ mod tests {
             exit: Some("exit code 0".into()),
             duration_ms: 7,
             body_dropped: None,
+            cell: None,
+            control_url: None,
         }
     }
 

@@ -309,12 +309,20 @@ async fn the_executor_openapi_document_lists_every_route_and_describes_the_answe
         [
             "GET /healthz",
             "GET /metrics",
+            "GET /v1/cell",
             "GET /v1/invocations",
             "POST /v1/invocations",
             "GET /v1/invocations/{id}",
             "POST /v1/invocations/{id}/abort",
         ]
     );
+    // The cell view: no [cell] here, the pools' capacity, the policy.
+    let (status, cell) = http(addr, "GET", "/v1/cell", None).await;
+    assert_eq!(status, 200, "{cell}");
+    let cell: Value = serde_json::from_str(&cell).unwrap();
+    assert!(cell.get("id").is_none(), "{cell}");
+    assert!(cell["pool_capacity"].as_u64().unwrap() >= 1, "{cell}");
+    assert!(cell["policy"].as_str().unwrap().starts_with("sha256:"), "{cell}");
     // Real answers match the schemas of their status.
     let body = json!({"tool": "count", "input": {"n": 1}, "idempotency_key": "oa-1"});
     let op = spec.operation("POST", "/v1/invocations").unwrap();

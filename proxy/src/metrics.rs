@@ -136,6 +136,32 @@ pub struct Metrics {
     pub conns_refused: Family<ListenerReason, Counter>,
     /// Occurrences of a credential's secret replaced in responses.
     pub credential_scrubs: Family<ToolCredential, Counter>,
+    /// The fleet exporter's (present at 0 without `[export]` too).
+    pub export: ExportMetrics,
+    /// `egress_cell_info{cell,epoch,policy}` = 1.
+    pub cell_info: Family<CellInfo, Gauge>,
+}
+
+/// The exporter's metrics.
+#[derive(Clone)]
+pub struct ExportMetrics {
+    /// Facts committed locally and not yet in PostgreSQL.
+    pub lag: Gauge,
+    pub facts: Counter,
+    /// Failures by kind (`connect`, `migrate`, `lock`, `read`, `write`).
+    pub failures: Family<KindLabel, Counter>,
+    pub batch_duration: Histogram,
+    pub last_success: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+/// The kinds of exporter failure, all present at 0 from the start.
+pub const EXPORT_FAILURES: [&str; 5] = ["connect", "migrate", "lock", "read", "write"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CellInfo {
+    pub cell: String,
+    pub epoch: String,
+    pub policy: String,
 }
 
 /// The fact store's size and pruning.
@@ -307,8 +333,51 @@ impl Metrics {
             "Occurrences of a credential's real secret replaced by the run's placeholder in responses from its hosts",
             credential_scrubs.clone(),
         );
+        let export = ExportMetrics {
+            lag: Gauge::default(),
+            facts: Counter::default(),
+            failures: Family::<KindLabel, Counter>::default(),
+            batch_duration: histogram(),
+            last_success: Gauge::default(),
+        };
+        for kind in EXPORT_FAILURES {
+            let _ = export.failures.get_or_create(&KindLabel { kind });
+        }
+        registry.register(
+            "egress_export_lag_facts",
+            "Denial facts committed locally and not yet exported",
+            export.lag.clone(),
+        );
+        registry.register(
+            "egress_export_facts",
+            "Denial facts exported to the fleet store",
+            export.facts.clone(),
+        );
+        registry.register(
+            "egress_export_failures",
+            "Exporter failures, by kind (connect, migrate, lock, read, write)",
+            export.failures.clone(),
+        );
+        registry.register(
+            "egress_export_batch_duration_seconds",
+            "Time to export one batch of facts (one transaction)",
+            export.batch_duration.clone(),
+        );
+        registry.register(
+            "egress_export_last_success_timestamp_seconds",
+            "Unix time of the last batch exported (or of the last check that found nothing to export)",
+            export.last_success.clone(),
+        );
+        let cell_info = Family::<CellInfo, Gauge>::default();
+        registry.register(
+            "egress_cell_info",
+            "The cell's id, its store's epoch and the policy in force (value 1)",
+            cell_info.clone(),
+        );
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
+            export,
+            cell_info,
             credential_scrubs,
             registry,
             requests,
@@ -347,6 +416,12 @@ impl Metrics {
                 digest: digest.to_owned(),
             })
             .set(1);
+    }
+
+    /// Makes `info` the one `egress_cell_info` series.
+    pub fn set_cell_info(&self, info: CellInfo) {
+        self.cell_info.clear();
+        self.cell_info.get_or_create(&info).set(1);
     }
 
     /// Renders the OpenMetrics text exposition.

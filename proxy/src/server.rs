@@ -46,6 +46,8 @@ pub enum StartError {
     Tls(#[from] crate::listener::TlsError),
     #[error("appliance CA: {0}")]
     Ca(#[from] crate::ca::CaError),
+    #[error("fleet export: {0}")]
+    Export(#[from] crate::facts::export::ExportError),
     #[error("cannot listen for listener hand-offs on {}: {source}", path.display())]
     Handoff {
         path: std::path::PathBuf,
@@ -86,6 +88,21 @@ impl Handle {
             sh.end_run(&run, EndReason::Shutdown);
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), sh.tasks.wait()).await;
+        if let Some(e) = &sh.exporter {
+            let budget = sh.export_cfg.flush_timeout;
+            tracing::info!(
+                lag = sh.export_lag(),
+                budget_ms = budget.as_millis() as u64,
+                "flushing the fact export"
+            );
+            match e.flush(&*sh.facts, budget).await {
+                0 => tracing::info!("every fact is exported"),
+                lag => tracing::warn!(
+                    lag,
+                    "stopping with facts not yet exported (they stay in the local store)"
+                ),
+            }
+        }
         sh.control_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
             while self.tasks.join_next().await.is_some() {}
@@ -169,9 +186,32 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             crate::facts::store::Limits {
                 max_bytes: pc.facts_max_bytes,
                 retention: pc.facts_retention,
+                cell: cfg.cell.as_ref().map(|c| c.id.clone()),
+                exported: cfg.export.sink == egress_config::Sink::Postgres,
             },
             metrics.store.clone(),
         )),
+    };
+    if let Some(cell) = &cfg.cell {
+        crate::control::error::set_cell(cell);
+    }
+    let exporter = match (&cfg.cell, cfg.export.sink) {
+        (Some(cell), egress_config::Sink::Postgres) => Some(crate::facts::export::Exporter::start(
+            &cfg.export,
+            &cell.id,
+            facts.clone(),
+            metrics.export.clone(),
+        )?),
+        _ => None,
+    };
+    // The scheme and authority of runs' proxy URLs: the advertised ones.
+    let (proxy_scheme, proxy_authority) = match cfg.cell.as_ref().and_then(|c| c.advertise_proxy.as_deref()) {
+        Some(url) => match url.split_once("://") {
+            Some(("https", a)) => ("https", a.to_owned()),
+            Some((_, a)) => ("http", a.to_owned()),
+            None => ("http", url.to_owned()),
+        },
+        None => (if pc.tls.is_some() { "https" } else { "http" }, advertised(proxy_addr)),
     };
     let dns = Dns::new(&pc.dns)?;
     let tls = match &pc.tls {
@@ -192,7 +232,9 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             resolver: Arc::new(dns),
             dialer: Arc::new(TcpDial),
             me: SelfAddrs(vec![proxy_addr, control_addr]),
-            proxy_authority: advertised(proxy_addr),
+            proxy_authority,
+            proxy_scheme,
+            exporter,
             control_token: token.clone(),
             config_path: opts.config_path,
             tls,

@@ -66,6 +66,12 @@ pub struct Shared {
     pub control_admission: Arc<Admission>,
     /// Places for concurrent `/v1/facts/stream` readers.
     pub event_streams: Arc<Semaphore>,
+    /// `[cell]` (`None`: a machine of its own).
+    pub cell: Option<egress_config::CellConfig>,
+    /// The fleet exporter, with `[export] sink = "postgres"`.
+    pub exporter: Option<crate::facts::export::Exporter>,
+    /// `[export]` as started.
+    pub export_cfg: egress_config::ExportConfig,
 }
 
 /// What [`Shared::new`] needs besides the config.
@@ -80,6 +86,9 @@ pub(crate) struct Parts {
     pub config_path: Option<PathBuf>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub ca: Authority,
+    pub exporter: Option<crate::facts::export::Exporter>,
+    /// `http` or `https` (from `cell.advertise_proxy`, else the listener's TLS).
+    pub proxy_scheme: &'static str,
 }
 
 impl Shared {
@@ -121,16 +130,55 @@ impl Shared {
             proxy_authority: p.proxy_authority,
             control_token: p.control_token,
             config_path: p.config_path,
-            proxy_scheme: if p.tls.is_some() { "https" } else { "http" },
+            proxy_scheme: p.proxy_scheme,
             tls: p.tls,
             ca: ArcSwap::from_pointee(p.ca),
             data_admission,
             control_admission,
             event_streams: Arc::new(Semaphore::new(pc.max_event_streams)),
+            cell: cfg.cell.clone(),
+            exporter: p.exporter,
+            export_cfg: cfg.export.clone(),
         });
         shared.on_policy(&cfg.policy);
+        shared.publish_cell_info();
         shared.tool_metrics(None);
         shared
+    }
+
+    /// Sets `egress_cell_info{cell,epoch,policy}` from the cell, the
+    /// store and the policy in force (at start and on every reload).
+    pub fn publish_cell_info(&self) {
+        self.metrics.set_cell_info(crate::metrics::CellInfo {
+            cell: self.cell.as_ref().map(|c| c.id.clone()).unwrap_or_default(),
+            epoch: self.facts.epoch().unwrap_or_default(),
+            policy: self.policy.load().digest.clone(),
+        });
+    }
+
+    /// Why the proxy is not ready, if it is not: `shutting_down`,
+    /// `fact_store`, `cell_id_in_use` or `export_lag` (the first that holds).
+    pub fn unready(&self) -> Option<&'static str> {
+        if self.shutdown.is_cancelled() {
+            return Some("shutting_down");
+        }
+        if !self.facts.ready() {
+            return Some("fact_store");
+        }
+        if let Some(e) = &self.exporter {
+            if e.state.cell_in_use.load(Ordering::Acquire) {
+                return Some("cell_id_in_use");
+            }
+            if e.state.lag(&*self.facts) > e.state.max_lag {
+                return Some("export_lag");
+            }
+        }
+        None
+    }
+
+    /// Unexported facts (0 without an exporter).
+    pub fn export_lag(&self) -> u64 {
+        self.exporter.as_ref().map_or(0, |e| e.state.lag(&*self.facts))
     }
 
     /// Per-tool metric handles: one lock-free lookup on the data path. A tool

@@ -35,16 +35,6 @@ DASHBOARDS = ["dashboards/egress.json", "dashboards/executor.json"]
 RULES = ROOT / "dashboards/alerts.yml"
 RULE_TESTS = ROOT / "dashboards/tests/alerts_test.yml"
 METRIC_SOURCES = ["proxy/src/metrics.rs", "executor/src/metrics.rs"]
-# The fleet's metrics (issue 23's contract: the proxy exports each from start,
-# at 0, with or without [cell]/[export]). The Fleet row and the fleet alerts
-# use them; until the proxy's code registers them, they are reported as
-# pending instead of unknown. Once it does, this list changes nothing.
-FLEET_METRICS = {
-    "egress_export_lag_facts", "egress_export_facts_total", "egress_export_failures_total",
-    "egress_export_batch_duration_seconds_bucket", "egress_export_batch_duration_seconds_sum",
-    "egress_export_batch_duration_seconds_count", "egress_export_last_success_timestamp_seconds",
-    "egress_cell_info",
-}
 # What Grafana substitutes before a query reaches Prometheus.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$tool": ".*"}
 
@@ -261,11 +251,7 @@ def check_dashboard_types(path, raw, errors):
 def check_dashboards(errors):
     exported = exported_metrics()
     recorded = {r["record"] for r in load_rules() if "record" in r}
-    pending = FLEET_METRICS - exported
-    if pending:
-        print("PENDING: the proxy does not export %s yet (the fleet's metrics, issue 23); "
-              "the Fleet row and the fleet alerts use them" % ", ".join(sorted(pending)))
-    known = exported | recorded | pending | {"up"}
+    known = exported | recorded | {"up"}
     for path in DASHBOARDS:
         raw = json.loads((ROOT / path).read_text())
         check_dashboard_types(path, raw, errors)

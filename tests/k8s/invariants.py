@@ -35,9 +35,8 @@ EXECUTOR_CAPS = {"SYS_ADMIN", "NET_ADMIN", "SETUID", "SETGID", "KILL", "CHOWN", 
 CELL_PORTS = {3128, 3129, 3130}
 # The executor's own drain at SIGTERM (executor/src/main.rs), in seconds.
 EXECUTOR_DRAIN_S = 5
-FLUSH_ANNOTATION = "egress.loom/export-flush-budget-seconds"
-# The message of a binary that does not know the fleet's tables yet.
-PENDING = ("cell: unknown key", "export: unknown key")
+# [export] flush_timeout_ms's default (config/src/fleet.rs), in seconds.
+DEFAULT_FLUSH_S = 10
 
 
 def load(paths):
@@ -62,33 +61,7 @@ def check_config(proxy, text):
         r = subprocess.run([proxy, "check", "--config", path], capture_output=True, text=True, timeout=30)
         if r.returncode == 0:
             return [], []
-        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        if lines and all(any(p in ln for p in PENDING) for ln in lines):
-            # This binary predates [cell]/[export]: check the rest without them.
-            rest = strip_tables(text, ("cell", "export"))
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(rest)
-            r2 = subprocess.run([proxy, "check", "--config", path], capture_output=True, text=True, timeout=30)
-            if r2.returncode != 0:
-                return [f"ConfigMap egress.toml fails `egress-proxy check` (without [cell]/[export]): {r2.stderr.strip()}"], []
-            return [], [
-                "PENDING: this egress-proxy does not know [cell]/[export] yet (the fleet-core change); "
-                "the rest of the ConfigMap's config passes `egress-proxy check`. Once it lands, the whole file is checked."
-            ]
         return [f"ConfigMap egress.toml fails `egress-proxy check`: {r.stderr.strip()}"], []
-
-
-def strip_tables(text, names):
-    """The TOML text without the top-level tables `names` (header to next header)."""
-    out, skip = [], False
-    for ln in text.splitlines(keepends=True):
-        s = ln.strip()
-        if s.startswith("[") and not s.startswith("[["):
-            head = s.strip("[]").split(".")[0].strip()
-            skip = head in names
-        if not skip:
-            out.append(ln)
-    return "".join(out)
 
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "k8s", "base", "statefulset.yaml")
@@ -251,12 +224,8 @@ def check(docs, proxy):
         # Grace > drain + flush.
         grace = pod.get("terminationGracePeriodSeconds", 30)
         drain = (cfg.get("proxy") or {}).get("drain_timeout_ms", 10000) / 1000
-        try:
-            flush = float(spec["template"]["metadata"]["annotations"][FLUSH_ANNOTATION])
-        except (KeyError, TypeError, ValueError):
-            flush = None
-            bad(f"{name(st)}: the pod template needs the annotation {FLUSH_ANNOTATION}")
-        if flush is not None and not grace > max(drain, EXECUTOR_DRAIN_S) + flush:
+        flush = (cfg.get("export") or {}).get("flush_timeout_ms", DEFAULT_FLUSH_S * 1000) / 1000
+        if not grace > max(drain, EXECUTOR_DRAIN_S) + flush:
             bad(f"{name(st)}: terminationGracePeriodSeconds {grace} is not longer than the drain ({drain:g} s) plus the flush ({flush:g} s)")
 
         # Services: headless (not-ready addresses published) for per-cell names.

@@ -74,6 +74,8 @@ fn view(id: &str, tool: &str, state: &str) -> RunView {
         credential_scrubs: Default::default(),
         ended_at: None,
         end_reason: None,
+        cell: None,
+        control_url: None,
     }
 }
 

@@ -17,6 +17,7 @@ pub mod harness;
 pub mod netns;
 pub mod openapi;
 pub mod origin;
+pub mod postgres;
 pub mod process;
 pub mod raw;
 pub mod socks;

@@ -371,6 +371,7 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "GET /metrics",
             "GET /readyz",
             "GET /v1/ca",
+            "GET /v1/cell",
             "GET /v1/facts",
             "GET /v1/facts/stream",
             "GET /v1/owners",

@@ -46,13 +46,25 @@ pub fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
 }
 
+/// The cell every error answer names, set once at start when the proxy
+/// has a `[cell]` (a process serves one cell).
+static CELL: std::sync::OnceLock<(String, Option<String>)> = std::sync::OnceLock::new();
+
+/// Makes every error answer name `cell` and its control URL.
+pub fn set_cell(cell: &egress_config::CellConfig) {
+    let _ = CELL.set((cell.id.clone(), cell.advertise_control.clone()));
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let here = CELL.get();
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_owned(),
                 message: self.message,
                 problems: self.problems,
+                cell: here.map(|c| c.0.clone()),
+                control_url: here.and_then(|c| c.1.clone()),
             },
         };
         (self.status, Json(body)).into_response()

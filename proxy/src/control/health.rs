@@ -14,16 +14,15 @@ pub(super) async fn healthz() -> &'static str {
 
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
     (status = 200, description = "Ready", body = String),
-    (status = 503, description = "Shutting down (draining), or the fact store cannot write", body = String),
+    (status = 503, description = "Shutting down (draining), the fact store cannot write, another process holds the cell id (`cell_id_in_use`), or more than `export.max_lag` facts wait to be exported (`export_lag`)", body = String),
 ))]
 pub(super) async fn readyz(State(sh): State<Arc<Shared>>) -> Response {
-    if sh.shutdown.is_cancelled() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    match sh.unready() {
+        None => "ready\n".into_response(),
+        Some("shutting_down") => (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response(),
+        Some("fact_store") => (StatusCode::SERVICE_UNAVAILABLE, "fact store unavailable\n").into_response(),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
     }
-    if !sh.facts.ready() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "fact store unavailable\n").into_response();
-    }
-    "ready\n".into_response()
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "health", responses(

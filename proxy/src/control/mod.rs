@@ -8,7 +8,8 @@
 //! cannot lock kernels out.
 
 mod ca;
-mod error;
+mod cell;
+pub(crate) mod error;
 mod facts;
 mod health;
 mod owners;
@@ -53,6 +54,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(policy::reload_handler))
         .routes(routes!(policy::get_policy))
         .routes(routes!(ca::get_ca))
+        .routes(routes!(cell::get_cell))
         .routes(routes!(owners::list_owners))
         .routes(routes!(owners::renew_owner, owners::release_owner))
 }

@@ -58,6 +58,7 @@ fn try_reload(sh: &Shared) -> Result<Arc<egress_config::Policy>, ReloadError> {
         sh.ca.store(Arc::new(ca));
     }
     sh.metrics.set_config(Some(&old.digest), &cfg.policy.digest);
+    sh.publish_cell_info();
     sh.refresh_host_addrs();
     sh.on_policy(&cfg.policy);
     tracing::info!(old = %old.digest, new = %cfg.policy.digest, tools = cfg.policy.tools.len(), "policy reloaded");

@@ -16,7 +16,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub fn run_view(run: &Run) -> RunView {
+pub fn run_view(sh: &Shared, run: &Run) -> RunView {
     let (up, down) = run.bytes();
     let (ended_at, end_reason) = match run.ended() {
         Some((at, why)) => (Some(crate::time::rfc3339(at)), Some(why.as_str().to_owned())),
@@ -43,6 +43,8 @@ pub fn run_view(run: &Run) -> RunView {
         credential_scrubs: run.scrubbed().map(|(c, n)| (c.to_owned(), n)).collect(),
         ended_at,
         end_reason,
+        cell: sh.cell.as_ref().map(|c| c.id.clone()),
+        control_url: sh.cell.as_ref().and_then(|c| c.advertise_control.clone()),
     }
 }
 
@@ -147,7 +149,7 @@ pub(super) async fn create_run(
     Ok((
         StatusCode::CREATED,
         Json(CreatedRun {
-            run: run_view(&run),
+            run: run_view(&sh, &run),
             secret,
             proxy_url,
             env,
@@ -192,7 +194,7 @@ fn store_error(e: crate::facts::FactError) -> ApiError {
     ))]
 pub(super) async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
     let run = find(&sh, &id)?;
-    Ok(Json(run_view(&run)))
+    Ok(Json(run_view(&sh, &run)))
 }
 
 #[utoipa::path(post, path = "/v1/runs/{id}/activate", tag = "runs", security(("control_token" = [])),
@@ -210,7 +212,7 @@ pub(super) async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<S
         .await
         .map_err(store_error)?;
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");
-    Ok(Json(run_view(&run)))
+    Ok(Json(run_view(&sh, &run)))
 }
 
 /// Ends the run and answers with its final view, its facts (up to
@@ -250,7 +252,7 @@ pub(super) async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String
         by_reason.insert(f.reason.clone(), Value::from(n + f.count));
     }
     Ok(Json(EndedRun {
-        run: run_view(&run),
+        run: run_view(&sh, &run),
         facts,
         facts_truncated,
         denials: DenialSummary { total, by_reason },
@@ -304,7 +306,7 @@ pub(super) async fn list_runs(
         None
     };
     Ok(Json(RunList {
-        runs: runs.iter().map(|r| run_view(r)).collect(),
+        runs: runs.iter().map(|r| run_view(&sh, r)).collect(),
         next,
     }))
 }

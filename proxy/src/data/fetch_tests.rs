@@ -80,6 +80,8 @@ impl Proxy {
         let sh = Shared::new(
             &cfg,
             Parts {
+                exporter: None,
+                proxy_scheme: "http",
                 facts: Arc::new(MemorySink::new(100)),
                 metrics: Metrics::new(),
                 resolver: net.clone(),

@@ -4,6 +4,7 @@
 //! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
 //! bounded in-memory store for tests and embedding.
 
+pub mod export;
 pub(crate) mod private;
 pub(crate) mod store;
 
@@ -85,6 +86,8 @@ pub fn denial(n: NewFact<'_>) -> Fact {
         policy: n.policy.to_owned(),
         detail: bounded(n.detail),
         count: 1,
+        cell: None,
+        epoch: None,
     }
 }
 
@@ -134,6 +137,27 @@ pub trait FactSink: Send + Sync + 'static {
     fn load_runs(&self) -> Result<Vec<RunRecord>, FactError> {
         Ok(vec![])
     }
+
+    /// The store's epoch (drawn when it was made), if it has one.
+    fn epoch(&self) -> Option<String> {
+        None
+    }
+
+    /// The newest recorded fact's `seq` (0: none yet).
+    fn head(&self) -> u64 {
+        0
+    }
+
+    /// Every fact up to this `seq` is exported (as last recorded here).
+    fn export_cursor(&self) -> u64 {
+        0
+    }
+
+    /// Records that every fact up to `seq` is exported: retention may now
+    /// delete them.
+    fn set_export_cursor(&self, _seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Bounded in-memory sink: keeps the newest `capacity` facts.
@@ -141,6 +165,9 @@ pub struct MemorySink {
     inner: Mutex<(u64, VecDeque<Fact>)>,
     capacity: usize,
     tx: broadcast::Sender<Fact>,
+    /// Drawn per process: the store lives as long as the process.
+    epoch: String,
+    cursor: std::sync::atomic::AtomicU64,
 }
 
 impl MemorySink {
@@ -150,6 +177,8 @@ impl MemorySink {
             inner: Mutex::new((0, VecDeque::new())),
             capacity: capacity.max(1),
             tx,
+            epoch: uuid::Uuid::new_v4().to_string(),
+            cursor: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -160,6 +189,7 @@ impl FactSink for MemorySink {
             Ok(mut g) => {
                 g.0 += 1;
                 fact.seq = g.0;
+                fact.epoch = Some(self.epoch.clone());
                 if g.1.len() == self.capacity {
                     g.1.pop_front();
                 }
@@ -193,5 +223,22 @@ impl FactSink for MemorySink {
 
     fn subscribe(&self) -> broadcast::Receiver<Fact> {
         self.tx.subscribe()
+    }
+
+    fn epoch(&self) -> Option<String> {
+        Some(self.epoch.clone())
+    }
+
+    fn head(&self) -> u64 {
+        self.inner.lock().map(|g| g.0).unwrap_or(0)
+    }
+
+    fn export_cursor(&self) -> u64 {
+        self.cursor.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set_export_cursor(&self, seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
+        self.cursor.fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+        Box::pin(async { Ok(()) })
     }
 }

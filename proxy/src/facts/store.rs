@@ -36,7 +36,7 @@ use futures_util::future::BoxFuture;
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -60,13 +60,27 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// Facts deleted per statement when pruning (keeps each transaction short).
 const PRUNE_CHUNK: i64 = 5000;
 
-/// How much a store may hold and for how long.
-#[derive(Debug, Clone, Copy)]
+/// The store's schema version (`PRAGMA user_version`): 0 before epochs, 2
+/// with `store_info` (the epoch) and the export cursor.
+pub const STORE_VERSION: i64 = 2;
+
+/// The `meta` key of the export cursor: every fact up to it is in the
+/// fleet store.
+const EXPORT_CURSOR: &str = "export_cursor";
+
+/// How much a store may hold and for how long, and whose it is.
+#[derive(Debug, Clone)]
 pub struct Limits {
     /// Bytes of the database holding facts.
     pub max_bytes: u64,
     /// Facts older than this may be deleted.
     pub retention: Duration,
+    /// `[cell] id`, stamped on every fact.
+    pub cell: Option<String>,
+    /// Facts are exported: retention never deletes one above the export
+    /// cursor (unexported facts count against the budget, which fails
+    /// closed as with young facts).
+    pub exported: bool,
 }
 
 impl Default for Limits {
@@ -74,6 +88,8 @@ impl Default for Limits {
         Limits {
             max_bytes: 1024 * 1024 * 1024,
             retention: Duration::from_secs(30 * 24 * 3600),
+            cell: None,
+            exported: false,
         }
     }
 }
@@ -87,10 +103,11 @@ fn used_bytes(c: &Connection) -> rusqlite::Result<u64> {
 }
 
 /// Deletes facts recorded before `cutoff` (an RFC 3339 time in the facts'
-/// own format, so strings compare as times), oldest first; returns how many.
+/// own format, so strings compare as times) and at most `upto` (the export
+/// cursor when facts are exported), oldest first; returns how many.
 /// The newest fact is always kept: `seq` continues from it after a restart.
-fn prune_before(c: &Connection, cutoff: &str) -> rusqlite::Result<u64> {
-    const CHUNK: &str = "SELECT seq FROM (SELECT seq, body FROM facts ORDER BY seq LIMIT ?1)
+fn prune_before(c: &Connection, cutoff: &str, upto: i64) -> rusqlite::Result<u64> {
+    const CHUNK: &str = "SELECT seq FROM (SELECT seq, body FROM facts WHERE seq <= ?3 ORDER BY seq LIMIT ?1)
                  WHERE json_extract(body, '$.at') < ?2 AND seq < (SELECT MAX(seq) FROM facts)";
     let mut total = 0u64;
     loop {
@@ -99,11 +116,11 @@ fn prune_before(c: &Connection, cutoff: &str) -> rusqlite::Result<u64> {
             &format!(
                 "DELETE FROM run_facts WHERE (run_id, seq) IN (SELECT run_id, seq FROM facts WHERE seq IN ({CHUNK}))"
             ),
-            params![PRUNE_CHUNK, cutoff],
+            params![PRUNE_CHUNK, cutoff, upto],
         )?;
         let n = tx.execute(
             &format!("DELETE FROM facts WHERE seq IN ({CHUNK})"),
-            params![PRUNE_CHUNK, cutoff],
+            params![PRUNE_CHUNK, cutoff, upto],
         )?;
         tx.commit()?;
         total += n as u64;
@@ -123,6 +140,45 @@ enum Pending {
         write: RunWrite,
         reply: oneshot::Sender<Result<(), FactError>>,
     },
+    /// Moves the export cursor (never back).
+    Cursor {
+        seq: u64,
+        reply: oneshot::Sender<Result<(), FactError>>,
+    },
+}
+
+/// What the store knows about itself, shared by its handle and its writer.
+#[derive(Default)]
+struct Identity {
+    /// The store file's epoch (a new one if the file is replaced and reopened).
+    epoch: Mutex<String>,
+    /// The newest committed fact's seq.
+    head: AtomicU64,
+    /// The export cursor as last written.
+    cursor: AtomicU64,
+}
+
+impl Identity {
+    fn epoch(&self) -> String {
+        self.epoch.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    /// Reads the epoch, head and cursor of a freshly opened store.
+    fn load(&self, c: &Connection) -> rusqlite::Result<()> {
+        let epoch: String = c.query_row("SELECT value FROM store_info WHERE key = 'epoch'", [], |r| r.get(0))?;
+        let head = next_seq(c)? - 1;
+        let cursor: i64 = c.query_row(
+            "SELECT COALESCE((SELECT value FROM meta WHERE key = ?1), 0)",
+            params![EXPORT_CURSOR],
+            |r| r.get(0),
+        )?;
+        if let Ok(mut e) = self.epoch.lock() {
+            *e = epoch;
+        }
+        self.head.store(head, Ordering::Release);
+        self.cursor.store(cursor.max(0) as u64, Ordering::Release);
+        Ok(())
+    }
 }
 
 /// The SQLite fact store.
@@ -135,6 +191,8 @@ pub struct SqliteStore {
     path: PathBuf,
     ready: Arc<AtomicBool>,
     live: broadcast::Sender<Fact>,
+    identity: Arc<Identity>,
+    cell: Option<String>,
 }
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
@@ -176,7 +234,32 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
     )?;
     // Fail now, not on the first denial, if the file is not a usable database.
     c.query_row("SELECT count(*) FROM facts", [], |r| r.get::<_, i64>(0))?;
+    migrate(&c)?;
     Ok(c)
+}
+
+/// Brings a store of an earlier schema to [`STORE_VERSION`]: a store made
+/// before epochs (version 0) gets one, drawn now, as a new file does. Its
+/// facts keep their bodies; they are read with the store's epoch.
+fn migrate(c: &Connection) -> rusqlite::Result<()> {
+    let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version >= STORE_VERSION {
+        return Ok(());
+    }
+    let tx = c.unchecked_transaction()?;
+    tx.execute_batch("CREATE TABLE IF NOT EXISTS store_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);")?;
+    tx.execute(
+        "INSERT OR IGNORE INTO store_info (key, value) VALUES ('epoch', ?1)",
+        params![uuid::Uuid::new_v4().to_string()],
+    )?;
+    tx.pragma_update(None, "user_version", STORE_VERSION)?;
+    tx.commit()?;
+    if version > 0 {
+        tracing::info!(from = version, to = STORE_VERSION, "fact store migrated");
+    } else {
+        tracing::info!(to = STORE_VERSION, "fact store given an epoch");
+    }
+    Ok(())
 }
 
 fn next_seq(c: &Connection) -> rusqlite::Result<u64> {
@@ -270,7 +353,10 @@ impl SqliteStore {
         if let Err(e) = &first {
             tracing::error!(path = %path.display(), error = %e, "fact store cannot be opened; denials will fail closed until it can");
         }
+        let identity = Arc::new(Identity::default());
+        let first = first.and_then(|c| identity.load(&c).map(|()| c));
         ready.store(first.is_ok(), Ordering::Release);
+        let cell = limits.cell.clone();
         let reader = first.as_ref().ok().and_then(|_| open(path).ok());
         metrics.budget.set(limits.max_bytes as i64);
         let writer = Writer {
@@ -285,6 +371,7 @@ impl SqliteStore {
             pruned_at: None,
             unindexed: Vec::new(),
             indexed_at: Instant::now(),
+            identity: identity.clone(),
         };
         let spawned = std::thread::Builder::new()
             .name("egress-facts".into())
@@ -304,10 +391,17 @@ impl SqliteStore {
             path: path.to_owned(),
             ready,
             live,
+            identity,
+            cell,
         }
     }
 
-    fn read(reader: &Mutex<Option<Connection>>, path: &Path, q: &FactQuery) -> Result<Vec<Fact>, FactError> {
+    fn read(
+        reader: &Mutex<Option<Connection>>,
+        path: &Path,
+        q: &FactQuery,
+        stamp: (&Option<String>, &str),
+    ) -> Result<Vec<Fact>, FactError> {
         let mut guard = reader
             .lock()
             .map_err(|_| FactError::Unavailable("reader poisoned".into()))?;
@@ -344,7 +438,16 @@ impl SqliteStore {
             FactError::Unavailable(e.to_string())
         })?;
         rows.iter()
-            .map(|b| serde_json::from_str(b).map_err(|e| FactError::Unavailable(format!("corrupt fact: {e}"))))
+            .map(|b| {
+                let mut f: Fact =
+                    serde_json::from_str(b).map_err(|e| FactError::Unavailable(format!("corrupt fact: {e}")))?;
+                // Facts written before the store had an epoch (migrated).
+                if f.epoch.is_none() {
+                    f.epoch = Some(stamp.1.to_owned());
+                    f.cell.clone_from(stamp.0);
+                }
+                Ok(f)
+            })
             .collect()
     }
 }
@@ -364,8 +467,9 @@ impl FactSink for SqliteStore {
 
     fn query(&self, q: FactQuery) -> BoxFuture<'_, Result<Vec<Fact>, FactError>> {
         let (reader, path) = (self.reader.clone(), self.path.clone());
+        let (cell, epoch) = (self.cell.clone(), self.identity.epoch());
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || SqliteStore::read(&reader, &path, &q))
+            tokio::task::spawn_blocking(move || SqliteStore::read(&reader, &path, &q, (&cell, &epoch)))
                 .await
                 .map_err(|e| FactError::Unavailable(e.to_string()))?
         })
@@ -377,6 +481,30 @@ impl FactSink for SqliteStore {
 
     fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    fn epoch(&self) -> Option<String> {
+        Some(self.identity.epoch()).filter(|e| !e.is_empty())
+    }
+
+    fn head(&self) -> u64 {
+        self.identity.head.load(Ordering::Acquire)
+    }
+
+    fn export_cursor(&self) -> u64 {
+        self.identity.cursor.load(Ordering::Acquire)
+    }
+
+    fn set_export_cursor(&self, seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async move {
+            let (reply, rx) = oneshot::channel();
+            self.tx
+                .send(Pending::Cursor { seq, reply })
+                .await
+                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
+            rx.await
+                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?
+        })
     }
 
     fn save_run(&self, write: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
@@ -427,6 +555,7 @@ struct Writer {
     /// Committed facts of runs not yet in `run_facts`: (run, seq).
     unindexed: Vec<(String, u64)>,
     indexed_at: Instant,
+    identity: Arc<Identity>,
 }
 
 impl Writer {
@@ -491,11 +620,16 @@ impl Writer {
         let mut groups: Vec<Group> = Vec::new();
         let mut index = HashMap::new();
         let mut runs = Vec::new();
+        let mut cursors = Vec::new();
         for p in batch.drain(..) {
             let (fact, reply) = match p {
                 Pending::Fact { fact, reply } => (fact, reply),
                 Pending::Run { write, reply } => {
                     runs.push((write, reply));
+                    continue;
+                }
+                Pending::Cursor { seq, reply } => {
+                    cursors.push((seq, reply));
                     continue;
                 }
             };
@@ -522,6 +656,18 @@ impl Writer {
                 self.conn = None;
             }
             for (_, reply) in runs {
+                let _ = reply.send(r.clone());
+            }
+        }
+        if let Some(upto) = cursors.iter().map(|(s, _)| *s).max() {
+            let r = self
+                .write_cursor(upto)
+                .map_err(|e| FactError::Unavailable(e.to_string()));
+            if let Err(e) = &r {
+                tracing::warn!(error = %e, "the export cursor could not be written");
+                self.conn = None;
+            }
+            for (_, reply) in cursors {
                 let _ = reply.send(r.clone());
             }
         }
@@ -584,8 +730,13 @@ impl Writer {
             .checked_sub(self.limits.retention)
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let cutoff = crate::time::rfc3339(cutoff);
+        let upto = if self.limits.exported {
+            self.identity.cursor.load(Ordering::Acquire) as i64
+        } else {
+            i64::MAX
+        };
         if let Some(c) = &self.conn {
-            match prune_before(c, &cutoff) {
+            match prune_before(c, &cutoff, upto) {
                 Ok(0) => {}
                 Ok(n) => {
                     self.metrics.pruned.inc_by(n);
@@ -600,8 +751,26 @@ impl Writer {
     fn reopen(&mut self) -> rusqlite::Result<()> {
         let c = open_for_writing(&self.path)?;
         self.unindexed.clear();
+        self.identity.load(&c)?;
         self.next = next_seq(&c)?;
         self.conn = Some(c);
+        Ok(())
+    }
+
+    /// Moves the export cursor up to `upto` (never back).
+    fn write_cursor(&mut self, upto: u64) -> rusqlite::Result<()> {
+        if self.conn.is_none() {
+            self.reopen()?;
+        }
+        let Some(c) = self.conn.as_mut() else {
+            return Err(rusqlite::Error::InvalidQuery);
+        };
+        c.prepare_cached(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+        )?
+        .execute(params![EXPORT_CURSOR, upto as i64])?;
+        self.identity.cursor.fetch_max(upto, Ordering::AcqRel);
         Ok(())
     }
 
@@ -641,10 +810,13 @@ impl Writer {
         };
         let tx = c.transaction()?;
         let mut seq = self.next;
+        let epoch = self.identity.epoch();
         {
             let mut ins = tx.prepare_cached("INSERT INTO facts (seq, id, run_id, body) VALUES (?1, ?2, ?3, ?4)")?;
             for (fact, _) in groups.iter_mut() {
                 fact.seq = seq;
+                fact.cell.clone_from(&self.limits.cell);
+                fact.epoch = Some(epoch.clone());
                 let body =
                     serde_json::to_string(fact).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                 ins.execute(params![seq as i64, fact.id, fact.run_id, body])?;
@@ -653,6 +825,7 @@ impl Writer {
         }
         tx.commit()?;
         self.next = seq;
+        self.identity.head.store(seq - 1, Ordering::Release);
         let runs = groups.iter().filter_map(|(f, _)| Some((f.run_id.clone()?, f.seq)));
         self.unindexed.extend(runs);
         Ok(())
@@ -968,5 +1141,107 @@ mod tests {
         );
         assert_eq!(s.record(fact("a", "new")).await.unwrap().seq, 4);
         assert_eq!(by_run(&s, "a", 0, 100).await, [1, 3, 4]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_store_draws_an_epoch_and_stamps_it_and_the_cell_on_every_fact() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let limits = Limits {
+            cell: Some("cell-a".into()),
+            ..Limits::default()
+        };
+        let s = SqliteStore::open(&path, limits.clone(), StoreMetrics::default());
+        let epoch = s.epoch().unwrap();
+        assert!(uuid::Uuid::parse_str(&epoch).is_ok(), "{epoch}");
+        s.record(fact("r", "h")).await.unwrap();
+        assert_eq!(s.head(), 1);
+        let f = &all(&s).await[0];
+        assert_eq!(
+            (f.cell.as_deref(), f.epoch.as_deref()),
+            (Some("cell-a"), Some(epoch.as_str()))
+        );
+        drop(s);
+        // The same file keeps its epoch; a new file gets another.
+        let s = SqliteStore::open(&path, limits.clone(), StoreMetrics::default());
+        assert_eq!(s.epoch().unwrap(), epoch);
+        assert_eq!(s.head(), 1);
+        drop(s);
+        std::fs::remove_file(&path).unwrap();
+        let s = SqliteStore::open(&path, limits, StoreMetrics::default());
+        assert_ne!(s.epoch().unwrap(), epoch, "a replaced store is a new epoch");
+        assert_eq!(raw(&path, "PRAGMA user_version"), STORE_VERSION);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_made_before_epochs_is_migrated_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        {
+            // The schema of version 0 (1.7.0 facts, no store_info, no user_version).
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE facts (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, run_id TEXT, body TEXT NOT NULL);
+                 CREATE TABLE run_facts (run_id TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
+                 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                 CREATE TABLE runs (id TEXT PRIMARY KEY, body TEXT NOT NULL);",
+            )
+            .unwrap();
+            let mut f = fact("a", "old");
+            f.seq = 1;
+            let mut body: serde_json::Value = serde_json::to_value(&f).unwrap();
+            body.as_object_mut().unwrap().remove("epoch");
+            body["schema"] = "1.7.0".into();
+            c.execute(
+                "INSERT INTO facts (seq, id, run_id, body) VALUES (1, ?1, 'a', ?2)",
+                params![f.id, body.to_string()],
+            )
+            .unwrap();
+        }
+        let s = SqliteStore::open(
+            &path,
+            Limits {
+                cell: Some("cell-a".into()),
+                ..Limits::default()
+            },
+            StoreMetrics::default(),
+        );
+        assert!(s.ready());
+        assert_eq!(raw(&path, "PRAGMA user_version"), STORE_VERSION);
+        let epoch = s.epoch().expect("an epoch was drawn");
+        assert_eq!(s.head(), 1);
+        assert_eq!(s.record(fact("a", "new")).await.unwrap().seq, 2);
+        let facts = all(&s).await;
+        for f in &facts {
+            assert_eq!(f.epoch.as_deref(), Some(epoch.as_str()), "seq {}", f.seq);
+            assert_eq!(f.cell.as_deref(), Some("cell-a"));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retention_never_deletes_a_fact_not_yet_exported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        for i in 0..4 {
+            let mut old = fact("r", &format!("old{i}"));
+            old.at = "2001-01-01T00:00:00.000Z".into();
+            s.record(old).await.unwrap();
+        }
+        s.set_export_cursor(2).await.unwrap();
+        assert_eq!(s.export_cursor(), 2);
+        s.set_export_cursor(1).await.unwrap();
+        assert_eq!(s.export_cursor(), 2, "the cursor never goes back");
+        drop(s);
+        let limits = Limits {
+            retention: Duration::from_secs(3600),
+            exported: true,
+            ..Limits::default()
+        };
+        let s = SqliteStore::open(&path, limits, StoreMetrics::default());
+        assert_eq!(s.export_cursor(), 2);
+        s.record(fact("r", "young")).await.unwrap();
+        let seqs: Vec<u64> = all(&s).await.iter().map(|f| f.seq).collect();
+        assert_eq!(seqs, [3, 4, 5], "old facts 3 and 4 are not exported yet: kept");
     }
 }
