@@ -647,3 +647,176 @@ fn isolation() -> &'static str {
         "best_effort"
     }
 }
+
+/// Where PostgreSQL 15's programs are, if installed.
+fn postgres_bin() -> Option<PathBuf> {
+    let d = PathBuf::from("/usr/lib/postgresql/15/bin");
+    ["initdb", "postgres", "psql"]
+        .iter()
+        .all(|p| d.join(p).exists())
+        .then_some(d)
+}
+
+/// A PostgreSQL server (as the `postgres` user, trust auth) on
+/// `127.0.0.2:port`, its data in a fresh directory; stopped and removed on
+/// drop.
+struct Postgres {
+    port: u16,
+    dir: PathBuf,
+    _server: KillOnDrop,
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_postgres(bin: &std::path::Path) -> Postgres {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("loom-egress-pg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let chown = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(chown.success(), "chown {}", dir.display());
+    let as_postgres = |prog: &str| {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin.join(prog));
+        c
+    };
+    let init = as_postgres("initdb")
+        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "initdb: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let port = egress_e2e::origin::port_free_on(&["127.0.0.2"]);
+    let server = as_postgres("postgres")
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-h", "127.0.0.2", "-p", &port.to_string(), "-k"])
+        .arg(&dir)
+        .args(["-c", "fsync=off"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = KillOnDrop(server);
+    let up = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        std::net::TcpStream::connect(("127.0.0.2", port)).is_ok()
+    });
+    assert!(up, "postgres did not start on 127.0.0.2:{port}");
+    Postgres {
+        port,
+        dir,
+        _server: server,
+    }
+}
+
+/// `psql` (no proxy support at all) as the tool's client.
+const PSQL_PY: &str = r#"
+import os, subprocess
+
+def psql(host):
+    p = subprocess.run(
+        [os.environ["PSQL"], "-X", "-w", "-A", "-t", "-h", host, "-p", os.environ["PGPORT"],
+         "-U", "postgres", "-d", "postgres", "-c", "select 1"],
+        capture_output=True, timeout=30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                              "PGCONNECT_TIMEOUT": "10", "HOME": "/nonexistent"})
+    return {"code": p.returncode, "out": p.stdout.decode().strip(), "err": p.stderr.decode()[-300:]}
+
+def run(input, ctx):
+    return {"listed": psql("db.test"), "unlisted": psql("evil-db.test")}
+"#;
+
+/// `psql`, an unmodified client that speaks the PostgreSQL protocol, runs
+/// `select 1` on a server allowed as `db.test:<port>` (a raw relay through
+/// the proxy); to a name the policy does not list it fails at the name, with
+/// a fact, and the upstream DNS is never asked.
+#[tokio::test]
+async fn psql_reaches_a_listed_database_and_nothing_else() {
+    if let Some(why) = unable() {
+        eprintln!("SKIPPED psql_reaches_a_listed_database_and_nothing_else: {why}");
+        return;
+    }
+    let Some(bin) = postgres_bin() else {
+        eprintln!("SKIPPED psql_reaches_a_listed_database_and_nothing_else: PostgreSQL 15 is not installed (apt-get install postgresql)");
+        return;
+    };
+    if let Err(e) = egress_executor::confine::transparent_support() {
+        panic!("transparent egress cannot be set up on this host: {e}");
+    }
+    let pg = start_postgres(&bin);
+    let dns = FakeDns::start().await;
+    dns.set("db.test", &["127.0.0.2"]);
+    dns.set("evil-db.test", &["127.0.0.2"]);
+    let dir = TempDir::new("transparent-psql");
+    dir.write("psql_tool.py", PSQL_PY);
+    let tools = format!(
+        r#"
+[tools.pg]
+network = "transparent"
+egress = ["db.test:{port}"]
+
+[tools.pg.process]
+command = ["python3", "{runner}", "psql_tool.py"]
+env = {{ PSQL = "{psql}", PGPORT = "{port}" }}
+isolation = "{isolation}"
+pool = {{ warm = 0, max = 1 }}
+timeout_ms = 60000
+"#,
+        port = pg.port,
+        runner = runners_dir().join("loom_runner.py").display(),
+        psql = bin.join("psql").display(),
+        isolation = isolation(),
+    );
+    let (proxy, exec) = start_stack(&dir, dns.addr, &tools);
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "pg".into(),
+            input: json!({}),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    assert!(res.ok, "{res:#?}");
+    let out = res.output.clone().unwrap();
+    eprintln!("{out:#}");
+    assert_eq!(out["listed"]["code"], json!(0), "{out:#}");
+    assert_eq!(out["listed"]["out"], json!("1"), "{out:#}");
+    assert_ne!(out["unlisted"]["code"], json!(0), "{out:#}");
+    assert!(
+        out["unlisted"]["err"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("evil-db.test"),
+        "{out:#}"
+    );
+    assert!(
+        res.facts.iter().any(|f| f.reason == "not_allowlisted"
+            && f.target
+                .as_ref()
+                .is_some_and(|t| t.kind == "dns" && t.host == "evil-db.test")),
+        "{:#?}",
+        res.facts
+    );
+    assert!(
+        !dns.queries().iter().any(|q| q.contains("evil-db.test")),
+        "{:?}",
+        dns.queries()
+    );
+    exec.shutdown();
+    exec.drain(Duration::from_secs(5)).await;
+    drop(proxy);
+}
