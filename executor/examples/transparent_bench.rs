@@ -1,0 +1,290 @@
+//! Transparent egress benchmark (not a test; needs root, `nft` and
+//! `python3`): the real `egress-proxy` binary and an executor here, one
+//! Python tool with `network = "transparent"` whose child measures, against
+//! the same origins on 127.0.0.2 (an echo server and a sink):
+//!
+//! - connection setup (connect until one byte has come back from the
+//!   origin), N times, through the transparent path (`connect()` to the
+//!   name, redirected to the proxy) and through an explicit CONNECT tunnel
+//!   (the proxy's listener in the same namespace, the run's credential);
+//! - the proxy's CPU per connection for each (its `/proc` user+system time
+//!   over the N connections, less an invocation that opens none);
+//! - bulk raw TCP, M MiB written to the sink until it answers, through the
+//!   transparent relay, a CONNECT tunnel, and direct (the same Python code
+//!   run on the host, no proxy).
+//!
+//! Run (as root):
+//! `cargo build --release -p egress-proxy && cargo run --release -p
+//! egress-executor --example transparent_bench -- [N] [MiB] [runs]`
+//! (defaults 300, 256, 3). `EGRESS_PROXY_BIN` names another proxy binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_e2e::executor::{runners_dir, TempDir};
+use egress_e2e::harness::TOKEN;
+use egress_e2e::process::{spawn_reporting, KillOnDrop};
+use egress_e2e::FakeDns;
+use egress_executor::{Config, Executor, InvocationRequest};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOOL_PY: &str = r#"
+import base64, json, os, socket, time
+from urllib.parse import urlparse, unquote
+
+DB, SINK = int(os.environ["DB"]), int(os.environ["SINK"])
+
+def via_connect(port):
+    p = urlparse(os.environ["HTTP_PROXY"])
+    auth = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password)}".encode()).decode()
+    s = socket.create_connection((p.hostname, p.port))
+    s.sendall(f"CONNECT db.test:{port} HTTP/1.1\r\nHost: db.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        c = s.recv(4096)
+        if not c:
+            raise RuntimeError("the proxy closed the CONNECT")
+        head += c
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(head[:200])
+    return s
+
+def transparent(port):
+    return socket.create_connection(("db.test", port))
+
+def direct(port):
+    return socket.create_connection(("127.0.0.2", port))
+
+def setup(open_, n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        s = open_(DB)
+        s.sendall(b"x")
+        if s.recv(1) != b"x":
+            raise RuntimeError("no echo")
+        out.append(time.perf_counter() - t0)
+        s.close()
+    return out
+
+def bulk(open_, mib):
+    s = open_(SINK)
+    buf = b"\0" * (256 * 1024)
+    t0 = time.perf_counter()
+    for _ in range(mib * 4):
+        s.sendall(buf)
+    s.shutdown(socket.SHUT_WR)
+    got = s.recv(64)
+    took = time.perf_counter() - t0
+    s.close()
+    return {"seconds": took, "answer": got.decode()}
+
+def run(input, ctx):
+    open_ = {"transparent": transparent, "connect": via_connect, "direct": direct}[input["path"]]
+    if input["what"] == "setup":
+        return setup(open_, input["n"])
+    return bulk(open_, input["mib"])
+
+if __name__ == "__main__":
+    import sys
+    print(json.dumps(run(json.loads(sys.argv[1]), None)))
+"#;
+
+fn proxy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("EGRESS_PROXY_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/examples/transparent_bench
+    exe.parent().unwrap().parent().unwrap().join("egress-proxy")
+}
+
+/// The proxy's user+system CPU time so far (`/proc/<pid>/stat`, in the
+/// kernel's USER_HZ = 100 ticks).
+fn cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    // Fields 14 and 15 of stat(5); `rest` starts at field 3.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// A TCP server that reads to EOF, then answers the byte count.
+async fn sink(addr: &str) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut total = 0u64;
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) => break,
+                        Ok(k) => total += k as u64,
+                        Err(_) => return,
+                    }
+                }
+                let _ = s.write_all(total.to_string().as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+fn p50_ms(v: &Value) -> f64 {
+    let mut xs: Vec<f64> = v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2] * 1e3
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(d).max(1);
+    let (n, mib, runs) = (arg(1, 300), arg(2, 256), arg(3, 3));
+    if let Err(e) = egress_executor::transparent::nft() {
+        eprintln!("transparent egress unavailable: {e}");
+        std::process::exit(2);
+    }
+    let (db, _) = egress_e2e::origin::echo_origin("127.0.0.2:0").await;
+    let sink = sink("127.0.0.2:0").await;
+    let dns = FakeDns::start().await;
+    dns.set("db.test", &["127.0.0.2"]);
+    let dir = TempDir::new("transparent-bench");
+    let tool = dir.write("bench_tool.py", TOOL_PY);
+    let host = egress_executor::confine::host(&Default::default());
+    let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
+        "strict"
+    } else {
+        "best_effort"
+    };
+    let config = |control: &str| {
+        format!(
+            r#"
+[proxy]
+listen = "127.0.0.1:0"
+control = "{control}"
+facts = "var/egress-facts.db"
+allow_ranges = ["127.0.0.2/32"]
+
+[proxy.dns]
+servers = ["{dns}"]
+
+[executor]
+listen = "127.0.0.1:0"
+scratch_dir = "scratch"
+
+[tools.bench]
+network = "transparent"
+egress = ["db.test:{db}", "db.test:{sink}"]
+fetch_timeout_ms = 600000
+
+[tools.bench.process]
+command = ["python3", "{runner}", "bench_tool.py"]
+env = {{ DB = "{db}", SINK = "{sink}" }}
+isolation = "{isolation}"
+pool = {{ warm = 0, max = 1 }}
+timeout_ms = 600000
+"#,
+            dns = dns.addr,
+            db = db.port(),
+            sink = sink.port(),
+            runner = runners_dir().join("loom_runner.py").display(),
+        )
+    };
+    let mut cmd = Command::new(proxy_bin());
+    cmd.args(["serve", "--log-format", "json", "--config"])
+        .arg(dir.write("proxy.toml", &config("127.0.0.1:0")))
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .env("RUST_LOG", "warn");
+    let (child, control) = spawn_reporting(&mut cmd, "control");
+    let pid = child.id();
+    let _proxy = KillOnDrop(child);
+    let exec: Arc<Executor> = Executor::new(
+        Config::load(&dir.write("egress.toml", &config(&control.to_string()))).unwrap(),
+        Some(TOKEN.into()),
+    )
+    .unwrap();
+    let invoke = |input: Value| {
+        let exec = exec.clone();
+        async move {
+            let t0 = cpu(pid);
+            let res = exec
+                .invoke(InvocationRequest {
+                    tool: "bench".into(),
+                    input,
+                    run_id: None,
+                    idempotency_key: None,
+                    timeout_ms: None,
+                })
+                .await;
+            assert!(res.ok, "{res:#?}");
+            (res.output.unwrap(), cpu(pid) - t0)
+        }
+    };
+    let direct = |input: Value| {
+        let out = Command::new("python3")
+            .arg(&tool)
+            .arg(input.to_string())
+            .env("DB", db.port().to_string())
+            .env("SINK", sink.port().to_string())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let mib_s = |v: &Value| {
+        assert_eq!(v["answer"], json!((mib as u64 * 1024 * 1024).to_string()), "{v}");
+        mib as f64 / v["seconds"].as_f64().unwrap()
+    };
+
+    println!("isolation {isolation}; N = {n} connections, {mib} MiB bulk, {runs} runs");
+    println!(
+        "{:>4} {:>14} {:>14} {:>14} {:>14} {:>12} {:>12} {:>12}",
+        "run", "setup p50 tp", "setup p50 CON", "cpu/conn tp", "cpu/conn CON", "MiB/s tp", "MiB/s CON", "MiB/s direct"
+    );
+    let mut rows: Vec<[f64; 7]> = vec![];
+    for r in 1..=runs {
+        let (_, base) = invoke(json!({"path": "transparent", "what": "setup", "n": 0})).await;
+        let (tp, tp_cpu) = invoke(json!({"path": "transparent", "what": "setup", "n": n})).await;
+        let (con, con_cpu) = invoke(json!({"path": "connect", "what": "setup", "n": n})).await;
+        let per = |d: Duration| d.saturating_sub(base).as_secs_f64() * 1e6 / n as f64;
+        let (tp_bulk, _) = invoke(json!({"path": "transparent", "what": "bulk", "mib": mib})).await;
+        let (con_bulk, _) = invoke(json!({"path": "connect", "what": "bulk", "mib": mib})).await;
+        let direct_bulk = direct(json!({"path": "direct", "what": "bulk", "mib": mib}));
+        let row = [
+            p50_ms(&tp),
+            p50_ms(&con),
+            per(tp_cpu),
+            per(con_cpu),
+            mib_s(&tp_bulk),
+            mib_s(&con_bulk),
+            mib_s(&direct_bulk),
+        ];
+        println!(
+            "{r:>4} {:>11.3} ms {:>11.3} ms {:>11.0} µs {:>11.0} µs {:>12.0} {:>12.0} {:>12.0}",
+            row[0], row[1], row[2], row[3], row[4], row[5], row[6]
+        );
+        rows.push(row);
+    }
+    let m: Vec<f64> = (0..7).map(|i| median(rows.iter().map(|r| r[i]).collect())).collect();
+    println!(
+        "{:>4} {:>11.3} ms {:>11.3} ms {:>11.0} µs {:>11.0} µs {:>12.0} {:>12.0} {:>12.0}",
+        "med", m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    );
+    exec.shutdown();
+    exec.drain(Duration::from_secs(5)).await;
+}
