@@ -803,19 +803,7 @@ timeout_ms = 60000
             .contains("evil-db.test"),
         "{out:#}"
     );
-    assert!(
-        res.facts.iter().any(|f| f.reason == "not_allowlisted"
-            && f.target
-                .as_ref()
-                .is_some_and(|t| t.kind == "dns" && t.host == "evil-db.test")),
-        "{:#?}",
-        res.facts
-    );
-    assert!(
-        !dns.queries().iter().any(|q| q.contains("evil-db.test")),
-        "{:?}",
-        dns.queries()
-    );
+    assert_denied_at_dns(&res.facts, &dns, "evil-db.test");
     exec.shutdown();
     exec.drain(Duration::from_secs(5)).await;
     drop(proxy);
@@ -959,20 +947,21 @@ timeout_ms = 60000
         lines[1]["error"].as_str().is_some_and(|e| e.contains("no such host")),
         "{out:#}"
     );
-    assert!(
-        res.facts.iter().any(|f| f.reason == "not_allowlisted"
-            && f.target
-                .as_ref()
-                .is_some_and(|t| t.kind == "dns" && t.host == "evil.test")),
-        "{:#?}",
-        res.facts
-    );
-    assert!(
-        !dns.queries().iter().any(|q| q.contains("evil.test")),
-        "{:?}",
-        dns.queries()
-    );
+    assert_denied_at_dns(&res.facts, &dns, "evil.test");
     exec.shutdown();
     exec.drain(Duration::from_secs(5)).await;
     drop(proxy);
+}
+
+/// `name` was refused at the sandbox's DNS: a `not_allowlisted` fact of
+/// kind `dns` names it, and the upstream DNS was never asked for it.
+fn assert_denied_at_dns(facts: &[egress_api::Fact], dns: &FakeDns, name: &str) {
+    assert!(
+        facts
+            .iter()
+            .any(|f| f.reason == "not_allowlisted"
+                && f.target.as_ref().is_some_and(|t| t.kind == "dns" && t.host == name)),
+        "{facts:#?}"
+    );
+    assert!(!dns.queries().iter().any(|q| q.contains(name)), "{:?}", dns.queries());
 }

@@ -128,8 +128,9 @@ impl Postgres {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
-    fn try_query(&self, sql: &str) -> Option<String> {
-        let out = Command::new(Path::new(BIN).join("psql"))
+    /// `psql` running `sql`, unaligned, tuples only, stopping at the first error.
+    fn psql(&self, sql: &str) -> std::io::Result<std::process::Output> {
+        Command::new(Path::new(BIN).join("psql"))
             .args([
                 "-X",
                 "-A",
@@ -143,7 +144,10 @@ impl Postgres {
                 sql,
             ])
             .output()
-            .ok()?;
+    }
+
+    fn try_query(&self, sql: &str) -> Option<String> {
+        let out = self.psql(sql).ok()?;
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
@@ -151,21 +155,7 @@ impl Postgres {
 
     /// `sql`'s rows, one a line, columns joined by `|`.
     pub fn query(&self, sql: &str) -> String {
-        let out = Command::new(Path::new(BIN).join("psql"))
-            .args([
-                "-X",
-                "-A",
-                "-t",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-d",
-                &self.dsn(),
-                "-c",
-                sql,
-            ])
-            .output()
-            .unwrap();
+        let out = self.psql(sql).unwrap();
         assert!(
             out.status.success(),
             "psql {sql}: {}",
