@@ -16,6 +16,6 @@ pub const ERROR: &str = "error ";
 /// four `SCM_RIGHTS` descriptors made inside the child's namespace, in this
 /// order: the TCP listener on `127.0.0.1:3127` and the one on `[::1]:3127`
 /// (where every TCP connection to an outside address is redirected), the
-/// UDP socket on `127.0.0.1:53` and the TCP listener on `127.0.0.1:53`
+/// UDP socket and the TCP listener on `[::]:53` (taking IPv4 too)
 /// (where every DNS query is).
 pub const TRANSPARENT: &str = "loom-transparent/1 ";

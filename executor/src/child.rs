@@ -95,6 +95,9 @@ pub struct Warm {
     /// Stops the relay of the in-namespace proxy listener when dropped.
     relay: Option<tokio_util::sync::DropGuard>,
     cgroup: Option<CgroupDirs>,
+    /// A transparent child's namespace, whose dropped UDP is counted in
+    /// `tidy` (its nftables counter outlives the child with this fd).
+    transparent_ns: Option<std::os::fd::OwnedFd>,
     /// Emits received so far (kept when the invocation then fails).
     emits: Vec<Value>,
 }
@@ -134,6 +137,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         child: confine,
         listener,
         transparent,
+        transparent_ns,
         cgroup,
     } = match prepare(tool, &run, &scratch) {
         Ok(p) => p,
@@ -184,6 +188,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
         cleaned: false,
         relay,
         cgroup,
+        transparent_ns,
         emits: Vec::new(),
     };
     let m = &shared.metrics;
@@ -520,8 +525,28 @@ impl Warm {
         if let Some(c) = self.cgroup.take() {
             c.remove().await;
         }
+        if let Some(ns) = self.transparent_ns.take() {
+            self.count_dropped_udp(ns).await;
+        }
         let _ = tokio::fs::remove_dir_all(&self.scratch).await;
         self.cleaned = true;
+    }
+
+    /// Adds what the dead child's namespace dropped to the UDP metric (a
+    /// failure to read it is logged: the datagrams were dropped either way).
+    async fn count_dropped_udp(&self, ns: std::os::fd::OwnedFd) {
+        use std::os::fd::AsFd as _;
+        let read = tokio::task::spawn_blocking(move || {
+            let nft = crate::transparent::nft().map_err(std::io::Error::other)?;
+            crate::transparent::udp_dropped(&nft, ns.as_fd())
+        })
+        .await;
+        match read {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => self.shared.metrics.udp_dropped(&self.tool.id, n),
+            Ok(Err(e)) => tracing::warn!(tool = %self.tool.id, error = %e, "cannot read the dropped UDP count"),
+            Err(e) => tracing::warn!(tool = %self.tool.id, error = %e, "cannot read the dropped UDP count"),
+        }
     }
 
     async fn fail_start(mut self, mut e: InvokeError) -> InvokeError {

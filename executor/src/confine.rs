@@ -608,6 +608,9 @@ impl Confinement {
         }
         let port = if self.has(Layer::Netns) {
             let ns = netns_pool(self.transparent).take()?;
+            if ns.transparent.is_some() {
+                out.transparent_ns = Some(ns.ns.try_clone()?);
+            }
             c.netns = Some(ns.ns);
             out.listener = Some(ns.listener);
             out.transparent = ns.transparent;
@@ -810,6 +813,9 @@ pub struct Prepared {
     /// A transparent tool's four in-namespace sockets
     /// (`egress_api::handoff::TRANSPARENT`'s order).
     pub transparent: Option<[OwnedFd; 4]>,
+    /// A transparent child's network namespace, kept to read its dropped
+    /// UDP count once the child is gone.
+    pub transparent_ns: Option<OwnedFd>,
     /// The child's cgroup directories (removed after the child is reaped).
     pub cgroup: Option<CgroupDirs>,
 }

@@ -266,7 +266,7 @@ impl Executor {
             config.executor.clone(),
         ));
         for s in &specs {
-            shared.metrics.register_tool(&s.id);
+            shared.metrics.register_tool(&s.id, s.confinement.transparent());
         }
         let pools = specs
             .into_iter()

@@ -59,6 +59,9 @@ pub struct Metrics {
     pub children: Family<StateLabels, Gauge>,
     /// Emits received from children (returned with every outcome).
     pub emits: Family<ToolLabel, Counter>,
+    /// UDP datagrams a transparent tool's children sent anywhere but DNS,
+    /// dropped in their namespaces (counted once each child is gone).
+    pub udp_dropped: Family<ToolLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -77,6 +80,7 @@ impl Metrics {
         let kills = Family::<ReasonLabels, Counter>::default();
         let children = Family::<StateLabels, Gauge>::default();
         let emits = Family::<ToolLabel, Counter>::default();
+        let udp_dropped = Family::<ToolLabel, Counter>::default();
         registry.register(
             "executor_pool_ready",
             "Warm children loaded and waiting for an invocation",
@@ -108,8 +112,14 @@ impl Metrics {
             "Emits received from children, returned with every outcome",
             emits.clone(),
         );
+        registry.register(
+            "executor_transparent_udp_dropped",
+            "UDP datagrams a transparent tool's children sent anywhere but DNS, dropped in their namespaces",
+            udp_dropped.clone(),
+        );
         Metrics {
             emits,
+            udp_dropped,
             registry,
             pool_ready,
             cold_start,
@@ -161,8 +171,11 @@ impl Metrics {
 
     /// Creates every bounded series of `tool` at 0, so dashboards and alerts
     /// see a healthy tool as 0, never as "no data".
-    pub fn register_tool(&self, tool: &str) {
+    pub fn register_tool(&self, tool: &str, transparent: bool) {
         let t = || tool.to_string();
+        if transparent {
+            let _ = self.udp_dropped.get_or_create(&ToolLabel { tool: t() });
+        }
         for outcome in std::iter::once("ok").chain(crate::error::ErrorKind::ALL.iter().map(|k| k.as_str())) {
             let _ = self.invocations.get_or_create(&OutcomeLabels { tool: t(), outcome });
         }
@@ -174,6 +187,12 @@ impl Metrics {
         }
         self.pool_state(tool, 0, 0, 0);
         let _ = self.emits.get_or_create(&ToolLabel { tool: t() });
+    }
+
+    pub fn udp_dropped(&self, tool: &str, datagrams: u64) {
+        self.udp_dropped
+            .get_or_create(&ToolLabel { tool: tool.to_string() })
+            .inc_by(datagrams);
     }
 
     pub fn pool_state(&self, tool: &str, ready: usize, starting: usize, busy: usize) {

