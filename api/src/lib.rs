@@ -18,6 +18,42 @@ pub const FACT_TYPE: &str = "EGRESS_DENIED";
 /// The fact schema version kernels fold.
 pub const FACT_SCHEMA: &str = "1.8.0";
 
+/// What the data plane tells a client it denied, for programs and agents:
+/// always as the `X-Egress-Denial` header (compact one-line JSON, at most
+/// [`DENIAL_HEADER_MAX`] bytes, ASCII with `\u` escapes), and as the whole
+/// body, with `status` and `detail` added, when the request accepts
+/// `application/json`. The plain-text body stays for people otherwise.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Denial {
+    /// The deny reason code (as in facts and `X-Egress-Deny-Reason`).
+    pub reason: String,
+    /// The target as the proxy understood it (`host:port`), or the raw
+    /// request target when it could not be made canonical (bounded); absent
+    /// when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The run's tool; absent for authentication failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The `id` of the fact that records this denial.
+    pub fact_id: String,
+    /// The decision step that denied it: `authentication`, `run_state`,
+    /// `target`, `ip_literals`, `allowlist`, `methods`, `paths`,
+    /// `address_ranges`, `self_loop`, `slots` or `credentials`.
+    pub rule: String,
+    /// A fixed text per reason saying what to do (and what not to).
+    pub hint: String,
+    /// The HTTP status (JSON body only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The human-readable explanation (JSON body only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The largest `X-Egress-Denial` header value, in bytes.
+pub const DENIAL_HEADER_MAX: usize = 2048;
+
 /// Where a fact points.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct FactTarget {
@@ -130,6 +166,35 @@ pub struct RunView {
     /// Where the run's cell answers for it (`[cell] advertise_control`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_url: Option<String>,
+    /// What the run spent of its tool's budgets (absent when the tool has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<BudgetsView>,
+}
+
+/// A run's budgets: each `used` against its `limit` (absent: unlimited).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BudgetsView {
+    /// Fetches made (a tunnel, a plain request, each request inside an
+    /// intercepted tunnel) and `max_requests_per_run`.
+    pub requests: Used,
+    /// Bytes both ways of the run's finished fetches and `max_bytes_per_run`.
+    pub bytes: Used,
+    /// `max_request_rate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Used {
+    pub used: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct RateView {
+    pub per_second: u32,
+    pub burst: u32,
 }
 
 /// `GET /v1/cell` (the proxy's and the executor's): who this cell is and

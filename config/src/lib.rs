@@ -84,6 +84,26 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// A tool's per-run budgets (`None`: unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Budgets {
+    /// `max_requests_per_run`: fetches (a tunnel, a plain request, each
+    /// request inside an intercepted tunnel) a run may make.
+    pub requests: Option<u64>,
+    /// `max_bytes_per_run`: bytes both ways across all of a run's fetches.
+    pub bytes: Option<u64>,
+    /// `max_request_rate`: a token bucket per run.
+    pub rate: Option<Rate>,
+}
+
+/// `max_request_rate = { per_second, burst }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub per_second: u32,
+    /// Requests that may come at once (default: `per_second`).
+    pub burst: u32,
+}
+
 /// What a tool's policy does with a fetch it would deny.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -126,6 +146,8 @@ pub struct ToolPolicy {
     /// The secrets of the tool's own credentials in every form (what its
     /// responses are scrubbed of); empty until [`Config::load_secrets`].
     pub secrets: SecretScan,
+    /// Per-run budgets of requests, bytes and request rate.
+    pub budgets: Budgets,
 }
 
 /// DNS settings.

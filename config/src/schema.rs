@@ -11,8 +11,8 @@ use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
 use crate::requests::{PathPattern, Requests};
 use crate::{
-    Config, DnsConfig, InterceptionConfig, Isolation, Mode, Network, Policy, Problem, ProxyConfig, SecretScan,
-    TlsConfig, ToolPolicy,
+    Budgets, Config, DnsConfig, InterceptionConfig, Isolation, Mode, Network, Policy, Problem, ProxyConfig, Rate,
+    SecretScan, TlsConfig, ToolPolicy,
 };
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -144,6 +144,15 @@ pub(crate) fn parse_with_env(
             t.methods,
             t.inspect
         );
+        if t.budgets != Budgets::default() {
+            let b = &t.budgets;
+            let rate = b.rate.map(|r| (r.per_second, r.burst));
+            let _ = writeln!(
+                canon,
+                "  budgets requests={:?} bytes={:?} rate={rate:?}",
+                b.requests, b.bytes
+            );
+        }
         let mut sorted: Vec<String> = t.allowlist.entries().collect();
         sorted.sort();
         for r in sorted {
@@ -384,7 +393,26 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         inspect: s.or("inspect", false),
         process,
         secrets: SecretScan::default(),
+        budgets: budgets(s),
     }
+}
+
+/// `max_requests_per_run`, `max_bytes_per_run` and `max_request_rate` of a tool.
+fn budgets(s: &mut Section) -> Budgets {
+    let positive = |s: &mut Section, key: &'static str, max: u64| s.has(key).then(|| s.int(key, 1..=max, 1));
+    let requests = positive(s, "max_requests_per_run", 1 << 40);
+    let bytes = positive(s, "max_bytes_per_run", 1 << 50);
+    let rate = s.optional_table("max_request_rate").map(|mut t| {
+        if !t.has("per_second") {
+            t.problems
+                .push(t.at("per_second"), "is required: requests per second, 1-1000000");
+        }
+        let per_second = t.int("per_second", 1..=1_000_000, 1) as u32;
+        let burst = t.int("burst", 1..=1_000_000, u64::from(per_second)) as u32;
+        t.finish();
+        Rate { per_second, burst }
+    });
+    Budgets { requests, bytes, rate }
 }
 
 /// Upper-case HTTP methods (`methods` of a tool or of an allowlist entry).
@@ -495,6 +523,36 @@ command = ["python3", "tools/weather.py"]
         assert_eq!(c.proxy.dns.servers.len(), 1);
         assert!(c.policy.digest.starts_with("sha256:"));
         assert!(t.process.is_some());
+    }
+
+    #[test]
+    fn budgets_are_read_checked_and_policy() {
+        use crate::{Budgets, Rate};
+        let c = Config::parse(
+            "[tools.t]\nmax_requests_per_run = 5\nmax_bytes_per_run = 1000\nmax_request_rate = { per_second = 2 }\n",
+            "t.toml",
+        )
+        .unwrap();
+        let b = c.policy.tool("t").unwrap().budgets;
+        assert_eq!(
+            b,
+            Budgets {
+                requests: Some(5),
+                bytes: Some(1000),
+                rate: Some(Rate {
+                    per_second: 2,
+                    burst: 2
+                })
+            }
+        );
+        let none = Config::parse("[tools.t]\n", "t.toml").unwrap();
+        assert_eq!(none.policy.tool("t").unwrap().budgets, Budgets::default());
+        assert_ne!(c.policy.digest, none.policy.digest);
+        let e = errors("[tools.t]\nmax_requests_per_run = 0\nmax_request_rate = { burst = 0, every = 1 }\n");
+        assert!(e.contains("tools.t.max_requests_per_run"), "{e}");
+        assert!(e.contains("tools.t.max_request_rate.per_second"), "{e}");
+        assert!(e.contains("tools.t.max_request_rate.burst"), "{e}");
+        assert!(e.contains("tools.t.max_request_rate.every"), "{e}");
     }
 
     #[test]

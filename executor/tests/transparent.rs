@@ -138,7 +138,8 @@ def urllib_get(url):
         with opener.open(url, timeout=10) as r:
             return {"status": r.status, "body": r.read().decode()}
     except urllib.error.HTTPError as e:
-        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason")}
+        denial = json.loads(e.headers.get("X-Egress-Denial") or "null")
+        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason"), "denial": denial}
 
 def echo():
     with socket.create_connection(("db.test", DB), timeout=10) as s:
@@ -338,6 +339,15 @@ timeout_ms = 30000
     assert_eq!(out["http"]["body"], json!("hello from origin"), "{out:#}");
     assert_eq!(out["http_unlisted_port"]["status"], json!(403), "{out:#}");
     assert_eq!(out["http_unlisted_port"]["reason"], json!("not_allowlisted"), "{out:#}");
+    // The same denial for an agent: one line of JSON with the rule and a hint.
+    let denial = &out["http_unlisted_port"]["denial"];
+    assert_eq!(denial["reason"], json!("not_allowlisted"), "{out:#}");
+    assert_eq!(denial["rule"], json!("allowlist"), "{out:#}");
+    assert_eq!(denial["tool"], json!("tp"), "{out:#}");
+    assert!(
+        denial["hint"].as_str().is_some_and(|h| h.contains("do not retry")),
+        "{out:#}"
+    );
     assert_eq!(out["raw"], json!("\u{0}raw bytes\n"), "{out:#}");
     // The raw rule spoken as HTTP to another host: refused (the first bytes
     // are HTTP, so the Host must name db.test), not relayed to db.test.
@@ -495,7 +505,8 @@ def get(url, auth):
         with opener.open(req, timeout=10) as r:
             return {"status": r.status, "body": r.read().decode()}
     except urllib.error.HTTPError as e:
-        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason")}
+        denial = json.loads(e.headers.get("X-Egress-Denial") or "null")
+        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason"), "denial": denial}
 
 def run(input, ctx):
     mode = input["mode"]

@@ -120,10 +120,15 @@ pub enum DenyReason {
     /// A plain-HTTP request to a credential's host: the credential goes
     /// only over TLS the proxy verified (unless `allow_plaintext`).
     CredentialRequiresTls,
+    /// The run made `max_requests_per_run` fetches or moved
+    /// `max_bytes_per_run` bytes already.
+    BudgetExhausted,
+    /// Faster than the tool's `max_request_rate` (beyond its burst).
+    RateLimited,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 15] = [
+    pub const ALL: [DenyReason; 17] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -139,6 +144,8 @@ impl DenyReason {
         DenyReason::PathNotAllowed,
         DenyReason::CredentialMisuse,
         DenyReason::CredentialRequiresTls,
+        DenyReason::BudgetExhausted,
+        DenyReason::RateLimited,
     ];
 
     pub fn code(self) -> &'static str {
@@ -158,6 +165,8 @@ impl DenyReason {
             DenyReason::PathNotAllowed => "path_not_allowed",
             DenyReason::CredentialMisuse => "credential_misuse",
             DenyReason::CredentialRequiresTls => "credential_requires_tls",
+            DenyReason::BudgetExhausted => "budget_exhausted",
+            DenyReason::RateLimited => "rate_limited",
         }
     }
 
@@ -165,7 +174,77 @@ impl DenyReason {
         match self {
             DenyReason::AuthMissing | DenyReason::AuthInvalid => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             DenyReason::BadTarget | DenyReason::HostMismatch => StatusCode::BAD_REQUEST,
+            DenyReason::BudgetExhausted | DenyReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::FORBIDDEN,
+        }
+    }
+
+    /// The decision step that makes this denial (`rule` in the
+    /// `X-Egress-Denial` answer).
+    pub fn rule(self) -> &'static str {
+        match self {
+            DenyReason::AuthMissing | DenyReason::AuthInvalid => "authentication",
+            DenyReason::RunNotActive | DenyReason::RunEnded => "run_state",
+            DenyReason::BadTarget | DenyReason::HostMismatch => "target",
+            DenyReason::IpLiteral => "ip_literals",
+            DenyReason::NotAllowlisted => "allowlist",
+            DenyReason::PrivateAddress => "address_ranges",
+            DenyReason::SelfLoop => "self_loop",
+            DenyReason::ConcurrencyLimit => "slots",
+            DenyReason::MethodNotAllowed => "methods",
+            DenyReason::PathNotAllowed => "paths",
+            DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls => "credentials",
+            DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
+        }
+    }
+
+    /// What a program or an agent should do about this denial (`hint` in
+    /// the `X-Egress-Denial` answer): fixed text, never the request's.
+    pub fn hint(self) -> &'static str {
+        match self {
+            DenyReason::AuthMissing => {
+                "the request carried no run credential; use the proxy URL given to this run; do not retry without it"
+            }
+            DenyReason::AuthInvalid => {
+                "the credential belongs to no live run (it may have ended); do not retry with another credential"
+            }
+            DenyReason::RunNotActive => {
+                "the run is not active yet: network access starts with the invocation, not while the tool loads"
+            }
+            DenyReason::RunEnded => "the run has ended; no further network access is possible for it",
+            DenyReason::BadTarget => "the request target is malformed or cannot be normalised; fix the URL",
+            DenyReason::HostMismatch => {
+                "the Host header or TLS server name differs from the target; send each request to the host it names"
+            }
+            DenyReason::IpLiteral => {
+                "IP addresses are not allowed as destinations; use the host name the policy lists; do not retry through another route"
+            }
+            DenyReason::NotAllowlisted => {
+                "this destination is not allowed for this tool; ask the operator to allow it; do not retry through another route"
+            }
+            DenyReason::PrivateAddress => {
+                "the name resolves to a private or reserved address, which is not allowed; do not retry through another route"
+            }
+            DenyReason::SelfLoop => "the proxy does not connect to itself or to the appliance's own services",
+            DenyReason::ConcurrencyLimit => {
+                "too many fetches of this run are in flight; wait for one to finish, then retry"
+            }
+            DenyReason::MethodNotAllowed => {
+                "this method is not allowed on this host for this tool; use an allowed method or ask the operator"
+            }
+            DenyReason::PathNotAllowed => {
+                "this path is not allowed on this host for this tool; ask the operator to allow it; do not retry through another route"
+            }
+            DenyReason::CredentialMisuse => {
+                "a credential may be sent only to its own hosts; do not send it anywhere else"
+            }
+            DenyReason::CredentialRequiresTls => {
+                "this host's credential is sent only over HTTPS; use https:// for this host"
+            }
+            DenyReason::BudgetExhausted => {
+                "this run has used its budget of requests or bytes; finish with what you have; do not retry in this run"
+            }
+            DenyReason::RateLimited => "too many requests too fast for this run; wait a moment, then retry more slowly",
         }
     }
 
@@ -271,6 +350,8 @@ mod tests {
             assert!(seen.insert(r.code()));
             assert!(r.code().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
             assert!(r.status().is_client_error());
+            assert!(r.rule().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+            assert!(r.hint().is_ascii() && r.hint().len() < 160, "{}", r.hint());
         }
     }
 }

@@ -148,11 +148,28 @@ async fn curl(env: &BTreeMap<String, String>, method: &str, url: &str) -> (Strin
     // The last response head (a proxy's CONNECT answer comes first).
     let last = head.rsplit("HTTP/").next().unwrap_or("").to_string();
     let status = last.split_whitespace().nth(1).unwrap_or("").to_string();
-    let reason = last.lines().find_map(|l| {
-        l.to_ascii_lowercase()
-            .strip_prefix("x-egress-deny-reason:")
-            .map(|v| v.trim().to_string())
-    });
+    let header = |name: &str| {
+        last.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    };
+    let reason = header("x-egress-deny-reason");
+    if let Some(r) = &reason {
+        // The same denial for programs: one line of JSON naming the
+        // reason, its rule, the tool and the fact.
+        let d: egress_api::Denial = serde_json::from_str(&header("x-egress-denial").unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{method} {url}: X-Egress-Denial: {e}: {head}"));
+        assert_eq!(&d.reason, r, "{method} {url}");
+        let rule = match r.as_str() {
+            "path_not_allowed" => "paths",
+            "method_not_allowed" => "methods",
+            _ => "target",
+        };
+        assert_eq!(d.rule, rule, "{method} {url}");
+        assert_eq!(Some(d.fact_id), header("x-egress-fact-id"), "{method} {url}");
+        assert_eq!(d.tool.as_deref(), Some("w"), "{method} {url}");
+    }
     assert!(
         !status.is_empty() && out.status.success(),
         "{method} {url}: {head} {}",

@@ -68,10 +68,13 @@ fn open_routes() -> OpenApiRouter<Arc<Shared>> {
 }
 
 #[derive(utoipa::OpenApi)]
-#[openapi(info(
-    title = "Loom Egress proxy control API",
-    description = "Runs, facts, owners and policy of the egress proxy. Everything under /v1 needs `Authorization: Bearer <control token>`; errors are `{\"error\":{\"code\",\"message\"}}`."
-))]
+#[openapi(
+    info(
+        title = "Loom Egress proxy control API",
+        description = "Runs, facts, owners and policy of the egress proxy. Everything under /v1 needs `Authorization: Bearer <control token>`; errors are `{\"error\":{\"code\",\"message\"}}`. The component `Denial` is what the data plane (not this API) answers a denied fetch with: the `X-Egress-Denial` header, and the body when the request accepts `application/json`."
+    ),
+    components(schemas(egress_api::Denial))
+)]
 struct ApiDoc;
 
 /// What every operation shares, added once the routes are collected: the

@@ -45,7 +45,32 @@ pub fn run_view(sh: &Shared, run: &Run) -> RunView {
         end_reason,
         cell: sh.cell.as_ref().map(|c| c.id.clone()),
         control_url: sh.cell.as_ref().and_then(|c| c.advertise_control.clone()),
+        budgets: budgets_view(sh, run),
     }
+}
+
+/// The run's spending against its tool's budgets now (`None`: it has none).
+fn budgets_view(sh: &Shared, run: &Run) -> Option<egress_api::BudgetsView> {
+    let policy = sh.policy.load();
+    let b = policy.tool(&run.tool)?.budgets;
+    if b == egress_config::Budgets::default() {
+        return None;
+    }
+    let (requests, bytes) = run.spent.used();
+    Some(egress_api::BudgetsView {
+        requests: egress_api::Used {
+            used: requests,
+            limit: b.requests,
+        },
+        bytes: egress_api::Used {
+            used: bytes,
+            limit: b.bytes,
+        },
+        rate: b.rate.map(|r| egress_api::RateView {
+            per_second: r.per_second,
+            burst: r.burst,
+        }),
+    })
 }
 
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,

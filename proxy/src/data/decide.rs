@@ -18,6 +18,7 @@ use crate::data::target::{self, Kind, Target, TargetError};
 use crate::deny::{DenyReason, FetchError, Phase, Via};
 use crate::facts::{NewFact, Recorded};
 use crate::metrics::{Decision, Outcome, ToolMetrics};
+use crate::runs::budget::Exceeded;
 use crate::runs::Run;
 use crate::state::Shared;
 use egress_api::FactTarget;
@@ -72,6 +73,9 @@ pub(super) struct Fetch<'a> {
     pub(super) phase: AtomicU8,
     /// Whether report mode let a denial through.
     pub(super) reported: AtomicBool,
+    /// Whether a denial is answered with a JSON body (the request accepts
+    /// `application/json`).
+    pub(super) json: bool,
 }
 
 impl<'a> Fetch<'a> {
@@ -93,7 +97,15 @@ impl<'a> Fetch<'a> {
             started,
             phase: AtomicU8::new(0),
             reported: AtomicBool::new(false),
+            json: false,
         }
+    }
+
+    /// The same fetch, answering denials of the request with `headers` in
+    /// JSON if it accepts `application/json`.
+    pub(super) fn answering(mut self, headers: &http::HeaderMap) -> Self {
+        self.json = respond::accepts_json(headers);
+        self
     }
 
     /// The same fetch, labelled as arriving `via` an entrance of its own.
@@ -168,6 +180,42 @@ impl<'a> Fetch<'a> {
         Ok(private)
     }
 
+    /// Step 4, the run's budgets: one more fetch of the run, counted
+    /// whatever its entrance, unless it would exceed `max_requests_per_run`,
+    /// `max_request_rate` or (already spent) `max_bytes_per_run`: then
+    /// `budget_exhausted` or `rate_limited` (429). Never waived by report
+    /// mode.
+    pub(super) async fn spend(&self, tool: &ToolPolicy, target: &Target) -> Result<(), Answer> {
+        let Some(run) = self.run else { return Ok(()) };
+        let Err(e) = run.spent.take_request(&tool.budgets) else {
+            return Ok(());
+        };
+        let (reason, detail) = match e {
+            Exceeded::Requests(max) => (
+                DenyReason::BudgetExhausted,
+                format!(
+                    "run {} made its {max} requests (max_requests_per_run of tool {})",
+                    run.id, run.tool
+                ),
+            ),
+            Exceeded::Bytes(max) => (
+                DenyReason::BudgetExhausted,
+                format!(
+                    "run {} moved its {max} bytes (max_bytes_per_run of tool {})",
+                    run.id, run.tool
+                ),
+            ),
+            Exceeded::Rate { per_second, burst } => (
+                DenyReason::RateLimited,
+                format!(
+                    "run {} exceeds {per_second} requests per second (burst {burst}; max_request_rate of tool {})",
+                    run.id, run.tool
+                ),
+            ),
+        };
+        Err(self.deny(reason, detail, Dest::Target(target), &[]).await)
+    }
+
     /// Step 4, credentials ([`policy::credentials`]): a placeholder of the
     /// run, or the real value of any credential, anywhere in the head to a
     /// host that is not its credential's is denied, and so is a credential
@@ -235,10 +283,13 @@ impl<'a> Fetch<'a> {
         let km = self.tm.kind(self.via);
         self.tm.denial(reason);
         km.request(Decision::Denied);
-        let (target, detail) = match dest {
-            Dest::Target(t) => (Some(t), detail),
-            Dest::Raw(r) => (None, format!("{detail} (target {r})")),
-            Dest::Withheld => (None, detail),
+        let (target, quoted, detail) = match dest {
+            Dest::Target(t) => (Some(t), Some(t.to_string()), detail),
+            Dest::Raw(r) => {
+                let detail = format!("{detail} (target {r})");
+                (None, Some(r), detail)
+            }
+            Dest::Withheld => (None, None, detail),
         };
         let detail = crate::facts::bounded(detail);
         let recorded = self
@@ -257,8 +308,19 @@ impl<'a> Fetch<'a> {
             detail = %detail,
             "fetch denied"
         );
+        let tool = match reason.rule() {
+            "authentication" => None,
+            _ => self.run.map(|r| &*r.tool),
+        };
         match recorded {
-            Ok(recorded) => respond::denied(reason, &crate::facts::bounded(answer), &recorded.id),
+            Ok(recorded) => respond::denied(respond::Denied {
+                reason,
+                detail: &crate::facts::bounded(answer),
+                fact_id: &recorded.id,
+                target: quoted.as_deref(),
+                tool,
+                json: self.json,
+            }),
             Err(e) => respond::error(FetchError::FactsUnavailable, &e),
         }
     }
@@ -372,13 +434,14 @@ pub async fn decide_inside(
 ) -> Result<Inside, Answer> {
     let policy = sh.policy.load_full();
     let tm = sh.tool_metrics(Some(&run.tool));
-    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
+    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now()).answering(req.headers());
     let tool = fetch.check_run(run, &|| raw_target(req.uri())).await?;
     let mut target = match target::parse_inside(connect, req.uri(), req.headers()) {
         Ok(t) => t,
         Err(e) => return Err(fetch.refuse_target(e, Dest::Target(connect)).await),
     };
     fetch.admit(&tool, &mut target, req.method().as_str()).await?;
+    fetch.spend(&tool, &target).await?;
     let credentials = fetch
         .credentials(&tool, run, &target, &ReqHead(req), Channel::VerifiedTls)
         .await?;

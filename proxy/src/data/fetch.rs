@@ -92,7 +92,11 @@ pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission
     let policy = sh.policy.load_full();
     let run = match auth::authenticate(&sh.runs, req.headers(), req.extensions().get::<auth::BoundRun>()) {
         Ok(run) => run,
-        Err(f) => return Ok(refuse_credential(&sh, &policy, f, kind, started, raw_target(req.uri())).await),
+        Err(f) => {
+            let raw = raw_target(req.uri());
+            let json = crate::data::respond::accepts_json(req.headers());
+            return Ok(refuse_credential(&sh, &policy, f, kind, started, raw, json).await);
+        }
     };
     if let Some(r) = establish(&sh, &conn, &run) {
         return Ok(r);
@@ -124,7 +128,9 @@ pub(super) async fn serve_run(
         Kind::Http
     };
     let tm = sh.tool_metrics(Some(&run.tool));
-    let fetch = Fetch::new(sh, policy, Some(run), &tm, kind, started).via(via);
+    let fetch = Fetch::new(sh, policy, Some(run), &tm, kind, started)
+        .via(via)
+        .answering(req.headers());
     let ask = Ask {
         target,
         method: req.method().as_str(),
@@ -210,6 +216,7 @@ pub(super) async fn refuse_credential(
     kind: Kind,
     started: Instant,
     raw: String,
+    json: bool,
 ) -> Answer {
     sh.metrics
         .auth_failures
@@ -218,7 +225,8 @@ pub(super) async fn refuse_credential(
         })
         .inc();
     let tm = sh.tool_metrics(f.claimed.as_ref().map(|r| &*r.tool));
-    let fetch = Fetch::new(sh, policy, f.claimed.as_deref(), &tm, kind, started);
+    let mut fetch = Fetch::new(sh, policy, f.claimed.as_deref(), &tm, kind, started);
+    fetch.json = json;
     fetch.deny_auth(f.reason, f.claimed.is_some(), raw).await
 }
 
@@ -266,6 +274,7 @@ impl Fetch<'_> {
         let deadline = self.started + tool.fetch_timeout;
         let mut target = self.canonical_target(ask.target, ask.raw).await?;
         let private = self.admit(&tool, &mut target, ask.method).await?;
+        self.spend(&tool, &target).await?;
         let credentials = self.credentials(&tool, run, &target, ask.head, Channel::Plain).await?;
         let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
         let finish = Finish::new(self.tm.clone(), self.via, self.started, run.clone(), target.to_string());

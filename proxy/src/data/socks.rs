@@ -176,6 +176,7 @@ async fn negotiate(
             Kind::Connect,
             started,
             socks_raw("no username/password method offered"),
+            false,
         )
         .await;
         return Ok(());
@@ -198,7 +199,16 @@ async fn negotiate(
         Ok(run) => run,
         Err(f) => {
             s.write_all(&[1, 1]).await?;
-            refuse_credential(sh, &policy, f, Kind::Connect, started, socks_raw("before its request")).await;
+            refuse_credential(
+                sh,
+                &policy,
+                f,
+                Kind::Connect,
+                started,
+                socks_raw("before its request"),
+                false,
+            )
+            .await;
             return Ok(());
         }
     };

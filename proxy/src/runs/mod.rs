@@ -11,6 +11,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+pub mod budget;
 pub mod names;
 pub mod owners;
 pub mod pool;
@@ -111,6 +112,8 @@ pub struct Run {
     /// Bytes relayed by the run's finished fetches (see `Finish`).
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
+    /// What the run spent of its tool's budgets (requests, rate, bytes).
+    pub spent: budget::Spent,
 }
 
 const CREATED: u8 = 0;
@@ -155,6 +158,7 @@ impl Run {
     pub fn count_bytes(&self, up: u64, down: u64) {
         self.bytes_up.fetch_add(up, Ordering::Relaxed);
         self.bytes_down.fetch_add(down, Ordering::Relaxed);
+        self.spent.moved(up + down, None);
     }
 
     /// Bytes relayed by the run's finished fetches: (up, down).
@@ -425,6 +429,7 @@ impl Runs {
             placeholders: new.placeholders.into_boxed_slice(),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
+            spent: budget::Spent::default(),
         });
         let map = self.map.pin();
         match map.try_insert(run.id.clone(), run.clone()) {
