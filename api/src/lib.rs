@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-/// The `type` of every fact.
+/// The `type` of every denial fact.
 pub const FACT_TYPE: &str = "EGRESS_DENIED";
+/// The `type` of the fact of a grant (`POST /v1/runs/{id}/grants`).
+pub const GRANT_FACT_TYPE: &str = "EGRESS_GRANTED";
 /// The fact schema version kernels fold.
 pub const FACT_SCHEMA: &str = "1.8.0";
 
@@ -166,9 +168,42 @@ pub struct RunView {
     /// Where the run's cell answers for it (`[cell] advertise_control`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_url: Option<String>,
+    /// Live grants of the run (`POST /v1/runs/{id}/grants`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<GrantView>,
     /// What the run spent of its tool's budgets (absent when the tool has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<BudgetsView>,
+}
+
+/// `POST /v1/runs/{id}/grants`: allow this run one `name:port` its tool's
+/// allowlist does not list, for `uses` fetches (default 1) until `ttl_ms`
+/// from now (default: the run's end).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateGrant {
+    /// `name:port` (a name, never an address).
+    #[schema(max_length = 300)]
+    pub target: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub ttl_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub uses: Option<u32>,
+}
+
+/// One live grant of a run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct GrantView {
+    /// `name:port`, canonical.
+    pub target: String,
+    pub uses_left: u32,
+    /// RFC 3339.
+    pub expires_at: String,
+    /// The `id` of the grant's fact (in the answer to the grant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fact_id: Option<String>,
 }
 
 /// A run's budgets: each `used` against its `limit` (absent: unlimited).

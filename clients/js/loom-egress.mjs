@@ -195,6 +195,23 @@ export class ProxyClient {
   }
 
   /**
+   * `POST /v1/runs/{id}/grants`: allow this one run `target` ("name:port")
+   * beyond its tool's allowlist, for `uses` fetches (default 1) until `ttlMs`
+   * (default: the run's end). For a kernel, after asking a person; an
+   * address, a name resolving only to denied addresses or a host of another
+   * tool's credential is `422 grant_not_permitted`.
+   * @param {string} runId @param {string} target
+   * @param {{ttlMs?: number, uses?: number} & CallOptions} [opts]
+   * @returns {Promise<{target: string, uses_left: number, expires_at: string, fact_id?: string}>}
+   */
+  grant(runId, target, opts = {}) {
+    const body = { target };
+    if (opts.ttlMs !== undefined) body.ttl_ms = opts.ttlMs;
+    if (opts.uses !== undefined) body.uses = opts.uses;
+    return this.http.request('POST', `/v1/runs/${seg(runId)}/grants`, body, opts);
+  }
+
+  /**
    * `POST /v1/runs/{id}/activate`.
    * @param {string} runId @param {CallOptions} [opts] @returns {Promise<RunView>}
    */

@@ -145,6 +145,20 @@ class ProxyClient:
         """`POST /v1/runs/{id}/activate` → the run view (`state: "active"`)."""
         return self._http.request("POST", "/v1/runs/%s/activate" % _q(run_id), None, timeout)
 
+    def grant(self, run_id, target, ttl_ms=None, uses=None, timeout=None):
+        """`POST /v1/runs/{id}/grants`: allow this one run `target` ("name:port")
+        beyond its tool's allowlist, for `uses` fetches (default 1) until
+        `ttl_ms` (default: the run's end) → the grant (`target`, `uses_left`,
+        `expires_at`, `fact_id`). For a kernel, after asking a person. Hard
+        rules stay: an address, a name resolving only to denied addresses, or
+        a host of another tool's credential is `422 grant_not_permitted`."""
+        body = {"target": target}
+        if ttl_ms is not None:
+            body["ttl_ms"] = ttl_ms
+        if uses is not None:
+            body["uses"] = uses
+        return self._http.request("POST", "/v1/runs/%s/grants" % _q(run_id), body, timeout)
+
     def end_run(self, run_id, timeout=None):
         """`DELETE /v1/runs/{id}`: revokes the credential, severs open fetches."""
         return self._http.request("DELETE", "/v1/runs/%s" % _q(run_id), None, timeout)

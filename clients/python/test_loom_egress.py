@@ -167,6 +167,15 @@ class ProxyClientTest(unittest.TestCase):
         with self.assertRaises(EgressError) as cm:
             S.proxy.activate_run("py-life-1")
         self.assertEqual((cm.exception.status, cm.exception.code), (409, "run_ended"))
+        # Grants: an address is never granted; an ended run takes none.
+        live = S.proxy.create_run("echo")
+        with self.assertRaises(EgressError) as cm:
+            S.proxy.grant(live["run_id"], "127.0.0.1:443", uses=2)
+        self.assertEqual((cm.exception.status, cm.exception.code), (422, "grant_not_permitted"))
+        S.proxy.end_run(live["run_id"])
+        with self.assertRaises(EgressError) as cm:
+            S.proxy.grant(live["run_id"], "api.example:443")
+        self.assertEqual((cm.exception.status, cm.exception.code), (409, "run_ended"))
         # A generated id, active by default.
         run = S.proxy.create_run("echo")
         self.assertEqual(run["state"], "active")

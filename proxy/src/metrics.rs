@@ -105,6 +105,12 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolEvent {
+    pub tool: String,
+    pub event: &'static str,
+}
+
 /// Every proxy metric.
 pub struct Metrics {
     pub registry: Registry,
@@ -136,6 +142,8 @@ pub struct Metrics {
     pub conns_refused: Family<ListenerReason, Counter>,
     /// Occurrences of a credential's secret replaced in responses.
     pub credential_scrubs: Family<ToolCredential, Counter>,
+    /// Grants (`event` = `granted` | `used`), per tool.
+    pub grants: Family<ToolEvent, Counter>,
     /// The fleet exporter's (present at 0 without `[export]` too).
     pub export: ExportMetrics,
     /// `egress_cell_info{cell,epoch,policy}` = 1.
@@ -333,6 +341,12 @@ impl Metrics {
             "Occurrences of a credential's real secret replaced by the run's placeholder in responses from its hosts",
             credential_scrubs.clone(),
         );
+        let grants = Family::<ToolEvent, Counter>::default();
+        registry.register(
+            "egress_grants",
+            "Grants a kernel made for one run (event=granted) and fetches they let through (event=used)",
+            grants.clone(),
+        );
         let export = ExportMetrics {
             lag: Gauge::default(),
             facts: Counter::default(),
@@ -376,6 +390,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
+            grants,
             export,
             cell_info,
             credential_scrubs,
@@ -439,6 +454,14 @@ impl Metrics {
         self.credential_scrubs.get_or_create_owned(&ToolCredential {
             tool: tool.to_owned(),
             credential: credential.to_owned(),
+        })
+    }
+
+    /// The grant counter of a tool for `event` (`granted` or `used`).
+    pub fn grants(&self, tool: &str, event: &'static str) -> Counter {
+        self.grants.get_or_create_owned(&ToolEvent {
+            tool: tool.to_owned(),
+            event,
         })
     }
 

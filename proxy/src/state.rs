@@ -203,6 +203,9 @@ impl Shared {
     pub fn on_policy(&self, policy: &egress_config::Policy) {
         for (id, tool) in &policy.tools {
             self.tool_metrics(Some(id));
+            for event in ["granted", "used"] {
+                let _ = self.metrics.grants(id, event);
+            }
             for c in &tool.credentials {
                 let _ = self.metrics.credential_scrubs(id, &c.name);
                 if c.allow_plaintext == egress_config::Plaintext::Anywhere {

@@ -76,6 +76,7 @@ fn view(id: &str, tool: &str, state: &str) -> RunView {
         end_reason: None,
         cell: None,
         control_url: None,
+        grants: vec![],
         budgets: None,
     }
 }

@@ -385,6 +385,7 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "GET /v1/runs/{id}",
             "POST /v1/runs/{id}/activate",
             "GET /v1/runs/{id}/facts",
+            "POST /v1/runs/{id}/grants",
         ]
     );
     // Every operation answers something the document lists (the harness asserts it).

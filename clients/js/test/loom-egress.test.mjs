@@ -164,6 +164,11 @@ test('run lifecycle: create inactive, get, activate, end', async () => {
   assert.equal(ended.state, 'ended');
   assert.equal(ended.end_reason, 'ended');
   await rejectsWith(() => proxy.activateRun('js-life-1'), 409, 'run_ended');
+  // Grants: an address is never granted; an ended run takes none.
+  const live = await proxy.createRun('echo');
+  await rejectsWith(() => proxy.grant(live.run_id, '127.0.0.1:443', { uses: 2 }), 422, 'grant_not_permitted');
+  await proxy.endRun(live.run_id);
+  await rejectsWith(() => proxy.grant(live.run_id, 'api.example:443'), 409, 'run_ended');
   const gen = await proxy.createRun('echo');
   assert.equal(gen.state, 'active');
   await proxy.endRun(gen.run_id);

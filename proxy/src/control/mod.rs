@@ -48,6 +48,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(runs::create_run, runs::list_runs))
         .routes(routes!(runs::get_run, runs::end_run))
         .routes(routes!(runs::activate_run))
+        .routes(routes!(runs::create_grant))
         .routes(routes!(facts::run_facts))
         .routes(routes!(facts::list_facts))
         .routes(routes!(sse::stream))

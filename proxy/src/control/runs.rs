@@ -10,7 +10,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use egress_api::{
-    Bytes, CreateRun, CreatedRun, DenialSummary, EndedRun, ErrorBody, RunFilter, RunList, RunView, Slots,
+    Bytes, CreateGrant, CreateRun, CreatedRun, DenialSummary, EndedRun, ErrorBody, GrantView, RunFilter, RunList,
+    RunView, Slots,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -45,7 +46,17 @@ pub fn run_view(sh: &Shared, run: &Run) -> RunView {
         end_reason,
         cell: sh.cell.as_ref().map(|c| c.id.clone()),
         control_url: sh.cell.as_ref().and_then(|c| c.advertise_control.clone()),
+        grants: run.grants.list().iter().map(|g| grant_view(g, None)).collect(),
         budgets: budgets_view(sh, run),
+    }
+}
+
+fn grant_view(g: &crate::runs::grants::Grant, fact_id: Option<String>) -> GrantView {
+    GrantView {
+        target: format!("{}:{}", g.host, g.port),
+        uses_left: g.uses,
+        expires_at: crate::time::rfc3339(g.expires_at),
+        fact_id,
     }
 }
 
@@ -238,6 +249,138 @@ pub(super) async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<S
         .map_err(store_error)?;
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");
     Ok(Json(run_view(&sh, &run)))
+}
+
+fn not_permitted(message: String) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "grant_not_permitted", message)
+}
+
+/// Allows the run one `name:port` its tool's allowlist does not list (a
+/// kernel's "allow once", after asking a person). Refused, whatever the
+/// kernel asks, for what the hard rules deny: an IP address, a name that
+/// resolves only into denied ranges or to the appliance itself, and a host
+/// of another tool's credential. The grant's fact is durable before the
+/// answer.
+#[utoipa::path(post, path = "/v1/runs/{id}/grants", tag = "runs", request_body = CreateGrant,
+    security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 201, description = "Granted: the run may reach the target for `uses` fetches until `expires_at`", body = GrantView),
+        (status = 400, description = "bad_request: the body is not a grant", body = ErrorBody),
+        (status = 404, description = "run_not_found", body = ErrorBody),
+        (status = 409, description = "run_ended", body = ErrorBody),
+        (status = 422, description = "bad_target: the target is not name:port; grant_not_permitted: an IP address, a name resolving only to denied addresses (or not at all), a host of another tool's credential, or more than 64 live grants", body = ErrorBody),
+        (status = 503, description = "facts_unavailable", body = ErrorBody),
+    ))]
+pub(super) async fn create_grant(
+    State(sh): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    AppJson(req): AppJson<CreateGrant>,
+) -> ApiResult<(StatusCode, Json<GrantView>)> {
+    use crate::runs::grants::{Grant, MAX_GRANTS};
+    use egress_config::Host;
+    let run = find(&sh, &id)?;
+    if run.state() == crate::runs::RunState::Ended {
+        return Err(RunError::Ended(id).into());
+    }
+    let shown: String = req.target.chars().take(300).collect();
+    let (host, port) = egress_config::parse_authority(&req.target).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bad_target",
+            format!("target {shown:?} is not name:port: {e}"),
+        )
+    })?;
+    let name = match host {
+        Host::Ip(ip) => {
+            return Err(not_permitted(format!(
+                "{ip}:{port} is an IP address: a grant names a host, and addresses are never granted"
+            )))
+        }
+        Host::Name(n) => n,
+    };
+    let policy = sh.policy.load_full();
+    let foreign = policy.tools.values().filter(|t| *t.id != *run.tool).any(|t| {
+        t.credentials.iter().any(|c| {
+            c.hosts
+                .iter()
+                .any(|(h, p)| *p == port && matches!(h, Host::Name(n) if *n == name))
+        })
+    });
+    if foreign {
+        return Err(not_permitted(format!(
+            "{name}:{port} is a host of another tool's credential: it is never granted"
+        )));
+    }
+    let resolved = sh
+        .resolver
+        .resolve(&name)
+        .await
+        .map_err(|e| not_permitted(format!("{name} cannot be resolved now ({e:?}): nothing to grant")))?;
+    let vetted = crate::data::policy::vet(&resolved, port, &policy.ranges, false, &sh.me, &sh.host_addrs.load());
+    if vetted.allowed.is_empty() {
+        let denied: Vec<String> = resolved.iter().map(|i| i.to_string()).collect();
+        return Err(not_permitted(format!(
+            "{name}:{port} resolves only to denied addresses or the appliance itself ({}): never granted",
+            denied.join(", ")
+        )));
+    }
+    let uses = req.uses.unwrap_or(1).clamp(1, 1_000_000);
+    let until_end = run
+        .expires_at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    let ttl = req.ttl_ms.map_or(until_end, |ms| {
+        std::time::Duration::from_millis(ms.max(1)).min(until_end)
+    });
+    let grant = Grant {
+        host: name.clone(),
+        port,
+        uses,
+        expires: std::time::Instant::now() + ttl,
+        expires_at: std::time::SystemTime::now() + ttl,
+    };
+    let fact = egress_api::Fact {
+        kind: egress_api::GRANT_FACT_TYPE.to_owned(),
+        ..crate::facts::denial(crate::facts::NewFact {
+            run_id: Some(&run.id),
+            tool: Some(&run.tool),
+            reason: "grant",
+            mode: "grant",
+            target: Some(egress_api::FactTarget {
+                kind: "grant".to_owned(),
+                host: name.clone(),
+                port,
+            }),
+            resolved: vec![],
+            policy: &policy.digest,
+            detail: format!(
+                "the kernel granted {name}:{port} to run {} for {uses} use(s), {} ms",
+                run.id,
+                ttl.as_millis()
+            ),
+        })
+    };
+    if !run.grants.add(grant.clone()) {
+        return Err(not_permitted(format!(
+            "run {id} already holds {MAX_GRANTS} live grants"
+        )));
+    }
+    let recorded = match sh.facts.record(fact).await {
+        Ok(r) => r,
+        Err(e) => {
+            // No grant without its fact.
+            run.grants.remove(&name, port);
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "facts_unavailable",
+                e.to_string(),
+            ));
+        }
+    };
+    sh.metrics.grants(&run.tool, "granted").inc();
+    tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, grant = %format!("{name}:{port}"), uses, ttl_ms = ttl.as_millis() as u64, "grant made");
+    Ok((StatusCode::CREATED, Json(grant_view(&grant, Some(recorded.id)))))
 }
 
 /// Ends the run and answers with its final view, its facts (up to

@@ -22,7 +22,7 @@ use crate::runs::budget::Exceeded;
 use crate::runs::Run;
 use crate::state::Shared;
 use egress_api::FactTarget;
-use egress_config::{Mode, Policy, ToolPolicy};
+use egress_config::{Host, Mode, Policy, ToolPolicy};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use std::net::IpAddr;
@@ -165,6 +165,7 @@ impl<'a> Fetch<'a> {
     pub(super) async fn admit(&self, tool: &ToolPolicy, target: &mut Target, method: &str) -> Result<bool, Answer> {
         let private = match policy::admit(tool, target, method) {
             Admission::Allow { private } => private,
+            Admission::Deny(d) if d.reason == DenyReason::NotAllowlisted && self.granted(tool, target, method) => false,
             Admission::Deny(d) => return Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
             Admission::Report { denial, private } => {
                 self.report(&denial, target, &[]).await?;
@@ -178,6 +179,28 @@ impl<'a> Fetch<'a> {
             Err(d) => return Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
         }
         Ok(private)
+    }
+
+    /// Whether a grant of the run stands in for the missing allowlist entry
+    /// of `target` (a name, exactly its port), within the tool's own
+    /// `methods`: then one of its uses is taken. Every later step (ranges
+    /// after DNS, self-loop, credentials, budgets) still applies.
+    fn granted(&self, tool: &ToolPolicy, target: &Target, method: &str) -> bool {
+        let (Some(run), Host::Name(name)) = (self.run, &target.host) else {
+            return false;
+        };
+        if !matches!(
+            policy::tool_methods(tool, target, method, false),
+            Admission::Allow { .. }
+        ) {
+            return false;
+        }
+        let Some(left) = run.grants.take(name, target.port) else {
+            return false;
+        };
+        self.sh.metrics.grants(&run.tool, "used").inc();
+        tracing::info!(target: "egress::fetch", run = %run.id, tool = %run.tool, dest = %target, uses_left = left, "a grant let the fetch through");
+        true
     }
 
     /// Step 4, the run's budgets: one more fetch of the run, counted

@@ -304,6 +304,12 @@ pub fn admit(tool: &ToolPolicy, target: &Target, method: &str) -> Admission {
             return gate(tool, denial, false);
         }
     };
+    tool_methods(tool, target, method, private)
+}
+
+/// The tool's own `methods`, for a target its allowlist (or a grant of the
+/// run) admits.
+pub fn tool_methods(tool: &ToolPolicy, target: &Target, method: &str, private: bool) -> Admission {
     // Only a tool that restricts methods asks whether the CONNECT is intercepted.
     let methods = tool
         .methods

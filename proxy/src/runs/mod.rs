@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub mod budget;
+pub mod grants;
 pub mod names;
 pub mod owners;
 pub mod pool;
@@ -114,6 +115,8 @@ pub struct Run {
     bytes_down: AtomicU64,
     /// What the run spent of its tool's budgets (requests, rate, bytes).
     pub spent: budget::Spent,
+    /// What a kernel allowed this run beyond its tool's allowlist.
+    pub grants: grants::Grants,
 }
 
 const CREATED: u8 = 0;
@@ -430,6 +433,7 @@ impl Runs {
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
             spent: budget::Spent::default(),
+            grants: grants::Grants::default(),
         });
         let map = self.map.pin();
         match map.try_insert(run.id.clone(), run.clone()) {
