@@ -315,6 +315,46 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
         Err(e) => line("spawn (clone3/fork+pidfd)", false, e.to_string()),
     }
     let host = egress_executor::confine::host(&config.executor);
+    // A probe child in a cgroup of its own, so the report below can say how
+    // children join theirs (clone3 CLONE_INTO_CGROUP or cgroup.procs).
+    if let Some(prepared) = egress_executor::confine::cgroup_probe(&host) {
+        match prepared {
+            Ok(mut prep) => {
+                let cg = prep.cgroup.take();
+                let probe = launch(
+                    &spawner,
+                    Launch {
+                        command: &["true".to_string()],
+                        cwd: std::path::Path::new("/"),
+                        env: vec![("PATH".into(), egress_executor::config::DEFAULT_PATH.into())],
+                        path: egress_executor::config::DEFAULT_PATH,
+                        plain: true,
+                        pid_namespace: false,
+                        confine: prep.child,
+                        stdout_cap: 0,
+                        stderr_cap: 0,
+                    },
+                )
+                .await;
+                let started = match probe {
+                    Ok(mut l) => l.process.kill_and_reap().await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Some(c) = cg {
+                    c.remove().await;
+                }
+                line(
+                    "spawn into a cgroup",
+                    started.is_ok(),
+                    match started {
+                        Ok(()) => "a probe child started in a cgroup of its own and was reaped".into(),
+                        Err(e) => e.to_string(),
+                    },
+                );
+            }
+            Err(e) => line("spawn into a cgroup", false, format!("cannot make a cgroup: {e}")),
+        }
+    }
     println!();
     println!("{:<32} {:<4} {:<60} COST", "CONFINEMENT LAYER", "", "DETAIL");
     for layer in Layer::ALL {
@@ -330,6 +370,20 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             detail,
             layer.cost()
         );
+    }
+    println!();
+    println!("{:<32} {:<4} GIVEN BY (or what stands in)", "PROTECTION", "");
+    for v in egress_executor::protections::verdicts(&host.features()) {
+        let (state, by) = match (v.native, v.stand_in) {
+            (Some(n), _) => ("yes", n.to_string()),
+            (None, Some(s)) => ("yes", format!("{s} stands in")),
+            (None, None) => ("NO", "missing: no layer gives it on this host".to_string()),
+        };
+        println!("{:<32} {state:<4} {by}", v.protection.name());
+    }
+    println!();
+    for (what, detail) in egress_executor::confine::kernel_report(&host) {
+        println!("{what:<32} {detail}");
     }
     let transparent = match &host.transparent {
         Ok(d) => (true, d.clone()),
