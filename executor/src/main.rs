@@ -385,6 +385,9 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     for (what, detail) in egress_executor::confine::kernel_report(&host) {
         println!("{what:<32} {detail}");
     }
+    if let Some(line) = cold_start_line(&spawner, &config, &host).await {
+        println!("{line}");
+    }
     let transparent = match &host.transparent {
         Ok(d) => (true, d.clone()),
         Err(e) => (false, e.clone()),
@@ -674,4 +677,97 @@ fn exit_code(r: &InvocationResult) -> u8 {
         ErrorKind::Aborted => 130,
         _ => 125,
     }
+}
+
+/// What strict costs a cold start here, for `doctor`: the median of 5
+/// spawn-to-exit times of `true` with no confinement and with every layer a
+/// strict tool gets on this host (namespace from the ready pool, Landlock,
+/// seccomp, uid, rlimits, its cgroup). `None` when strict cannot run here.
+async fn cold_start_line(
+    spawner: &egress_executor::process::Spawner,
+    config: &Config,
+    host: &egress_executor::confine::HostSupport,
+) -> Option<String> {
+    use egress_executor::confine::Confinement;
+    use egress_executor::process::{launch, Launch};
+    let p = egress_executor::config::ProcessConfig::ad_hoc(vec!["true".into()], "/".into());
+    let strict = Confinement::for_tool("doctor-cold-start", &p, &config.executor, host).ok()?;
+    let path = egress_executor::config::DEFAULT_PATH;
+    let program = egress_executor::process::resolve_program("true", path, std::path::Path::new("/")).ok()?;
+    std::fs::create_dir_all(&config.executor.scratch_dir).ok()?;
+    let mut times = [Vec::new(), Vec::new()];
+    // One warm-up of each, then 5 measured.
+    for round in 0..6 {
+        for (i, confined) in [false, true].into_iter().enumerate() {
+            let scratch = tempfile_dir(&config.executor.scratch_dir).ok()?;
+            let t0 = std::time::Instant::now();
+            let prepared = if confined {
+                strict
+                    .prepare("doctor-cold-start", &scratch, std::slice::from_ref(&program), 3128)
+                    .ok()?
+            } else {
+                Default::default()
+            };
+            let egress_executor::confine::Prepared {
+                child,
+                listener,
+                cgroup,
+                ..
+            } = prepared;
+            let l = launch(
+                spawner,
+                Launch {
+                    command: &["true".to_string()],
+                    cwd: &scratch,
+                    env: vec![("PATH".into(), path.into())],
+                    path,
+                    plain: true,
+                    pid_namespace: config.executor.pid_namespace,
+                    confine: child,
+                    stdout_cap: 0,
+                    stderr_cap: 0,
+                },
+            )
+            .await;
+            let ok = match l {
+                Ok(mut l) => l.process.wait().await.is_ok(),
+                Err(_) => false,
+            };
+            let took = t0.elapsed();
+            drop(listener);
+            if let Some(c) = cgroup {
+                c.remove().await;
+            }
+            let _ = std::fs::remove_dir_all(&scratch);
+            if !ok {
+                return None;
+            }
+            if round > 0 {
+                times[i].push(took.as_secs_f64() * 1e3);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (off, on) = (median(&mut times[0]), median(&mut times[1]));
+    Some(format!(
+        "{:<32} {:<4} `true` spawn to exit, median of 5: unconfined {off:.1} ms, strict {on:.1} ms (+{:.1} ms)",
+        "cold start",
+        "",
+        on - off
+    ))
+}
+
+/// A fresh directory under `parent` (0711 parent: children reach only their own).
+fn tempfile_dir(parent: &std::path::Path) -> std::io::Result<PathBuf> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let d = parent.join(format!(
+        "doctor-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir(&d)?;
+    Ok(d)
 }
