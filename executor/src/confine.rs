@@ -93,7 +93,7 @@ impl Layer {
             Layer::Seccomp => "use a kernel with CONFIG_SECCOMP_FILTER",
             Layer::Identity => "run the executor as root (or with CAP_SETUID+CAP_SETGID), with the child uid/gid mapped in its user namespace",
             Layer::Rlimits => "setrlimit is always available",
-            Layer::Cgroup => "give the executor a writable cgroup: v1 memory and pids hierarchies at /sys/fs/cgroup/{memory,pids}, or set [executor] cgroup to a delegated cgroup v2 directory with memory and pids in its cgroup.subtree_control",
+            Layer::Cgroup => "give the executor a writable cgroup: v1 memory and pids hierarchies at /sys/fs/cgroup/{memory,pids}, or on cgroup v2 a delegated subtree (systemd Delegate=yes, a container with its own cgroup namespace and a writable /sys/fs/cgroup) or [executor] cgroup_root naming one, with memory and pids in its cgroup.controllers",
         }
     }
 
@@ -105,7 +105,7 @@ impl Layer {
             Layer::Seccomp => "BPF compiled once per tool; a few ns per system call",
             Layer::Identity => "none",
             Layer::Rlimits => "none",
-            Layer::Cgroup => "mkdirs and writes per child, rmdir after; joining may wait for an RCU grace period (~10 ms on cgroup v1 without favordynmods)",
+            Layer::Cgroup => "mkdirs and writes per child, rmdir after; v1: joining may wait for an RCU grace period (~10 ms without favordynmods); v2: created in it by clone3(CLONE_INTO_CGROUP), no join",
         }
     }
 }

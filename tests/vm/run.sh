@@ -95,7 +95,7 @@ hk=$(uname -r)
 d=$("$bin/egress-executor" doctor --config tests/vm/egress.toml 2>&1 || true)
 if echo "$d" | grep -q '^isolation of .smoke. *ok *Strict'; then st=ok; else st=FAIL; fi
 echo "host $hk strict_starts $st" | tee -a "$results"
-echo "host $hk cgroup $(echo "$d" | sed -n 's/^cgroup  *//p' | cut -c1-160)"
+echo "host $hk cgroup $(echo "$d" | sed -n 's/^cgroup   *//p' | cut -c1-160)"
 echo "host $hk cold_start $(echo "$d" | sed -n 's/^cold start *`true` spawn to exit, median of 5: //p')"
 while read -r name vmlinuz; do
   log="$CACHE_DIR/console-$name.log"
