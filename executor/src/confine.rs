@@ -308,10 +308,17 @@ fn cgroup_host(exec: &ExecutorSection) -> Result<CgroupHost, String> {
         // (systemd `Delegate=yes`, a container's cgroup namespace, a user
         // session's delegated slice).
         let own = own_cgroup_v2().ok_or("cgroup v2: cannot read this process's cgroup from /proc/self/cgroup")?;
-        let mut dir = root.join(own.trim_start_matches('/'));
+        let own = own.trim_start_matches('/');
+        let mut dir = if own.is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(own)
+        };
         // Started from our own leaf (by an earlier executor's shell, say):
         // the delegated subtree is its parent.
-        if dir.file_name().is_some_and(|n| n == EXECUTOR_LEAF) {
+        if dir.file_name().is_some_and(|n| n == EXECUTOR_LEAF)
+            && dir.parent().is_some_and(|p| p.join("cgroup.procs").exists())
+        {
             dir.pop();
         }
         return cgroup_v2(&dir, true);
@@ -357,7 +364,9 @@ fn cgroup_v2(dir: &Path, own: bool) -> Result<CgroupHost, String> {
         ));
     }
     let ctl = std::fs::read_to_string(&ctl_file).unwrap_or_default();
-    let is_root = dir == Path::new("/sys/fs/cgroup");
+    // The real root cgroup (exempt from "no internal processes") is the one
+    // without `cgroup.type`; a cgroup namespace's root (a container's) has it.
+    let is_root = !dir.join("cgroup.type").exists();
     if !(has(&ctl, "memory") && has(&ctl, "pids")) {
         if !is_root {
             // Every process here (ours, in a delegated unit) into a leaf.
@@ -1025,12 +1034,17 @@ impl CgroupDirs {
     /// cgroup v2 on Linux 5.14+): escapees from its process group and
     /// session die with it. Whether the kernel had it.
     pub fn kill(&self) -> bool {
-        self.0
+        let killed = self
+            .0
             .iter()
             .map(|d| d.join("cgroup.kill"))
             .filter(|f| f.exists())
             .map(|f| std::fs::write(f, "1").is_ok())
-            .fold(false, |a, b| a | b)
+            .fold(false, |a, b| a | b);
+        if killed {
+            tracing::debug!(cgroup = %self.0[0].display(), "killed the child's cgroup (cgroup.kill)");
+        }
+        killed
     }
 
     /// How many times the kernel's OOM killer killed a process of the

@@ -65,15 +65,25 @@ echo "$out" | grep -q "can't fork\|Resource temporarily unavailable"; check fork
 
 # A tree whose grandchild left its session: cgroup.kill takes it, no
 # process left (no PID namespace here, so only the cgroup holds it).
-out=$(egress-executor run --config /tmp/escape.toml --tool escape --json -- sh -c 'setsid sleep 300 & echo escaped' 2>&1)
+out=$(RUST_LOG=egress_executor=debug egress-executor run --config /tmp/escape.toml --tool escape --json -- sh -c 'setsid sleep 300 & echo escaped' 2>&1)
 sleep 1
 left=$(ps -o pid,args | grep '[s]leep 300' | wc -l)
+echo "$out" | grep -q "killed the child's cgroup (cgroup.kill)"; check cgroup_kill_used $? ""
 echo "$out" | grep -q escaped && [ "$left" = 0 ]; check tree_killed_no_process_left $? "sleep 300 processes left: $left; $(echo "$out" | grep -v "^ *\"" | tr "\n" " " | cut -c1-300)"
 
 # No cgroup left behind: only the executor's leaf under the subtree.
 sleep 0.5
 rest=$(cd $svc && find . -mindepth 1 -maxdepth 1 -type d ! -name loom-executor | tr '\n' ' ')
 [ -z "$rest" ]; check no_cgroup_left $? "${rest:-none}"
+
+# A container with its own cgroup namespace (Docker `cgroupns: private`,
+# Kubernetes on cgroup v2): its cgroup is the namespace's root, remounted
+# writable; the executor moves itself into a leaf there.
+mkdir -p $cg/container
+out=$(sh -c "echo \$\$ >$cg/container/cgroup.procs; exec $T/unshare -C -m sh -c 'umount -l /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup && egress-executor doctor --config $T/egress.toml'" 2>&1)
+echo "$out" | grep -q "^cgroup .*delegated subtree /sys/fs/cgroup (controllers: memory pids); executor in loom-executor" &&
+  echo "$out" | grep -q "^spawn into a cgroup *ok" && [ -d $cg/container/loom-executor ]
+check container_cgroup_namespace $? "$(echo "$out" | grep '^cgroup   ' | cut -c30-200)"
 
 # Strict without a PID namespace: refused on Landlock ABI < 6 (signals), started on >= 6.
 out=$(egress-executor run --config /tmp/nopidns.toml --tool strict-nopidns --json -- true 2>&1)

@@ -68,8 +68,10 @@ if ! [ -s "$image" ]; then
   ln -s busybox $r/bin/sh
   strip -o $r/usr/local/bin/egress-executor "$bin/egress-executor"
   strip -o $r/usr/local/bin/egress-proxy "$proxy"
+  # util-linux unshare (busybox's has no cgroup namespace): the container check.
+  cp "$(command -v unshare)" $r/vm/unshare
   [ -n "$conf" ] && strip -o $r/vm/confinement "$conf"
-  for f in $r/usr/local/bin/* ${conf:+$r/vm/confinement}; do
+  for f in $r/usr/local/bin/* $r/vm/unshare ${conf:+$r/vm/confinement}; do
     ldd "$f" | grep -o '/[^ ]*' || true
   done | sort -u | while read -r lib; do
     mkdir -p "$r$(dirname "$lib")"
