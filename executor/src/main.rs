@@ -753,7 +753,7 @@ async fn cold_start_line(
     };
     let (off, on) = (median(&mut times[0]), median(&mut times[1]));
     Some(format!(
-        "{:<32} {:<4} `true` spawn to exit, median of 5: unconfined {off:.1} ms, strict {on:.1} ms (+{:.1} ms)",
+        "{:<32} {:<4} `true` spawn to exit, median of 5: unconfined {off:.1} ms, strict {on:.1} ms ({:+.1} ms)",
         "cold start",
         "",
         on - off
