@@ -55,7 +55,9 @@ pub struct ExecutorConfig {
     pub child_uid: u32,
     pub child_gid: u32,
     pub child_uid_count: u32,
-    /// A delegated cgroup v2 directory for per-child cgroups (else v1).
+    /// `cgroup_root` (or `cgroup`): a delegated cgroup v2 directory for
+    /// per-child cgroups; unset: the executor's own cgroup when it is
+    /// delegated (cgroup v2), else the v1 memory and pids hierarchies.
     pub cgroup: Option<PathBuf>,
     /// The proxy's listener hand-off socket as the executor sees it, when
     /// that differs from `[proxy] handoff` (another mount path); unset: the
@@ -229,7 +231,12 @@ pub(crate) fn executor(s: &mut Section) -> ExecutorConfig {
         child_uid: s.or("child_uid", d.child_uid),
         child_gid: s.or("child_gid", d.child_gid),
         child_uid_count: s.or("child_uid_count", d.child_uid_count),
-        cgroup: s.get("cgroup"),
+        // `cgroup_root`, or its older name `cgroup`.
+        cgroup: {
+            let root: Option<PathBuf> = s.get("cgroup_root");
+            let old: Option<PathBuf> = s.get("cgroup");
+            root.or(old)
+        },
         proxy_handoff: s.get("proxy_handoff"),
         allow_relay: s.or("allow_relay", d.allow_relay),
         name: s.or("name", d.name),

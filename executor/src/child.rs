@@ -500,9 +500,25 @@ impl Warm {
     /// Kill the tree and reap it (once this returns, no process of the tree
     /// is left), then collect its output: `(stdout head, stderr tail, exit)`.
     async fn stop(&mut self, reason: KillReason) -> (String, String, Option<String>) {
+        // cgroup v2 (5.14+): the whole cgroup at once, escapees included.
+        if let Some(c) = &self.cgroup {
+            c.kill();
+        }
         let exit = match self.process.kill_and_reap().await {
             Ok(s) => Some(s.to_string()),
             Err(_) => None,
+        };
+        // A tree the kernel's OOM killer hit at its memory limit reports
+        // `memory`, not just the signal.
+        let oom = self.cgroup.as_ref().map_or(0, |c| c.oom_kills());
+        let exit = if oom > 0 {
+            Some(format!(
+                "memory: {oom} process(es) of the tree killed at memory_mb = {} (oom_kill in its cgroup); {}",
+                self.tool.process.memory_mb,
+                exit.unwrap_or_else(|| "reaped".into())
+            ))
+        } else {
+            exit
         };
         self.shared.metrics.kill(&self.tool.id, reason);
         // Close our ends so nothing can block on them.
@@ -611,6 +627,9 @@ impl Warm {
             Ok((output, emits)) => (Some(output), emits, None),
             Err(mut e) => {
                 e.stderr_tail = stderr_tail;
+                if let Some(m) = exit.as_deref().filter(|x| x.starts_with("memory:")) {
+                    e.message = format!("{} ({m})", e.message);
+                }
                 (None, std::mem::take(&mut self.emits), Some(e))
             }
         };
@@ -754,6 +773,9 @@ impl Drop for Warm {
         // Dropped without `dispatch`/`discard` (executor shutting down): the
         // process handle kills the tree; remove the scratch directory here.
         if !self.cleaned {
+            if let Some(c) = &self.cgroup {
+                c.kill();
+            }
             self.process.kill_tree();
             let _ = std::fs::remove_dir_all(&self.scratch);
             if let (Some(c), Ok(rt)) = (self.cgroup.take(), tokio::runtime::Handle::try_current()) {

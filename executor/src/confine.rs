@@ -93,7 +93,7 @@ impl Layer {
             Layer::Seccomp => "use a kernel with CONFIG_SECCOMP_FILTER",
             Layer::Identity => "run the executor as root (or with CAP_SETUID+CAP_SETGID), with the child uid/gid mapped in its user namespace",
             Layer::Rlimits => "setrlimit is always available",
-            Layer::Cgroup => "give the executor a writable cgroup: v1 memory and pids hierarchies at /sys/fs/cgroup/{memory,pids}, or set [executor] cgroup to a delegated cgroup v2 directory with memory and pids in its cgroup.subtree_control",
+            Layer::Cgroup => "give the executor a writable cgroup: v1 memory and pids hierarchies at /sys/fs/cgroup/{memory,pids}, or on cgroup v2 a delegated subtree (systemd Delegate=yes, a container with its own cgroup namespace and a writable /sys/fs/cgroup) or [executor] cgroup_root naming one, with memory and pids in its cgroup.controllers",
         }
     }
 
@@ -105,7 +105,7 @@ impl Layer {
             Layer::Seccomp => "BPF compiled once per tool; a few ns per system call",
             Layer::Identity => "none",
             Layer::Rlimits => "none",
-            Layer::Cgroup => "mkdirs and writes per child, rmdir after; joining may wait for an RCU grace period (~10 ms on cgroup v1 without favordynmods)",
+            Layer::Cgroup => "mkdirs and writes per child, rmdir after; v1: joining may wait for an RCU grace period (~10 ms without favordynmods); v2: created in it by clone3(CLONE_INTO_CGROUP), no join",
         }
     }
 }
@@ -132,11 +132,31 @@ pub struct HostSupport {
     /// Whether a namespace can be set up for transparent egress (`nft`
     /// found, routes, rules and sockets made), with what it costs; or why not.
     pub transparent: Result<String, String>,
+    /// Whether each child gets a PID namespace (`[executor] pid_namespace`
+    /// and the privilege a network namespace needs too).
+    pub pid_namespace: bool,
 }
 
 impl HostSupport {
     pub fn available(&self, layer: Layer) -> bool {
         matches!(self.layers.get(&layer), Some(Ok(_)))
+    }
+
+    /// The features the protections of a child rest on
+    /// ([`crate::protections::verdicts`]).
+    pub fn features(&self) -> crate::protections::Features {
+        crate::protections::Features {
+            landlock_abi: if self.available(Layer::Landlock) {
+                self.landlock_abi
+            } else {
+                0
+            },
+            netns: self.available(Layer::Netns),
+            pid_namespace: self.pid_namespace,
+            seccomp: self.available(Layer::Seccomp),
+            identity: self.available(Layer::Identity),
+            cgroup: self.available(Layer::Cgroup),
+        }
     }
 
     fn why_not(&self, layer: Layer) -> String {
@@ -219,6 +239,7 @@ fn probe(exec: &ExecutorSection) -> HostSupport {
         landlock_abi: abi,
         cgroup: cgroup.ok(),
         private_shm,
+        pid_namespace: netns_ok && exec.pid_namespace,
         transparent: if netns_ok {
             transparent_support()
         } else {
@@ -267,17 +288,7 @@ fn cgroup_host(exec: &ExecutorSection) -> Result<CgroupHost, String> {
             && rustix::fs::access(d, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK).is_ok()
     };
     if let Some(dir) = &exec.cgroup {
-        let ctl = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
-        if !(ctl.contains("memory") && ctl.contains("pids")) {
-            return Err(format!(
-                "{}: memory and pids are not both enabled in cgroup.subtree_control",
-                dir.display()
-            ));
-        }
-        if !writable(dir) {
-            return Err(format!("{} is not writable", dir.display()));
-        }
-        return Ok(CgroupHost::V2 { dir: dir.clone() });
+        return cgroup_v2(dir, false);
     }
     let root = Path::new("/sys/fs/cgroup");
     let memory = root.join("memory").join("loom-egress");
@@ -293,9 +304,194 @@ fn cgroup_host(exec: &ExecutorSection) -> Result<CgroupHost, String> {
         return Err("cgroup v1 without both memory and pids controllers".into());
     }
     if root.join("cgroup.controllers").exists() {
-        return Err("cgroup v2: set [executor] cgroup to a delegated directory with memory and pids enabled".into());
+        // The unified hierarchy: our own cgroup, if it was delegated to us
+        // (systemd `Delegate=yes`, a container's cgroup namespace, a user
+        // session's delegated slice).
+        let own = own_cgroup_v2().ok_or("cgroup v2: cannot read this process's cgroup from /proc/self/cgroup")?;
+        let own = own.trim_start_matches('/');
+        let mut dir = if own.is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(own)
+        };
+        // Started from our own leaf (by an earlier executor's shell, say):
+        // the delegated subtree is its parent.
+        if dir.file_name().is_some_and(|n| n == EXECUTOR_LEAF)
+            && dir.parent().is_some_and(|p| p.join("cgroup.procs").exists())
+        {
+            dir.pop();
+        }
+        return cgroup_v2(&dir, true);
     }
     Err("no cgroup filesystem at /sys/fs/cgroup".into())
+}
+
+/// This process's cgroup v2 path (the `0::` line of `/proc/self/cgroup`).
+fn own_cgroup_v2() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
+}
+
+/// Name of the leaf the executor moves itself into, beside its children's
+/// cgroups ("no internal processes": a cgroup with controllers enabled for
+/// its children holds no process itself).
+pub const EXECUTOR_LEAF: &str = "loom-executor";
+
+/// A delegated cgroup v2 directory `dir` made ready for per-child cgroups:
+/// memory and pids available to it, its `cgroup.subtree_control` writable;
+/// the processes in it (the executor, when `own`) moved into
+/// [`EXECUTOR_LEAF`], then memory and pids enabled for its children.
+fn cgroup_v2(dir: &Path, own: bool) -> Result<CgroupHost, String> {
+    let d = dir.display();
+    let controllers = std::fs::read_to_string(dir.join("cgroup.controllers"))
+        .map_err(|e| format!("{d}: not a cgroup v2 directory ({e})"))?;
+    let has = |list: &str, c: &str| list.split_whitespace().any(|x| x == c);
+    if !(has(&controllers, "memory") && has(&controllers, "pids")) {
+        return Err(format!(
+            "cgroup v2 {d}: memory and pids are not both delegated to it (cgroup.controllers: \"{}\"); \
+             run under systemd with Delegate=yes, or set [executor] cgroup_root to a delegated directory",
+            controllers.trim()
+        ));
+    }
+    let ctl_file = dir.join("cgroup.subtree_control");
+    if rustix::fs::access(&ctl_file, rustix::fs::Access::WRITE_OK).is_err()
+        || rustix::fs::access(dir, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK).is_err()
+    {
+        return Err(format!(
+            "cgroup v2 {d}{}: not delegated (its cgroup.subtree_control is not writable); \
+             run under systemd with Delegate=yes, or set [executor] cgroup_root",
+            if own { " (this process's own cgroup)" } else { "" }
+        ));
+    }
+    let ctl = std::fs::read_to_string(&ctl_file).unwrap_or_default();
+    // The real root cgroup (exempt from "no internal processes") is the one
+    // without `cgroup.type`; a cgroup namespace's root (a container's) has it.
+    let is_root = !dir.join("cgroup.type").exists();
+    if !(has(&ctl, "memory") && has(&ctl, "pids")) {
+        if !is_root {
+            // Every process here (ours, in a delegated unit) into a leaf.
+            let leaf = dir.join(EXECUTOR_LEAF);
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            if !procs.trim().is_empty() {
+                match std::fs::create_dir(&leaf) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(format!("cgroup v2 {}: {e}", leaf.display())),
+                }
+                for pid in procs.lines() {
+                    match std::fs::write(leaf.join("cgroup.procs"), pid) {
+                        Ok(()) => {}
+                        // Gone meanwhile.
+                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                        Err(e) => {
+                            return Err(format!(
+                                "cgroup v2 {d}: cannot move process {pid} into {EXECUTOR_LEAF}: {e}"
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+        std::fs::write(&ctl_file, "+memory +pids")
+            .map_err(|e| format!("cgroup v2 {d}: cannot enable memory and pids in cgroup.subtree_control: {e}"))?;
+    }
+    Ok(CgroupHost::V2 { dir: dir.to_path_buf() })
+}
+
+/// What the kernel gives beyond the layers, for `doctor`: Landlock rights,
+/// seccomp, user namespaces, the PID namespace, the cgroup version and
+/// controllers and how children join their cgroup.
+pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    out.push((
+        "landlock rights".to_string(),
+        crate::protections::landlock_rights(host.landlock_abi),
+    ));
+    out.push((
+        "seccomp".to_string(),
+        if host.available(Layer::Seccomp) {
+            "filter mode (SECCOMP_SET_MODE_FILTER), x32 and foreign arches guarded".into()
+        } else {
+            "absent".into()
+        },
+    ));
+    let read = |f: &str| std::fs::read_to_string(f).ok().map(|s| s.trim().to_string());
+    let max_userns = read("/proc/sys/user/max_user_namespaces").unwrap_or_else(|| "?".into());
+    let unpriv = read("/proc/sys/kernel/unprivileged_userns_clone")
+        .map(|v| format!(", unprivileged_userns_clone {v}"))
+        .unwrap_or_default();
+    out.push((
+        "user namespaces".to_string(),
+        format!(
+            "max_user_namespaces {max_userns}{unpriv}; children cannot create one (seccomp denies unshare and namespace flags of clone; clone3 fails with ENOSYS)"
+        ),
+    ));
+    out.push((
+        "PID namespace per child".to_string(),
+        if host.pid_namespace {
+            "yes: signals and process visibility confined to the child's tree".into()
+        } else {
+            "no ([executor] pid_namespace = false, or not permitted)".into()
+        },
+    ));
+    let root = Path::new("/sys/fs/cgroup");
+    let version = if root.join("cgroup.controllers").exists() {
+        "v2 (unified)"
+    } else if root.join("unified/cgroup.controllers").exists() {
+        "v1 + v2 (hybrid)"
+    } else if root.join("memory").exists() || root.join("pids").exists() {
+        "v1"
+    } else {
+        "none"
+    };
+    let detail = match &host.cgroup {
+        Some(CgroupHost::V1 { memory, pids }) => format!(
+            "{version}; per-child cgroups under {} and {}; children join by writing cgroup.procs before exec",
+            memory.display(),
+            pids.display()
+        ),
+        Some(CgroupHost::V2 { dir }) => {
+            let controllers = read(&format!("{}/cgroup.controllers", dir.display())).unwrap_or_default();
+            let kill = if dir.join(format!("{EXECUTOR_LEAF}/cgroup.kill")).exists()
+                || root.join("cgroup.kill").exists()
+                || kill_file_supported(dir)
+            {
+                "cgroup.kill kills each tree at once"
+            } else {
+                "no cgroup.kill (kernel < 5.14): process-group and PID-namespace kills"
+            };
+            format!(
+                "{version}; delegated subtree {} (controllers: {controllers}); executor in {EXECUTOR_LEAF}; {kill}; {}",
+                dir.display(),
+                sys::clone_into_cgroup_report()
+            )
+        }
+        None => format!("{version}; no cgroup layer"),
+    };
+    out.push(("cgroup".to_string(), detail));
+    out
+}
+
+/// A cgroup for `doctor`'s probe child (so it can say how children join
+/// theirs): `None` without a cgroup layer.
+pub fn cgroup_probe(host: &HostSupport) -> Option<io::Result<Prepared>> {
+    let h = host.cgroup.as_ref()?;
+    Some(make_cgroup(h, "doctor-probe", 64, 16).map(|(dirs, procs, dir_fd)| {
+        let mut p = Prepared::default();
+        p.child.cgroup_procs = procs;
+        p.child.cgroup_dir = dir_fd;
+        p.cgroup = Some(CgroupDirs(dirs));
+        p
+    }))
+}
+
+/// Whether cgroups under `dir` have `cgroup.kill` (any child dir shows it).
+fn kill_file_supported(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.path().join("cgroup.kill").exists())
 }
 
 /// Why a tool's requested confinement cannot be provided.
@@ -441,6 +637,20 @@ impl Confinement {
                     tool: tool.to_string(),
                     missing: needs,
                 });
+            }
+        }
+        if missing.is_empty() {
+            // Every layer is there; a protection can still be missing when
+            // the kernel lacks the feature meant for it and nothing stands in
+            // (e.g. Landlock ABI < 6 without a PID namespace: signals).
+            for v in crate::protections::verdicts(&host.features()) {
+                if v.missing() {
+                    missing.push(format!(
+                        "{}: this kernel's Landlock ABI {} lacks it and no other layer stands in (see docs/executor.md, Hosts)",
+                        v.protection.name(),
+                        host.landlock_abi
+                    ));
+                }
             }
         }
         if !missing.is_empty() {
@@ -634,8 +844,9 @@ impl Confinement {
         c.seccomp = self.seccomp.clone();
         if self.has(Layer::Cgroup) {
             if let Some(host) = &self.cgroup {
-                let (dirs, procs) = make_cgroup(host, name, self.memory_mb, self.max_pids)?;
+                let (dirs, procs, dir_fd) = make_cgroup(host, name, self.memory_mb, self.max_pids)?;
                 c.cgroup_procs = procs;
+                c.cgroup_dir = dir_fd;
                 out.cgroup = Some(CgroupDirs(dirs));
             }
         }
@@ -825,8 +1036,50 @@ pub struct Prepared {
 pub struct CgroupDirs(Vec<PathBuf>);
 
 impl CgroupDirs {
+    /// Kill every process in the child's cgroup at once (`cgroup.kill`,
+    /// cgroup v2 on Linux 5.14+): escapees from its process group and
+    /// session die with it. Whether the kernel had it.
+    pub fn kill(&self) -> bool {
+        let killed = self
+            .0
+            .iter()
+            .map(|d| d.join("cgroup.kill"))
+            .filter(|f| f.exists())
+            .map(|f| std::fs::write(f, "1").is_ok())
+            .fold(false, |a, b| a | b);
+        if killed {
+            tracing::debug!(cgroup = %self.0[0].display(), "killed the child's cgroup (cgroup.kill)");
+        }
+        killed
+    }
+
+    /// How many times the kernel's OOM killer killed a process of the
+    /// child's tree at its memory limit (`memory.events` `oom_kill` on v2,
+    /// `memory.oom_control` `oom_kill` on v1 4.13+).
+    pub fn oom_kills(&self) -> u64 {
+        let field = |text: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("oom_kill "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        self.0
+            .iter()
+            .filter_map(|d| {
+                ["memory.events", "memory.oom_control"]
+                    .iter()
+                    .find_map(|f| std::fs::read_to_string(d.join(f)).ok().as_deref().and_then(field))
+            })
+            .sum()
+    }
+
+    /// The directories (v1: memory and pids; v2: one).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.0
+    }
+
     /// Remove the directories; retried briefly while the last tasks exit.
     pub async fn remove(self) {
+        self.kill();
         for dir in self.0 {
             for attempt in 0..50 {
                 match std::fs::remove_dir(&dir) {
@@ -845,12 +1098,12 @@ impl CgroupDirs {
 /// Counter making cgroup names unique within this process.
 static CGROUP_SEQ: AtomicU64 = AtomicU64::new(0);
 
-fn make_cgroup(
-    host: &CgroupHost,
-    name: &str,
-    memory_mb: u64,
-    max_pids: u64,
-) -> io::Result<(Vec<PathBuf>, Vec<OwnedFd>)> {
+/// A child's cgroup directories with their limits written, the
+/// `cgroup.procs` files the child writes itself into (the fallback), and on
+/// v2 the directory's fd for `clone3(CLONE_INTO_CGROUP)`.
+type MadeCgroup = (Vec<PathBuf>, Vec<OwnedFd>, Option<OwnedFd>);
+
+fn make_cgroup(host: &CgroupHost, name: &str, memory_mb: u64, max_pids: u64) -> io::Result<MadeCgroup> {
     let leaf = format!(
         "{name}-{}-{}",
         std::process::id(),
@@ -901,13 +1154,29 @@ fn make_cgroup(
         }
         Ok(())
     })();
+    let dir_fd = match (&result, host) {
+        (Ok(()), CgroupHost::V2 { .. }) => match rustix::fs::open(
+            &dirs[0],
+            rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                for d in &dirs {
+                    let _ = std::fs::remove_dir(d);
+                }
+                return Err(e.into());
+            }
+        },
+        _ => None,
+    };
     if let Err(e) = result {
         for d in &dirs {
             let _ = std::fs::remove_dir(d);
         }
         return Err(e);
     }
-    Ok((dirs, procs))
+    Ok((dirs, procs, dir_fd))
 }
 
 /// The seccomp programs: one denying the listed calls with EPERM, one making
@@ -1175,7 +1444,31 @@ mod tests {
             cgroup: None,
             private_shm: Ok(()),
             transparent: Ok(String::new()),
+            pid_namespace: true,
         }
+    }
+
+    /// Strict starts on an older Landlock ABI when the namespaces stand in,
+    /// and refuses when a protection would be missing: ABI 5 without a PID
+    /// namespace leaves signals unscoped.
+    #[test]
+    fn strict_refuses_only_when_a_protection_is_missing() {
+        let file = Path::new("/etc/loom/egress.toml");
+        let c = crate::config::Config::parse(file, "[tools.t.process]\ncommand = [\"x\"]\nisolation = \"strict\"\n")
+            .unwrap();
+        let p = c.tools["t"].clone().unwrap();
+        let mut host = host_without(Layer::Netns);
+        host.layers.insert(Layer::Netns, Ok(String::new()));
+        host.landlock_abi = 2;
+        assert!(Confinement::for_tool("t", &p, &c.executor, &host).is_ok());
+        host.landlock_abi = 5;
+        host.pid_namespace = false;
+        let msg = Confinement::for_tool("t", &p, &c.executor, &host)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("signals: this kernel's Landlock ABI 5 lacks it"), "{msg}");
+        host.landlock_abi = 6;
+        assert!(Confinement::for_tool("t", &p, &c.executor, &host).is_ok());
     }
 
     #[test]

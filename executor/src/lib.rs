@@ -16,6 +16,7 @@ pub mod kill;
 pub mod metrics;
 pub mod pool;
 pub mod process;
+pub mod protections;
 pub mod protocol;
 pub mod reaper;
 pub mod relay;

@@ -315,6 +315,46 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
         Err(e) => line("spawn (clone3/fork+pidfd)", false, e.to_string()),
     }
     let host = egress_executor::confine::host(&config.executor);
+    // A probe child in a cgroup of its own, so the report below can say how
+    // children join theirs (clone3 CLONE_INTO_CGROUP or cgroup.procs).
+    if let Some(prepared) = egress_executor::confine::cgroup_probe(&host) {
+        match prepared {
+            Ok(mut prep) => {
+                let cg = prep.cgroup.take();
+                let probe = launch(
+                    &spawner,
+                    Launch {
+                        command: &["true".to_string()],
+                        cwd: std::path::Path::new("/"),
+                        env: vec![("PATH".into(), egress_executor::config::DEFAULT_PATH.into())],
+                        path: egress_executor::config::DEFAULT_PATH,
+                        plain: true,
+                        pid_namespace: false,
+                        confine: prep.child,
+                        stdout_cap: 0,
+                        stderr_cap: 0,
+                    },
+                )
+                .await;
+                let started = match probe {
+                    Ok(mut l) => l.process.kill_and_reap().await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Some(c) = cg {
+                    c.remove().await;
+                }
+                line(
+                    "spawn into a cgroup",
+                    started.is_ok(),
+                    match started {
+                        Ok(()) => "a probe child started in a cgroup of its own and was reaped".into(),
+                        Err(e) => e.to_string(),
+                    },
+                );
+            }
+            Err(e) => line("spawn into a cgroup", false, format!("cannot make a cgroup: {e}")),
+        }
+    }
     println!();
     println!("{:<32} {:<4} {:<60} COST", "CONFINEMENT LAYER", "", "DETAIL");
     for layer in Layer::ALL {
@@ -330,6 +370,23 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             detail,
             layer.cost()
         );
+    }
+    println!();
+    println!("{:<32} {:<4} GIVEN BY (or what stands in)", "PROTECTION", "");
+    for v in egress_executor::protections::verdicts(&host.features()) {
+        let (state, by) = match (v.native, v.stand_in) {
+            (Some(n), _) => ("yes", n.to_string()),
+            (None, Some(s)) => ("yes", format!("{s} stands in")),
+            (None, None) => ("NO", "missing: no layer gives it on this host".to_string()),
+        };
+        println!("{:<32} {state:<4} {by}", v.protection.name());
+    }
+    println!();
+    for (what, detail) in egress_executor::confine::kernel_report(&host) {
+        println!("{what:<32} {detail}");
+    }
+    if let Some(line) = cold_start_line(&spawner, &config, &host).await {
+        println!("{line}");
     }
     let transparent = match &host.transparent {
         Ok(d) => (true, d.clone()),
@@ -620,4 +677,97 @@ fn exit_code(r: &InvocationResult) -> u8 {
         ErrorKind::Aborted => 130,
         _ => 125,
     }
+}
+
+/// What strict costs a cold start here, for `doctor`: the median of 5
+/// spawn-to-exit times of `true` with no confinement and with every layer a
+/// strict tool gets on this host (namespace from the ready pool, Landlock,
+/// seccomp, uid, rlimits, its cgroup). `None` when strict cannot run here.
+async fn cold_start_line(
+    spawner: &egress_executor::process::Spawner,
+    config: &Config,
+    host: &egress_executor::confine::HostSupport,
+) -> Option<String> {
+    use egress_executor::confine::Confinement;
+    use egress_executor::process::{launch, Launch};
+    let p = egress_executor::config::ProcessConfig::ad_hoc(vec!["true".into()], "/".into());
+    let strict = Confinement::for_tool("doctor-cold-start", &p, &config.executor, host).ok()?;
+    let path = egress_executor::config::DEFAULT_PATH;
+    let program = egress_executor::process::resolve_program("true", path, std::path::Path::new("/")).ok()?;
+    std::fs::create_dir_all(&config.executor.scratch_dir).ok()?;
+    let mut times = [Vec::new(), Vec::new()];
+    // One warm-up of each, then 5 measured.
+    for round in 0..6 {
+        for (i, confined) in [false, true].into_iter().enumerate() {
+            let scratch = tempfile_dir(&config.executor.scratch_dir).ok()?;
+            let t0 = std::time::Instant::now();
+            let prepared = if confined {
+                strict
+                    .prepare("doctor-cold-start", &scratch, std::slice::from_ref(&program), 3128)
+                    .ok()?
+            } else {
+                Default::default()
+            };
+            let egress_executor::confine::Prepared {
+                child,
+                listener,
+                cgroup,
+                ..
+            } = prepared;
+            let l = launch(
+                spawner,
+                Launch {
+                    command: &["true".to_string()],
+                    cwd: &scratch,
+                    env: vec![("PATH".into(), path.into())],
+                    path,
+                    plain: true,
+                    pid_namespace: config.executor.pid_namespace,
+                    confine: child,
+                    stdout_cap: 0,
+                    stderr_cap: 0,
+                },
+            )
+            .await;
+            let ok = match l {
+                Ok(mut l) => l.process.wait().await.is_ok(),
+                Err(_) => false,
+            };
+            let took = t0.elapsed();
+            drop(listener);
+            if let Some(c) = cgroup {
+                c.remove().await;
+            }
+            let _ = std::fs::remove_dir_all(&scratch);
+            if !ok {
+                return None;
+            }
+            if round > 0 {
+                times[i].push(took.as_secs_f64() * 1e3);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (off, on) = (median(&mut times[0]), median(&mut times[1]));
+    Some(format!(
+        "{:<32} {:<4} `true` spawn to exit, median of 5: unconfined {off:.1} ms, strict {on:.1} ms ({:+.1} ms)",
+        "cold start",
+        "",
+        on - off
+    ))
+}
+
+/// A fresh directory under `parent` (0711 parent: children reach only their own).
+fn tempfile_dir(parent: &std::path::Path) -> std::io::Result<PathBuf> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let d = parent.join(format!(
+        "doctor-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir(&d)?;
+    Ok(d)
 }

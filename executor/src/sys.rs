@@ -48,8 +48,12 @@ pub struct ChildConfine {
     /// Landlock access rights the child grants itself on that `/dev/shm`
     /// (only it can name the new mount; 0: no rule).
     pub shm_access: u64,
-    /// `cgroup.procs` files (opened for writing) the child moves itself into.
+    /// `cgroup.procs` files (opened for writing) the child moves itself into
+    /// (cgroup v1; v2 when `clone3(CLONE_INTO_CGROUP)` is refused).
     pub cgroup_procs: Vec<OwnedFd>,
+    /// A cgroup v2 directory the child is created in, with
+    /// `clone3(CLONE_INTO_CGROUP)`: it never runs outside its cgroup.
+    pub cgroup_dir: Option<OwnedFd>,
     /// `(resource, soft, hard)` for setrlimit.
     pub rlimits: Vec<(u32, u64, u64)>,
     /// `(uid, gid)`: drop supplementary groups, then setgid, then setuid.
@@ -149,7 +153,8 @@ pub struct Started {
     pub pid_namespace: bool,
 }
 
-/// The `struct clone_args` of clone3(2), version 0 (64 bytes).
+/// The `struct clone_args` of clone3(2), version 2 (88 bytes; passed as
+/// version 0, 64 bytes, unless `cgroup` is used).
 #[repr(C)]
 #[derive(Default)]
 struct CloneArgs {
@@ -161,6 +166,29 @@ struct CloneArgs {
     stack: u64,
     stack_size: u64,
     tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+const CLONE_ARGS_SIZE_VER0: usize = 64;
+/// `CLONE_INTO_CGROUP` (Linux 5.7).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// How children joined their cgroup v2 so far: 0 none yet, 1 created in it
+/// by `clone3(CLONE_INTO_CGROUP)`, else the errno that refused it (and the
+/// child wrote `cgroup.procs` before exec instead).
+static INTO_CGROUP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// How children join their cgroup v2, for `doctor` (after a child started).
+pub fn clone_into_cgroup_report() -> String {
+    match INTO_CGROUP.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => "no child started in a cgroup v2 yet".into(),
+        1 => "children are created in their cgroup by clone3(CLONE_INTO_CGROUP)".into(),
+        e => format!(
+            "clone3(CLONE_INTO_CGROUP) refused ({}): children write cgroup.procs before exec",
+            io::Error::from_raw_os_error(e)
+        ),
+    }
 }
 
 /// Stages reported through the error pipe when the child fails before exec.
@@ -230,6 +258,8 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
     confine.netns = confine.netns.map(high).transpose()?;
     confine.landlock = confine.landlock.map(high).transpose()?;
     confine.cgroup_procs = confine.cgroup_procs.into_iter().map(high).collect::<io::Result<_>>()?;
+    confine.cgroup_dir = confine.cgroup_dir.map(high).transpose()?;
+    let cgroup_dir = confine.cgroup_dir.as_ref().map_or(-1, |f| f.as_raw_fd());
     let parent_pidfd = rustix::io::fcntl_dupfd_cloexec(parent_pidfd, 10)?;
     let parent_pidfd = &parent_pidfd;
     let raw_confine = RawConfine::from(&confine)?;
@@ -267,7 +297,7 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
     };
 
     let mut used_ns = pid_namespace;
-    let mut result = clone_child(&prepared, used_ns);
+    let mut result = clone_child(&prepared, used_ns, cgroup_dir);
     if used_ns {
         if let Err(e) = &result {
             if matches!(
@@ -275,7 +305,7 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
                 Some(libc::EPERM) | Some(libc::EINVAL) | Some(libc::ENOSPC) | Some(libc::ENOSYS)
             ) {
                 used_ns = false;
-                result = clone_child(&prepared, false);
+                result = clone_child(&prepared, false, cgroup_dir);
             }
         }
     }
@@ -342,7 +372,10 @@ struct Prepared {
     confine: RawConfine,
 }
 
-fn clone_child(prepared: &Prepared, pid_namespace: bool) -> io::Result<(Pid, OwnedFd)> {
+/// `cgroup_dir` (>= 0): a cgroup v2 directory to create the child in
+/// (`CLONE_INTO_CGROUP`); if the kernel refuses, the child is created
+/// outside and writes its `cgroup.procs` itself before exec.
+fn clone_child(prepared: &Prepared, pid_namespace: bool, cgroup_dir: RawFd) -> io::Result<(Pid, OwnedFd)> {
     let mut pidfd: libc::c_int = -1;
     let mut args = CloneArgs {
         flags: libc::CLONE_PIDFD as u64,
@@ -353,16 +386,43 @@ fn clone_child(prepared: &Prepared, pid_namespace: bool) -> io::Result<(Pid, Own
     if pid_namespace {
         args.flags |= libc::CLONE_NEWPID as u64;
     }
-    // SAFETY: clone3 with no stack and no CLONE_VM behaves like fork: the child
-    // gets a copy of the address space and continues here with return value 0.
-    // `args` and `pidfd` are valid for the duration of the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            std::ptr::addr_of!(args),
-            std::mem::size_of::<CloneArgs>(),
-        )
+    let into = cgroup_dir >= 0 && INTO_CGROUP.load(std::sync::atomic::Ordering::Relaxed) <= 1;
+    let clone3 = |args: &CloneArgs, size: usize| {
+        // SAFETY: clone3 with no stack and no CLONE_VM behaves like fork: the
+        // child gets a copy of the address space and continues here with
+        // return value 0. `args` and `pidfd` are valid for the call.
+        unsafe { libc::syscall(libc::SYS_clone3, std::ptr::from_ref(args), size) }
     };
+    let mut ret = -1;
+    let mut in_cgroup = false;
+    if into {
+        let mut with = CloneArgs {
+            flags: args.flags | CLONE_INTO_CGROUP,
+            cgroup: cgroup_dir as u64,
+            ..args
+        };
+        with.pidfd = args.pidfd;
+        ret = clone3(&with, std::mem::size_of::<CloneArgs>());
+        if ret == 0 {
+            child_after_clone(prepared, pid_namespace, true);
+        }
+        if ret > 0 {
+            in_cgroup = true;
+            INTO_CGROUP.store(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            // Refused as a feature (kernel < 5.7, a filter hiding it): join
+            // by cgroup.procs from now on. Other errors are the clone's own.
+            if matches!(errno, libc::E2BIG | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS) {
+                INTO_CGROUP.store(errno, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                return Err(io::Error::from_raw_os_error(errno));
+            }
+        }
+    }
+    if !in_cgroup {
+        ret = clone3(&args, CLONE_ARGS_SIZE_VER0);
+    }
     if ret < 0 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::ENOSYS) && !pid_namespace {
@@ -372,7 +432,7 @@ fn clone_child(prepared: &Prepared, pid_namespace: bool) -> io::Result<(Pid, Own
         return Err(err);
     }
     if ret == 0 {
-        child_after_clone(prepared, pid_namespace);
+        child_after_clone(prepared, pid_namespace, false);
     }
     let pid = Pid::from_raw(ret as i32).ok_or_else(|| io::Error::other("clone3 returned pid 0"))?;
     // SAFETY: the kernel stored a fresh pidfd owned by nobody else in `pidfd`.
@@ -390,7 +450,7 @@ fn fork_child(prepared: &Prepared) -> io::Result<(Pid, OwnedFd)> {
         return Err(io::Error::last_os_error());
     }
     if ret == 0 {
-        child_after_clone(prepared, false);
+        child_after_clone(prepared, false, false);
     }
     let pid = Pid::from_raw(ret).ok_or_else(|| io::Error::other("fork returned pid 0"))?;
     match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
@@ -418,7 +478,8 @@ fn fail(p: &Prepared, stage: u8) -> ! {
 
 /// Runs in the child between clone and exec. Only raw system calls: no
 /// allocation, no locks, no Rust runtime facilities.
-fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
+/// `in_cgroup`: created in its cgroup v2 already (`CLONE_INTO_CGROUP`).
+fn child_after_clone(p: &Prepared, pid_namespace: bool, in_cgroup: bool) -> ! {
     // SAFETY: every call below is a plain async-signal-safe system call on
     // memory and descriptors prepared by the parent before clone.
     unsafe {
@@ -465,7 +526,7 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool) -> ! {
         }
         for &fd in &c.cgroup_procs[..] {
             // "0" moves the writer itself (cgroup v1 and v2).
-            if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+            if !in_cgroup && fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                 fail(p, STAGE_CGROUP);
             }
         }
