@@ -120,10 +120,13 @@ pub enum DenyReason {
     /// A plain-HTTP request to a credential's host: the credential goes
     /// only over TLS the proxy verified (unless `allow_plaintext`).
     CredentialRequiresTls,
+    /// A request asking to switch to a protocol the proxy does not carry
+    /// (`Upgrade` other than a WebSocket handshake: `h2c`, custom ones).
+    UpgradeNotAllowed,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 15] = [
+    pub const ALL: [DenyReason; 16] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -139,6 +142,7 @@ impl DenyReason {
         DenyReason::PathNotAllowed,
         DenyReason::CredentialMisuse,
         DenyReason::CredentialRequiresTls,
+        DenyReason::UpgradeNotAllowed,
     ];
 
     pub fn code(self) -> &'static str {
@@ -158,6 +162,7 @@ impl DenyReason {
             DenyReason::PathNotAllowed => "path_not_allowed",
             DenyReason::CredentialMisuse => "credential_misuse",
             DenyReason::CredentialRequiresTls => "credential_requires_tls",
+            DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
         }
     }
 

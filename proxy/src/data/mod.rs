@@ -32,6 +32,8 @@ pub(crate) mod target;
 pub(crate) mod transparent;
 pub(crate) mod tunnel;
 pub(crate) mod upstream;
+pub(crate) mod websocket;
+pub(crate) mod wsframe;
 
 use crate::admission::{Admission, Conn};
 use crate::listener::{self, serve_one, Serve, Spec};
