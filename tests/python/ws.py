@@ -6,11 +6,12 @@ both the PyPI `websockets` package.
       line per event: the handshake (path, Authorization, extensions offered) and every
       message received. Text and binary messages are echoed back.
 
-  ws.py client URI [--forward] [--hold] [--binary TEXT] [TEXT ...]
+  ws.py client URI [--forward] [--hold] [--big N] [--binary TEXT] [TEXT ...]
       Connects through the proxy of the run's env: for wss:// the package's own proxy support
       (CONNECT, from HTTPS_PROXY; the appliance CA from SSL_CERT_FILE); with --forward, a ws://
       handshake sent to the proxy in absolute form (the forward path), the run credential
-      from HTTP_PROXY. Sends each TEXT (then --binary ones) and prints each reply as JSON;
+      from HTTP_PROXY. Sends each TEXT (then --binary ones, then a text of N bytes) and
+      prints each reply as JSON;
       --hold waits until the connection is closed and prints when and how. A refused
       handshake prints its status and deny reason.
 """
@@ -54,7 +55,7 @@ async def origin(cert, key):
     if cert:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert, key)
-    async with serve(handler, "127.0.0.2", 0, ssl=ctx) as server:
+    async with serve(handler, "127.0.0.2", 0, ssl=ctx, max_size=None) as server:
         port = server.sockets[0].getsockname()[1]
         out(port=port)
         await asyncio.Future()
@@ -80,8 +81,8 @@ def forward_connection(absolute, auth):
     return Forward
 
 
-async def client(uri, forward, hold, texts, binaries):
-    kw = {"open_timeout": 10, "ping_interval": None}
+async def client(uri, forward, hold, texts, binaries, big):
+    kw = {"open_timeout": 10, "ping_interval": None, "max_size": None}
     if forward:
         p = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
         auth = "Basic " + base64.b64encode(
@@ -107,6 +108,10 @@ async def client(uri, forward, hold, texts, binaries):
             await ws.send(b.encode())
             r = await asyncio.wait_for(ws.recv(), 10)
             out(event="reply", data=r.decode("utf-8", "replace") if isinstance(r, bytes) else r)
+        if big:
+            await ws.send("x" * big)
+            r = await asyncio.wait_for(ws.recv(), 10)
+            out(event="reply", length=len(r))
         if hold:
             out(event="holding")
             t1 = time.monotonic()
@@ -132,10 +137,14 @@ def main(argv):
     rest = argv[2:]
     forward = "--forward" in rest
     hold = "--hold" in rest
-    texts, binaries = [], []
+    texts, binaries, big = [], [], 0
     i = 0
     while i < len(rest):
         a = rest[i]
+        if a == "--big":
+            big = int(rest[i + 1])
+            i += 2
+            continue
         if a == "--binary":
             binaries.append(rest[i + 1])
             i += 2
@@ -143,7 +152,7 @@ def main(argv):
         if not a.startswith("--"):
             texts.append(a)
         i += 1
-    asyncio.run(client(uri, forward, hold, texts, binaries))
+    asyncio.run(client(uri, forward, hold, texts, binaries, big))
 
 
 if __name__ == "__main__":

@@ -551,3 +551,26 @@ async fn a_binary_message_with_the_placeholder_is_credential_misuse() {
         "{facts:?}"
     );
 }
+
+#[tokio::test]
+async fn a_message_over_the_cap_closes_a_socket_whose_frames_are_read() {
+    let w = world(true, 20_000).await;
+    let (_run, env) = w.run().await;
+    for (uri, forward, origin, _, _) in w.ways("/ws/echo") {
+        // 1 MiB passes; one byte more closes the socket (1009), and the
+        // origin never gets the message.
+        let events = client(&env, &uri, forward, &["--big", "1048576"]).await;
+        assert_eq!(events[1]["length"], 1_048_576, "{uri}: {events:?}");
+        let events = client(&env, &uri, forward, &["--big", "1048577"]).await;
+        let closed = events.last().unwrap();
+        assert_eq!(closed["event"], "closed", "{uri}: {events:?}");
+        assert_eq!(closed["code"], 1009, "{uri}: {closed}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let lengths: Vec<usize> = origin
+            .of("text")
+            .iter()
+            .map(|e| e["data"].as_str().unwrap().len())
+            .collect();
+        assert_eq!(lengths, [1_048_576], "{uri}");
+    }
+}
