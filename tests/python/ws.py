@@ -14,6 +14,11 @@ both the PyPI `websockets` package.
       prints each reply as JSON;
       --hold waits until the connection is closed and prints when and how. A refused
       handshake prints its status and deny reason.
+
+  ws.py bench URI [--forward | --direct HOST] N
+      Echo round trips of a 64-byte text message (after 200 to warm up): through the proxy
+      of the run's env as `client` connects, or with --direct straight to HOST (the URI's
+      name still used for TLS). Prints one JSON line: p50 and p99 in microseconds.
 """
 
 import asyncio
@@ -125,7 +130,41 @@ async def client(uri, forward, hold, texts, binaries, big):
         await ws.close()
 
 
+async def bench(uri, forward, direct, n):
+    kw = {"open_timeout": 10, "ping_interval": None, "max_size": None}
+    u = urllib.parse.urlsplit(uri)
+    if direct:
+        kw["sock"] = socket.create_connection((direct, u.port))
+    elif forward:
+        p = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+        auth = "Basic " + base64.b64encode(
+            f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password)}".encode()).decode()
+        kw["sock"] = socket.create_connection((p.hostname, p.port))
+        kw["create_connection"] = forward_connection(f"http://{u.netloc}", auth)
+    ws = await connect(uri, **kw)
+    sock = ws.transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg = "m" * 64
+    for _ in range(200):
+        await ws.send(msg)
+        await ws.recv()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        await ws.send(msg)
+        await ws.recv()
+        times.append(time.perf_counter_ns() - t0)
+    await ws.close()
+    times.sort()
+    out(p50_us=round(times[len(times) // 2] / 1000, 1), p99_us=round(times[int(len(times) * 0.99)] / 1000, 1), n=n)
+
+
 def main(argv):
+    if argv[0] == "bench":
+        direct = argv[argv.index("--direct") + 1] if "--direct" in argv else None
+        asyncio.run(bench(argv[1], "--forward" in argv, direct, int(argv[-1])))
+        return
     if argv[0] == "serve":
         cert = key = None
         if "--cert" in argv:
