@@ -450,17 +450,19 @@ fn has_token(h: &http::HeaderMap, name: http::header::HeaderName, token: &str) -
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
-/// Parses the upgrade a request asks for from its method and head.
+/// Parses the upgrade a request asks for from its method and head. Only
+/// a request whose `Connection` names `upgrade` asks for one (RFC 9110
+/// §7.8); an `Upgrade` header without it is a stray hop-by-hop header,
+/// stripped like the others.
 pub fn upgrade_of(method: &str, h: &http::HeaderMap) -> Upgrade {
     use http::header;
     let asked: Vec<&[u8]> = h.get_all(header::UPGRADE).iter().map(|v| v.as_bytes()).collect();
-    if asked.is_empty() {
+    if asked.is_empty() || !has_token(h, header::CONNECTION, "upgrade") {
         return Upgrade::None;
     }
     let websocket = asked.len() == 1 && asked[0].trim_ascii().eq_ignore_ascii_case(b"websocket");
     if websocket
         && method == "GET"
-        && has_token(h, header::CONNECTION, "upgrade")
         && h.contains_key(header::SEC_WEBSOCKET_KEY)
         && h.contains_key(header::SEC_WEBSOCKET_VERSION)
     {

@@ -431,7 +431,7 @@ fn only_a_whole_websocket_handshake_is_an_upgrade_carried() {
     assert_eq!(upgrade_of("GET", &head(&shouting)), Upgrade::WebSocket);
     // Not GET, a part missing, another protocol, two protocols.
     assert!(matches!(upgrade_of("POST", &head(&ws)), Upgrade::Other(_)));
-    for missing in 1..4 {
+    for missing in 2..4 {
         let mut part: Vec<(&str, &str)> = ws.to_vec();
         part.remove(missing);
         assert!(
@@ -439,6 +439,12 @@ fn only_a_whole_websocket_handshake_is_an_upgrade_carried() {
             "{missing}"
         );
     }
+    // Without the connection option nothing is asked: a stray hop-by-hop
+    // header, stripped.
+    assert_eq!(upgrade_of("GET", &head(&[("upgrade", "h2c")])), Upgrade::None);
+    let mut no_option: Vec<(&str, &str)> = ws.to_vec();
+    no_option.remove(1);
+    assert_eq!(upgrade_of("GET", &head(&no_option)), Upgrade::None);
     let h2c = head(&[("upgrade", "h2c"), ("connection", "Upgrade, HTTP2-Settings")]);
     assert_eq!(upgrade_of("GET", &h2c), Upgrade::Other("h2c".into()));
     let both = head(&[("upgrade", "websocket, h2c"), ("connection", "upgrade")]);
