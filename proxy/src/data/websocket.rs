@@ -311,3 +311,46 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handshake_asks_for_the_upgrade_and_no_extension_when_frames_are_read() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::SEC_WEBSOCKET_EXTENSIONS,
+            HeaderValue::from_static("permessage-deflate"),
+        );
+        handshake_headers(&mut h, false);
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert!(h.contains_key(header::SEC_WEBSOCKET_EXTENSIONS));
+        assert_eq!(check_accepted(false, &h), Ok(()));
+        assert!(check_accepted(true, &h).is_err());
+        handshake_headers(&mut h, true);
+        assert!(!h.contains_key(header::SEC_WEBSOCKET_EXTENSIONS));
+    }
+
+    #[test]
+    fn a_close_frame_fits_a_control_frame_whatever_its_reason() {
+        let long = "é".repeat(100);
+        for (reason, masked) in [("", None), ("short", Some([1, 2, 3, 4])), (long.as_str(), None)] {
+            let wire = close_frame(1008, reason, masked);
+            let (f, n) = wsframe::parse(&wire, masked.is_some(), MAX_MESSAGE).unwrap().unwrap();
+            assert_eq!(n, wire.len());
+            assert_eq!(f.opcode, wsframe::CLOSE);
+            assert!(f.payload.len() <= wsframe::MAX_CONTROL);
+            assert_eq!(&f.payload[..2], &1008u16.to_be_bytes());
+            let text = std::str::from_utf8(&f.payload[2..]).unwrap();
+            assert!(reason.starts_with(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn without_a_scrubber_the_origin_s_frames_go_as_they_came() {
+        let wire = to_tool_frame(&mut None, wsframe::TEXT, b"hello".to_vec());
+        assert_eq!(wire, wsframe::encode(true, wsframe::TEXT, b"hello", None));
+    }
+}
