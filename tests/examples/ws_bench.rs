@@ -8,13 +8,16 @@
 //!     interception with `rewrite_websocket`.
 //!
 //! The client is the same Python program in every case, so the difference
-//! is what the proxy adds. Origins on 127.0.0.2, fake DNS on loopback.
+//! is what the proxy adds; and the proxy's own CPU time per round trip
+//! (user+system from `/proc`, over the warm-up and the N round trips), a
+//! figure the machine's load disturbs less than latency. Origins on
+//! 127.0.0.2, fake DNS on loopback.
 //!
 //! Usage: `cargo build --release -p egress-proxy --bin egress-proxy && cargo run --release -p egress-e2e --example ws_bench [round trips]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::{control_call, TOKEN};
-use egress_e2e::process::{free_addr, release_bin, ProxyProcess};
+use egress_e2e::process::{cpu_time, free_addr, release_bin, ProxyProcess};
 use egress_e2e::websocket::{leaf, require_websockets, script, WsOrigin};
 use egress_e2e::FakeDns;
 use serde_json::{json, Value};
@@ -87,7 +90,7 @@ async fn main() {
         ),
     )
     .unwrap();
-    let _p = ProxyProcess::start_with_bin(&release_bin(), &cfg, proxy, control, TOKEN, &[]);
+    let p = ProxyProcess::start_with_bin(&release_bin(), &cfg, proxy, control, TOKEN, &[]);
     let untouched = run_env(control, "untouched").await;
     let rewritten = run_env(control, "rewritten").await;
     let mut direct_env: BTreeMap<String, String> = BTreeMap::new();
@@ -104,7 +107,7 @@ async fn main() {
         ("wss interception, rewrite_websocket", &rewritten, &wss, &[]),
     ];
     println!("WebSocket echo round trip, 64-byte text, n = {n} (µs)");
-    println!("{:<40} {:>8} {:>8}", "path", "p50", "p99");
+    println!("{:<40} {:>8} {:>8} {:>14}", "path", "p50", "p99", "proxy CPU/rt");
     for (label, env, uri, how) in cases {
         // On the blocking pool: the fake DNS answers on this runtime meanwhile.
         let (env, uri, how) = (
@@ -112,12 +115,14 @@ async fn main() {
             uri.clone(),
             how.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
         );
+        let cpu0 = cpu_time(p.child.id());
         let (p50, p99) = tokio::task::spawn_blocking(move || {
             let how: Vec<&str> = how.iter().map(String::as_str).collect();
             bench(&env, &uri, &how, n)
         })
         .await
         .unwrap();
-        println!("{label:<40} {p50:>8.1} {p99:>8.1}");
+        let cpu = (cpu_time(p.child.id()) - cpu0).as_secs_f64() * 1e6 / (n + 200) as f64;
+        println!("{label:<40} {p50:>8.1} {p99:>8.1} {cpu:>14.1}");
     }
 }
