@@ -6,12 +6,12 @@ both the PyPI `websockets` package.
       line per event: the handshake (path, Authorization, extensions offered) and every
       message received. Text and binary messages are echoed back.
 
-  ws.py client URI [--forward] [--hold] [--big N] [--binary TEXT] [TEXT ...]
+  ws.py client URI [--forward] [--hold] [--split] [--big N] [--binary TEXT] [TEXT ...]
       Connects through the proxy of the run's env: for wss:// the package's own proxy support
       (CONNECT, from HTTPS_PROXY; the appliance CA from SSL_CERT_FILE); with --forward, a ws://
       handshake sent to the proxy in absolute form (the forward path), the run credential
       from HTTP_PROXY. Sends each TEXT (then --binary ones, then a text of N bytes) and
-      prints each reply as JSON;
+      prints each reply as JSON; --split sends each message in fragments of 7 bytes;
       --hold waits until the connection is closed and prints when and how. A refused
       handshake prints its status and deny reason.
 
@@ -86,7 +86,7 @@ def forward_connection(absolute, auth):
     return Forward
 
 
-async def client(uri, forward, hold, texts, binaries, big):
+async def client(uri, forward, hold, texts, binaries, big, split):
     kw = {"open_timeout": 10, "ping_interval": None, "max_size": None}
     if forward:
         p = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
@@ -106,11 +106,14 @@ async def client(uri, forward, hold, texts, binaries, big):
         return
     out(event="open", status=ws.response.status_code, accept=ws.response.headers.get("Sec-WebSocket-Accept"))
     try:
+        def pieces(m):
+            return [m[i:i + 7] for i in range(0, len(m), 7)] if split else m
+
         for t in texts:
-            await ws.send(t)
+            await ws.send(pieces(t))
             out(event="reply", data=await asyncio.wait_for(ws.recv(), 10))
         for b in binaries:
-            await ws.send(b.encode())
+            await ws.send(pieces(b.encode()))
             r = await asyncio.wait_for(ws.recv(), 10)
             out(event="reply", data=r.decode("utf-8", "replace") if isinstance(r, bytes) else r)
         if big:
@@ -188,10 +191,13 @@ def main(argv):
             binaries.append(rest[i + 1])
             i += 2
             continue
+        if a == "--split":
+            i += 1
+            continue
         if not a.startswith("--"):
             texts.append(a)
         i += 1
-    asyncio.run(client(uri, forward, hold, texts, binaries, big))
+    asyncio.run(client(uri, forward, hold, texts, binaries, big, "--split" in rest))
 
 
 if __name__ == "__main__":

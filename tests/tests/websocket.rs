@@ -410,6 +410,13 @@ async fn rewrite_websocket_puts_the_secret_in_text_and_takes_it_out_of_the_echo(
             &texts[1][texts[1].len().saturating_sub(80)..]
         );
         assert_eq!(texts[2], "plain", "{uri}");
+        // The placeholder split across fragments (7 bytes each, a ping-free
+        // continuation chain): the whole message is what is rewritten.
+        let split = format!("split {placeholder} end");
+        let events = client(&env, &uri, forward, &["--split", &split]).await;
+        assert_eq!(events[1]["data"], split.as_str(), "{uri}: {events:?}");
+        let got = origin.wait("text", 4).await;
+        assert_eq!(got[3]["data"], format!("split {secret} end"), "{uri}");
     }
     // The scrubbed echoes are counted for the run.
     let v = w.run_view(&run).await;
@@ -444,11 +451,20 @@ async fn a_binary_message_with_the_placeholder_is_credential_misuse() {
             closed["reason"].as_str().unwrap().contains("credential_misuse"),
             "{uri}: {closed}"
         );
+        // Split across fragments: refused all the same.
+        let events = client(
+            &env,
+            &uri,
+            forward,
+            &["--split", "--binary", &format!("bin {placeholder}")],
+        )
+        .await;
+        assert_eq!(events.last().unwrap()["code"], 1008, "{uri}: {events:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(origin.of("binary").is_empty(), "{uri}: {:?}", origin.events());
     }
     let facts = w.facts("credential_misuse").await;
-    assert_eq!(facts.len(), 2, "{facts:?}");
+    assert_eq!(facts.len(), 4, "{facts:?}");
     assert!(
         facts[0]["detail"]
             .as_str()
