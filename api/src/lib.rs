@@ -41,7 +41,8 @@ pub struct Denial {
     pub fact_id: String,
     /// The decision step that denied it: `authentication`, `run_state`,
     /// `target`, `ip_literals`, `allowlist`, `methods`, `paths`,
-    /// `address_ranges`, `self_loop`, `slots` or `credentials`.
+    /// `address_ranges`, `self_loop`, `slots`, `credentials`, `budgets` or
+    /// `upgrades`.
     pub rule: String,
     /// A fixed text per reason saying what to do (and what not to).
     pub hint: String,

@@ -121,6 +121,13 @@ pub struct Credential {
     /// The variable the child finds the placeholder in.
     pub placeholder_env: String,
     pub allow_plaintext: Plaintext,
+    /// `rewrite_websocket = true`: after a WebSocket handshake to one of the
+    /// credential's hosts, the proxy reads the frames: the placeholder in
+    /// the tool's text messages becomes the secret, a binary message
+    /// carrying it is refused, and the secret in the origin's text
+    /// messages becomes the placeholder again. Off: only the handshake
+    /// carries the credential, frames pass untouched.
+    pub rewrite_websocket: bool,
     /// Empty until [`crate::Config::load_secrets`] loads it.
     pub secret: Secret,
 }
@@ -240,6 +247,15 @@ fn credential(
     };
     let source = secret_source(c);
     let allow_plaintext = plaintext(c, &hosts);
+    let rewrite_websocket = match c.get::<toml::Value>("rewrite_websocket") {
+        None => false,
+        Some(toml::Value::Boolean(b)) => b,
+        Some(v) => {
+            let at = c.at("rewrite_websocket");
+            c.problems.push(at, format!("{v} is not true or false"));
+            false
+        }
+    };
     let placeholder_env: Option<String> =
         c.required("placeholder_env", "the variable the child gets the placeholder in");
     if let Some(v) = &placeholder_env {
@@ -264,6 +280,7 @@ fn credential(
         source: source?,
         placeholder_env: placeholder_env?,
         allow_plaintext,
+        rewrite_websocket,
         secret: Secret::default(),
     })
 }
@@ -529,6 +546,29 @@ placeholder_env = "P"
                 .clone()
         };
         assert_ne!(digest(""), digest("allow_plaintext = true"));
+    }
+
+    #[test]
+    fn rewrite_websocket_is_a_boolean_off_by_default_and_policy() {
+        let text = |line: &str| {
+            format!(
+                "[tools.t]\negress = [\"a.example:443\"]\n[tools.t.credentials.c]\nhosts = [\"a.example:443\"]\n\
+                 value = \"${{secret}}\"\nsecret = {{ env = \"X\" }}\nplaceholder_env = \"C\"\n{line}"
+            )
+        };
+        let parse = |line: &str| crate::Config::parse(&text(line), "c.toml").map_err(|e| e.to_string());
+        let cred = |line: &str| parse(line).unwrap().policy.tool("t").unwrap().credentials[0].rewrite_websocket;
+        assert!(!cred(""));
+        assert!(!cred("rewrite_websocket = false"));
+        assert!(cred("rewrite_websocket = true"));
+        let e = parse("rewrite_websocket = \"yes\"").unwrap_err();
+        assert!(
+            e.contains("c.toml: tools.t.credentials.c.rewrite_websocket: \"yes\" is not true or false"),
+            "{e}"
+        );
+        let digest = |line: &str| parse(line).unwrap().policy.digest.clone();
+        assert_eq!(digest(""), digest("rewrite_websocket = false"));
+        assert_ne!(digest(""), digest("rewrite_websocket = true"));
     }
 
     fn secret_file(dir: &std::path::Path, mode: u32, text: &str) -> PathBuf {

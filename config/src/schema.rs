@@ -163,12 +163,14 @@ pub(crate) fn parse_with_env(
             let hosts: Vec<String> = c.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
             let _ = writeln!(
                 canon,
-                "  credential {} hosts={hosts:?} header={} value={:?} env={} plaintext={:?}",
+                "  credential {} hosts={hosts:?} header={} value={:?} env={} plaintext={:?}{}",
                 c.name,
                 c.header,
                 c.value.as_written(),
                 c.placeholder_env,
-                c.allow_plaintext
+                c.allow_plaintext,
+                // Written only when set: digests of policies without it stay as they were.
+                if c.rewrite_websocket { " rewrite_websocket" } else { "" }
             );
         }
     }

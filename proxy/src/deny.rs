@@ -125,10 +125,13 @@ pub enum DenyReason {
     BudgetExhausted,
     /// Faster than the tool's `max_request_rate` (beyond its burst).
     RateLimited,
+    /// A request asking to switch to a protocol the proxy does not carry
+    /// (`Upgrade` other than a WebSocket handshake: `h2c`, custom ones).
+    UpgradeNotAllowed,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 17] = [
+    pub const ALL: [DenyReason; 18] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -146,6 +149,7 @@ impl DenyReason {
         DenyReason::CredentialRequiresTls,
         DenyReason::BudgetExhausted,
         DenyReason::RateLimited,
+        DenyReason::UpgradeNotAllowed,
     ];
 
     pub fn code(self) -> &'static str {
@@ -167,6 +171,7 @@ impl DenyReason {
             DenyReason::CredentialRequiresTls => "credential_requires_tls",
             DenyReason::BudgetExhausted => "budget_exhausted",
             DenyReason::RateLimited => "rate_limited",
+            DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
         }
     }
 
@@ -195,6 +200,7 @@ impl DenyReason {
             DenyReason::PathNotAllowed => "paths",
             DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls => "credentials",
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
+            DenyReason::UpgradeNotAllowed => "upgrades",
         }
     }
 
@@ -245,6 +251,9 @@ impl DenyReason {
                 "this run has used its budget of requests or bytes; finish with what you have; do not retry in this run"
             }
             DenyReason::RateLimited => "too many requests too fast for this run; wait a moment, then retry more slowly",
+            DenyReason::UpgradeNotAllowed => {
+                "only WebSocket upgrades are carried; send the request without Upgrade (plain HTTP/1.1)"
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 //! black hole), a proxy harness that starts a real proxy on `127.0.0.1:0`,
 //! a raw HTTP/1.1 client and a SOCKS5 one, counting unix-socket canaries,
 //! and a helper that re-runs a test inside a network namespace holding only
-//! `lo`; for the executor's tests, a fake control API speaking the real wire
+//! `lo`, and the `websockets` origin of the WebSocket tests; for the executor's tests, a fake control API speaking the real wire
 //! types, a fake hand-off socket, and process and config helpers. One crate
 //! of test support for both products. Tests never use the machine's resolver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -23,6 +23,7 @@ pub mod raw;
 pub mod socks;
 pub mod tls_origin;
 pub mod unix_canary;
+pub mod websocket;
 
 pub use dns::FakeDns;
 pub use fake_control::FakeControl;

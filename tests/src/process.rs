@@ -243,6 +243,17 @@ impl Drop for ProxyProcess {
     }
 }
 
+/// User+system CPU time of process `pid` so far (`/proc/<pid>/stat`, in
+/// the kernel's USER_HZ = 100 ticks).
+pub fn cpu_time(pid: u32) -> std::time::Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
+    let f: Vec<&str> = rest.split(' ').collect();
+    // Fields 14 and 15 of stat(5); `rest` starts at field 3.
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    std::time::Duration::from_millis((field(11) + field(12)) * 10)
+}
+
 /// Resident set size of process `pid` in bytes (`VmRSS` in `/proc/<pid>/status`).
 pub fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

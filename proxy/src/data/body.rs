@@ -102,6 +102,14 @@ impl Exchange {
     fn claim(&self) -> bool {
         !self.claimed.swap(true, Ordering::AcqRel)
     }
+
+    /// The exchange became a relay (a WebSocket after its `101`), bounded
+    /// like a tunnel by whoever holds it: the watchdog stands down, and
+    /// the exchange's end records nothing and pools no connection (the
+    /// relay records the outcome in `finish`).
+    pub fn take_over(&self) {
+        self.claim();
+    }
 }
 
 impl Drop for Exchange {

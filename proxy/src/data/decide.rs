@@ -12,7 +12,7 @@
 
 use crate::data::body::ProxyBody;
 use crate::data::inject::Injection;
-use crate::data::policy::{self, Admission, Channel, Denial, Head};
+use crate::data::policy::{self, Admission, Channel, Denial, Head, Upgrade};
 use crate::data::respond::{self, fact_target, raw_target};
 use crate::data::target::{self, Kind, Target, TargetError};
 use crate::deny::{DenyReason, FetchError, Phase, Via};
@@ -56,6 +56,9 @@ pub(super) struct Ask<'r> {
     pub head: &'r (dyn Head + Sync),
     /// The raw target, quoted in a fact when the run or the target is refused.
     pub raw: &'r (dyn Fn() -> String + Sync),
+    /// The protocol the request asks to switch to ([`policy::upgrade_of`];
+    /// `None` for tunnels and raw connections).
+    pub upgrade: Upgrade,
 }
 
 /// One fetch's context: the shared state, the policy snapshot, the run, and
@@ -179,6 +182,15 @@ impl<'a> Fetch<'a> {
             Err(d) => return Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
         }
         Ok(private)
+    }
+
+    /// Step 4, the upgrade ([`policy::upgrade`]): a WebSocket handshake
+    /// goes on (returns `true`), any other upgrade is `upgrade_not_allowed`.
+    pub(super) async fn upgrade(&self, tool: &ToolPolicy, target: &Target, asked: &Upgrade) -> Result<bool, Answer> {
+        match policy::upgrade(tool, target, asked) {
+            Ok(ws) => Ok(ws),
+            Err(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
+        }
     }
 
     /// Whether a grant of the run stands in for the missing allowlist entry
@@ -441,6 +453,8 @@ impl Head for ReqHead<'_> {
 pub struct Inside {
     pub target: Target,
     pub credentials: Option<Injection>,
+    /// A WebSocket handshake, decided like any request.
+    pub websocket: bool,
 }
 
 /// Steps 2–4 again for one request inside an intercepted CONNECT to
@@ -464,12 +478,18 @@ pub async fn decide_inside(
         Err(e) => return Err(fetch.refuse_target(e, Dest::Target(connect)).await),
     };
     fetch.admit(&tool, &mut target, req.method().as_str()).await?;
-    fetch.spend(&tool, &target).await?;
+    let asked = policy::upgrade_of(req.method().as_str(), req.headers());
+    let websocket = fetch.upgrade(&tool, &target, &asked).await?;
     let credentials = fetch
         .credentials(&tool, run, &target, &ReqHead(req), Channel::VerifiedTls)
         .await?;
+    fetch.spend(&tool, &target).await?;
     fetch.count_allowed(&tool);
-    Ok(Inside { target, credentials })
+    Ok(Inside {
+        target,
+        credentials,
+        websocket,
+    })
 }
 
 /// An intercepted CONNECT whose TLS names another server (SNI) than the
@@ -483,4 +503,19 @@ pub async fn deny_sni(sh: &Shared, run: &Run, connect: &Target, sni: &str) {
     let _ = fetch
         .deny(DenyReason::HostMismatch, detail, Dest::Target(connect), &[])
         .await;
+}
+
+/// A WebSocket message of the tool that [`policy::websocket_message`]
+/// refused, after the handshake to `target`: recorded as a fact like a
+/// request's denial (kind `http`). Returns the fact's id (or why there is
+/// none), for the close frame.
+pub async fn deny_message(sh: &Shared, run: &Run, target: &Target, d: Denial) -> String {
+    let policy = sh.policy.load_full();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
+    let answer = fetch.deny(d.reason, d.detail, Dest::Target(target), &[]).await;
+    match answer.headers().get(respond::FACT_HEADER).and_then(|v| v.to_str().ok()) {
+        Some(id) => id.to_owned(),
+        None => "unrecorded".to_owned(),
+    }
 }

@@ -136,9 +136,13 @@ pub(super) async fn serve_run(
         method: req.method().as_str(),
         head: &ReqHead(&req),
         raw: &|| raw_target(req.uri()),
+        upgrade: match kind {
+            Kind::Connect => policy::Upgrade::None,
+            Kind::Http => policy::upgrade_of(req.method().as_str(), req.headers()),
+        },
     };
     match fetch.decide(run, ask).await {
-        Ok(prepared) if kind == Kind::Http => fetch.carry(prepared, run, req, conn).await,
+        Ok(prepared) if kind == Kind::Http => fetch.carry(sh, prepared, run, req, conn).await,
         Ok(prepared) => match fetch.open_tunnel(prepared, sh, run).await {
             Ok(opened) => {
                 opened.start(Client::Upgrade(hyper::upgrade::on(&mut req)));
@@ -262,6 +266,8 @@ pub(super) struct Prepared {
     credentials: Option<Injection>,
     /// A CONNECT whose TLS the proxy terminates ([`policy::intercepts`]).
     intercept: bool,
+    /// A WebSocket handshake ([`policy::upgrade`]).
+    websocket: bool,
 }
 
 /// Steps 5–8: the run's slot, DNS, the dial and the carrying; the
@@ -274,8 +280,9 @@ impl Fetch<'_> {
         let deadline = self.started + tool.fetch_timeout;
         let mut target = self.canonical_target(ask.target, ask.raw).await?;
         let private = self.admit(&tool, &mut target, ask.method).await?;
-        self.spend(&tool, &target).await?;
+        let websocket = self.upgrade(&tool, &target, &ask.upgrade).await?;
         let credentials = self.credentials(&tool, run, &target, ask.head, Channel::Plain).await?;
+        self.spend(&tool, &target).await?;
         let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
         let finish = Finish::new(self.tm.clone(), self.via, self.started, run.clone(), target.to_string());
         let connected = async {
@@ -306,6 +313,7 @@ impl Fetch<'_> {
             deadline,
             credentials,
             intercept,
+            websocket,
         })
     }
 
@@ -334,7 +342,14 @@ impl Fetch<'_> {
     }
 
     /// Step 8 for plain HTTP: forward.
-    async fn carry(&self, p: Prepared, run: &Arc<Run>, req: Request<Incoming>, conn: &admission::Conn) -> Answer {
+    async fn carry(
+        &self,
+        sh: &Arc<Shared>,
+        p: Prepared,
+        run: &Arc<Run>,
+        req: Request<Incoming>,
+        conn: &admission::Conn,
+    ) -> Answer {
         let Prepared {
             target,
             slot,
@@ -343,6 +358,7 @@ impl Fetch<'_> {
             deadline,
             credentials,
             intercept: _,
+            websocket,
         } = p;
         let (exchange, over) = Exchange::new(finish, slot, run.clone());
         let x = Exchanging {
@@ -352,8 +368,9 @@ impl Fetch<'_> {
             deadline,
             client_cut: conn.cut.clone(),
             credentials,
+            websocket,
         };
-        forward::forward(self.sh, run, req, &target, x).await
+        forward::forward(sh, run, req, &target, x).await
     }
 
     /// Step 8 for a tunnel (CONNECT, or any entrance that relays bytes):

@@ -12,15 +12,19 @@ use crate::data::inject::{self, Injection};
 use crate::data::respond;
 use crate::data::scrub;
 use crate::data::target::Target;
+use crate::data::tunnel::{self, Meter};
 use crate::data::upstream::{self, Upstream};
+use crate::data::websocket;
 use crate::deny::{FetchError, Phase};
 use crate::runs::pool::UpBody;
 use crate::runs::Run;
 use crate::state::Shared;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -78,14 +82,17 @@ pub struct Exchanging {
     pub client_cut: CancellationToken,
     /// The credentials to write into the request (`None`: the fast path).
     pub credentials: Option<Injection>,
+    /// A WebSocket handshake ([`websocket`]): sent with its upgrade, and
+    /// joined to the origin after a `101`.
+    pub websocket: bool,
 }
 
 /// Sends `req` to `target` and answers with the origin's response (or the
 /// error that stopped it).
 pub async fn forward(
-    sh: &Shared,
+    sh: &Arc<Shared>,
     run: &Arc<Run>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     target: &Target,
     x: Exchanging,
 ) -> Response<ProxyBody> {
@@ -96,11 +103,16 @@ pub async fn forward(
         deadline,
         client_cut,
         credentials,
+        websocket,
     } = x;
+    let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let method = parts.method.clone();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    if websocket {
+        websocket::handshake_headers(&mut headers, websocket::rewrites(credentials.as_ref()));
+    }
     if let Ok(v) = HeaderValue::from_str(&target.host_header()) {
         headers.insert(header::HOST, v);
     }
@@ -178,6 +190,15 @@ pub async fn forward(
             return respond::error(FetchError::RunEnded, &format!("run {} ended", run.id));
         }
     };
+    if let (Some(client), StatusCode::SWITCHING_PROTOCOLS) = (client_upgrade, resp.status()) {
+        let ws = WebSocket {
+            client,
+            target,
+            deadline,
+            credentials,
+        };
+        return switch(sh, run, resp, conn, exchange, ws);
+    }
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     fx.add_down(body::head_len(
@@ -194,4 +215,86 @@ pub async fn forward(
     };
     exchange.attach(conn);
     Response::from_parts(parts, ProxyBody::stream(Guarded { inner: body, exchange }, scrub))
+}
+
+/// A WebSocket handshake's side, for [`switch`].
+struct WebSocket<'a> {
+    /// The tool's connection, upgraded once the `101` is written.
+    client: hyper::upgrade::OnUpgrade,
+    target: &'a Target,
+    deadline: Instant,
+    credentials: Option<Injection>,
+}
+
+/// The origin switched protocols for a WebSocket handshake: its `101` goes
+/// to the tool with its headers as they came (scrubbed of the secret), and
+/// a task joins both connections once upgraded, holding the exchange (the
+/// slot) and bounded like a tunnel (deadline, idle timeout, run end,
+/// shutdown), its bytes counted in the fetch.
+fn switch(
+    sh: &Arc<Shared>,
+    run: &Arc<Run>,
+    mut resp: Response<Incoming>,
+    conn: crate::runs::pool::Conn,
+    exchange: Arc<Exchange>,
+    ws: WebSocket<'_>,
+) -> Response<ProxyBody> {
+    let fx = &exchange.finish;
+    let origin = hyper::upgrade::on(&mut resp);
+    let (mut parts, _) = resp.into_parts();
+    let rewrite = websocket::rewrites(ws.credentials.as_ref());
+    let scrubbed = scrub::response(
+        sh,
+        ws.credentials.as_ref().map(|c| &c.tool),
+        run,
+        &http::Method::GET,
+        &mut parts,
+    )
+    .and_then(|_| websocket::check_accepted(rewrite, &parts.headers));
+    if let Err(e) = scrubbed {
+        fx.failed(FetchError::UpstreamFailed.code());
+        sh.count_error(&run.tool, FetchError::UpstreamFailed);
+        return respond::error(FetchError::UpstreamFailed, &format!("{}: {e}", ws.target));
+    }
+    fx.add_down(body::head_len(
+        parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
+        &parts.headers,
+    ));
+    exchange.take_over();
+    let rewrite = websocket::Rewrite::new(sh, run, ws.target, ws.credentials.as_ref());
+    let (sh2, run2, client, deadline) = (sh.clone(), run.clone(), ws.client, ws.deadline);
+    sh.tasks.spawn(async move {
+        let (sh, run) = (sh2, run2);
+        let fx = &exchange.finish;
+        // The origin's side first, while its connection is held (dropping
+        // it would stop the driver before it hands the connection over).
+        let upstream = tokio::select! {
+            u = origin => u.ok(),
+            _ = tokio::time::sleep_until(deadline) => None,
+            _ = run.cancel.cancelled() => None,
+        };
+        drop(conn);
+        let Some(upstream) = upstream else {
+            fx.failed("upgrade_failed");
+            return;
+        };
+        let Some(client) = tunnel::upgraded(client, deadline, &run.cancel, fx).await else {
+            return;
+        };
+        let meter = Arc::new(Meter::new());
+        let bounds = tunnel::Bounds {
+            deadline,
+            idle: sh.cfg.tunnel_idle_timeout,
+            cancel: &run.cancel,
+            shutdown: &sh.hard_stop,
+        };
+        let client = tunnel::Metered::side(TokioIo::new(client), &meter, true);
+        let upstream = tunnel::Metered::side(TokioIo::new(upstream), &meter, false);
+        bounds
+            .watch(websocket::relay(client, upstream, rewrite, fx), &meter, fx)
+            .await;
+        fx.add_up(meter.up.load(Ordering::Relaxed));
+        fx.add_down(meter.down.load(Ordering::Relaxed));
+    });
+    Response::from_parts(parts, ProxyBody::empty())
 }

@@ -37,7 +37,7 @@ pub fn write(inj: &Injection, run: &Run, headers: &mut HeaderMap, pq: &mut PathA
 }
 
 /// `hay` with every `needle` replaced by `with`.
-fn replace(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+pub fn replace(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(hay.len() + with.len());
     let mut i = 0;
     while i < hay.len() {

@@ -26,13 +26,14 @@ use crate::data::scrub::{self, Scrubbed};
 use crate::data::target::{server_name_is, Target};
 use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::upstream;
+use crate::data::websocket;
 use crate::deny::FetchError;
 use crate::runs::pool::{Conn, UpBody};
 use crate::runs::slots::Slot;
 use crate::runs::Run;
 use crate::state::Shared;
 use http::header::{self, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt as _, Either};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -77,13 +78,15 @@ pub async fn run(s: Session) {
         finish,
     } = s;
     let _slot = slot;
-    let meter = Meter::new();
+    let meter = Arc::new(Meter::new());
     let origin = Origin {
         sh: &sh,
         run: &run,
         target: &target,
         addr,
         conn: tokio::sync::Mutex::new(None),
+        switched: std::sync::Mutex::new(None),
+        finish: &finish,
     };
     let bounds = Bounds {
         deadline,
@@ -126,13 +129,24 @@ struct Origin<'a> {
     /// The upstream connection (`None` until the first handshake, or after
     /// a redial failed).
     conn: tokio::sync::Mutex<Option<Conn>>,
+    /// A WebSocket handshake the origin switched protocols for: joined
+    /// once the tool's connection is upgraded.
+    switched: std::sync::Mutex<Option<Switched>>,
+    finish: &'a Finish,
+}
+
+/// Both sides of a switched WebSocket, waiting for their upgrades.
+struct Switched {
+    client: hyper::upgrade::OnUpgrade,
+    origin: hyper::upgrade::OnUpgrade,
+    rewrite: Option<websocket::Rewrite>,
 }
 
 impl Origin<'_> {
     /// The tool's TLS, then HTTP/1.1 inside it until the tool is done.
     async fn serve<IO>(&self, io: IO, upstream: tokio_rustls::client::TlsStream<TcpStream>) -> io::Result<()>
     where
-        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
         if let Some(sni) = start.client_hello().server_name() {
@@ -162,22 +176,38 @@ impl Origin<'_> {
             .max_headers(128)
             .keep_alive(true);
         let service = hyper::service::service_fn(|req| self.exchange(req));
-        builder
+        let served = builder
             .serve_connection(TokioIo::new(tls), service)
-            .await
-            .map_err(io::Error::other)
+            .with_upgrades()
+            .await;
+        let switched = self.switched.lock().ok().and_then(|mut s| s.take());
+        let Some(ws) = switched else {
+            return served.map_err(io::Error::other);
+        };
+        // The origin's side first, while its connection is held (dropping
+        // it would stop the driver before it hands the connection over).
+        // The session's bounds (deadline, idle, run end) and its meter on
+        // the tool's TLS cover the relay.
+        let origin = ws.origin.await.map_err(io::Error::other);
+        *self.conn.lock().await = None;
+        let client = ws.client.await.map_err(io::Error::other)?;
+        websocket::relay(TokioIo::new(client), TokioIo::new(origin?), ws.rewrite, self.finish).await
     }
 
     /// One request inside the session.
-    async fn exchange(&self, req: Request<Incoming>) -> Result<Answer, Infallible> {
+    async fn exchange(&self, mut req: Request<Incoming>) -> Result<Answer, Infallible> {
         let inside = match decide::decide_inside(self.sh, self.run, self.target, &req).await {
             Ok(i) => i,
             Err(answer) => return Ok(answer.map(Either::Right)),
         };
+        let client_upgrade = inside.websocket.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let method = parts.method.clone();
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
+        if inside.websocket {
+            websocket::handshake_headers(&mut headers, websocket::rewrites(inside.credentials.as_ref()));
+        }
         if let Ok(v) = HeaderValue::from_str(&host_header(self.target)) {
             headers.insert(header::HOST, v);
         }
@@ -195,6 +225,9 @@ impl Origin<'_> {
         *up.headers_mut() = headers;
         *up.uri_mut() = http::Uri::from(pq);
         match self.send(up).await {
+            Ok(resp) if client_upgrade.is_some() && resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                Ok(self.switch(resp, client_upgrade, inside))
+            }
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -232,6 +265,55 @@ impl Origin<'_> {
                 Ok(respond::error(e, &format!("{}: {detail}", self.target)).map(Either::Right))
             }
         }
+    }
+
+    /// The origin switched protocols for a WebSocket handshake: its `101`
+    /// goes to the tool with its headers as they came (scrubbed of the
+    /// secret); [`Origin::serve`] joins both sides once upgraded.
+    fn switch(
+        &self,
+        mut resp: Response<Incoming>,
+        client: Option<hyper::upgrade::OnUpgrade>,
+        inside: decide::Inside,
+    ) -> Answer {
+        let origin = hyper::upgrade::on(&mut resp);
+        let (mut parts, _) = resp.into_parts();
+        let injected = inside.credentials.as_ref();
+        let rewrite = websocket::rewrites(injected);
+        let checked = scrub::response(
+            self.sh,
+            injected.map(|c| &c.tool),
+            self.run,
+            &http::Method::GET,
+            &mut parts,
+        )
+        .and_then(|_| websocket::check_accepted(rewrite, &parts.headers));
+        let (Some(client), Ok(_)) = (client, &checked) else {
+            self.sh.count_error(&self.run.tool, FetchError::UpstreamFailed);
+            let e = checked.err().unwrap_or_default();
+            return respond::error(FetchError::UpstreamFailed, &format!("{}: {e}", self.target)).map(Either::Right);
+        };
+        tracing::info!(
+            target: "egress::fetch",
+            run = %self.run.id,
+            tool = %self.run.tool,
+            kind = "intercepted",
+            dest = %self.target,
+            method = "GET",
+            status = 101,
+            injected = injected.is_some(),
+            rewrite,
+            "WebSocket inside an intercepted tunnel"
+        );
+        let rewrite = websocket::Rewrite::new(self.sh, self.run, &inside.target, injected);
+        if let Ok(mut s) = self.switched.lock() {
+            *s = Some(Switched {
+                client,
+                origin,
+                rewrite,
+            });
+        }
+        Response::from_parts(parts, Either::Right(ProxyBody::empty()))
     }
 
     /// Sends `req` on the upstream connection; when the origin has closed

@@ -8,7 +8,9 @@
 //! [`forward`] (plain HTTP) with [`inject`] (credentials written into the
 //! request) and [`scrub`] (secrets taken out of the response), [`tunnel`]
 //! (CONNECT), [`intercept`] (a CONNECT whose TLS the proxy terminates, with
-//! `ca` leaves), [`body`] (bodies bounded by the deadline and the run),
+//! `ca` leaves), [`websocket`] (a WebSocket after its handshake, on
+//! either, with the frame codec [`wsframe`] when frames are rewritten),
+//! [`body`] (bodies bounded by the deadline and the run),
 //! [`finish`] (the fetch's outcome, once), [`respond`] (denial and error
 //! answers), [`handoff`] (listeners handed over by the executor). The
 //! resolver (`dns`) and the proxy's own addresses (`addrs`) are shared state.
@@ -32,6 +34,8 @@ pub(crate) mod target;
 pub(crate) mod transparent;
 pub(crate) mod tunnel;
 pub(crate) mod upstream;
+pub(crate) mod websocket;
+pub(crate) mod wsframe;
 
 use crate::admission::{Admission, Conn};
 use crate::listener::{self, serve_one, Serve, Spec};

@@ -431,3 +431,120 @@ pub fn vet(
 #[cfg(test)]
 #[path = "policy_tests.rs"]
 mod tests;
+
+/// The protocol a request asks to switch to (RFC 9110 §7.8), as an
+/// entrance parsed it from the head ([`upgrade_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upgrade {
+    /// No `Upgrade` header: an ordinary request.
+    None,
+    /// A WebSocket opening handshake (RFC 6455 §4.1): `GET`, `Upgrade:
+    /// websocket`, `Connection: upgrade`, `Sec-WebSocket-Key` and
+    /// `Sec-WebSocket-Version`.
+    WebSocket,
+    /// Anything else that names an upgrade (`h2c`, a custom protocol, a
+    /// WebSocket handshake missing a part), as written (bounded).
+    Other(String),
+}
+
+/// Whether a comma-separated header holds `token` (case-insensitive).
+fn has_token(h: &http::HeaderMap, name: http::header::HeaderName, token: &str) -> bool {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Parses the upgrade a request asks for from its method and head. Only
+/// a request whose `Connection` names `upgrade` asks for one (RFC 9110
+/// §7.8); an `Upgrade` header without it is a stray hop-by-hop header,
+/// stripped like the others.
+pub fn upgrade_of(method: &str, h: &http::HeaderMap) -> Upgrade {
+    use http::header;
+    let asked: Vec<&[u8]> = h.get_all(header::UPGRADE).iter().map(|v| v.as_bytes()).collect();
+    if asked.is_empty() || !has_token(h, header::CONNECTION, "upgrade") {
+        return Upgrade::None;
+    }
+    let websocket = asked.len() == 1 && asked[0].trim_ascii().eq_ignore_ascii_case(b"websocket");
+    if websocket
+        && method == "GET"
+        && h.contains_key(header::SEC_WEBSOCKET_KEY)
+        && h.contains_key(header::SEC_WEBSOCKET_VERSION)
+    {
+        return Upgrade::WebSocket;
+    }
+    let shown: Vec<String> = asked.iter().map(|v| String::from_utf8_lossy(v).into_owned()).collect();
+    let mut shown = Bounded(&shown.join(", ")).to_string();
+    if websocket {
+        shown.push_str(
+            " (an incomplete handshake: GET with Connection: upgrade, Sec-WebSocket-Key and Sec-WebSocket-Version)",
+        );
+    }
+    Upgrade::Other(shown)
+}
+
+/// The upgrade step, for every entrance that carries HTTP: a WebSocket
+/// handshake is decided like any request (the other steps) and carried;
+/// any other upgrade is `upgrade_not_allowed` (never waived by report
+/// mode: the proxy cannot carry it). Returns whether the request is a
+/// WebSocket handshake.
+pub fn upgrade(tool: &ToolPolicy, target: &Target, asked: &Upgrade) -> Result<bool, Denial> {
+    match asked {
+        Upgrade::None => Ok(false),
+        Upgrade::WebSocket => Ok(true),
+        Upgrade::Other(p) => Err(Denial {
+            reason: DenyReason::UpgradeNotAllowed,
+            detail: format!(
+                "upgrade to {p} on {target} for tool {}: only WebSocket is carried",
+                tool.id
+            ),
+        }),
+    }
+}
+
+/// The credential checks of one WebSocket message from the tool, after
+/// the handshake, to a host of `rewriting` (credentials with
+/// `rewrite_websocket`): first [`credentials`] on the payload, as on a
+/// request head (another host's placeholder, another credential's real
+/// value); then a binary message (or a control frame) that carries a
+/// placeholder of the run or the real value of the tool's credentials is
+/// `credential_misuse` too: only text messages are rewritten.
+pub fn websocket_message(
+    tool: &ToolPolicy,
+    secrets: &SecretScan,
+    placeholders: &[Placeholder],
+    target: &Target,
+    text: bool,
+    payload: &[u8],
+) -> Result<(), Denial> {
+    struct Payload<'a>(&'a [u8]);
+    impl Head for Payload<'_> {
+        fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+            f(self.0)
+        }
+    }
+    credentials(
+        tool,
+        secrets,
+        placeholders,
+        target,
+        Channel::VerifiedTls,
+        &Payload(payload),
+    )?;
+    if text {
+        return Ok(());
+    }
+    let placeholder = placeholders.iter().find(|p| contains(payload, p.value.as_bytes()));
+    let secret = tool.secrets.find(payload).is_some();
+    if placeholder.is_none() && !secret {
+        return Ok(());
+    }
+    let what = match placeholder {
+        Some(p) => format!("the placeholder of credential {}", p.credential),
+        None => "the real value of a credential".to_owned(),
+    };
+    Err(misuse(format!(
+        "a binary WebSocket message to {target} carries {what}; only text messages are rewritten (rewrite_websocket)"
+    )))
+}

@@ -404,3 +404,85 @@ fn cleartext_credentials_go_to_loopback_addresses_only() {
     let d = loopback_dial(&tg, ips(&["93.184.216.34", "10.0.0.1"])).unwrap_err();
     assert_eq!(d.reason, DenyReason::CredentialRequiresTls);
 }
+
+#[test]
+fn only_a_whole_websocket_handshake_is_an_upgrade_carried() {
+    use http::header::{HeaderMap, HeaderName, HeaderValue};
+    let head = |pairs: &[(&str, &str)]| {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    };
+    let ws = [
+        ("upgrade", "websocket"),
+        ("connection", "keep-alive, Upgrade"),
+        ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("sec-websocket-version", "13"),
+    ];
+    assert_eq!(upgrade_of("GET", &head(&[])), Upgrade::None);
+    assert_eq!(upgrade_of("GET", &head(&ws)), Upgrade::WebSocket);
+    let mut shouting = ws;
+    shouting[0].1 = "WebSocket";
+    assert_eq!(upgrade_of("GET", &head(&shouting)), Upgrade::WebSocket);
+    // Not GET, a part missing, another protocol, two protocols.
+    assert!(matches!(upgrade_of("POST", &head(&ws)), Upgrade::Other(_)));
+    for missing in 2..4 {
+        let mut part: Vec<(&str, &str)> = ws.to_vec();
+        part.remove(missing);
+        assert!(
+            matches!(upgrade_of("GET", &head(&part)), Upgrade::Other(_)),
+            "{missing}"
+        );
+    }
+    // Without the connection option nothing is asked: a stray hop-by-hop
+    // header, stripped.
+    assert_eq!(upgrade_of("GET", &head(&[("upgrade", "h2c")])), Upgrade::None);
+    let mut no_option: Vec<(&str, &str)> = ws.to_vec();
+    no_option.remove(1);
+    assert_eq!(upgrade_of("GET", &head(&no_option)), Upgrade::None);
+    let h2c = head(&[("upgrade", "h2c"), ("connection", "Upgrade, HTTP2-Settings")]);
+    assert_eq!(upgrade_of("GET", &h2c), Upgrade::Other("h2c".into()));
+    let both = head(&[("upgrade", "websocket, h2c"), ("connection", "upgrade")]);
+    assert!(matches!(upgrade_of("GET", &both), Upgrade::Other(_)));
+    // The decision: a WebSocket goes on, any other upgrade is denied.
+    let c = policy("");
+    let t = c.policy.tool("t").unwrap();
+    let api = target(Kind::Http, "api.example", 443);
+    assert_eq!(upgrade(t, &api, &Upgrade::None), Ok(false));
+    assert_eq!(upgrade(t, &api, &Upgrade::WebSocket), Ok(true));
+    let d = upgrade(t, &api, &upgrade_of("GET", &h2c)).unwrap_err();
+    assert_eq!(d.reason, DenyReason::UpgradeNotAllowed);
+    assert!(d.detail.contains("h2c"), "{}", d.detail);
+    assert!(!DenyReason::UpgradeNotAllowed.reportable());
+}
+
+#[test]
+fn websocket_messages_carry_placeholders_in_text_only_and_secrets_to_their_hosts_only() {
+    let c = credential_policy("enforce");
+    let t = c.policy.tool("t").unwrap();
+    let run = [crate::runs::Placeholder {
+        credential: "api".into(),
+        value: "loom-cred-a".into(),
+    }];
+    let api = target(Kind::Http, "api.example", 443);
+    let cdn = target(Kind::Http, "x.cdn.example", 443);
+    let check = |to: &Target, text: bool, p: &str| {
+        websocket_message(t, &c.policy.secrets, &run, to, text, p.as_bytes()).map_err(|d| d.reason)
+    };
+    assert_eq!(check(&api, true, "hello"), Ok(()));
+    assert_eq!(check(&api, false, "hello"), Ok(()));
+    assert_eq!(check(&api, true, "token loom-cred-a"), Ok(()));
+    assert_eq!(check(&api, true, API_SECRET), Ok(()));
+    // Binary: neither the placeholder nor the secret.
+    assert_eq!(check(&api, false, "x loom-cred-a"), Err(DenyReason::CredentialMisuse));
+    assert_eq!(check(&api, false, API_SECRET), Err(DenyReason::CredentialMisuse));
+    // Another host: the head's rule.
+    assert_eq!(check(&cdn, true, "loom-cred-a"), Err(DenyReason::CredentialMisuse));
+    // Another tool's secret, even in text.
+    assert_eq!(check(&api, true, LAB_SECRET), Err(DenyReason::CredentialMisuse));
+}

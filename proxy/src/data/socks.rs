@@ -252,6 +252,7 @@ async fn negotiate(
         method: "CONNECT",
         head: &destination,
         raw: &|| raw.clone(),
+        upgrade: crate::data::policy::Upgrade::None,
     };
     let prepared = match fetch.decide(&run, ask).await {
         Ok(p) => p,

@@ -158,6 +158,7 @@ async fn relay(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, dest: Target, sni
         method: "CONNECT",
         head: &Named(&dest),
         raw: &|| raw.clone(),
+        upgrade: crate::data::policy::Upgrade::None,
     };
     let Ok(prepared) = fetch.decide(run, ask).await else {
         return;

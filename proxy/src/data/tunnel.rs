@@ -19,6 +19,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -63,45 +64,68 @@ impl Meter {
     }
 }
 
-/// Counts bytes read (and, with `written`, bytes written) and notes the
-/// time of the last activity (copy path, and an intercepted client).
-pub(super) struct Metered<'a, T> {
+/// Counts bytes read (and, with `writes`, bytes written) and notes the
+/// time of the last activity (copy path, an intercepted client, a
+/// WebSocket). Owns its share of the meter, so a metered stream can be
+/// handed to hyper (an upgrade needs a `'static` connection).
+pub(super) struct Metered<T> {
     pub io: T,
-    pub meter: &'a Meter,
-    pub counter: &'a AtomicU64,
-    pub written: Option<&'a AtomicU64>,
+    pub meter: Arc<Meter>,
+    /// Reads count as bytes up (the tool's side) or down (the origin's).
+    pub reads_up: bool,
+    /// Writes count too, the other way.
+    pub writes: bool,
 }
 
-impl<'a, T> Metered<'a, T> {
+impl<T> Metered<T> {
     /// The tool's side of an intercepted session: reads count up, writes down.
-    pub fn client(io: T, meter: &'a Meter) -> Metered<'a, T> {
+    pub fn client(io: T, meter: &Arc<Meter>) -> Metered<T> {
         Metered {
             io,
-            meter,
-            counter: &meter.up,
-            written: Some(&meter.down),
+            meter: meter.clone(),
+            reads_up: true,
+            writes: true,
+        }
+    }
+
+    /// One side of a relay, counting what is read from it only: up from
+    /// the tool (`reads_up`), down from the origin.
+    pub fn side(io: T, meter: &Arc<Meter>, reads_up: bool) -> Metered<T> {
+        Metered {
+            io,
+            meter: meter.clone(),
+            reads_up,
+            writes: false,
+        }
+    }
+
+    fn counter(&self, read: bool) -> &AtomicU64 {
+        if read == self.reads_up {
+            &self.meter.up
+        } else {
+            &self.meter.down
         }
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Metered<'_, T> {
+impl<T: AsyncRead + Unpin> AsyncRead for Metered<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         if n > 0 {
-            self.meter.moved(self.counter, n);
+            self.meter.moved(self.counter(true), n);
         }
         r
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Metered<'_, T> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Metered<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let (Some(w), Poll::Ready(Ok(n))) = (self.written, &r) {
+        if let (true, Poll::Ready(Ok(n))) = (self.writes, &r) {
             if *n > 0 {
-                self.meter.moved(w, *n);
+                self.meter.moved(self.counter(false), *n);
             }
         }
         r
@@ -146,7 +170,7 @@ pub async fn run(t: Tunnel) {
         finish,
     } = t;
     let _slot = slot;
-    let meter = Meter::new();
+    let meter = Arc::new(Meter::new());
     let bounds = Bounds {
         deadline,
         idle,
@@ -209,26 +233,15 @@ async fn spliced(
     bounds.watch(relay, meter, finish).await;
 }
 
-/// Any client stream: a buffered copy both ways.
-async fn copied<C: AsyncRead + AsyncWrite + Unpin>(
-    client: C,
-    upstream: TcpStream,
-    meter: &Meter,
-    bounds: &Bounds<'_>,
-    finish: &Finish,
-) {
-    let mut a = Metered {
-        io: client,
-        meter,
-        counter: &meter.up,
-        written: None,
-    };
-    let mut b = Metered {
-        io: upstream,
-        meter,
-        counter: &meter.down,
-        written: None,
-    };
+/// Any client and upstream stream: a buffered copy both ways (also a
+/// WebSocket's frames, when the proxy does not read them).
+pub(super) async fn copied<C, U>(client: C, upstream: U, meter: &Arc<Meter>, bounds: &Bounds<'_>, finish: &Finish)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut a = Metered::side(client, meter, true);
+    let mut b = Metered::side(upstream, meter, false);
     let copy = async {
         tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 16 * 1024, 16 * 1024)
             .await

@@ -1,6 +1,7 @@
 //! Upstream connections of a fetch: dial the vetted addresses in order
 //! (never anything else), refuse a connection that reached one of the
-//! proxy's own listeners, and the HTTP/1.1 handshake of plain-HTTP fetches,
+//! proxy's own listeners, and the HTTP/1.1 handshake (with upgrades, for
+//! WebSocket) of plain-HTTP fetches,
 //! whose connection then lives in the run's pool (`runs::pool`).
 
 use crate::runs::pool::{Conn, ConnGuard};
@@ -26,6 +27,9 @@ where
         .await?;
     let abandon = CancellationToken::new();
     let token = abandon.clone();
+    // With upgrades: a `101` to a WebSocket handshake hands the connection
+    // to the exchange (`hyper::upgrade::on` of the response); the driver then ends.
+    let conn = conn.with_upgrades();
     tokio::spawn(async move {
         tokio::select! {
             _ = conn => {}

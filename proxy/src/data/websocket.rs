@@ -1,0 +1,356 @@
+//! WebSocket (RFC 6455) on the forward path and inside interception. The
+//! opening handshake is an HTTP request decided like any other (run,
+//! target, allowlist, methods, paths, credentials: [`policy::upgrade`]
+//! tells it from other upgrades, which are `upgrade_not_allowed`); only an
+//! allowed one goes to the origin, with its `Upgrade` and `Connection`
+//! headers ([`handshake_headers`]) and the credentials written in. The
+//! origin's `101` goes back to the tool with its headers as they came
+//! (scrubbed of the secret), in one write, and then both upgraded
+//! connections are joined.
+//!
+//! What flows after the handshake is bounded like a tunnel: by the fetch
+//! deadline, the idle timeout, the run's end and shutdown, with the slot
+//! held and the bytes counted. Its frames pass untouched, unless a
+//! credential for the host sets `rewrite_websocket`: then [`relay`] reads
+//! them ([`wsframe`]), at most [`MAX_MESSAGE`] bytes a message. The
+//! placeholder in the tool's text messages becomes the secret, a binary
+//! message (or control frame) carrying a placeholder or a secret is
+//! `credential_misuse` ([`policy::websocket_message`]) and closes the
+//! connection, and the secret in the origin's text messages (and control
+//! frames) becomes the placeholder ([`scrub`]). So that frames are
+//! readable, the handshake then offers no extension (`permessage-deflate`).
+
+use crate::data::decide;
+use crate::data::finish::Finish;
+use crate::data::inject::{self, Injection};
+use crate::data::policy::{self, Denial};
+use crate::data::scrub::Scrub;
+use crate::data::target::Target;
+use crate::data::wsframe::{self, FrameError, Item, Messages};
+use crate::runs::Run;
+use crate::state::Shared;
+use bytes::{Buf as _, Bytes, BytesMut};
+use egress_config::{Policy, ToolPolicy};
+use http::header::{self, HeaderMap, HeaderValue};
+use std::io;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+
+/// The largest message (and frame) the proxy reads when it rewrites frames:
+/// a longer one closes the connection (`1009`).
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The head of a WebSocket handshake on its way to the origin, its
+/// hop-by-hop headers already removed: the upgrade asked for again, and
+/// no extension offered when the proxy reads the frames.
+pub fn handshake_headers(h: &mut HeaderMap, rewrite: bool) {
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if rewrite {
+        h.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+    }
+}
+
+/// Whether a credential written into this handshake rewrites frames.
+pub fn rewrites(inj: Option<&Injection>) -> bool {
+    inj.is_some_and(|i| {
+        i.creds
+            .iter()
+            .filter_map(|&c| i.tool.credentials.get(c))
+            .any(|c| c.rewrite_websocket)
+    })
+}
+
+/// A `101` whose frames the proxy is to read but which negotiated an
+/// extension anyway (none was offered): `Err` with why.
+pub fn check_accepted(rewrite: bool, h: &HeaderMap) -> Result<(), String> {
+    if rewrite && h.contains_key(header::SEC_WEBSOCKET_EXTENSIONS) {
+        return Err("the origin accepted a WebSocket extension the proxy did not offer (rewrite_websocket)".into());
+    }
+    Ok(())
+}
+
+/// What a connection whose frames are read needs: the policy it was
+/// decided on, the run's placeholders and the secrets to put for them,
+/// and the scrubber of the origin's messages.
+pub struct Rewrite {
+    up: ToOrigin,
+    scrub: Option<Scrub>,
+}
+
+/// The tool's side of a [`Rewrite`].
+struct ToOrigin {
+    sh: Arc<Shared>,
+    policy: Arc<Policy>,
+    run: Arc<Run>,
+    tool: Arc<ToolPolicy>,
+    target: Target,
+    /// (placeholder, secret) of each credential with `rewrite_websocket`.
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Rewrite {
+    /// The rewriting of a handshake that carried `inj`, or `None` when no
+    /// credential of it asks for it.
+    pub fn new(sh: &Arc<Shared>, run: &Arc<Run>, target: &Target, inj: Option<&Injection>) -> Option<Rewrite> {
+        let inj = inj.filter(|i| rewrites(Some(i)))?;
+        let pairs = inj
+            .creds
+            .iter()
+            .filter_map(|&c| inj.tool.credentials.get(c))
+            .filter(|c| c.rewrite_websocket)
+            .filter_map(|c| {
+                let (_, p) = run.placeholder(&c.name)?;
+                Some((p.value.as_bytes().to_vec(), c.secret.expose().as_bytes().to_vec()))
+            })
+            .collect();
+        Some(Rewrite {
+            up: ToOrigin {
+                sh: sh.clone(),
+                policy: sh.policy.load_full(),
+                run: run.clone(),
+                tool: inj.tool.clone(),
+                target: target.clone(),
+                pairs,
+            },
+            scrub: Scrub::new(&inj.tool, run, &sh.metrics.credential_scrubs),
+        })
+    }
+}
+
+impl ToOrigin {
+    /// A message (or control frame) of the tool, as it goes to the origin
+    /// (one frame, masked afresh), or the denial that closes the connection.
+    fn frame(&self, opcode: u8, payload: Vec<u8>) -> Result<Vec<u8>, Denial> {
+        let text = opcode == wsframe::TEXT;
+        policy::websocket_message(
+            &self.tool,
+            &self.policy.secrets,
+            &self.run.placeholders,
+            &self.target,
+            text,
+            &payload,
+        )?;
+        let mut payload = payload;
+        if text {
+            for (ph, secret) in &self.pairs {
+                if policy::contains(&payload, ph) {
+                    payload = inject::replace(&payload, ph, secret);
+                }
+            }
+        }
+        Ok(wsframe::encode(true, opcode, &payload, Some(mask())))
+    }
+}
+
+/// A message (or control frame) of the origin, as it goes to the tool:
+/// text and control payloads scrubbed of the secret, binary ones as they came.
+fn to_tool_frame(scrub: &mut Option<Scrub>, opcode: u8, payload: Vec<u8>) -> Vec<u8> {
+    let Some(scrub) = scrub.as_mut().filter(|_| opcode != wsframe::BINARY) else {
+        return wsframe::encode(true, opcode, &payload, None);
+    };
+    let mut out = scrub.chunk(Bytes::from(payload), true).to_vec();
+    if opcode & 0x8 != 0 && out.len() > wsframe::MAX_CONTROL {
+        // A placeholder longer than the secret made a control frame too
+        // long: a close keeps its code only, a ping or pong goes empty.
+        out.truncate(if opcode == wsframe::CLOSE { 2 } else { 0 });
+    }
+    wsframe::encode(true, opcode, &out, None)
+}
+
+/// A fresh masking key for a frame to the origin (RFC 6455 §5.3).
+fn mask() -> [u8; 4] {
+    let mut m = [0u8; 4];
+    if getrandom::fill(&mut m).is_err() {
+        // Masking keeps caches from being poisoned through a browser's
+        // frames; it guards nothing here. A clock-derived key will do.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        m = t.to_le_bytes();
+    }
+    m
+}
+
+/// Why a relay that reads frames stopped before both sides ended.
+enum Stop {
+    Io(io::Error),
+    Frame(FrameError),
+    Denied(Denial),
+}
+
+impl From<io::Error> for Stop {
+    fn from(e: io::Error) -> Stop {
+        Stop::Io(e)
+    }
+}
+
+impl From<FrameError> for Stop {
+    fn from(e: FrameError) -> Stop {
+        Stop::Frame(e)
+    }
+}
+
+/// A close frame with `code` and `reason` (cut to fit a control frame).
+fn close_frame(code: u16, reason: &str, mask: Option<[u8; 4]>) -> Vec<u8> {
+    let mut p = code.to_be_bytes().to_vec();
+    let mut end = reason.len().min(wsframe::MAX_CONTROL - 2);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    p.extend_from_slice(&reason.as_bytes()[..end]);
+    wsframe::encode(true, wsframe::CLOSE, &p, mask)
+}
+
+/// Joins the tool's and the origin's upgraded connections until both end
+/// or one breaks; reads the frames when `rewrite` is given. When the proxy
+/// closes the connection (a denied message: `1008` and its fact; an
+/// oversize one: `1009`; a protocol error: `1002`) the outcome goes in
+/// `finish`. The bounds (deadline, idle, run end) are the caller's.
+pub async fn relay<C, U>(client: C, upstream: U, rewrite: Option<Rewrite>, finish: &Finish) -> io::Result<()>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some(Rewrite { up, mut scrub }) = rewrite else {
+        let (mut c, mut u) = (client, upstream);
+        return tokio::io::copy_bidirectional_with_sizes(&mut c, &mut u, 16 * 1024, 16 * 1024)
+            .await
+            .map(|_| ());
+    };
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut ur, mut uw) = tokio::io::split(upstream);
+    let r = tokio::try_join!(to_origin(&mut cr, &mut uw, &up), to_tool(&mut ur, &mut cw, &mut scrub));
+    let (code, outcome, text) = match r {
+        Ok(_) => return Ok(()),
+        Err(Stop::Io(e)) => return Err(e),
+        Err(Stop::Frame(e)) => match e {
+            FrameError::TooBig(_) => (1009, "websocket_too_big", e.to_string()),
+            FrameError::Protocol(_) => (1002, "websocket_protocol_error", e.to_string()),
+        },
+        Err(Stop::Denied(d)) => {
+            let reason = d.reason.code();
+            let fact = decide::deny_message(&up.sh, &up.run, &up.target, d).await;
+            (1008, reason, format!("egress denied ({reason}), fact {fact}"))
+        }
+    };
+    finish.failed(outcome);
+    tracing::info!(
+        target: "egress::fetch",
+        run = %up.run.id,
+        tool = %up.run.tool,
+        dest = %up.target,
+        code,
+        detail = %text,
+        "WebSocket closed by the proxy"
+    );
+    // Both peers are told, as far as they still listen (briefly).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+        let _ = cw.write_all(&close_frame(code, &text, None)).await;
+        let _ = cw.flush().await;
+        let _ = uw.write_all(&close_frame(code, "", Some(mask()))).await;
+        let _ = uw.flush().await;
+    })
+    .await;
+    Err(io::Error::new(io::ErrorKind::PermissionDenied, text))
+}
+
+/// Room made in a read buffer before each read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// The tool's frames to the origin, read, checked and rewritten.
+async fn to_origin<R, W>(r: &mut R, w: &mut W, up: &ToOrigin) -> Result<(), Stop>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut msgs = Messages::new(MAX_MESSAGE);
+    loop {
+        while let Some((frame, n)) = wsframe::parse(&buf, true, MAX_MESSAGE)? {
+            buf.advance(n);
+            let out = match msgs.push(frame)? {
+                None => continue,
+                Some(Item::Control(f)) => up.frame(f.opcode, f.payload),
+                Some(Item::Message { opcode, payload }) => up.frame(opcode, payload),
+            };
+            w.write_all(&out.map_err(Stop::Denied)?).await?;
+        }
+        w.flush().await?;
+        buf.reserve(READ_CHUNK);
+        if r.read_buf(&mut buf).await? == 0 {
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+    }
+}
+
+/// The origin's frames to the tool, read and scrubbed.
+async fn to_tool<R, W>(r: &mut R, w: &mut W, scrub: &mut Option<Scrub>) -> Result<(), Stop>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut msgs = Messages::new(MAX_MESSAGE);
+    loop {
+        while let Some((frame, n)) = wsframe::parse(&buf, false, MAX_MESSAGE)? {
+            buf.advance(n);
+            let out = match msgs.push(frame)? {
+                None => continue,
+                Some(Item::Control(f)) => to_tool_frame(scrub, f.opcode, f.payload),
+                Some(Item::Message { opcode, payload }) => to_tool_frame(scrub, opcode, payload),
+            };
+            w.write_all(&out).await?;
+        }
+        w.flush().await?;
+        buf.reserve(READ_CHUNK);
+        if r.read_buf(&mut buf).await? == 0 {
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handshake_asks_for_the_upgrade_and_no_extension_when_frames_are_read() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::SEC_WEBSOCKET_EXTENSIONS,
+            HeaderValue::from_static("permessage-deflate"),
+        );
+        handshake_headers(&mut h, false);
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert!(h.contains_key(header::SEC_WEBSOCKET_EXTENSIONS));
+        assert_eq!(check_accepted(false, &h), Ok(()));
+        assert!(check_accepted(true, &h).is_err());
+        handshake_headers(&mut h, true);
+        assert!(!h.contains_key(header::SEC_WEBSOCKET_EXTENSIONS));
+    }
+
+    #[test]
+    fn a_close_frame_fits_a_control_frame_whatever_its_reason() {
+        let long = "é".repeat(100);
+        for (reason, masked) in [("", None), ("short", Some([1, 2, 3, 4])), (long.as_str(), None)] {
+            let wire = close_frame(1008, reason, masked);
+            let (f, n) = wsframe::parse(&wire, masked.is_some(), MAX_MESSAGE).unwrap().unwrap();
+            assert_eq!(n, wire.len());
+            assert_eq!(f.opcode, wsframe::CLOSE);
+            assert!(f.payload.len() <= wsframe::MAX_CONTROL);
+            assert_eq!(&f.payload[..2], &1008u16.to_be_bytes());
+            let text = std::str::from_utf8(&f.payload[2..]).unwrap();
+            assert!(reason.starts_with(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn without_a_scrubber_the_origin_s_frames_go_as_they_came() {
+        let wire = to_tool_frame(&mut None, wsframe::TEXT, b"hello".to_vec());
+        assert_eq!(wire, wsframe::encode(true, wsframe::TEXT, b"hello", None));
+    }
+}
