@@ -17,6 +17,9 @@ use utoipa::{IntoParams, ToSchema};
 pub const FACT_TYPE: &str = "EGRESS_DENIED";
 /// The `type` of the fact of a grant (`POST /v1/runs/{id}/grants`).
 pub const GRANT_FACT_TYPE: &str = "EGRESS_GRANTED";
+/// The `type` of the fact of a fetch held for a grant (`on_unlisted = "ask"`),
+/// sent on the fact stream as `event: pending`.
+pub const PENDING_FACT_TYPE: &str = "EGRESS_PENDING";
 /// The fact schema version kernels fold.
 pub const FACT_SCHEMA: &str = "1.8.0";
 

@@ -337,6 +337,31 @@ export class ProxyClient {
     }
   }
 
+  /**
+   * Answer fetches held for a grant (tools with `on_unlisted = "ask"`): for
+   * each `EGRESS_PENDING` fact on the fact stream, `decide(fact)` returns a
+   * falsy value (leave it: it is denied when its `ask_timeout_ms` runs out),
+   * `true` (grant its target once to its run) or `{uses, ttlMs}`. A run that
+   * ended meanwhile is skipped. Ends as `tailFacts` does (`timeoutMs`,
+   * `stop`, `signal`).
+   * @param {(fact: Fact) => (boolean | {uses?: number, ttlMs?: number} | Promise<boolean | {uses?: number, ttlMs?: number}>)} decide
+   * @param {{after?: number, timeoutMs?: number, stop?: (fact: Fact) => boolean, signal?: AbortSignal}} [opts]
+   * @returns {Promise<void>}
+   */
+  async onPending(decide, opts = {}) {
+    for await (const fact of this.tailFacts(opts)) {
+      if (fact.type !== 'EGRESS_PENDING' || !fact.run_id) continue;
+      const answer = await decide(fact);
+      if (!answer) continue;
+      const t = fact.target ?? {};
+      try {
+        await this.grant(fact.run_id, `${t.host}:${t.port}`, answer === true ? {} : answer);
+      } catch (e) {
+        if (!(e instanceof EgressError) || (e.status !== 404 && e.status !== 409)) throw e;
+      }
+    }
+  }
+
   /** `POST /v1/policy/reload`. @param {CallOptions} [opts] @returns {Promise<{policy: string, tools: string[]}>} */
   reloadPolicy(opts) {
     return this.http.request('POST', '/v1/policy/reload', undefined, opts);
@@ -364,7 +389,7 @@ export class ProxyClient {
  * @returns {Fact|null}
  */
 function dispatch(event, data) {
-  if (!data.length || (event !== 'fact' && event !== 'message')) return null;
+  if (!data.length || (event !== 'fact' && event !== 'pending' && event !== 'message')) return null;
   try {
     const v = JSON.parse(data.join('\n'));
     return v && typeof v === 'object' ? v : null;

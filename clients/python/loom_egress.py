@@ -284,13 +284,35 @@ class ProxyClient:
         """True when `/readyz` answers 200 (the fact store can write)."""
         return _probe(self._http, "/readyz", timeout)
 
+    def on_pending(self, decide, after=0, timeout=None, stop=None):
+        """Answer fetches held for a grant (tools with `on_unlisted = "ask"`):
+        for each `EGRESS_PENDING` fact on the fact stream after `after`,
+        `decide(fact)` returns a falsy value (leave it: it is denied when its
+        `ask_timeout_ms` runs out), `True` (grant its target once to its run)
+        or a dict of `grant` options (`uses`, `ttl_ms`). A run that ended
+        meanwhile is skipped. Returns when `timeout` seconds have passed or
+        `stop(fact)` is true; the other facts of the stream go by."""
+        for fact in self.tail_facts(after=after, timeout=timeout, stop=stop):
+            if fact.get("type") != "EGRESS_PENDING" or not fact.get("run_id"):
+                continue
+            answer = decide(fact)
+            if not answer:
+                continue
+            opts = answer if isinstance(answer, dict) else {}
+            t = fact.get("target") or {}
+            try:
+                self.grant(fact["run_id"], "%s:%s" % (t.get("host"), t.get("port")), **opts)
+            except EgressError as e:
+                if e.status not in (404, 409):
+                    raise
+
     def metrics(self, timeout=None):
         """Prometheus/OpenMetrics text of `/metrics`."""
         return self._http.request("GET", "/metrics", None, timeout, raw=True)
 
 
 def _dispatch(event):
-    if not event["data"] or event["event"] not in ("fact", "message"):
+    if not event["data"] or event["event"] not in ("fact", "pending", "message"):
         return None
     try:
         value = json.loads("\n".join(event["data"]))

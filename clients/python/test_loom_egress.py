@@ -92,6 +92,7 @@ class Services:
                 '[proxy]\nlisten = "127.0.0.1:%d"\ncontrol = "127.0.0.1:%d"\nfacts = ":memory:"\n'
                 '[proxy.dns]\nservers = ["127.0.0.1:%d"]\ntimeout_ms = 500\n'
                 '[executor]\nlisten = "127.0.0.1:%d"\nscratch_dir = "scratch"\n'
+                '[tools.asker]\negress = []\non_unlisted = "ask"\nask_timeout_ms = 1500\n'
                 '[tools.echo]\negress = ["allowed.example:80"]\n'
                 '[tools.echo.process]\ncommand = ["python3", "%s", "echo.py"]\n'
                 "timeout_ms = 20000\npool = { warm = 1, max = 4 }\n"
@@ -180,6 +181,30 @@ class ProxyClientTest(unittest.TestCase):
         run = S.proxy.create_run("echo")
         self.assertEqual(run["state"], "active")
         S.proxy.end_run(run["run_id"])
+
+    def test_on_pending_sees_a_held_fetch(self):
+        start = S.proxy.facts(after=0, limit=1000)["next"]
+        run = S.proxy.create_run("asker", run_id="py-ask-1")
+        result = {}
+
+        def fetch():
+            result["answer"] = denied_fetch(run["proxy_url"])
+
+        t = threading.Thread(target=fetch)
+        t.start()
+        seen = []
+
+        def decide(fact):
+            seen.append(fact)
+            return False  # left alone: denied when ask_timeout_ms runs out
+
+        S.proxy.on_pending(decide, after=start, timeout=10, stop=lambda f: f.get("type") == "EGRESS_PENDING")
+        t.join(10)
+        self.assertEqual(len(seen), 1, seen)
+        self.assertEqual((seen[0]["run_id"], seen[0]["reason"]), ("py-ask-1", "pending"))
+        self.assertEqual(seen[0]["target"]["host"], "unlisted.example")
+        self.assertEqual(result["answer"], (403, "not_allowlisted"))
+        S.proxy.end_run("py-ask-1")
 
     def test_denial_facts_and_tail(self):
         start = S.proxy.facts(after=0, limit=1000)["next"]

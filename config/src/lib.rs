@@ -148,6 +148,9 @@ pub struct ToolPolicy {
     pub secrets: SecretScan,
     /// Per-run budgets of requests, bytes and request rate.
     pub budgets: Budgets,
+    /// `on_unlisted = "ask"`: how long a fetch to an unlisted name is held
+    /// for a grant of its run (`None`: `"deny"`, denied at once).
+    pub ask: Option<Duration>,
 }
 
 /// DNS settings.

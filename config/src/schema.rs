@@ -396,8 +396,19 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         process,
         secrets: SecretScan::default(),
         budgets: budgets(s),
+        ask: ask(s),
     }
 }
+
+/// `on_unlisted = "deny" | "ask"` and `ask_timeout_ms` of a tool.
+fn ask(s: &mut Section) -> Option<Duration> {
+    let ask = s.choice("on_unlisted", &[("deny", false), ("ask", true)], false);
+    let timeout = s.millis("ask_timeout_ms", 1..=600_000, DEFAULT_ASK_TIMEOUT);
+    ask.then_some(timeout)
+}
+
+/// `ask_timeout_ms` when not set.
+const DEFAULT_ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `max_requests_per_run`, `max_bytes_per_run` and `max_request_rate` of a tool.
 fn budgets(s: &mut Section) -> Budgets {
@@ -555,6 +566,20 @@ command = ["python3", "tools/weather.py"]
         assert!(e.contains("tools.t.max_request_rate.per_second"), "{e}");
         assert!(e.contains("tools.t.max_request_rate.burst"), "{e}");
         assert!(e.contains("tools.t.max_request_rate.every"), "{e}");
+        // on_unlisted: "deny" by default, "ask" holds for ask_timeout_ms.
+        assert_eq!(none.policy.tool("t").unwrap().ask, None);
+        let ask = |text: &str| Config::parse(text, "t.toml").unwrap().policy.tool("t").unwrap().ask;
+        assert_eq!(
+            ask("[tools.t]\non_unlisted = \"ask\"\n"),
+            Some(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(
+            ask("[tools.t]\non_unlisted = \"ask\"\nask_timeout_ms = 1500\n"),
+            Some(std::time::Duration::from_millis(1500))
+        );
+        let e = errors("[tools.t]\non_unlisted = \"maybe\"\nask_timeout_ms = 0\n");
+        assert!(e.contains("tools.t.on_unlisted"), "{e}");
+        assert!(e.contains("tools.t.ask_timeout_ms"), "{e}");
     }
 
     #[test]

@@ -505,8 +505,7 @@ def get(url, auth):
         with opener.open(req, timeout=10) as r:
             return {"status": r.status, "body": r.read().decode()}
     except urllib.error.HTTPError as e:
-        denial = json.loads(e.headers.get("X-Egress-Denial") or "null")
-        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason"), "denial": denial}
+        return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason")}
 
 def run(input, ctx):
     mode = input["mode"]

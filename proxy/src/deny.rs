@@ -252,7 +252,7 @@ impl DenyReason {
             }
             DenyReason::RateLimited => "too many requests too fast for this run; wait a moment, then retry more slowly",
             DenyReason::UpgradeNotAllowed => {
-                "only WebSocket upgrades are carried; send the request without Upgrade (plain HTTP/1.1)"
+                "only WebSocket upgrades are carried; send the request without an Upgrade header"
             }
         }
     }

@@ -203,7 +203,7 @@ impl Shared {
     pub fn on_policy(&self, policy: &egress_config::Policy) {
         for (id, tool) in &policy.tools {
             self.tool_metrics(Some(id));
-            for event in ["granted", "used"] {
+            for event in ["granted", "used", "asked"] {
                 let _ = self.metrics.grants(id, event);
             }
             for c in &tool.credentials {

@@ -44,6 +44,16 @@ ca_dir = "{}"
 egress = ["listed.test:{port}"]
 methods = ["GET", "CONNECT"]
 
+[tools.asker]
+egress = []
+on_unlisted = "ask"
+ask_timeout_ms = 5000
+
+[tools.impatient]
+egress = []
+on_unlisted = "ask"
+ask_timeout_ms = 300
+
 [tools.other]
 egress = ["cred.test:443"]
 
@@ -190,4 +200,126 @@ async fn a_grant_never_allows_what_the_hard_rules_deny() {
     // No grant was recorded for the refusals.
     let granted = p.facts().await.iter().filter(|f| f.kind == "EGRESS_GRANTED").count();
     assert_eq!(granted, 1);
+}
+
+/// Waits (up to 5 s) for the run's `EGRESS_PENDING` fact; returns its target.
+async fn pending_of(p: &TestProxy, run: &TestRun) -> String {
+    for _ in 0..250 {
+        let facts = p.facts().await;
+        if let Some(f) = facts
+            .iter()
+            .find(|f| f.kind == "EGRESS_PENDING" && f.run_id.as_deref() == Some(&run.id))
+        {
+            let t = f.target.as_ref().unwrap();
+            return format!("{}:{}", t.host, t.port);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("no pending fact for run {}", run.id);
+}
+
+/// The first `event: pending` of the fact stream after `after`, as raw text.
+async fn pending_event(p: &TestProxy, after: u64) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(p.control).await.unwrap();
+    let req = format!(
+        "GET /v1/facts/stream?after={after} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+        egress_e2e::harness::TOKEN
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the stream closed");
+            seen.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&seen);
+            if let Some(i) = text.find("event: pending") {
+                return text[i..].lines().take(3).collect::<Vec<_>>().join("\n");
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), read)
+        .await
+        .expect("an event: pending on the fact stream")
+}
+
+#[tokio::test]
+async fn ask_holds_an_unlisted_fetch_until_a_grant_or_its_timeout() {
+    let w = world().await;
+    let (p, port) = (&w.p, w.port);
+    let after = p.facts().await.iter().map(|f| f.seq).max().unwrap_or(0);
+    let run = p.run("asker").await;
+    let url = format!("http://extra.test:{port}/");
+    // Held: no DNS, a slot taken, a pending event; a grant lets it go on.
+    let held = {
+        let (p, run, url) = (p.proxy, run.clone(), url.clone());
+        tokio::spawn(async move {
+            let req = format!(
+                "GET {url} HTTP/1.1\r\nHost: extra.test:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+                run.auth()
+            );
+            egress_e2e::raw::send(p, req.as_bytes()).await
+        })
+    };
+    assert_eq!(pending_of(p, &run).await, format!("extra.test:{port}"));
+    let event = pending_event(p, after).await;
+    assert!(event.contains("EGRESS_PENDING") && event.contains(&run.id), "{event}");
+    assert!(
+        !p.dns.queries().iter().any(|q| q.contains("extra.test")),
+        "resolved while held"
+    );
+    assert_eq!(p.slots_in_use(&run).await, 1, "the held fetch holds a slot");
+    assert!(!held.is_finished());
+    let (status, v) = grant(p, &run, json!({"target": format!("extra.test:{port}")})).await;
+    assert_eq!(status, 201, "{v}");
+    let r = held.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = p.metrics().await;
+    assert_eq!(
+        sample(&m, "egress_grants_total{tool=\"asker\",event=\"asked\"}"),
+        1.0,
+        "{m}"
+    );
+
+    // No grant in time: denied as without ask, with its fact.
+    let run = p.run("impatient").await;
+    let asked_before = p.dns.queries().len();
+    let t0 = std::time::Instant::now();
+    let r = p.get(&run, &url, "").await;
+    assert_eq!(r.deny_reason(), Some("not_allowlisted"));
+    assert!(
+        t0.elapsed() >= std::time::Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        p.dns.queries().len(),
+        asked_before,
+        "nothing resolved for a fetch never granted"
+    );
+
+    // The run ending cuts a held fetch at once.
+    let run = p.run("asker").await;
+    let held = {
+        let (p, run, url) = (p.proxy, run.clone(), url.clone());
+        tokio::spawn(async move {
+            let req = format!(
+                "GET {url} HTTP/1.1\r\nHost: extra.test:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+                run.auth()
+            );
+            egress_e2e::raw::send(p, req.as_bytes()).await
+        })
+    };
+    pending_of(p, &run).await;
+    let t0 = std::time::Instant::now();
+    p.end(&run).await;
+    let r = tokio::time::timeout(std::time::Duration::from_secs(2), held)
+        .await
+        .expect("the held fetch ends with its run")
+        .unwrap();
+    assert_ne!(r.status, 200);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+    // A tool without ask is denied at once (the other tests).
 }

@@ -101,6 +101,7 @@ before(async () => {
     '[proxy]', `listen = "127.0.0.1:${pListen}"`, `control = "127.0.0.1:${pControl}"`, 'facts = ":memory:"',
     '[proxy.dns]', `servers = ["127.0.0.1:${pDns}"]`, 'timeout_ms = 500',
     '[executor]', `listen = "127.0.0.1:${pExec}"`, 'scratch_dir = "scratch"',
+    '[tools.asker]', 'egress = []', 'on_unlisted = "ask"', 'ask_timeout_ms = 1500',
     '[tools.echo]', 'egress = ["allowed.example:80"]',
     '[tools.echo.process]', `command = ["python3", ${JSON.stringify(runner)}, "echo.py"]`,
     'timeout_ms = 20000', 'pool = { warm = 1, max = 4 }', '',
@@ -201,6 +202,23 @@ test('a denial shows up in facts() and live in tailFacts()', async () => {
   for await (const f of proxy.tailFacts({ after: start, timeoutMs: 1500 })) replay.push(f);
   assert.ok(replay.some((f) => f.id === mine[0].id));
   await proxy.endRun('js-deny-1');
+});
+
+test('onPending sees a held fetch', async () => {
+  const start = (await proxy.facts({ after: 0, limit: 1000 })).next;
+  const run = await proxy.createRun('asker', { runId: 'js-ask-1' });
+  const fetched = deniedFetch(run.proxy_url);
+  const seen = [];
+  await proxy.onPending((f) => { seen.push(f); return false; }, {
+    after: start, timeoutMs: 10000, stop: (f) => f.type === 'EGRESS_PENDING',
+  });
+  assert.equal(seen.length, 1, JSON.stringify(seen));
+  assert.equal(seen[0].run_id, 'js-ask-1');
+  assert.equal(seen[0].reason, 'pending');
+  assert.equal(seen[0].target.host, 'unlisted.example');
+  // Left alone: denied when ask_timeout_ms runs out.
+  assert.deepEqual(await fetched, { status: 403, reason: 'not_allowlisted' });
+  await proxy.endRun('js-ask-1');
 });
 
 test('proxy errors are typed', async () => {

@@ -28,14 +28,19 @@ struct Tail {
 
 fn event(f: &Fact) -> Event {
     let data = serde_json::to_string(f).unwrap_or_else(|_| "{}".into());
-    Event::default().id(f.seq.to_string()).event("fact").data(data)
+    let name = if f.kind == egress_api::PENDING_FACT_TYPE {
+        "pending"
+    } else {
+        "fact"
+    };
+    Event::default().id(f.seq.to_string()).event(name).data(data)
 }
 
 /// `GET /v1/facts/stream`.
 #[utoipa::path(get, path = "/v1/facts/stream", tag = "facts", security(("control_token" = [])),
     params(egress_api::Cursor),
     responses(
-        (status = 200, description = "Server-Sent Events: `event: fact`, `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "Server-Sent Events: `event: fact` (`event: pending` for a fetch held for a grant), `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
         (status = 400, description = "bad_request", body = egress_api::ErrorBody),
         (status = 503, description = "too_many_streams", body = egress_api::ErrorBody),
     ))]

@@ -16,7 +16,7 @@ use crate::data::policy::{self, Admission, Channel, Denial, Head, Upgrade};
 use crate::data::respond::{self, fact_target, raw_target};
 use crate::data::target::{self, Kind, Target, TargetError};
 use crate::deny::{DenyReason, FetchError, Phase, Via};
-use crate::facts::{NewFact, Recorded};
+use crate::facts::{Fact, NewFact, Recorded};
 use crate::metrics::{Decision, Outcome, ToolMetrics};
 use crate::runs::budget::Exceeded;
 use crate::runs::Run;
@@ -168,7 +168,12 @@ impl<'a> Fetch<'a> {
     pub(super) async fn admit(&self, tool: &ToolPolicy, target: &mut Target, method: &str) -> Result<bool, Answer> {
         let private = match policy::admit(tool, target, method) {
             Admission::Allow { private } => private,
-            Admission::Deny(d) if d.reason == DenyReason::NotAllowlisted && self.granted(tool, target, method) => false,
+            Admission::Deny(d) if d.reason == DenyReason::NotAllowlisted => {
+                if !(self.granted(tool, target, method) || self.ask(tool, target, method).await?) {
+                    return Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await);
+                }
+                false
+            }
             Admission::Deny(d) => return Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
             Admission::Report { denial, private } => {
                 self.report(&denial, target, &[]).await?;
@@ -213,6 +218,70 @@ impl<'a> Fetch<'a> {
         self.sh.metrics.grants(&run.tool, "used").inc();
         tracing::info!(target: "egress::fetch", run = %run.id, tool = %run.tool, dest = %target, uses_left = left, "a grant let the fetch through");
         true
+    }
+
+    /// `on_unlisted = "ask"`: holds a fetch to an unlisted name (no DNS,
+    /// one of the run's slots taken) for up to `ask_timeout_ms`, after a
+    /// `pending` fact (`EGRESS_PENDING`, on the fact stream as `event:
+    /// pending`) that a kernel answers with a grant. Whether a grant came in
+    /// time (and one of its uses was taken); the run ending meanwhile is
+    /// `run_ended`. Without a free slot, or a fact, nothing is held.
+    async fn ask(&self, tool: &ToolPolicy, target: &Target, method: &str) -> Result<bool, Answer> {
+        let (Some(timeout), Some(run), Host::Name(_)) = (tool.ask, self.run, &target.host) else {
+            return Ok(false);
+        };
+        if !matches!(
+            policy::tool_methods(tool, target, method, false),
+            Admission::Allow { .. }
+        ) {
+            return Ok(false);
+        }
+        let Ok(_slot) = run.slots.clone().try_acquire_owned() else {
+            return Ok(false);
+        };
+        let detail = format!(
+            "{target} is not in the allowlist of tool {}: held up to {} ms for a grant of run {}",
+            tool.id,
+            timeout.as_millis(),
+            run.id
+        );
+        let fact = Fact {
+            kind: egress_api::PENDING_FACT_TYPE.to_owned(),
+            ..crate::facts::denial(NewFact {
+                run_id: Some(&run.id),
+                tool: Some(&run.tool),
+                reason: "pending",
+                mode: "ask",
+                target: Some(FactTarget {
+                    kind: self.via.as_str().to_owned(),
+                    ..fact_target(target)
+                }),
+                resolved: vec![],
+                policy: &self.policy.digest,
+                detail,
+            })
+        };
+        if self.sh.facts.record(fact).await.is_err() {
+            return Ok(false);
+        }
+        self.sh.metrics.grants(&run.tool, "asked").inc();
+        let until = Instant::now() + timeout;
+        loop {
+            let added = run.grants.added();
+            tokio::pin!(added);
+            added.as_mut().enable();
+            if self.granted(tool, target, method) {
+                return Ok(true);
+            }
+            tokio::select! {
+                _ = &mut added => {}
+                _ = tokio::time::sleep_until(until) => return Ok(false),
+                _ = run.cancel.cancelled() => {
+                    let detail = format!("run {} ended while {target} waited for a grant", run.id);
+                    return Err(self.deny(DenyReason::RunEnded, detail, Dest::Target(target), &[]).await);
+                }
+            }
+        }
     }
 
     /// Step 4, the run's budgets: one more fetch of the run, counted

@@ -22,9 +22,10 @@ pub struct Grant {
     pub expires_at: SystemTime,
 }
 
-/// A run's grants (bounded by [`MAX_GRANTS`]).
+/// A run's grants (bounded by [`MAX_GRANTS`]), and the fetches held for
+/// one (`on_unlisted = "ask"`) woken when one is added.
 #[derive(Debug, Default)]
-pub struct Grants(Mutex<Vec<Grant>>);
+pub struct Grants(Mutex<Vec<Grant>>, tokio::sync::Notify);
 
 impl Grants {
     /// Adds `g` (a grant of the same `name:port` is replaced); `false` when
@@ -37,7 +38,15 @@ impl Grants {
             return false;
         }
         v.push(g);
+        drop(v);
+        self.1.notify_waiters();
         true
+    }
+
+    /// Resolves when a grant is added after this was called and polled
+    /// ([`tokio::sync::futures::Notified::enable`] it before checking).
+    pub fn added(&self) -> tokio::sync::futures::Notified<'_> {
+        self.1.notified()
     }
 
     /// Takes one use of a live grant of `host:port`; the uses left after it.
