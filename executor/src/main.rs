@@ -253,10 +253,27 @@ fn check(file: &std::path::Path) -> anyhow::Result<Vec<String>> {
 }
 
 /// One line per guarantee; exit 1 if a configured requirement is unmet.
+/// `doctor`'s probe child: `true`, plain, unconfined (set `confine` to
+/// confine it).
+fn true_probe(pid_namespace: bool) -> egress_executor::process::Launch<'static> {
+    static TRUE: std::sync::OnceLock<[String; 1]> = std::sync::OnceLock::new();
+    egress_executor::process::Launch {
+        command: TRUE.get_or_init(|| ["true".to_string()]),
+        cwd: std::path::Path::new("/"),
+        env: vec![("PATH".into(), egress_executor::config::DEFAULT_PATH.into())],
+        path: egress_executor::config::DEFAULT_PATH,
+        plain: true,
+        pid_namespace,
+        confine: Default::default(),
+        stdout_cap: 0,
+        stderr_cap: 0,
+    }
+}
+
 async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     let file = config.clone();
     use egress_executor::confine::{Confinement, Layer};
-    use egress_executor::process::{launch, Launch, Spawner};
+    use egress_executor::process::{launch, Spawner};
     let config = Config::load(&config)?;
     let mut failed = false;
     let mut line = |what: &str, ok: bool, detail: String| {
@@ -265,21 +282,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     };
     let spawner = Spawner::start().context("cannot start the spawner thread")?;
     let want_ns = config.executor.pid_namespace;
-    let probe = launch(
-        &spawner,
-        Launch {
-            command: &["true".to_string()],
-            cwd: std::path::Path::new("/"),
-            env: vec![("PATH".into(), egress_executor::config::DEFAULT_PATH.into())],
-            path: egress_executor::config::DEFAULT_PATH,
-            plain: true,
-            pid_namespace: want_ns,
-            confine: Default::default(),
-            stdout_cap: 0,
-            stderr_cap: 0,
-        },
-    )
-    .await;
+    let probe = launch(&spawner, true_probe(want_ns)).await;
     match probe {
         Ok(mut l) => {
             let ns = l.process.in_pid_namespace();
@@ -321,21 +324,9 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
         match prepared {
             Ok(mut prep) => {
                 let cg = prep.cgroup.take();
-                let probe = launch(
-                    &spawner,
-                    Launch {
-                        command: &["true".to_string()],
-                        cwd: std::path::Path::new("/"),
-                        env: vec![("PATH".into(), egress_executor::config::DEFAULT_PATH.into())],
-                        path: egress_executor::config::DEFAULT_PATH,
-                        plain: true,
-                        pid_namespace: false,
-                        confine: prep.child,
-                        stdout_cap: 0,
-                        stderr_cap: 0,
-                    },
-                )
-                .await;
+                let mut probe = true_probe(false);
+                probe.confine = prep.child;
+                let probe = launch(&spawner, probe).await;
                 let started = match probe {
                     Ok(mut l) => l.process.kill_and_reap().await.map(|_| ()),
                     Err(e) => Err(e),

@@ -202,6 +202,22 @@ async fn a_grant_never_allows_what_the_hard_rules_deny() {
     assert_eq!(granted, 1);
 }
 
+/// A fetch of `url` by `run`, in a task of its own (it may be held).
+fn hold(p: &TestProxy, run: &TestRun, url: &str) -> tokio::task::JoinHandle<egress_e2e::raw::RawResponse> {
+    let host = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    let req = format!(
+        "GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+        run.auth()
+    );
+    let proxy = p.proxy;
+    tokio::spawn(async move { egress_e2e::raw::send(proxy, req.as_bytes()).await })
+}
+
 /// Waits (up to 5 s) for the run's `EGRESS_PENDING` fact; returns its target.
 async fn pending_of(p: &TestProxy, run: &TestRun) -> String {
     for _ in 0..250 {
@@ -253,16 +269,7 @@ async fn ask_holds_an_unlisted_fetch_until_a_grant_or_its_timeout() {
     let run = p.run("asker").await;
     let url = format!("http://extra.test:{port}/");
     // Held: no DNS, a slot taken, a pending event; a grant lets it go on.
-    let held = {
-        let (p, run, url) = (p.proxy, run.clone(), url.clone());
-        tokio::spawn(async move {
-            let req = format!(
-                "GET {url} HTTP/1.1\r\nHost: extra.test:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
-                run.auth()
-            );
-            egress_e2e::raw::send(p, req.as_bytes()).await
-        })
-    };
+    let held = hold(p, &run, &url);
     assert_eq!(pending_of(p, &run).await, format!("extra.test:{port}"));
     let event = pending_event(p, after).await;
     assert!(event.contains("EGRESS_PENDING") && event.contains(&run.id), "{event}");
@@ -302,16 +309,7 @@ async fn ask_holds_an_unlisted_fetch_until_a_grant_or_its_timeout() {
 
     // The run ending cuts a held fetch at once.
     let run = p.run("asker").await;
-    let held = {
-        let (p, run, url) = (p.proxy, run.clone(), url.clone());
-        tokio::spawn(async move {
-            let req = format!(
-                "GET {url} HTTP/1.1\r\nHost: extra.test:{port}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
-                run.auth()
-            );
-            egress_e2e::raw::send(p, req.as_bytes()).await
-        })
-    };
+    let held = hold(p, &run, &url);
     pending_of(p, &run).await;
     let t0 = std::time::Instant::now();
     p.end(&run).await;
