@@ -216,7 +216,8 @@ pub struct BudgetsView {
     /// Fetches made (a tunnel, a plain request, each request inside an
     /// intercepted tunnel) and `max_requests_per_run`.
     pub requests: Used,
-    /// Bytes both ways of the run's finished fetches and `max_bytes_per_run`.
+    /// Bytes both ways the run moved so far (counted as they move) and
+    /// `max_bytes_per_run`.
     pub bytes: Used,
     /// `max_request_rate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -2,15 +2,18 @@
 //! `max_bytes_per_run`): one count per run shared by every entrance and
 //! every concurrent tunnel; exceeding one is a `429` with
 //! `budget_exhausted` or `rate_limited`, a fact recorded before the answer,
-//! and the run view says what is used of what limit. Report mode waives
+//! and the run view says what is used of what limit. Bytes are counted as
+//! they move: the fetch that crosses the byte budget is cut, with every
+//! other open fetch of the run, and that is a fact. Report mode waives
 //! none of them. Loopback origin on 127.0.0.2, fake DNS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::harness::{TestProxy, TestRun};
-use egress_e2e::origin::http_origin;
-use egress_e2e::raw::connect;
+use egress_e2e::origin::{echo_origin, http_origin};
+use egress_e2e::raw::{connect, echo_through, wait_closed};
 use egress_e2e::socks::{self, Dest};
 use serde_json::Value;
+use tokio::io::AsyncWriteExt;
 
 async fn world(budget: &str) -> (TestProxy, TestRun, u16) {
     let origin = http_origin("127.0.0.2:0").await;
@@ -97,24 +100,28 @@ async fn the_rate_allows_its_burst_then_refuses_until_a_token_returns() {
 }
 
 #[tokio::test]
-async fn a_spent_byte_budget_refuses_the_next_fetch() {
+async fn the_byte_budget_cuts_the_fetch_that_crosses_it() {
     let (p, run, port) = world("max_bytes_per_run = 10000").await;
-    // 12,000 bytes down: the fetch that crosses the budget completes.
+    // 100,000 bytes asked for: the download is cut at the budget, not served whole.
     let r = p
-        .get(&run, &format!("http://allowed.test:{port}/bytes?n=12000"), "")
+        .get(&run, &format!("http://allowed.test:{port}/bytes?n=100000"), "")
         .await;
-    assert_eq!((r.status, r.body.len()), (200, 12000));
-    // Counted when the fetch is finished, just after its last byte.
-    let mut v = view(&p, &run).await;
+    assert!(r.body.len() < 100_000, "{} bytes arrived", r.body.len());
+    let v = view(&p, &run).await;
+    let used = v["budgets"]["bytes"]["used"].as_u64().unwrap();
+    assert!(used >= 10_000, "{v}");
+    assert_eq!(v["budgets"]["bytes"]["limit"], 10000);
+    // The cut is a fact (recorded off the answer path: wait for it).
+    let mut facts = 0;
     for _ in 0..100 {
-        if v["budgets"]["bytes"]["used"].as_u64().unwrap() >= 12000 {
+        facts = facts_with(&p, &run, "budget_exhausted").await;
+        if facts > 0 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        v = view(&p, &run).await;
     }
-    assert!(v["budgets"]["bytes"]["used"].as_u64().unwrap() >= 12000, "{v}");
-    assert_eq!(v["budgets"]["bytes"]["limit"], 10000);
+    assert_eq!(facts, 1);
+    // And the next fetch is refused.
     let r = p.get(&run, &format!("http://allowed.test:{port}/"), "").await;
     assert_eq!(
         (r.status, r.deny_reason()),
@@ -122,7 +129,44 @@ async fn a_spent_byte_budget_refuses_the_next_fetch() {
         "{}",
         r.text()
     );
-    assert_eq!(facts_with(&p, &run, "budget_exhausted").await, 1);
+    assert_eq!(facts_with(&p, &run, "budget_exhausted").await, 2);
+}
+
+#[tokio::test]
+async fn concurrent_tunnels_share_one_byte_budget_and_are_cut_together() {
+    let (echo, _) = echo_origin("127.0.0.2:0").await;
+    let p = TestProxy::start(&format!(
+        "[tools.web]\negress = [\"echo.test:{}\"]\nmax_bytes_per_run = 10000\n",
+        echo.port()
+    ))
+    .await;
+    p.dns.set("echo.test", &["127.0.0.2"]);
+    let run = p.run("web").await;
+    let target = format!("echo.test:{}", echo.port());
+    let (r, mut a) = p.connect(&run, &target).await;
+    assert_eq!(r.status, 200);
+    let (r, mut b) = p.connect(&run, &target).await;
+    assert_eq!(r.status, 200);
+    // 3,000 bytes each way through each: 6,000 per tunnel, under the budget alone.
+    let chunk = vec![7u8; 3000];
+    assert_eq!(echo_through(&mut a, &chunk).await, chunk);
+    // The second tunnel's bytes cross the run's 10,000: both are cut.
+    b.write_all(&chunk).await.unwrap();
+    let cap = std::time::Duration::from_secs(5);
+    assert!(wait_closed(&mut b, cap).await.is_some(), "the crossing tunnel is cut");
+    assert!(
+        wait_closed(&mut a, cap).await.is_some(),
+        "the run's other tunnel is cut too"
+    );
+    let v = view(&p, &run).await;
+    assert!(v["budgets"]["bytes"]["used"].as_u64().unwrap() >= 10_000, "{v}");
+    for _ in 0..100 {
+        if facts_with(&p, &run, "budget_exhausted").await == 1 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("no budget_exhausted fact for the cut");
 }
 
 #[tokio::test]

@@ -137,6 +137,8 @@ pub struct Bounds {
     pub run_end: CancellationToken,
     /// The drain timeout of a graceful stop expired.
     pub hard_stop: CancellationToken,
+    /// The run's byte budget spent (`None`: it has none).
+    pub budget: Option<CancellationToken>,
 }
 
 /// Bounds an exchange by its deadline, the run's end and the proxy's hard
@@ -154,6 +156,7 @@ pub async fn watchdog(
         Deadline,
         RunEnded,
         Shutdown,
+        Budget,
     }
     let why = tokio::select! {
         biased;
@@ -161,6 +164,7 @@ pub async fn watchdog(
         _ = tokio::time::sleep_until(bounds.deadline) => Cut::Deadline,
         _ = bounds.run_end.cancelled() => Cut::RunEnded,
         _ = bounds.hard_stop.cancelled() => Cut::Shutdown,
+        _ = super::tunnel::spent(bounds.budget.as_ref()) => Cut::Budget,
     };
     let Some(ex) = exchange.upgrade() else { return };
     if !ex.claim() {
@@ -174,6 +178,7 @@ pub async fn watchdog(
         }),
         Cut::RunEnded => ex.finish.severed("run_ended"),
         Cut::Shutdown => ex.finish.severed("shutdown"),
+        Cut::Budget => ex.finish.severed("budget_exhausted"),
     }
     upstream_cut.cancel();
     client_cut.cancel();

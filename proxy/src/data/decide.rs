@@ -18,7 +18,7 @@ use crate::data::target::{self, Kind, Target, TargetError};
 use crate::deny::{DenyReason, FetchError, Phase, Via};
 use crate::facts::{Fact, NewFact, Recorded};
 use crate::metrics::{Decision, Outcome, ToolMetrics};
-use crate::runs::budget::Exceeded;
+use crate::runs::budget::{ByteBudget, Exceeded};
 use crate::runs::Run;
 use crate::state::Shared;
 use egress_api::FactTarget;
@@ -318,6 +318,42 @@ impl<'a> Fetch<'a> {
             ),
         };
         Err(self.deny(reason, detail, Dest::Target(target), &[]).await)
+    }
+
+    /// The fetch's share of its run's `max_bytes_per_run`: the fetch whose
+    /// bytes cross it records the `budget_exhausted` fact (in the
+    /// background: the cut is no answer to wait for), and every open fetch
+    /// of the run is cut.
+    pub(super) fn byte_budget(&self, run: &Arc<Run>, target: &Target, limit: u64) -> Arc<ByteBudget> {
+        let facts = self.sh.facts.clone();
+        let tm = self.tm.clone();
+        let (run_id, tool, policy) = (run.id.clone(), run.tool.clone(), self.policy.digest.clone());
+        let target = FactTarget {
+            kind: self.via.as_str().to_owned(),
+            ..fact_target(target)
+        };
+        let on_cut = move || {
+            tm.denial(DenyReason::BudgetExhausted);
+            let fact = crate::facts::denial(NewFact {
+                run_id: Some(&run_id),
+                tool: Some(&tool),
+                reason: DenyReason::BudgetExhausted.code(),
+                mode: Mode::Enforce.as_str(),
+                target: Some(target.clone()),
+                resolved: vec![],
+                policy: &policy,
+                detail: format!(
+                    "run {run_id} moved its {limit} bytes (max_bytes_per_run of tool {tool}): its open fetches are cut"
+                ),
+            });
+            let facts = facts.clone();
+            tokio::spawn(async move {
+                if let Err(e) = facts.record(fact).await {
+                    tracing::error!(error = %e, "the budget_exhausted fact of a cut could not be recorded");
+                }
+            });
+        };
+        Arc::new(ByteBudget::new(limit, run.clone(), Box::new(on_cut)))
     }
 
     /// Step 4, credentials ([`policy::credentials`]): a placeholder of the

@@ -284,7 +284,8 @@ impl Fetch<'_> {
         let credentials = self.credentials(&tool, run, &target, ask.head, Channel::Plain).await?;
         self.spend(&tool, &target).await?;
         let intercept = self.kind == Kind::Connect && policy::intercepts(&tool, &target);
-        let finish = Finish::new(self.tm.clone(), self.via, self.started, run.clone(), target.to_string());
+        let mut finish = Finish::new(self.tm.clone(), self.via, self.started, run.clone(), target.to_string());
+        finish.budget = tool.budgets.bytes.map(|limit| self.byte_budget(run, &target, limit));
         let connected = async {
             let slot = self.acquire_slot(run, &target).await?;
             let (dial, resolved) = self.resolve_and_vet(&tool, &target, private).await?;

@@ -7,6 +7,7 @@
 
 use crate::deny::{Phase, Via};
 use crate::metrics::{Outcome, ToolMetrics};
+use crate::runs::budget::ByteBudget;
 use crate::runs::Run;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -23,6 +24,8 @@ pub struct Finish {
     end: OnceLock<(Outcome, &'static str)>,
     open: AtomicBool,
     silent: AtomicBool,
+    /// The run's byte budget, when its tool has one.
+    pub budget: Option<Arc<ByteBudget>>,
 }
 
 impl Finish {
@@ -38,17 +41,36 @@ impl Finish {
             end: OnceLock::new(),
             open: AtomicBool::new(false),
             silent: AtomicBool::new(false),
+            budget: None,
         }
+    }
+
+    /// Bytes already counted on the run's byte budget as they moved (a
+    /// [`Meter`](super::tunnel::Meter)'s totals).
+    pub fn add_metered(&self, up: u64, down: u64) {
+        self.up.fetch_add(up, Ordering::Relaxed);
+        self.down.fetch_add(down, Ordering::Relaxed);
+    }
+
+    /// Fires once the run's byte budget is spent (never without one).
+    pub fn budget_cut(&self) -> Option<tokio_util::sync::CancellationToken> {
+        self.budget.as_ref().map(|b| b.exhausted().clone())
     }
 
     /// Bytes sent towards the origin (request heads and bodies, tunnel bytes).
     pub fn add_up(&self, n: u64) {
         self.up.fetch_add(n, Ordering::Relaxed);
+        if let Some(b) = &self.budget {
+            b.moved(n as usize);
+        }
     }
 
     /// Bytes sent towards the client (response heads and bodies, tunnel bytes).
     pub fn add_down(&self, n: u64) {
         self.down.fetch_add(n, Ordering::Relaxed);
+        if let Some(b) = &self.budget {
+            b.moved(n as usize);
+        }
     }
 
     /// Marks the fetch as open upstream (gauge up until drop).

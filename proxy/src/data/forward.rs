@@ -24,7 +24,6 @@ use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -148,6 +147,7 @@ pub async fn forward(
                 deadline,
                 run_end: run.cancel.clone(),
                 hard_stop: sh.hard_stop.clone(),
+                budget: exchange.finish.budget_cut(),
             },
             conn.cut_token(),
             client_cut,
@@ -281,20 +281,21 @@ fn switch(
         let Some(client) = tunnel::upgraded(client, deadline, &run.cancel, fx).await else {
             return;
         };
-        let meter = Arc::new(Meter::new());
+        let meter = Arc::new(Meter::new(fx));
+        let budget_cut = fx.budget_cut();
         let bounds = tunnel::Bounds {
             deadline,
             idle: sh.cfg.tunnel_idle_timeout,
             cancel: &run.cancel,
             shutdown: &sh.hard_stop,
+            budget: budget_cut.as_ref(),
         };
         let client = tunnel::Metered::side(TokioIo::new(client), &meter, true);
         let upstream = tunnel::Metered::side(TokioIo::new(upstream), &meter, false);
         bounds
             .watch(websocket::relay(client, upstream, rewrite, fx), &meter, fx)
             .await;
-        fx.add_up(meter.up.load(Ordering::Relaxed));
-        fx.add_down(meter.down.load(Ordering::Relaxed));
+        meter.close(fx);
     });
     Response::from_parts(parts, ProxyBody::empty())
 }

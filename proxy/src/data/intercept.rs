@@ -40,7 +40,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -78,7 +77,8 @@ pub async fn run(s: Session) {
         finish,
     } = s;
     let _slot = slot;
-    let meter = Arc::new(Meter::new());
+    let meter = Arc::new(Meter::new(&finish));
+    let budget_cut = finish.budget_cut();
     let origin = Origin {
         sh: &sh,
         run: &run,
@@ -93,6 +93,7 @@ pub async fn run(s: Session) {
         idle: sh.cfg.tunnel_idle_timeout,
         cancel: &run.cancel,
         shutdown: &sh.hard_stop,
+        budget: budget_cut.as_ref(),
     };
     match client {
         Client::Upgrade(upgrade) => {
@@ -107,8 +108,7 @@ pub async fn run(s: Session) {
             bounds.watch(origin.serve(io, upstream), &meter, &finish).await;
         }
     }
-    finish.add_up(meter.up.load(Ordering::Relaxed));
-    finish.add_down(meter.down.load(Ordering::Relaxed));
+    meter.close(&finish);
 }
 
 /// The `Host` header sent to an HTTPS origin.

@@ -11,6 +11,7 @@
 
 use crate::data::finish::Finish;
 use crate::deny::Phase;
+use crate::runs::budget::ByteBudget;
 use crate::runs::slots::Slot;
 use bytes::Bytes;
 use hyper::upgrade::OnUpgrade;
@@ -34,22 +35,28 @@ fn splice_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("EGRESS_NO_SPLICE").is_none_or(|v| v.is_empty() || v == "0"))
 }
 
-/// Byte counters and the time of the last activity, shared by both directions.
+/// Byte counters and the time of the last activity, shared by both
+/// directions; and the fetch's share of its run's byte budget, if any
+/// (counted as the bytes move).
 pub(super) struct Meter {
     pub up: AtomicU64,
     pub down: AtomicU64,
     /// Milliseconds since `epoch` of the last byte moved.
     last: AtomicU64,
     epoch: Instant,
+    budget: Option<Arc<ByteBudget>>,
 }
 
 impl Meter {
-    pub fn new() -> Meter {
+    /// A meter for the fetch `finish` closes: its totals go back with
+    /// [`Meter::close`].
+    pub fn new(finish: &Finish) -> Meter {
         Meter {
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
             last: AtomicU64::new(0),
             epoch: Instant::now(),
+            budget: finish.budget.clone(),
         }
     }
 
@@ -57,6 +64,14 @@ impl Meter {
         counter.fetch_add(n as u64, Ordering::Relaxed);
         self.last
             .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if let Some(b) = &self.budget {
+            b.moved(n);
+        }
+    }
+
+    /// Hands the totals to `finish` (already counted on the byte budget).
+    pub fn close(&self, finish: &Finish) {
+        finish.add_metered(self.up.load(Ordering::Relaxed), self.down.load(Ordering::Relaxed));
     }
 
     fn last_at(&self) -> Instant {
@@ -170,12 +185,14 @@ pub async fn run(t: Tunnel) {
         finish,
     } = t;
     let _slot = slot;
-    let meter = Arc::new(Meter::new());
+    let meter = Arc::new(Meter::new(&finish));
+    let budget_cut = finish.budget_cut();
     let bounds = Bounds {
         deadline,
         idle,
         cancel: &cancel,
         shutdown: &shutdown,
+        budget: budget_cut.as_ref(),
     };
     match client {
         Client::Tcp(client) if splice_enabled() => {
@@ -203,8 +220,7 @@ pub async fn run(t: Tunnel) {
             }
         }
     }
-    finish.add_up(meter.up.load(Ordering::Relaxed));
-    finish.add_down(meter.down.load(Ordering::Relaxed));
+    meter.close(&finish);
 }
 
 /// Both ends plain TCP: `early` bytes first, then `splice(2)` both ways.
@@ -274,6 +290,8 @@ pub(super) struct Bounds<'a> {
     pub idle: Duration,
     pub cancel: &'a CancellationToken,
     pub shutdown: &'a CancellationToken,
+    /// The run's byte budget spent (`None`: it has none).
+    pub budget: Option<&'a CancellationToken>,
 }
 
 impl Bounds<'_> {
@@ -295,6 +313,7 @@ impl Bounds<'_> {
                 _ = &mut deadline_sleep => { finish.timed_out(Phase::Tunnel); return; }
                 _ = self.cancel.cancelled() => { finish.severed("run_ended"); return; }
                 _ = self.shutdown.cancelled() => { finish.severed("shutdown"); return; }
+                _ = spent(self.budget) => { finish.severed("budget_exhausted"); return; }
                 _ = &mut idle_check => {
                     let last_at = meter.last_at();
                     if Instant::now().saturating_duration_since(last_at) >= self.idle {
@@ -305,6 +324,14 @@ impl Bounds<'_> {
                 }
             }
         }
+    }
+}
+
+/// Resolves when `budget` fires; never without one.
+pub(super) async fn spent(budget: Option<&CancellationToken>) {
+    match budget {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -111,6 +111,42 @@ impl Spent {
     }
 }
 
+/// A fetch's share of its run's `max_bytes_per_run`: every byte it moves is
+/// counted on the run at once (so concurrent tunnels share one count), and
+/// the fetch whose bytes cross the limit runs `on_cut` (the fact) and fires
+/// [`Spent::bytes_out`], which cuts every open fetch of the run.
+pub struct ByteBudget {
+    pub limit: u64,
+    run: std::sync::Arc<super::Run>,
+    on_cut: Box<dyn Fn() + Send + Sync>,
+}
+
+impl ByteBudget {
+    pub fn new(limit: u64, run: std::sync::Arc<super::Run>, on_cut: Box<dyn Fn() + Send + Sync>) -> ByteBudget {
+        ByteBudget { limit, run, on_cut }
+    }
+
+    /// Counts `n` bytes moved.
+    pub fn moved(&self, n: usize) {
+        if self.run.spent.moved(n as u64, Some(self.limit)) {
+            (self.on_cut)();
+        }
+    }
+
+    /// Fires once the run's bytes crossed the limit.
+    pub fn exhausted(&self) -> &CancellationToken {
+        &self.run.spent.bytes_out
+    }
+}
+
+impl std::fmt::Debug for ByteBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByteBudget")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One step of the generic cell rate algorithm: with the theoretical
 /// arrival time `tat`, a request at `now` conforms if it is no more than
 /// `tolerance` early; the new `tat` if it does.

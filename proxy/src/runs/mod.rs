@@ -161,7 +161,6 @@ impl Run {
     pub fn count_bytes(&self, up: u64, down: u64) {
         self.bytes_up.fetch_add(up, Ordering::Relaxed);
         self.bytes_down.fetch_add(down, Ordering::Relaxed);
-        self.spent.moved(up + down, None);
     }
 
     /// Bytes relayed by the run's finished fetches: (up, down).
