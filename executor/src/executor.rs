@@ -75,6 +75,8 @@ pub struct Executor {
     journal: Mutex<Journal>,
     /// The finished answers both of them hold, bounded by `journal_max_mb`.
     retained: Retained,
+    /// Set by [`Executor::shutdown`]: the cell takes no new work.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// Finished invocations listed by `GET /v1/invocations` (the oldest go
@@ -284,6 +286,7 @@ impl Executor {
             retained: Retained::new(
                 usize::try_from(config.executor.journal_max_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
             ),
+            closing: std::sync::atomic::AtomicBool::new(false),
             config,
         }))
     }
@@ -393,6 +396,7 @@ impl Executor {
     pub fn cell_view(&self) -> egress_api::CellView {
         let cell = self.config.cell.as_ref();
         let live = self.inflight.lock().map(|m| m.len()).unwrap_or(0);
+        let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
         let capacity: usize = self.config.tools.values().flatten().map(|p| p.max).sum();
         egress_api::CellView {
             id: cell.map(|c| c.id.clone()),
@@ -400,8 +404,8 @@ impl Executor {
             policy: self.config.policy_digest.clone(),
             live_runs: live as u64,
             pool_capacity: Some(capacity as u64),
-            ready: true,
-            reason: None,
+            ready: !closing,
+            reason: closing.then(|| "shutting_down".to_owned()),
             export_lag: None,
             advertise_proxy: cell.and_then(|c| c.advertise_proxy.clone()),
             advertise_control: cell.and_then(|c| c.advertise_control.clone()),
@@ -810,6 +814,7 @@ impl Executor {
 
     /// Stop refilling and kill idle children.
     pub fn shutdown(&self) {
+        self.closing.store(true, std::sync::atomic::Ordering::Relaxed);
         for pool in self.pools.values() {
             pool.close();
         }

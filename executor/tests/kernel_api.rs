@@ -323,6 +323,11 @@ async fn the_executor_openapi_document_lists_every_route_and_describes_the_answe
     assert!(cell.get("id").is_none(), "{cell}");
     assert!(cell["pool_capacity"].as_u64().unwrap() >= 1, "{cell}");
     assert!(cell["policy"].as_str().unwrap().starts_with("sha256:"), "{cell}");
+    assert_eq!(
+        (cell["ready"].as_bool(), cell.get("reason")),
+        (Some(true), None),
+        "{cell}"
+    );
     // Real answers match the schemas of their status.
     let body = json!({"tool": "count", "input": {"n": 1}, "idempotency_key": "oa-1"});
     let op = spec.operation("POST", "/v1/invocations").unwrap();
@@ -347,6 +352,15 @@ async fn the_executor_openapi_document_lists_every_route_and_describes_the_answe
         .unwrap()
         .check_response(status, &serde_json::from_str(&text).unwrap());
     assert!(problems.is_empty(), "{problems:?}\n{text}");
+    // Shutting down, the cell says it takes no new work.
+    exec.shutdown();
+    let (_, cell) = http(addr, "GET", "/v1/cell", None).await;
+    let cell: Value = serde_json::from_str(&cell).unwrap();
+    assert_eq!(
+        (cell["ready"].as_bool(), cell["reason"].as_str()),
+        (Some(false), Some("shutting_down")),
+        "{cell}"
+    );
 }
 
 /// What the document says of `run_id` and `timeout_ms` is what the executor
