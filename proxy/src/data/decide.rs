@@ -276,6 +276,7 @@ impl<'a> Fetch<'a> {
             tokio::select! {
                 _ = &mut added => {}
                 _ = tokio::time::sleep_until(until) => return Ok(false),
+                _ = self.sh.hard_stop.cancelled() => return Ok(false),
                 _ = run.cancel.cancelled() => {
                     let detail = format!("run {} ended while {target} waited for a grant", run.id);
                     return Err(self.deny(DenyReason::RunEnded, detail, Dest::Target(target), &[]).await);
