@@ -186,6 +186,17 @@ async fn a_grant_never_allows_what_the_hard_rules_deny() {
         )
         .await;
     assert_eq!(status, 404);
+    for body in [
+        json!({"target": format!("extra.test:{port}"), "uses": 0}),
+        json!({"target": format!("extra.test:{port}"), "uses": 1_000_001}),
+        json!({"target": format!("extra.test:{port}"), "ttl_ms": 0}),
+        json!({"target": format!("extra.test:{port}"), "extra": 1}),
+    ] {
+        // 400, or 422 for a body that is not the schema (as every body).
+        let (status, v) = grant(p, &run, body.clone()).await;
+        assert!(matches!(status, 400 | 422), "{body}: {v}");
+        assert_eq!(v["error"]["code"], "bad_request", "{body}: {v}");
+    }
     // A granted name's later checks still apply: POST is not a method of
     // the tool, so the grant lets nothing through (and is not spent).
     let (status, v) = grant(p, &run, json!({"target": format!("extra.test:{port}")})).await;

@@ -266,7 +266,7 @@ fn not_permitted(message: String) -> ApiError {
     params(("id" = String, Path, description = "Run id")),
     responses(
         (status = 201, description = "Granted: the run may reach the target for `uses` fetches until `expires_at`", body = GrantView),
-        (status = 400, description = "bad_request: the body is not a grant", body = ErrorBody),
+        (status = 400, description = "bad_request: the body is not a grant (uses 1-1000000, ttl_ms at least 1)", body = ErrorBody),
         (status = 404, description = "run_not_found", body = ErrorBody),
         (status = 409, description = "run_ended", body = ErrorBody),
         (status = 422, description = "bad_target: the target is not name:port; grant_not_permitted: an IP address, a name resolving only to denied addresses (or not at all), a host of another tool's credential, or more than 64 live grants", body = ErrorBody),
@@ -279,6 +279,12 @@ pub(super) async fn create_grant(
 ) -> ApiResult<(StatusCode, Json<GrantView>)> {
     use crate::runs::grants::{Grant, MAX_GRANTS};
     use egress_config::Host;
+    if req.uses.is_some_and(|u| !(1..=1_000_000).contains(&u)) {
+        return Err(bad_request("uses must be 1-1000000"));
+    }
+    if req.ttl_ms == Some(0) {
+        return Err(bad_request("ttl_ms must be at least 1"));
+    }
     let run = find(&sh, &id)?;
     if run.state() == crate::runs::RunState::Ended {
         return Err(RunError::Ended(id).into());
@@ -325,7 +331,7 @@ pub(super) async fn create_grant(
             denied.join(", ")
         )));
     }
-    let uses = req.uses.unwrap_or(1).clamp(1, 1_000_000);
+    let uses = req.uses.unwrap_or(1);
     let until_end = run
         .expires_at
         .duration_since(std::time::SystemTime::now())
