@@ -398,6 +398,9 @@ function dispatch(event, data) {
   }
 }
 
+/** How many `in_progress` answers an invocation follows to the owning cell. */
+export const FOLLOW_MAX = 3;
+
 /** The executor's invocation API (`[executor] listen`, e.g. http://127.0.0.1:3130). */
 export class ExecutorClient {
   /**
@@ -414,19 +417,33 @@ export class ExecutorClient {
    * `unknown_tool` (404), `bad_request` (400) and `unauthorized` (401) throw
    * EgressError. The HTTP timeout defaults to the invocation's own budget
    * (`invocationTimeoutMs`, the request's `timeout_ms`) plus 30 s.
+   *
+   * In a fleet, a keyed invocation running at another cell answers `409
+   * in_progress` naming that cell's `control_url`: the same request is sent
+   * there (at most `FOLLOW_MAX` hops), where it waits for the answer.
+   * `idempotency_unavailable` (503) throws: nothing ran.
    * @param {string} tool
    * @param {any} input
    * @param {{idempotencyKey?: string, invocationTimeoutMs?: number, runId?: string} & CallOptions} [opts]
    * @returns {Promise<InvocationResult>}
    */
-  invoke(tool, input, opts = {}) {
+  async invoke(tool, input, opts = {}) {
     /** @type {Record<string, any>} */
     const body = { tool, input: input === undefined ? null : input };
     if (opts.idempotencyKey !== undefined) body.idempotency_key = opts.idempotencyKey;
     if (opts.invocationTimeoutMs !== undefined) body.timeout_ms = Math.trunc(opts.invocationTimeoutMs);
     if (opts.runId !== undefined) body.run_id = opts.runId;
     const timeoutMs = opts.timeoutMs ?? Math.max(this.http.timeoutMs, (opts.invocationTimeoutMs ?? 30000) + 30000);
-    return this.http.request('POST', '/v1/invocations', body, { timeoutMs });
+    let http = this.http;
+    for (let hop = 0; ; hop++) {
+      try {
+        return await http.request('POST', '/v1/invocations', body, { timeoutMs });
+      } catch (e) {
+        const owner = e instanceof EgressError && e.status === 409 && e.code === 'in_progress' ? e.body?.control_url : null;
+        if (!owner || hop >= FOLLOW_MAX || owner.replace(/\/+$/, '') === http.baseUrl) throw e;
+        http = new Http(owner, { token: http.token, timeoutMs: http.timeoutMs });
+      }
+    }
   }
 
   /**

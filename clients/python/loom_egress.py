@@ -329,6 +329,10 @@ def _probe(http_, path, timeout):
         return False
 
 
+# How many `in_progress` answers an invocation follows to the owning cell.
+FOLLOW_MAX = 3
+
+
 class ExecutorClient:
     """The executor's invocation API (`[executor] listen`, e.g. http://127.0.0.1:3130)."""
 
@@ -342,7 +346,12 @@ class ExecutorClient:
         A tool that failed (`ok: false`: timeout, aborted, tool_error, …) is a
         result, not an exception; `busy` (503), `unknown_tool` (404),
         `bad_request` (400) and `unauthorized` (401) raise `EgressError`.
-        The HTTP timeout defaults to the invocation's own budget plus a margin."""
+        The HTTP timeout defaults to the invocation's own budget plus a margin.
+
+        In a fleet, a keyed invocation running at another cell answers `409
+        in_progress` naming that cell's `control_url`: the same request is
+        sent there (at most `FOLLOW_MAX` hops), where it waits for the
+        answer. `idempotency_unavailable` (503) raises: nothing ran."""
         body = {"tool": tool, "input": input}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
@@ -353,7 +362,16 @@ class ExecutorClient:
         if timeout is None:
             # Queueing and a cold start may come before the tool's own clock.
             timeout = max(self._http.timeout, (timeout_ms or 30000) / 1000.0 + 30.0)
-        return self._http.request("POST", "/v1/invocations", body, timeout)
+        http_ = self._http
+        for _ in range(FOLLOW_MAX):
+            try:
+                return http_.request("POST", "/v1/invocations", body, timeout)
+            except EgressError as e:
+                owner = (e.body or {}).get("control_url") if isinstance(e.body, dict) else None
+                if e.status != 409 or e.code != "in_progress" or not owner or owner.rstrip("/") == http_.base_url:
+                    raise
+                http_ = _Http(owner, http_.token, http_.timeout)
+        return http_.request("POST", "/v1/invocations", body, timeout)
 
     def abort(self, key_or_run_id, timeout=None):
         """`POST /v1/invocations/{id}/abort` by idempotency key or run id →

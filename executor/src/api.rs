@@ -160,13 +160,13 @@ async fn require_token(
 #[utoipa::path(post, path = "/v1/invocations", tag = "invocations", request_body = InvocationRequest,
     security(("control_token" = [])),
     responses(
-        (status = 200, description = "The invocation ran: `ok`, or the tool's failure (tool_error, timeout, aborted, disconnected, protocol, startup). A repeated `idempotency_key` gets the first answer again, or its stub with `body_dropped` once the executor no longer keeps its body; the tool never runs twice", body = InvocationResult),
-        (status = 400, description = "bad_request: the body is not JSON of this schema (or over 2 MiB, or not `application/json`), `timeout_ms` is 0, `run_id` is not a valid id, or an invocation with this `run_id` or `idempotency_key` is in flight", body = InvocationResult),
+        (status = 200, description = "The invocation ran: `ok`, or the tool's failure (tool_error, timeout, aborted, disconnected, protocol, startup). A repeated `idempotency_key` gets the first answer again, or its stub with `body_dropped` once the executor no longer keeps its body; the tool never runs twice (in a fleet, wherever the first ran: the answer is the owner's, with the owner's status)", body = InvocationResult),
+        (status = 400, description = "bad_request: the body is not JSON of this schema (or over 2 MiB, or not `application/json`), `timeout_ms` is 0, `run_id` is not a valid id, or an invocation with this `run_id` or `idempotency_key` is in flight, or the key is empty or over 256 characters", body = InvocationResult),
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "unknown_tool", body = InvocationResult),
-        (status = 409, description = "idempotency_conflict (the key was used with another request), run_exists (the proxy has a run with this `run_id`)", body = InvocationResult),
+        (status = 409, description = "idempotency_conflict (the key was used with another request, here or at another cell), run_exists (the proxy has a run with this `run_id`), in_progress (another cell runs this key: `cell` and `control_url` name it, and the same request sent there waits for the answer)", body = InvocationResult),
         (status = 502, description = "proxy: the proxy's control API failed", body = InvocationResult),
-        (status = 503, description = "busy: no child within the pool's bounds", body = InvocationResult),
+        (status = 503, description = "busy: no child within the pool's bounds; idempotency_unavailable: a keyed invocation in a fleet whose PostgreSQL cannot be asked (nothing ran)", body = InvocationResult),
     ))]
 async fn invoke(
     State(exec): State<Arc<Executor>>,

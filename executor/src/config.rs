@@ -38,6 +38,9 @@ pub struct Config {
     pub tools: BTreeMap<String, Option<ProcessConfig>>,
     /// `[cell]` (`None`: a machine of its own).
     pub cell: Option<egress_config::CellConfig>,
+    /// `[export]`: with `sink = "postgres"` (and a `[cell]`), keyed
+    /// invocations are claimed fleet-wide in the same database.
+    pub export: egress_config::ExportConfig,
     /// The digest of the file's policy.
     pub policy_digest: String,
 }
@@ -75,6 +78,7 @@ impl Config {
         executor.proxy_handoff = binding.socket().map(Path::to_path_buf);
         Config {
             cell: shared.cell.clone(),
+            export: shared.export.clone(),
             policy_digest: shared.policy.digest.clone(),
             file: file.to_path_buf(),
             dir,

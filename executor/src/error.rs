@@ -33,10 +33,17 @@ pub enum ErrorKind {
     IdempotencyConflict,
     /// The request's `run_id` names a run the proxy already has.
     RunExists,
+    /// Another cell of the fleet is running the invocation with this
+    /// idempotency key: `cell` and `control_url` name it, and the same
+    /// request sent there waits for its answer.
+    InProgress,
+    /// The fleet's idempotency store (PostgreSQL) cannot be asked: a keyed
+    /// invocation runs nowhere rather than possibly twice.
+    IdempotencyUnavailable,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::Startup,
         ErrorKind::Timeout,
         ErrorKind::Aborted,
@@ -49,6 +56,8 @@ impl ErrorKind {
         ErrorKind::BadRequest,
         ErrorKind::IdempotencyConflict,
         ErrorKind::RunExists,
+        ErrorKind::InProgress,
+        ErrorKind::IdempotencyUnavailable,
     ];
 
     /// The metric `outcome` label and the word in the JSON body.
@@ -66,6 +75,8 @@ impl ErrorKind {
             ErrorKind::BadRequest => "bad_request",
             ErrorKind::IdempotencyConflict => "idempotency_conflict",
             ErrorKind::RunExists => "run_exists",
+            ErrorKind::InProgress => "in_progress",
+            ErrorKind::IdempotencyUnavailable => "idempotency_unavailable",
         }
     }
 
@@ -74,14 +85,15 @@ impl ErrorKind {
     /// with `ok:false`: the invocation ran. What kept it from running is a
     /// non-2xx: the proxy's control API failing (`502`), no child to be had
     /// (`503`), an unknown tool (`404`), a malformed request (`400`), a
-    /// conflict with what was used before (`409`).
+    /// conflict with what was used before or runs elsewhere (`409`), the
+    /// fleet's idempotency store unavailable (`503`).
     pub fn http_status(self) -> u16 {
         match self {
             ErrorKind::Proxy => 502,
-            ErrorKind::Busy => 503,
+            ErrorKind::Busy | ErrorKind::IdempotencyUnavailable => 503,
             ErrorKind::UnknownTool => 404,
             ErrorKind::BadRequest => 400,
-            ErrorKind::IdempotencyConflict | ErrorKind::RunExists => 409,
+            ErrorKind::IdempotencyConflict | ErrorKind::RunExists | ErrorKind::InProgress => 409,
             _ => 200,
         }
     }

@@ -35,6 +35,14 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+/// The results of a fleet idempotency claim (`executor_idempotency_claims`).
+pub const CLAIM_RESULTS: [&str; 5] = ["won", "done", "in_progress", "conflict", "unavailable"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub tool: String,
     pub state: &'static str,
@@ -62,6 +70,8 @@ pub struct Metrics {
     /// UDP datagrams a transparent tool's children sent anywhere but DNS,
     /// dropped in their namespaces (counted once each child is gone).
     pub udp_dropped: Family<ToolLabel, Counter>,
+    /// Fleet idempotency claims of keyed invocations, by result.
+    pub claims: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -81,6 +91,10 @@ impl Metrics {
         let children = Family::<StateLabels, Gauge>::default();
         let emits = Family::<ToolLabel, Counter>::default();
         let udp_dropped = Family::<ToolLabel, Counter>::default();
+        let claims = Family::<ResultLabel, Counter>::default();
+        for result in CLAIM_RESULTS {
+            let _ = claims.get_or_create(&ResultLabel { result });
+        }
         registry.register(
             "executor_pool_ready",
             "Warm children loaded and waiting for an invocation",
@@ -117,7 +131,13 @@ impl Metrics {
             "UDP datagrams a transparent tool's children sent anywhere but DNS, dropped in their namespaces",
             udp_dropped.clone(),
         );
+        registry.register(
+            "executor_idempotency_claims",
+            "Fleet idempotency claims of keyed invocations ([export] sink = \"postgres\"), by result: won (runs here), done (the stored answer), in_progress (runs at another cell), conflict, unavailable (PostgreSQL could not be asked; nothing ran)",
+            claims.clone(),
+        );
         Metrics {
+            claims,
             emits,
             udp_dropped,
             registry,
@@ -187,6 +207,10 @@ impl Metrics {
         }
         self.pool_state(tool, 0, 0, 0);
         let _ = self.emits.get_or_create(&ToolLabel { tool: t() });
+    }
+
+    pub fn claim(&self, result: &'static str) {
+        self.claims.get_or_create(&ResultLabel { result }).inc();
     }
 
     pub fn udp_dropped(&self, tool: &str, datagrams: u64) {

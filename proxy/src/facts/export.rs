@@ -14,35 +14,17 @@
 use crate::facts::{FactQuery, FactSink};
 use crate::metrics::{ExportMetrics, KindLabel};
 use egress_config::ExportConfig;
+use egress_fleet::pg::{ident, timed, Connector, PgError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::Client;
 
-/// Longest wait for any one PostgreSQL operation: a partition must not
-/// hang the exporter (it reconnects instead).
-const OP_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Pause between reconnections.
 const RETRY: Duration = Duration::from_millis(500);
 
 /// Why the exporter could not go on (the metric label of its failure).
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    #[error("the DSN variable {0} is not set (the DSN is read from the environment only)")]
-    NoDsn(String),
-    #[error("the DSN in {var} cannot be parsed: {message}")]
-    BadDsn { var: String, message: String },
-    #[error("{kind}: {message}")]
-    Failed { kind: &'static str, message: String },
-}
-
-fn failed(kind: &'static str) -> impl Fn(tokio_postgres::Error) -> ExportError {
-    move |e| ExportError::Failed {
-        kind,
-        message: e.to_string(),
-    }
-}
+pub type ExportError = PgError;
 
 /// What `/readyz`, `/v1/cell` and the shutdown read of the exporter.
 #[derive(Debug, Default)]
@@ -78,25 +60,14 @@ impl Exporter {
         facts: Arc<dyn FactSink>,
         metrics: ExportMetrics,
     ) -> Result<Exporter, ExportError> {
-        let dsn = std::env::var(&cfg.dsn_env)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| ExportError::NoDsn(cfg.dsn_env.clone()))?;
-        let mut pg: tokio_postgres::Config = dsn.parse().map_err(|e: tokio_postgres::Error| ExportError::BadDsn {
-            var: cfg.dsn_env.clone(),
-            message: e.to_string(),
-        })?;
-        pg.application_name("loom-egress-export");
-        pg.connect_timeout(OP_TIMEOUT);
-        pg.keepalives_idle(Duration::from_secs(10));
+        let connector = Connector::from_env(cfg, "loom-egress-export")?;
         let state = Arc::new(ExportState {
             max_lag: cfg.max_lag,
             ..ExportState::default()
         });
         state.exported.store(facts.export_cursor(), Ordering::Release);
         let run = Run {
-            pg,
-            tls: tls_connector(),
+            connector,
             cfg: cfg.clone(),
             cell: cell.to_owned(),
             facts,
@@ -123,80 +94,11 @@ impl Exporter {
     }
 }
 
-/// TLS for DSNs that ask for it (`sslmode=prefer`, the default, or
-/// `require`): rustls with the system roots plus `PGSSLROOTCERT` if set,
-/// verifying the server's name (as libpq's `verify-full`).
-fn tls_connector() -> tokio_postgres_rustls::MakeRustlsConnect {
-    let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    for c in native.certs {
-        let _ = roots.add(c);
-    }
-    if let Some(file) = std::env::var_os("PGSSLROOTCERT") {
-        use rustls_pki_types::pem::PemObject;
-        match rustls_pki_types::CertificateDer::pem_file_iter(&file) {
-            Ok(certs) => {
-                for c in certs.flatten() {
-                    let _ = roots.add(c);
-                }
-            }
-            Err(e) => tracing::error!(file = ?file, error = %e, "PGSSLROOTCERT cannot be read"),
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = match rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions() {
-        Ok(b) => b.with_root_certificates(roots).with_no_client_auth(),
-        Err(e) => {
-            tracing::error!(error = %e, "no TLS versions for the exporter");
-            rustls::ClientConfig::builder()
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth()
-        }
-    };
-    tokio_postgres_rustls::MakeRustlsConnect::new(config)
-}
-
-/// `"name"`: a schema name checked by the config (a-z, 0-9, `_`).
-fn ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-/// The table and the indexes a fleet query needs (by time, tool, reason,
-/// run), made once under a transaction-level lock so cells starting
-/// together do not race.
-pub fn migration(schema: &str) -> String {
-    let s = ident(schema);
-    format!(
-        "SET client_min_messages = warning;
-         SELECT pg_advisory_xact_lock(hashtextextended('loom-egress-migrate', 0));
-         CREATE SCHEMA IF NOT EXISTS {s};
-         CREATE TABLE IF NOT EXISTS {s}.egress_facts (
-             cell   text        NOT NULL,
-             epoch  uuid        NOT NULL,
-             seq    bigint      NOT NULL,
-             id     uuid        NOT NULL UNIQUE,
-             at     timestamptz NOT NULL,
-             run_id text,
-             tool   text,
-             reason text        NOT NULL,
-             mode   text        NOT NULL,
-             policy text        NOT NULL,
-             body   jsonb       NOT NULL,
-             PRIMARY KEY (cell, epoch, seq)
-         );
-         CREATE INDEX IF NOT EXISTS egress_facts_at ON {s}.egress_facts (at);
-         CREATE INDEX IF NOT EXISTS egress_facts_tool_at ON {s}.egress_facts (tool, at);
-         CREATE INDEX IF NOT EXISTS egress_facts_reason_at ON {s}.egress_facts (reason, at);
-         CREATE INDEX IF NOT EXISTS egress_facts_run ON {s}.egress_facts (run_id, at);"
-    )
-}
-
 /// The advisory lock key of a cell id.
 const LOCK_KEY: &str = "SELECT pg_try_advisory_lock(hashtextextended('loom-egress-cell:' || $1, 0))";
 
 struct Run {
-    pg: tokio_postgres::Config,
-    tls: tokio_postgres_rustls::MakeRustlsConnect,
+    connector: Connector,
     cfg: ExportConfig,
     cell: String,
     facts: Arc<dyn FactSink>,
@@ -207,27 +109,13 @@ struct Run {
 impl Clone for Run {
     fn clone(&self) -> Self {
         Run {
-            pg: self.pg.clone(),
-            tls: self.tls.clone(),
+            connector: self.connector.clone(),
             cfg: self.cfg.clone(),
             cell: self.cell.clone(),
             facts: self.facts.clone(),
             metrics: self.metrics.clone(),
             state: self.state.clone(),
         }
-    }
-}
-
-async fn timed<T>(
-    kind: &'static str,
-    f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, ExportError> {
-    match tokio::time::timeout(OP_TIMEOUT, f).await {
-        Ok(r) => r.map_err(failed(kind)),
-        Err(_) => Err(ExportError::Failed {
-            kind,
-            message: format!("no answer within {OP_TIMEOUT:?}"),
-        }),
     }
 }
 
@@ -254,10 +142,7 @@ impl Run {
             match self.session().await {
                 Ok(()) => {}
                 Err(e) => {
-                    let kind = match &e {
-                        ExportError::Failed { kind, .. } => *kind,
-                        _ => "connect",
-                    };
+                    let kind = e.kind();
                     self.metrics.failures.get_or_create(&KindLabel { kind }).inc();
                     tracing::warn!(error = %e, "fact export interrupted; retrying");
                 }
@@ -269,19 +154,11 @@ impl Run {
     /// One connection: migrate, take the cell's lock, then export until
     /// something fails.
     async fn session(&self) -> Result<(), ExportError> {
-        let (mut client, conn) = timed("connect", self.pg.connect(self.tls.clone())).await?;
-        let conn = tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "export connection closed");
-            }
-        });
-        let r = self.on(&mut client).await;
-        conn.abort();
-        r
+        let mut client = self.connector.connect(&self.cfg.schema).await?;
+        self.on(&mut client).await
     }
 
     async fn on(&self, client: &mut Client) -> Result<(), ExportError> {
-        timed("migrate", client.batch_execute(&migration(&self.cfg.schema))).await?;
         loop {
             let held: bool = timed("lock", client.query_one(LOCK_KEY, &[&self.cell])).await?.get(0);
             if held {
