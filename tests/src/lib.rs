@@ -3,7 +3,8 @@
 //! black hole), a proxy harness that starts a real proxy on `127.0.0.1:0`,
 //! a raw HTTP/1.1 client and a SOCKS5 one, counting unix-socket canaries,
 //! and a helper that re-runs a test inside a network namespace holding only
-//! `lo`, and the `websockets` origin of the WebSocket tests; for the executor's tests, a fake control API speaking the real wire
+//! `lo`, the `websockets` origin of the WebSocket tests, a throwaway PostgreSQL and a
+//! fleet's network of namespaces on two bridges; for the executor's tests, a fake control API speaking the real wire
 //! types, a fake hand-off socket, and process and config helpers. One crate
 //! of test support for both products. Tests never use the machine's resolver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,6 +14,7 @@ pub mod dns;
 pub mod executor;
 pub mod fake_control;
 pub mod fake_handoff;
+pub mod fleet_net;
 pub mod harness;
 pub mod netns;
 pub mod openapi;

@@ -2,11 +2,16 @@
 //! the `postgres` user, the server on a loopback port of the OS's choice
 //! (unix socket in the same dir), queried with `psql`. Needs root (to run
 //! as `postgres`) and Debian's `postgresql` package; [`Postgres::start`]
-//! says loudly why it skips otherwise.
+//! says loudly why it skips otherwise. [`Postgres::start_in`] runs it in a
+//! network namespace of a [`crate::fleet_net::FleetNet`] instead, where
+//! `psql` reaches it from inside that namespace too.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::executor::is_root;
+use crate::fleet_net::within;
 
 const BIN: &str = "/usr/lib/postgresql/15/bin";
 
@@ -14,20 +19,23 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     pub port: u16,
     running: bool,
-}
-
-fn as_postgres(dir: &Path, program: &str) -> Command {
-    let mut c = Command::new("runuser");
-    c.args(["-u", "postgres", "--"]).arg(Path::new(BIN).join(program));
-    c.current_dir(dir);
-    c
+    /// The namespace it runs in (`None`: the test's own).
+    netns: Option<String>,
+    /// Its address there (the DSN's `host`).
+    host: String,
 }
 
 impl Postgres {
     /// A fresh cluster, started; `None` (and a loud message) when this
     /// machine cannot run one.
     pub fn start() -> Option<Postgres> {
-        if !rustix_is_root() {
+        Self::start_in(None, "127.0.0.1")
+    }
+
+    /// Like [`Postgres::start`], in network namespace `netns` listening on
+    /// `host` there (and on its loopback), trusting every client.
+    pub fn start_in(netns: Option<&str>, host: &str) -> Option<Postgres> {
+        if !is_root() {
             eprintln!("SKIPPED: the fleet's PostgreSQL tests need root (to run initdb as `postgres`)");
             return None;
         }
@@ -43,20 +51,37 @@ impl Postgres {
             .unwrap();
         assert!(ok.success());
         let data = dir.path().join("data");
-        let out = as_postgres(dir.path(), "initdb")
+        let mut pg = Postgres {
+            port: crate::process::free_port(),
+            dir,
+            running: false,
+            netns: netns.map(str::to_owned),
+            host: host.to_owned(),
+        };
+        let out = pg
+            .as_postgres("initdb")
             .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "-D"])
             .arg(&data)
             .stdout(Stdio::null())
             .output()
             .unwrap();
         assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-        let mut pg = Postgres {
-            port: crate::process::free_port(),
-            dir,
-            running: false,
-        };
+        if host != "127.0.0.1" {
+            let hba = data.join("pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).unwrap();
+            text.push_str("host all all 0.0.0.0/0 trust\n");
+            std::fs::write(&hba, text).unwrap();
+        }
         pg.resume();
         Some(pg)
+    }
+
+    /// `program` of PostgreSQL's, as `postgres`, in its namespace.
+    fn as_postgres(&self, program: &str) -> Command {
+        let mut c = within(self.netns.as_deref(), Path::new("runuser"));
+        c.args(["-u", "postgres", "--"]).arg(Path::new(BIN).join(program));
+        c.current_dir(self.dir.path());
+        c
     }
 
     fn data(&self) -> PathBuf {
@@ -66,8 +91,8 @@ impl Postgres {
     /// The DSN the exporter is given.
     pub fn dsn(&self) -> String {
         format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
-            self.port
+            "host={} port={} user=postgres dbname=postgres sslmode=disable",
+            self.host, self.port
         )
     }
 
@@ -75,11 +100,17 @@ impl Postgres {
     /// until it answers.
     pub fn resume(&mut self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50",
+            "-p {} -k {} -c listen_addresses={} -c fsync=off -c max_connections=50",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            if self.host == "127.0.0.1" {
+                "127.0.0.1".to_owned()
+            } else {
+                format!("'127.0.0.1,{}'", self.host)
+            }
         );
-        let out = as_postgres(self.dir.path(), "pg_ctl")
+        let out = self
+            .as_postgres("pg_ctl")
             .args(["start", "-w", "-t", "30", "-D"])
             .arg(self.data())
             .arg("-l")
@@ -111,7 +142,8 @@ impl Postgres {
         if !std::mem::replace(&mut self.running, false) {
             return;
         }
-        let _ = as_postgres(self.dir.path(), "pg_ctl")
+        let _ = self
+            .as_postgres("pg_ctl")
             .args(["stop", "-w", "-m", mode, "-D"])
             .arg(self.data())
             .stdout(Stdio::null())
@@ -130,7 +162,7 @@ impl Postgres {
 
     /// `psql` running `sql`, unaligned, tuples only, stopping at the first error.
     fn psql(&self, sql: &str) -> std::io::Result<std::process::Output> {
-        Command::new(Path::new(BIN).join("psql"))
+        within(self.netns.as_deref(), &Path::new(BIN).join("psql"))
             .args([
                 "-X",
                 "-A",
@@ -167,7 +199,7 @@ impl Postgres {
     /// Runs `sql` in the background (e.g. a transaction that holds a lock
     /// for a while); wait on the child for its end.
     pub fn spawn(&self, sql: &str) -> std::process::Child {
-        Command::new(Path::new(BIN).join("psql"))
+        within(self.netns.as_deref(), &Path::new(BIN).join("psql"))
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &self.dsn(), "-c", sql])
             .stdout(Stdio::null())
             .spawn()
@@ -185,13 +217,4 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         self.halt("immediate");
     }
-}
-
-fn rustix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().next().map(|u| u == "0"))
-        .unwrap_or(false)
 }

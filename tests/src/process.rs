@@ -163,9 +163,23 @@ impl ProxyProcess {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> ProxyProcess {
+        Self::start_within(None, binary, config, (proxy, control), token, extra_args, env)
+    }
+
+    /// Like [`ProxyProcess::start_with_env`], inside network namespace
+    /// `netns` (see [`crate::fleet_net`]); `None` is the test's own.
+    pub fn start_within(
+        netns: Option<&str>,
+        binary: &Path,
+        config: &Path,
+        (proxy, control): (SocketAddr, SocketAddr),
+        token: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ProxyProcess {
         let log = config.with_extension("log");
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(binary)
+        let child = crate::fleet_net::within(netns, binary)
             .arg("serve")
             .arg("--config")
             .arg(config)

@@ -1,11 +1,14 @@
-//! The fleet's fact export with real processes and a real PostgreSQL 15 on
-//! loopback (a first step: the layout on network namespaces and a bridge is
-//! not here yet; a partition is a relay that goes silent, see [`Partition`]). Each case checks the exactly-once invariant: per (cell,
-//! epoch), `count(*) = max(seq)` = the local store's newest `seq`, ids
-//! unique, and every body equal to the local fact. Skipped loudly without
-//! root or PostgreSQL (see `egress_e2e::postgres`).
+//! A fleet of cells with real processes and a real PostgreSQL 15: most
+//! cases on loopback, and the fleet as separate hosts (network namespaces on
+//! a service and a data bridge, `egress_e2e::fleet_net`), where a partition
+//! is a cut bridge port. Each export case checks the exactly-once invariant:
+//! per (cell, epoch), `count(*) = max(seq)` = the local store's newest
+//! `seq`, ids unique, and every body equal to the local fact. Skipped loudly
+//! without root or PostgreSQL (see `egress_e2e::postgres`); the case of a
+//! run's locality (407 elsewhere, revocation, slots) needs neither.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use egress_e2e::fleet_net::FleetNet;
 use egress_e2e::harness::{basic, control_call, sample, TOKEN};
 use egress_e2e::postgres::Postgres;
 use egress_e2e::process::{bin, free_addr, write_config, ProxyProcess};
@@ -29,8 +32,12 @@ struct Cell {
 impl Cell {
     /// A config for cell `id` exporting with `export` (more `[export]` keys).
     fn new(id: &str, export: &str) -> Cell {
+        Cell::at(id, export, free_addr(), free_addr())
+    }
+
+    /// Like [`Cell::new`], listening on `proxy` and `control`.
+    fn at(id: &str, export: &str, proxy: SocketAddr, control: SocketAddr) -> Cell {
         let dir = tempfile::tempdir().unwrap();
-        let (proxy, control) = (free_addr(), free_addr());
         let rest = format!(
             "[tools.t]\negress = [\"allowed.example:443\"]\n\
              [cell]\nid = \"{id}\"\nadvertise_control = \"http://{id}.cells.test:3129\"\n\
@@ -46,8 +53,14 @@ impl Cell {
     }
 
     fn start(&self, pg: &Postgres) -> ProxyProcess {
+        self.start_within(None, pg)
+    }
+
+    /// Starts it in network namespace `netns` (`None`: the test's own).
+    fn start_within(&self, netns: Option<&str>, pg: &Postgres) -> ProxyProcess {
         let dsn = pg.dsn();
-        ProxyProcess::start_with_env(
+        ProxyProcess::start_within(
+            netns,
             &bin("egress-proxy"),
             &self.cfg,
             (self.proxy, self.control),
@@ -453,109 +466,231 @@ async fn a_cell_advertises_its_urls_in_runs_and_names_itself() {
     );
 }
 
-/// A TCP relay in front of PostgreSQL that can be cut like a network
-/// partition: while cut, bytes are swallowed both ways and nothing is
-/// closed (the exporter sees silence, not a reset). Healing lets bytes
-/// through again; a connection that lost bytes stays silent (its protocol
-/// stream is broken), so only the exporter's own deadline gets it out.
-struct Partition {
-    addr: SocketAddr,
-    cut: Arc<std::sync::atomic::AtomicBool>,
+/// A cell without `[export]` (case 4 needs no PostgreSQL): tool `t` may
+/// reach `origin.test` on `port` (127.0.0.2 through `dns`) with 4 slots.
+fn local_cell(id: &str, dns: SocketAddr, port: u16) -> (tempfile::TempDir, SocketAddr, SocketAddr, ProxyProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, control) = (free_addr(), free_addr());
+    let rest = format!(
+        "allow_ranges = [\"127.0.0.2/32\"]\n[proxy.dns]\nservers = [\"{dns}\"]\n\
+         [cell]\nid = \"{id}\"\n\
+         [tools.t]\negress = [\"origin.test:{port}\"]\nmax_concurrent_fetches = 4\nmax_queued_fetches = 64\n"
+    );
+    let cfg = write_config(dir.path(), proxy, control, &rest);
+    let p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
+    (dir, proxy, control, p)
 }
 
-impl Partition {
-    async fn start(port: u16) -> Partition {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let c = cut.clone();
-        tokio::spawn(async move {
-            while let Ok((a, _)) = l.accept().await {
-                let cut = c.clone();
-                tokio::spawn(async move {
-                    let Ok(b) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-                        return;
-                    };
-                    let (mut ar, mut aw) = a.into_split();
-                    let (mut br, mut bw) = b.into_split();
-                    let (mut x, mut y) = (vec![0u8; 16384], vec![0u8; 16384]);
-                    loop {
-                        tokio::select! {
-                            r = ar.read(&mut x) => match r {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => if !cut.load(Ordering::SeqCst) && bw.write_all(&x[..n]).await.is_err() { return },
-                            },
-                            r = br.read(&mut y) => match r {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => if !cut.load(Ordering::SeqCst) && aw.write_all(&y[..n]).await.is_err() { return },
-                            },
+/// An origin on 127.0.0.2 that answers a plain GET after 100 ms and counts
+/// the most requests it ever had in flight, and holds a CONNECTed stream
+/// open (the tunnel case) until its peer goes.
+async fn slot_origin() -> (u16, Arc<AtomicU64>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (inflight, most) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let seen = most.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (inflight, most) = (inflight.clone(), most.clone());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if !head.starts_with(b"GET ") {
+                    // The tunnel's bytes: hold until the peer goes.
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            return;
                         }
                     }
-                });
-            }
-        });
-        Partition { addr, cut }
-    }
-
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-    }
-
-    fn heal(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
+                    return;
+                }
+                let now = inflight.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                inflight.fetch_sub(1, Ordering::SeqCst);
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    (port, seen)
 }
 
-/// A partition between the cell and PostgreSQL (silence, not a refused
-/// connection): 403s and local facts go on, the lag grows and `/readyz`
-/// answers 503 past `max_lag`; healed, the lag is 0 within 10 s and the
-/// invariant holds.
+/// One request through `proxy` with `auth`: the status, or `None`.
+async fn through(proxy: SocketAddr, auth: &str, target: &str) -> Option<u16> {
+    Some(answer(proxy, auth, target).await?.0)
+}
+
+/// One request through `proxy` with `auth`: the status and the whole
+/// answer, or `None`.
+async fn answer(proxy: SocketAddr, auth: &str, target: &str) -> Option<(u16, String)> {
+    let req = format!(
+        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n"
+    );
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(proxy).await.ok()?;
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        Some((text.split(' ').nth(1)?.parse().ok()?, text))
+    };
+    tokio::time::timeout(Duration::from_secs(20), io).await.ok().flatten()
+}
+
+/// Fleet case 4: a run lives on one cell. Its credential is refused (407)
+/// at another cell of the fleet; `DELETE` at its own cell severs its open
+/// tunnel at once and the credential fails right after (403 `run_ended`); and 32 concurrent
+/// fetches never put more than its `max_concurrent_fetches` (4) in flight at
+/// the origin. Runs without root or PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_partition_from_postgres_grows_the_lag_and_heals_within_seconds() {
-    let Some(pg) = Postgres::start() else { return };
-    let part = Partition::start(pg.port).await;
-    let cell = Cell::new("cell-p", "flush_ms = 50\nmax_lag = 20");
-    let dsn = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
-        part.addr.port()
+async fn a_run_is_local_to_its_cell_and_its_slots_and_revocation_hold_there() {
+    let dns = egress_e2e::dns::FakeDns::start().await;
+    dns.set("origin.test", &["127.0.0.2"]);
+    let (port, most) = slot_origin().await;
+    let (_da, proxy_a, control_a, _pa) = local_cell("cell-a", dns.addr, port);
+    let (_db, proxy_b, control_b, _pb) = local_cell("cell-b", dns.addr, port);
+    let target = format!("origin.test:{port}");
+    let r = control_call(control_a, "POST", "/v1/runs", Some(json!({"tool": "t"})), Some(TOKEN)).await;
+    assert_eq!(r.status, 201);
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let (id, auth) = (
+        v["run_id"].as_str().unwrap().to_owned(),
+        basic(v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap()),
     );
-    let _p = ProxyProcess::start_with_env(
-        &bin("egress-proxy"),
-        &cell.cfg,
-        (cell.proxy, cell.control),
-        TOKEN,
-        &[],
-        &[(DSN_ENV, dsn.as_str())],
-    );
-    let auth = run(cell.control).await;
-    let answered = Arc::new(AtomicU64::new(0));
-    flood(cell.proxy, auth.clone(), 0, 10, answered.clone()).await;
-    until("exported", Duration::from_secs(10), async || {
-        get(cell.control, "/v1/cell").await.1["export_lag"] == 0
-    })
-    .await;
-    part.cut();
+    assert_eq!(v["cell"], "cell-a");
+    assert_eq!(through(proxy_a, &auth, &target).await, Some(200), "at its own cell");
+    assert_eq!(through(proxy_b, &auth, &target).await, Some(407), "at another cell");
     assert_eq!(
-        flood(cell.proxy, auth.clone(), 100, 60, answered.clone()).await,
-        60,
-        "denials go on"
+        get(control_b, &format!("/v1/runs/{id}")).await.0,
+        404,
+        "cell-b knows no such run"
     );
-    until("the lag counted", Duration::from_secs(10), async || {
-        sample(&metrics(cell.control).await, "egress_export_lag_facts") >= 21.0
-    })
-    .await;
-    assert_eq!(readyz(cell.control).await, (503, "export_lag".to_owned()));
-    // Still cut a while later: nothing got through.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(get(cell.control, "/v1/cell").await.1["export_lag"].as_u64().unwrap() >= 60);
-    let local = local_facts(cell.control).await;
-    part.heal();
+
+    // 32 concurrent fetches: all answered, at most 4 at the origin at once.
+    let mut tasks = vec![];
+    for _ in 0..32 {
+        let (auth, target) = (auth.clone(), target.clone());
+        tasks.push(tokio::spawn(async move { through(proxy_a, &auth, &target).await }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Some(200));
+    }
+    let peak = most.load(Ordering::SeqCst);
+    assert!(
+        (1..=4).contains(&peak),
+        "{peak} fetches in flight at the origin, slots are 4"
+    );
+
+    // An open tunnel, then DELETE at cell-a: severed at once.
+    let mut s = tokio::net::TcpStream::connect(proxy_a).await.unwrap();
+    let connect = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n");
+    s.write_all(connect.as_bytes()).await.unwrap();
+    let mut head = [0u8; 256];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(
+        head[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    s.write_all(b"hello\r\n\r\n").await.unwrap();
     let t0 = Instant::now();
-    until("caught up after the partition", Duration::from_secs(10), async || {
-        get(cell.control, "/v1/cell").await.1["export_lag"] == 0
-    })
-    .await;
-    eprintln!("healed: lag 0 after {:?}", t0.elapsed());
-    assert_eq!(readyz(cell.control).await.0, 200);
-    assert_exported_once(&pg, "cell-p", &local);
+    let d = control_call(control_a, "DELETE", &format!("/v1/runs/{id}"), None, Some(TOKEN)).await;
+    assert_eq!(d.status, 200, "{}", String::from_utf8_lossy(&d.body));
+    let mut rest = [0u8; 64];
+    let cut = tokio::time::timeout(Duration::from_secs(5), s.read(&mut rest)).await;
+    let severed = t0.elapsed();
+    assert!(
+        matches!(cut, Ok(Ok(0)) | Ok(Err(_))),
+        "the tunnel still open after DELETE: {cut:?}"
+    );
+    eprintln!("tunnel severed {severed:?} after DELETE was sent");
+    assert!(severed < Duration::from_secs(1), "severed only after {severed:?}");
+    let (status, text) = answer(proxy_a, &auth, &target).await.unwrap();
+    assert_eq!(status, 403, "the credential right after DELETE: {text}");
+    assert!(text.contains("run_ended"), "{text}");
+}
+
+/// The fleet on a network of hosts (network namespaces on two bridges, see
+/// `egress_e2e::fleet_net`): a kernel, cells `cell-a` and `cell-b`, and
+/// PostgreSQL. Both cells take a denial flood: PostgreSQL holds each fact
+/// once. Then cell-b's port on the data bridge is cut (silence, not a
+/// refusal): its 403s and local facts go on, its lag grows and `/readyz`
+/// answers 503 past `max_lag`, while cell-a exports on. Healed, cell-b's lag
+/// is 0 within 10 s and the invariant holds for both cells.
+#[test]
+fn a_fleet_of_hosts_exports_once_and_a_cut_cell_catches_up() {
+    const NAME: &str = "a_fleet_of_hosts_exports_once_and_a_cut_cell_catches_up";
+    let Some(net) = FleetNet::enter(NAME, &["cell-a", "cell-b"]) else {
+        return;
+    };
+    let Some(pg) = Postgres::start_in(Some(&net.ns("db")), net.db_ip()) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut cells = vec![];
+        for id in ["cell-a", "cell-b"] {
+            let ip = net.service_ip(id);
+            let at = |port: u16| format!("{ip}:{port}").parse().unwrap();
+            let cell = Cell::at(id, "flush_ms = 50\nmax_lag = 20", at(3128), at(3129));
+            let process = cell.start_within(Some(&net.ns(id)), &pg);
+            cells.push((cell, process));
+        }
+        let (a, b) = (&cells[0].0, &cells[1].0);
+        let (auth_a, auth_b) = (run(a.control).await, run(b.control).await);
+        let answered = Arc::new(AtomicU64::new(0));
+        let (fa, fb) = tokio::join!(
+            flood(a.proxy, auth_a.clone(), 0, 100, answered.clone()),
+            flood(b.proxy, auth_b.clone(), 0, 100, answered.clone())
+        );
+        assert_eq!((fa, fb), (100, 100));
+        for cell in [a, b] {
+            until("exported", Duration::from_secs(10), async || {
+                get(cell.control, "/v1/cell").await.1["export_lag"] == 0
+            })
+            .await;
+        }
+
+        net.cut("cell-b");
+        let (fa, fb) = tokio::join!(
+            flood(a.proxy, auth_a.clone(), 1000, 40, answered.clone()),
+            flood(b.proxy, auth_b.clone(), 1000, 60, answered.clone())
+        );
+        assert_eq!((fa, fb), (40, 60), "denials go on at both cells");
+        until("cell-b's lag counted", Duration::from_secs(10), async || {
+            sample(&metrics(b.control).await, "egress_export_lag_facts") >= 21.0
+        })
+        .await;
+        assert_eq!(readyz(b.control).await, (503, "export_lag".to_owned()));
+        until("cell-a exports on", Duration::from_secs(10), async || {
+            get(a.control, "/v1/cell").await.1["export_lag"] == 0
+        })
+        .await;
+        assert_eq!(readyz(a.control).await.0, 200);
+        assert!(get(b.control, "/v1/cell").await.1["export_lag"].as_u64().unwrap() >= 60);
+
+        net.heal("cell-b");
+        let t0 = Instant::now();
+        until("cell-b caught up after the cut", Duration::from_secs(10), async || {
+            get(b.control, "/v1/cell").await.1["export_lag"] == 0
+        })
+        .await;
+        eprintln!("healed: cell-b's lag 0 after {:?}", t0.elapsed());
+        assert_eq!(readyz(b.control).await.0, 200);
+        for (cell, id) in [(a, "cell-a"), (b, "cell-b")] {
+            assert_exported_once(&pg, id, &local_facts(cell.control).await);
+        }
+    });
 }
