@@ -43,11 +43,26 @@ fn ip(args: &[&str]) {
 }
 
 impl FleetNet {
-    /// Inside the re-executed test: the layout, and `true` to run the body.
+    /// Inside the re-executed test: the layout, to run the body in.
     /// Outside: builds the layout with `cells`, runs `test_name` again
     /// inside `kernel`, asserts it passed, and returns `None` (also, loudly,
     /// when this machine cannot build it).
     pub fn enter(test_name: &str, cells: &[&str]) -> Option<FleetNet> {
+        let args = [test_name, "--exact", "--nocapture", "--test-threads=1"];
+        Self::enter_with(cells, &args, |stdout| {
+            assert!(stdout.contains("1 passed"), "{test_name} ran no test:\n{stdout}")
+        })
+    }
+
+    /// [`FleetNet::enter`] for a whole program (a benchmark): it runs again
+    /// with the same arguments inside `kernel`.
+    pub fn enter_program(cells: &[&str]) -> Option<FleetNet> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::enter_with(cells, &args, |stdout| print!("{stdout}"))
+    }
+
+    fn enter_with(cells: &[&str], args: &[&str], check: impl FnOnce(&str)) -> Option<FleetNet> {
         let cells: Vec<String> = cells.iter().map(|c| c.to_string()).collect();
         if let Ok(prefix) = std::env::var(MARKER) {
             return Some(FleetNet {
@@ -57,7 +72,7 @@ impl FleetNet {
             });
         }
         if !crate::executor::is_root() {
-            eprintln!("SKIPPED: {test_name} needs root (network namespaces)");
+            eprintln!("SKIPPED: the fleet's network needs root (network namespaces)");
             return None;
         }
         let net = FleetNet {
@@ -66,20 +81,20 @@ impl FleetNet {
             owner: true,
         };
         net.build();
-        let exe = std::env::current_exe().expect("current test binary");
+        let exe = std::env::current_exe().expect("current executable");
         let out = within(Some(&net.ns("kernel")), &exe)
-            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .args(args)
             .env(MARKER, &net.prefix)
             .output()
             .expect("nsenter (util-linux)");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        eprintln!("{stderr}");
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
         assert!(
             out.status.success(),
-            "{test_name} in the fleet's network failed:\n{stdout}"
+            "{} in the fleet's network failed:\n{stdout}",
+            args.join(" ")
         );
-        assert!(stdout.contains("1 passed"), "{test_name} ran no test:\n{stdout}");
+        check(&stdout);
         None
     }
 
