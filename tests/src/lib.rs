@@ -13,6 +13,7 @@ pub mod dns;
 pub mod executor;
 pub mod fake_control;
 pub mod fake_handoff;
+pub mod h2_origin;
 pub mod harness;
 pub mod netns;
 pub mod openapi;

@@ -561,6 +561,8 @@ pub struct Inside {
     pub credentials: Option<Injection>,
     /// A WebSocket handshake, decided like any request.
     pub websocket: bool,
+    /// The tool's `fetch_timeout_ms`: an HTTP/2 stream's own deadline.
+    pub fetch_timeout: std::time::Duration,
 }
 
 /// Steps 2–4 again for one request inside an intercepted CONNECT to
@@ -595,7 +597,18 @@ pub async fn decide_inside(
         target,
         credentials,
         websocket,
+        fetch_timeout: tool.fetch_timeout,
     })
+}
+
+/// A request inside an intercepted CONNECT refused after its decision
+/// (an HTTP/2 stream over the run's `max_concurrent_fetches` queue):
+/// recorded and answered like any denial, as kind `http`.
+pub async fn deny_inside(sh: &Shared, run: &Run, target: &Target, reason: DenyReason, detail: String) -> Answer {
+    let policy = sh.policy.load_full();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
+    fetch.deny(reason, detail, Dest::Target(target), &[]).await
 }
 
 /// An intercepted CONNECT whose TLS names another server (SNI) than the

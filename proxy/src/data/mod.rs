@@ -30,6 +30,7 @@ pub(crate) mod respond;
 pub(crate) mod scrub;
 pub(crate) mod sniff;
 pub(crate) mod socks;
+pub(crate) mod streams;
 pub(crate) mod target;
 pub(crate) mod transparent;
 pub(crate) mod tunnel;
