@@ -8,15 +8,15 @@ run's env (HTTPS_PROXY) and trusts the appliance CA (SSL_CERT_FILE), as a tool w
 
   h2client.py rapid-reset URL N
       One HTTP/2 connection through the proxy that opens N streams (GET URL) and resets each
-      at once (HEADERS then RST_STREAM CANCEL), all in one write, then reads until the proxy
-      says GOAWAY or closes. One JSON line: goaway (its error code, or null), closed,
-      responses (stream answers seen).
+      at once (HEADERS then RST_STREAM CANCEL), 50 to a write, until the proxy says GOAWAY
+      or closes. One JSON line: goaway (its error code, or null), closed, sent (streams
+      opened and reset before that).
 
   h2client.py continuation URL N
       One HTTP/2 connection through the proxy that sends a HEADERS frame without END_HEADERS,
       then N CONTINUATION frames of ~1 KiB each (the last with END_HEADERS), then reads as
       above. One JSON line: goaway, closed, sent (CONTINUATION frames written before the
-      connection refused more), responses.
+      connection refused more), responses (HEADERS frames seen), resets.
 
   h2client.py bench URL N CONNS
       N GETs of URL over CONNS connections (HTTP/2: CONNS streams at a time on one
@@ -127,24 +127,80 @@ def read_until_end(tls, conn, timeout=10):
     return goaway, closed, responses
 
 
+def poll_events(tls, conn):
+    """What the proxy sent so far, without waiting: (goaway error code or None, closed)."""
+    import select
+    goaway, closed = None, False
+    while select.select([tls], [], [], 0)[0] or tls.pending():
+        try:
+            data = tls.recv(65536)
+        except (ConnectionError, ssl.SSLError, OSError):
+            return goaway, True
+        if not data:
+            return goaway, True
+        try:
+            events = conn.receive_data(data)
+        except Exception:
+            return goaway, True
+        for e in events:
+            if isinstance(e, h2.events.ConnectionTerminated):
+                goaway = int(e.error_code)
+    return goaway, closed
+
+
 def rapid_reset(url, n):
     tls, target = tunnel(url)
     conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     tls.sendall(conn.data_to_send())
-    burst = b""
-    for i in range(n):
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, request_headers(target), end_stream=True)
-        conn.reset_stream(sid, error_code=8)
-        burst += conn.data_to_send()
-    sent_ok = True
-    try:
-        tls.sendall(burst)
-    except (ConnectionError, ssl.SSLError, OSError):
-        sent_ok = False
-    goaway, closed, responses = read_until_end(tls, conn)
-    out(goaway=goaway, closed=closed, responses=responses, sent_all=sent_ok)
+    # Streams opened and reset at once, 50 to a write, reading what the proxy says between.
+    goaway, closed, sent = None, False, 0
+    while sent < n and goaway is None and not closed:
+        for _ in range(min(50, n - sent)):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, request_headers(target), end_stream=True)
+            conn.reset_stream(sid, error_code=8)
+            sent += 1
+        try:
+            tls.sendall(conn.data_to_send())
+        except (ConnectionError, ssl.SSLError, OSError):
+            closed = True
+            break
+        goaway, closed = poll_events(tls, conn)
+    if goaway is None and not closed:
+        goaway, closed, _ = read_until_end(tls, conn, timeout=3)
+    out(goaway=goaway, closed=closed, sent=sent)
+
+
+def read_raw_until_end(tls, timeout=10):
+    """Frames as they come (no HTTP/2 state machine: the flood bypassed it), until GOAWAY or
+    close: (goaway error code or None, closed, response HEADERS seen, RST_STREAMs seen)."""
+    tls.settimeout(timeout)
+    buf, goaway, closed, responses, resets = b"", None, False, 0, 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and goaway is None:
+        try:
+            data = tls.recv(65536)
+        except (ConnectionError, ssl.SSLError, OSError):
+            closed = True
+            break
+        if not data:
+            closed = True
+            break
+        buf += data
+        while len(buf) >= 9:
+            length = int.from_bytes(buf[0:3], "big")
+            if len(buf) < 9 + length:
+                break
+            kind, payload = buf[3], buf[9:9 + length]
+            buf = buf[9 + length:]
+            if kind == 0x7:
+                goaway = int.from_bytes(payload[4:8], "big")
+            elif kind == 0x1:
+                responses += 1
+            elif kind == 0x3:
+                resets += 1
+    return goaway, closed, responses, resets
 
 
 def continuation(url, n):
@@ -169,8 +225,8 @@ def continuation(url, n):
         except (ConnectionError, ssl.SSLError, OSError):
             break
         sent += 1
-    goaway, closed, responses = read_until_end(tls, conn)
-    out(goaway=goaway, closed=closed, responses=responses, sent=sent)
+    goaway, closed, responses, resets = read_raw_until_end(tls)
+    out(goaway=goaway, closed=closed, responses=responses, resets=resets, sent=sent)
 
 
 async def bench(url, n, conns):

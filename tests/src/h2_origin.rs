@@ -90,7 +90,10 @@ async fn answer(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Response<Body
     let resp = if req.uri().path() == "/trailers" {
         let mut t = HeaderMap::new();
         t.insert("x-origin-trailer", "done".parse().unwrap());
-        let frames = vec![Ok::<_, Infallible>(Frame::data(Bytes::from(text))), Ok(Frame::trailers(t))];
+        let frames = vec![
+            Ok::<_, Infallible>(Frame::data(Bytes::from(text))),
+            Ok(Frame::trailers(t)),
+        ];
         Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed())
     } else {
         Response::new(Full::new(Bytes::from(text)).boxed())
@@ -104,22 +107,22 @@ pub async fn h2_origin(addr: &str, names: &[&str], h2: bool) -> H2Origin {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(rcgen::DnType::CommonName, "test h2 origin CA");
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "test h2 origin CA");
     let ca_cert = ca.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca, ca_key);
     let key = KeyPair::generate().unwrap();
     let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     let leaf = CertificateParams::new(names).unwrap().signed_by(&key, &issuer).unwrap();
-    let mut config =
-        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![leaf.der().clone(), ca_cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-            )
-            .unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone(), ca_cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
     config.alpn_protocols = if h2 {
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     } else {

@@ -34,15 +34,15 @@ use crate::data::streams::{self, Held, Hold, StreamSlot};
 use crate::data::target::{server_name_is, Target};
 use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::upstream;
-use crate::data::websocket;
 use crate::data::upstream::H2Conn;
+use crate::data::websocket;
 use crate::deny::{DenyReason, FetchError};
 use crate::runs::pool::{Conn, UpBody};
 use crate::runs::slots::{self, Slot, SlotError};
 use crate::runs::Run;
 use crate::state::Shared;
-use http::header::{self, HeaderValue};
 use arc_swap::ArcSwapOption;
+use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt as _, Either};
 use hyper::body::Incoming;
@@ -55,7 +55,6 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
 
 /// A response inside the session: the origin's (scrubbed of the
 /// credentials written into its request; for a stream, holding its slot
@@ -314,7 +313,12 @@ impl Origin {
         let sent = match &hold {
             Some(h) => tokio::time::timeout_at(h.deadline, self.send(up, inside.websocket, stream, te_trailers))
                 .await
-                .unwrap_or_else(|_| Err((FetchError::Timeout, "no response before the stream's fetch deadline".into()))),
+                .unwrap_or_else(|_| {
+                    Err((
+                        FetchError::Timeout,
+                        "no response before the stream's fetch deadline".into(),
+                    ))
+                }),
             None => self.send(up, inside.websocket, stream, te_trailers).await,
         };
         match sent {
@@ -449,7 +453,13 @@ impl Origin {
     /// HTTP/1.1), else on an HTTP/1.1 connection: the session's one for a
     /// tool on HTTP/1.1, a spare one per request in flight for a tool's
     /// HTTP/2 `stream`s.
-    async fn send(&self, req: Request<UpBody>, websocket: bool, stream: bool, te_trailers: bool) -> Result<Response<Incoming>, UpError> {
+    async fn send(
+        &self,
+        req: Request<UpBody>,
+        websocket: bool,
+        stream: bool,
+        te_trailers: bool,
+    ) -> Result<Response<Incoming>, UpError> {
         if !websocket {
             if let Some(mut sender) = self.h2_sender().await? {
                 let req = for_h2(req, &self.target, te_trailers)?;

@@ -68,7 +68,9 @@ pub const H2_BOUNDS: H2Bounds = H2Bounds {
 /// (RFC 8441) is not offered: a WebSocket stays on HTTP/1.1.
 pub fn server(max_header_bytes: usize, exec: SessionExec) -> hyper::server::conn::http2::Builder<SessionExec> {
     let b = &H2_BOUNDS;
-    let headers = u32::try_from(max_header_bytes).unwrap_or(u32::MAX).min(b.max_header_list_size);
+    let headers = u32::try_from(max_header_bytes)
+        .unwrap_or(u32::MAX)
+        .min(b.max_header_list_size);
     let mut builder = hyper::server::conn::http2::Builder::new(exec);
     builder
         .timer(hyper_util::rt::TokioTimer::new())
