@@ -2,8 +2,9 @@
 requests, and the PyPI `h2` package for raw frames. Every client goes through the proxy of the
 run's env (HTTPS_PROXY) and trusts the appliance CA (SSL_CERT_FILE), as a tool would.
 
-  h2client.py get URL [URL ...] [--http1]
-      All URLs at once, over one connection (HTTP/2 unless --http1). One JSON line per URL,
+  h2client.py get URL[|NAME:VALUE] [URL ...] [--http1]
+      All URLs at once, over one connection (HTTP/2 unless --http1), each with the header
+      after `|` if any ($API_TOKEN in it replaced by the placeholder). One JSON line per URL,
       in order: status, http_version, body, the deny reason header.
 
   h2client.py rapid-reset URL N
@@ -57,8 +58,13 @@ async def get(urls, http1):
     async with httpx.AsyncClient(http2=not http1, http1=True, limits=limits, verify=tls_context(False),
                                  trust_env=True, timeout=20) as c:
         async def one(u):
+            headers = {}
+            if "|" in u:
+                u, h = u.split("|", 1)
+                name, value = h.split(":", 1)
+                headers[name.strip()] = value.strip().replace("$API_TOKEN", os.environ.get("API_TOKEN", ""))
             try:
-                r = await c.get(u)
+                r = await c.get(u, headers=headers)
                 return dict(url=u, status=r.status_code, http_version=r.http_version, body=r.text,
                             reason=r.headers.get("x-egress-deny-reason"))
             except Exception as e:  # a reset stream, a cut connection: reported, not raised

@@ -92,12 +92,14 @@ impl Drop for GrpcOrigin {
 
 /// Tool `w`: `api.example` (an origin offering h2; only `/ok/**`, `/slow`
 /// and `/trailers`), `old.example` (HTTP/1.1 only), `grpc.example` (the
-/// gRPC origin); the credential `api` (placeholder `API_TOKEN`) on all
-/// three.
+/// gRPC origin); the credential `api` (placeholder `API_TOKEN`) on these
+/// three; and `other.example` (h2, intercepted by its path rule, no
+/// credential).
 struct World {
     p: TestProxy,
     api: H2Origin,
     old: H2Origin,
+    other: H2Origin,
     grpc: GrpcOrigin,
     _dir: tempfile::TempDir,
 }
@@ -105,19 +107,20 @@ struct World {
 async fn world(max_concurrent_fetches: usize, max_queued_fetches: usize) -> World {
     require_python();
     let dns = FakeDns::start().await;
-    for name in ["api.example", "old.example", "grpc.example"] {
+    for name in ["api.example", "old.example", "grpc.example", "other.example"] {
         dns.set(name, &["127.0.0.2"]);
     }
     let dir = tempfile::tempdir().unwrap();
     let api = h2_origin("127.0.0.2:0", &["api.example"], true).await;
     let old = h2_origin("127.0.0.2:0", &["old.example"], false).await;
+    let other = h2_origin("127.0.0.2:0", &["other.example"], true).await;
     let (grpc_ca, cert, key) = leaf(dir.path(), "grpc.example");
     let grpc = GrpcOrigin::start(&cert, &key);
     let roots = dir.path().join("roots.pem");
-    std::fs::write(&roots, format!("{}{}{grpc_ca}", api.ca_pem, old.ca_pem)).unwrap();
+    std::fs::write(&roots, format!("{}{}{}{grpc_ca}", api.ca_pem, old.ca_pem, other.ca_pem)).unwrap();
     let secret = dir.path().join("api.token");
     egress_e2e::credentials::write_secret(&secret, SECRET, 0o600);
-    let (a, o, g) = (api.addr.port(), old.addr.port(), grpc.port);
+    let (a, o, g, t) = (api.addr.port(), old.addr.port(), grpc.port, other.addr.port());
     let text = format!(
         r#"{}[proxy.interception]
 upstream_ca_file = "{}"
@@ -126,6 +129,7 @@ egress = [
   {{ host = "api.example", port = {a}, paths = ["/ok/**", "/slow", "/trailers"] }},
   "old.example:{o}",
   "grpc.example:{g}",
+  {{ host = "other.example", port = {t}, paths = ["/**"] }},
 ]
 max_concurrent_fetches = {max_concurrent_fetches}
 max_queued_fetches = {max_queued_fetches}
@@ -147,6 +151,7 @@ placeholder_env = "API_TOKEN"
         p,
         api,
         old,
+        other,
         grpc,
         _dir: dir,
     }
@@ -161,6 +166,10 @@ impl World {
 
     fn api(&self, path: &str) -> String {
         format!("https://api.example:{}{path}", self.api.addr.port())
+    }
+
+    fn other(&self, path: &str) -> String {
+        format!("https://other.example:{}{path}", self.other.addr.port())
     }
 
     fn old(&self, path: &str) -> String {
@@ -299,6 +308,63 @@ async fn curl_speaks_h2_through_interception_to_an_h2_and_an_h1_only_origin() {
         r.stderr
     );
     assert!(w.api.heads().pop().unwrap().contains(&format!("Bearer {SECRET}")));
+
+    // A WebSocket handshake stays HTTP/1.1 toward the origin, even one
+    // that speaks h2 (no extended CONNECT): this origin answers 200, no upgrade.
+    let r = client(
+        &env,
+        "curl",
+        &[
+            "-sS",
+            "--http1.1",
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: websocket",
+            "-H",
+            "Sec-WebSocket-Version: 13",
+            "-H",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            &w.api("/ok/ws"),
+        ],
+    )
+    .await;
+    assert!(r.ok && r.stdout == "ok HTTP/1.1\n", "{}{}", r.stdout, r.stderr);
+    let head = w.api.heads().pop().unwrap();
+    assert!(head.starts_with("HTTP/1.1 GET /ok/ws\n"), "{head}");
+    assert!(head.contains("upgrade: websocket\n"), "{head}");
+    assert!(head.contains(&format!("authorization: Bearer {SECRET}\n")), "{head}");
+}
+
+#[tokio::test]
+async fn the_placeholder_is_checked_per_stream() {
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    // On one connection to a host that is not the credential's: the
+    // stream carrying the placeholder is refused, the other one answered.
+    let misuse = format!("{}|Authorization: Bearer $API_TOKEN", w.other("/a"));
+    let r = python(&env, "h2client.py", &["get", &misuse, &w.other("/b")]).await;
+    let lines = r.lines();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    assert_eq!(
+        (lines[0]["status"].as_u64(), lines[0]["reason"].as_str()),
+        (Some(403), Some("credential_misuse")),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(lines[1]["status"], 200, "{}", r.stdout);
+    let heads = w.other.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(heads[0].starts_with("HTTP/2.0 GET https://other.example:"), "{heads:?}");
+    assert!(!heads[0].contains("authorization"), "{heads:?}");
+    assert_eq!(w.facts("credential_misuse").await.len(), 1);
+    // And the placeholder to its own host, in a stream: the secret goes out.
+    let own = format!("{}|Authorization: Bearer $API_TOKEN", w.api("/ok/own"));
+    let r = python(&env, "h2client.py", &["get", &own]).await;
+    assert_eq!(r.lines()[0]["status"], 200, "{}", r.stdout);
+    let head = w.api.heads().pop().unwrap();
+    assert!(head.contains(&format!("authorization: Bearer {SECRET}\n")), "{head}");
+    assert!(!head.contains(&env["API_TOKEN"]), "{head}");
 }
 
 #[tokio::test]
