@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::h2_origin::{h2_origin, H2Origin};
-use egress_e2e::harness::{proxy_section, TestProxy};
+use egress_e2e::harness::{proxy_section, sample, TestProxy};
 use egress_e2e::websocket::leaf;
 use egress_e2e::FakeDns;
 use egress_proxy::facts::MemorySink;
@@ -509,6 +509,15 @@ async fn the_run_slot_limit_bounds_concurrent_streams() {
     assert!(ok >= 1 && refused >= 1, "{}", r.stdout);
     assert_eq!(w.api.max_in_flight(), 1);
     assert_eq!(w.facts("concurrency_limit").await.len(), refused);
+    // Each stream counted once: allowed, or denied for want of a slot.
+    let m = w.p.metrics().await;
+    let count = |d: &str| {
+        sample(
+            &m,
+            &format!("egress_requests_total{{tool=\"w\",kind=\"http\",decision=\"{d}\"}}"),
+        )
+    };
+    assert_eq!((count("allowed"), count("denied")), (ok as f64, refused as f64), "{m}");
 }
 
 /// Another run's requests while a flood runs: all answered.

@@ -280,6 +280,7 @@ impl Origin {
         } else {
             None
         };
+        inside.allowed.count();
         let client_upgrade = inside.websocket.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let method = parts.method.clone();
