@@ -558,3 +558,17 @@ async fn a_continuation_flood_is_cut_while_another_run_is_answered() {
     assert!(v["goaway"].is_number() || v["closed"] == true, "{v}");
     assert!(w.api.heads().iter().all(|h| !h.contains("/ok/flood")));
 }
+
+#[tokio::test]
+async fn a_refused_upload_gets_its_answer_not_a_reset() {
+    // The denial is answered after what is left of the (small) body was
+    // read, so the stream ends cleanly: no client sees a reset instead.
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    let body = "x=1".repeat(1000);
+    for _ in 0..20 {
+        let (v, status, _) = curl_h2(&env, &w.api("/secret"), &["-X", "POST", "-d", &body]).await;
+        assert_eq!((v.as_str(), status.as_str()), ("2", "403"));
+    }
+    assert!(w.api.heads().is_empty());
+}

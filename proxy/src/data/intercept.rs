@@ -268,14 +268,14 @@ impl Origin {
     async fn exchange(&self, mut req: Request<Incoming>, stream: bool) -> Result<Answer, Infallible> {
         let inside = match decide::decide_inside(&self.sh, &self.run, &self.target, &req).await {
             Ok(i) => i,
-            Err(answer) => return Ok(answer.map(Either::Right)),
+            Err(answer) => return Ok(early(answer, req, stream).await),
         };
         // Step 5 for a stream: a slot of its own, within its own deadline.
         let hold = if stream {
             let deadline = Instant::now() + inside.fetch_timeout;
             match self.stream_slot(&inside.target, deadline).await {
                 Ok(slot) => Some(Hold { slot, deadline }),
-                Err(answer) => return Ok(answer.map(Either::Right)),
+                Err(answer) => return Ok(early(answer, req, stream).await),
             }
         } else {
             None
@@ -630,6 +630,34 @@ impl Origin {
         }
     }
 }
+
+/// The proxy's own answer to a request it did not send on (a denial). On a
+/// stream whose request body is still coming, what is left of it is read
+/// first (up to [`SETTLE_BYTES`], for at most [`SETTLE_TIME`]): the answer
+/// then ends the stream cleanly, where answering first would reset the
+/// stream under a client still sending, which some report as an error
+/// instead of the answer.
+async fn early(answer: Response<ProxyBody>, req: Request<Incoming>, stream: bool) -> Answer {
+    if stream && !hyper::body::Body::is_end_stream(req.body()) {
+        let mut body = req.into_body();
+        let mut left = SETTLE_BYTES;
+        let _ = tokio::time::timeout(SETTLE_TIME, async {
+            while let Some(Ok(frame)) = body.frame().await {
+                match frame.data_ref() {
+                    Some(d) if d.len() >= left => return,
+                    Some(d) => left -= d.len(),
+                    None => {}
+                }
+            }
+        })
+        .await;
+    }
+    answer.map(Either::Right)
+}
+
+/// What [`early`] reads of a refused stream's request body, at most.
+const SETTLE_BYTES: usize = 64 * 1024;
+const SETTLE_TIME: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A request built for HTTP/1.1 made an HTTP/2 one: the authority goes in
 /// the URI (`:authority`), not in `Host`; `TE: trailers` goes on when the
