@@ -2,7 +2,9 @@
 //! (never anything else), refuse a connection that reached one of the
 //! proxy's own listeners, and the HTTP/1.1 handshake (with upgrades, for
 //! WebSocket) of plain-HTTP fetches,
-//! whose connection then lives in the run's pool (`runs::pool`).
+//! whose connection then lives in the run's pool (`runs::pool`), and of
+//! intercepted origins; the HTTP/2 handshake (RFC 9113 §3.4) of an
+//! intercepted origin that picked `h2` by ALPN.
 
 use crate::runs::pool::{Conn, ConnGuard, UpBody};
 use hyper_util::rt::TokioIo;
