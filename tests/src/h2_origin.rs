@@ -78,7 +78,13 @@ async fn answer(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Response<Body
     for (k, v) in req.headers() {
         head.push_str(&format!("{}: {}\n", k, v.to_str().unwrap_or("?")));
     }
-    seen.heads.lock().unwrap().push(head);
+    {
+        let mut heads = seen.heads.lock().unwrap();
+        // A benchmark's load keeps only the first.
+        if heads.len() < 10_000 {
+            heads.push(head);
+        }
+    }
     let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     seen.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let _f = InFlight(seen.clone());

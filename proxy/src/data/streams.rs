@@ -181,3 +181,60 @@ where
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use std::sync::Arc;
+
+    /// A body that never ends.
+    struct Endless;
+
+    impl Body for Endless {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_body_fails_at_its_deadline_and_gives_its_slot_back() {
+        let own = Arc::new(tokio::sync::Semaphore::new(1));
+        let slot = StreamSlot::Session(own.clone().try_acquire_owned().unwrap());
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let mut body = Held::new(Endless, Some(Hold { slot, deadline }));
+        assert_eq!(own.available_permits(), 0, "held while the body runs");
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(err.is::<StreamTimeout>(), "{err}");
+        assert!(Instant::now() >= deadline);
+        assert_eq!(own.available_permits(), 1, "given back at the deadline");
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_hold_is_passed_through_and_frees_its_slot_at_the_end() {
+        let own = Arc::new(tokio::sync::Semaphore::new(1));
+        let slot = StreamSlot::Session(own.clone().try_acquire_owned().unwrap());
+        let inner = http_body_util::Full::new(Bytes::from_static(b"ok"));
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let mut held = Held::new(inner, Some(Hold { slot, deadline: far }));
+        let data = held.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&data[..], b"ok");
+        assert!(held.frame().await.is_none());
+        assert_eq!(own.available_permits(), 1, "given back at the body's end");
+        let mut plain = Held::new(http_body_util::Full::new(Bytes::from_static(b"x")), None);
+        assert_eq!(&plain.frame().await.unwrap().unwrap().into_data().unwrap()[..], b"x");
+    }
+
+    #[test]
+    fn the_bounds_stay_within_what_the_protocol_allows() {
+        let b = &H2_BOUNDS;
+        // RFC 9113 §6.5.2: frames between 16 KiB and 16 MiB - 1, windows under 2^31.
+        assert!((16_384..16_777_216).contains(&b.max_frame_size));
+        assert!(b.initial_stream_window <= b.initial_connection_window);
+        assert!(b.initial_connection_window < 1 << 31);
+        assert!(b.max_pending_accept_reset_streams > 0 && b.max_local_error_reset_streams > 0);
+    }
+}
