@@ -85,7 +85,7 @@ pub struct Authority {
     /// its host: the leaf comes from the cache by that name.
     server: Arc<rustls::ServerConfig>,
     /// How intercepted origins are verified.
-    upstream: tokio_rustls::TlsConnector,
+    upstream: Upstream,
     ephemeral: Option<Ephemeral>,
 }
 
@@ -114,7 +114,9 @@ fn server_config(resolver: Arc<dyn rustls::server::ResolvesServerCert>) -> Resul
         .map_err(tls)?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // h2 first: a tool that speaks it gets it (each stream one request,
+    // `data::streams`); the rest keep HTTP/1.1.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(tls)?;
     Ok(Arc::new(config))
@@ -175,7 +177,7 @@ impl Authority {
         dir: &Path,
         pem: String,
         key: KeyPair,
-        upstream: tokio_rustls::TlsConnector,
+        upstream: Upstream,
         system: &[CertificateDer<'static>],
         ephemeral: Option<Ephemeral>,
     ) -> Result<Authority, CaError> {
@@ -230,8 +232,31 @@ impl Authority {
     }
 
     /// Opens TLS to an intercepted origin over `io` (already dialled to a
-    /// vetted address), verifying its certificate for `host`.
+    /// vetted address), verifying its certificate for `host`, offering `h2`
+    /// and `http/1.1` by ALPN (the origin picks; see [`alpn_h2`]).
     pub async fn connect<IO>(&self, host: &Host, io: IO) -> std::io::Result<tokio_rustls::client::TlsStream<IO>>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        self.connect_with(&self.upstream.any, host, io).await
+    }
+
+    /// [`Authority::connect`] offering `http/1.1` only: for a request that
+    /// must stay HTTP/1.1 (a WebSocket handshake; RFC 8441's extended
+    /// CONNECT is not offered).
+    pub async fn connect_h1<IO>(&self, host: &Host, io: IO) -> std::io::Result<tokio_rustls::client::TlsStream<IO>>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        self.connect_with(&self.upstream.h1, host, io).await
+    }
+
+    async fn connect_with<IO>(
+        &self,
+        connector: &tokio_rustls::TlsConnector,
+        host: &Host,
+        io: IO,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<IO>>
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
@@ -240,8 +265,13 @@ impl Authority {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
             Host::Ip(ip) => ServerName::IpAddress((*ip).into()),
         };
-        self.upstream.connect(name, io).await
+        connector.connect(name, io).await
     }
+}
+
+/// Whether a TLS connection (either side) agreed on `h2` by ALPN.
+pub fn alpn_h2(conn: &rustls::CommonState) -> bool {
+    conn.alpn_protocol() == Some(b"h2")
 }
 
 /// `sha256:` and the hex digest of a certificate.
@@ -393,11 +423,16 @@ fn bundle_text(ca_pem: &str, system: &[CertificateDer<'_>]) -> String {
     out
 }
 
+/// The TLS clients of intercepted origins: one verification, two ALPN offers.
+struct Upstream {
+    /// `h2` and `http/1.1`.
+    any: tokio_rustls::TlsConnector,
+    /// `http/1.1` only.
+    h1: tokio_rustls::TlsConnector,
+}
+
 /// Verifies origins against `file` (PEM), or the system roots.
-fn upstream_connector(
-    file: Option<&Path>,
-    system: &[CertificateDer<'static>],
-) -> Result<tokio_rustls::TlsConnector, CaError> {
+fn upstream_connector(file: Option<&Path>, system: &[CertificateDer<'static>]) -> Result<Upstream, CaError> {
     let mut roots = rustls::RootCertStore::empty();
     match file {
         Some(path) => {
@@ -427,8 +462,15 @@ fn upstream_connector(
         .map_err(|e| CaError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    // HTTP/1.1 only: for what must stay HTTP/1.1 (a WebSocket handshake).
+    let mut h1 = config.clone();
+    h1.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Both otherwise: the origin picks, the session bridges what differs.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Upstream {
+        any: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        h1: tokio_rustls::TlsConnector::from(Arc::new(h1)),
+    })
 }
 
 #[cfg(test)]

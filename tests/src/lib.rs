@@ -15,6 +15,7 @@ pub mod executor;
 pub mod fake_control;
 pub mod fake_handoff;
 pub mod fleet_net;
+pub mod h2_origin;
 pub mod harness;
 pub mod netns;
 pub mod openapi;

@@ -388,12 +388,21 @@ impl<'a> Fetch<'a> {
     /// Counts a fetch that goes out: allowed, or reported when report mode
     /// let one of its denials through.
     pub(super) fn count_allowed(&self, tool: &ToolPolicy) {
+        self.allowed(tool).count();
+    }
+
+    /// [`Fetch::count_allowed`], to be done later (once the request goes out).
+    fn allowed(&self, tool: &ToolPolicy) -> Allowed {
         let decision = if tool.mode == Mode::Report && self.reported.load(Ordering::Relaxed) {
             Decision::Reported
         } else {
             Decision::Allowed
         };
-        self.tm.kind(self.via).request(decision);
+        Allowed {
+            tm: self.tm.clone(),
+            via: self.via,
+            decision,
+        }
     }
 
     pub(super) fn phase(&self) -> Phase {
@@ -555,16 +564,35 @@ impl Head for ReqHead<'_> {
     }
 }
 
+/// The count of an allowed request, taken when it goes out: at once for a
+/// request inside HTTP/1.1, after its slot for an HTTP/2 stream (a stream
+/// refused for want of one counts as that denial only).
+pub struct Allowed {
+    tm: Arc<ToolMetrics>,
+    via: Via,
+    decision: Decision,
+}
+
+impl Allowed {
+    pub fn count(&self) {
+        self.tm.kind(self.via).request(self.decision);
+    }
+}
+
 /// What a request inside an intercepted CONNECT goes out with.
 pub struct Inside {
     pub target: Target,
     pub credentials: Option<Injection>,
     /// A WebSocket handshake, decided like any request.
     pub websocket: bool,
+    /// The tool's `fetch_timeout_ms`: an HTTP/2 stream's own deadline.
+    pub fetch_timeout: std::time::Duration,
+    /// Its count as allowed (or reported), for the caller to take.
+    pub allowed: Allowed,
 }
 
 /// Steps 2–4 again for one request inside an intercepted CONNECT to
-/// `connect`, with the policy in force now (a reload applies from the next
+/// `connect` (the caller counts it: [`Inside::allowed`]), with the policy in force now (a reload applies from the next
 /// request on): the run still active and its tool configured; the request
 /// on the tunnel's host (`host_mismatch`); allowlist and methods; and the
 /// credentials (a misused placeholder denied; those to write in returned).
@@ -590,12 +618,23 @@ pub async fn decide_inside(
         .credentials(&tool, run, &target, &ReqHead(req), Channel::VerifiedTls)
         .await?;
     fetch.spend(&tool, &target).await?;
-    fetch.count_allowed(&tool);
     Ok(Inside {
         target,
         credentials,
         websocket,
+        fetch_timeout: tool.fetch_timeout,
+        allowed: fetch.allowed(&tool),
     })
+}
+
+/// A request inside an intercepted CONNECT refused after its decision
+/// (an HTTP/2 stream over the run's `max_concurrent_fetches` queue):
+/// recorded and answered like any denial, as kind `http`.
+pub async fn deny_inside(sh: &Shared, run: &Run, target: &Target, reason: DenyReason, detail: String) -> Answer {
+    let policy = sh.policy.load_full();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
+    fetch.deny(reason, detail, Dest::Target(target), &[]).await
 }
 
 /// An intercepted CONNECT whose TLS names another server (SNI) than the

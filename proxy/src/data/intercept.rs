@@ -6,16 +6,23 @@
 //! (`Fetch::intercept`). The session then terminates the tool's TLS with a
 //! leaf of the appliance CA for the CONNECT host — after checking that the
 //! ClientHello's server name (SNI), when there is one, is that host — and
-//! serves HTTP/1.1 inside: each request is decided again
+//! serves HTTP/1.1 or, when the tool picks it by ALPN, HTTP/2 inside
+//! ([`streams`]: its bounds, and what each stream holds): each request, or
+//! each stream, is decided again
 //! ([`decide::decide_inside`]: run, allowlist, methods, `Host`, credential
 //! misuse), gets the tool's credentials for this host written in
-//! ([`inject`]), and goes out on the one upstream connection (dialled again
-//! to the same pinned address if the origin closed it); its response comes
-//! back scrubbed of them ([`scrub`]). Bytes are counted
+//! ([`inject`]), and goes out to the pinned address: over HTTP/2 when the
+//! origin picked it by ALPN (every stream on one connection), else over
+//! HTTP/1.1 (one connection per request in flight, dialled again when the
+//! origin closed it; a WebSocket handshake always on HTTP/1.1). Its
+//! response comes back scrubbed of them ([`scrub`]), with its trailers.
+//! An HTTP/2 stream also holds one of the run's slots and has its own
+//! deadline, like any fetch. Bytes are counted
 //! as the tool's TLS bytes; the idle timeout, the fetch deadline, the run's
 //! end and shutdown bound the session like a tunnel, and the slot is held
 //! until it is over.
 
+use crate::ca;
 use crate::data::body::ProxyBody;
 use crate::data::decide;
 use crate::data::finish::Finish;
@@ -23,15 +30,18 @@ use crate::data::forward::strip_hop_by_hop;
 use crate::data::inject;
 use crate::data::respond;
 use crate::data::scrub::{self, Scrubbed};
+use crate::data::streams::{self, Held, Hold, StreamSlot};
 use crate::data::target::{server_name_is, Target};
 use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::upstream;
+use crate::data::upstream::H2Conn;
 use crate::data::websocket;
-use crate::deny::FetchError;
+use crate::deny::{DenyReason, FetchError};
 use crate::runs::pool::{Conn, UpBody};
-use crate::runs::slots::Slot;
+use crate::runs::slots::{self, Slot, SlotError};
 use crate::runs::Run;
 use crate::state::Shared;
+use arc_swap::ArcSwapOption;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt as _, Either};
@@ -42,11 +52,21 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// A response inside the session: the origin's (scrubbed of the
-/// credentials written into its request), or the proxy's own.
-type Answer = Response<Either<Scrubbed<Incoming>, ProxyBody>>;
+/// credentials written into its request; for a stream, holding its slot
+/// and bounded by its deadline), or the proxy's own.
+type Answer = Response<Either<Held<Scrubbed<Incoming>>, ProxyBody>>;
+
+/// An upstream error: what it counts as, and its detail.
+type UpError = (FetchError, String);
+
+/// Idle HTTP/1.1 connections kept for the streams of a tool's HTTP/2
+/// connection bridged to an HTTP/1.1 origin.
+const SPARE_CONNS: usize = 8;
 
 pub struct Session {
     pub sh: Arc<Shared>,
@@ -76,18 +96,26 @@ pub async fn run(s: Session) {
         deadline,
         finish,
     } = s;
+    // The CONNECT's slot, held by the session; one stream at a time may
+    // use it (`Origin::own`), others take slots of their own.
     let _slot = slot;
     let meter = Arc::new(Meter::new(&finish));
     let budget_cut = finish.budget_cut();
-    let origin = Origin {
-        sh: &sh,
-        run: &run,
-        target: &target,
+    let closed = CancellationToken::new();
+    let _closed = closed.clone().drop_guard();
+    let origin = Arc::new(Origin {
+        sh: sh.clone(),
+        run: run.clone(),
+        target,
         addr,
-        conn: tokio::sync::Mutex::new(None),
+        h1: tokio::sync::Mutex::new(None),
+        h2: ArcSwapOption::empty(),
+        spare: Arc::new(std::sync::Mutex::new(Vec::new())),
+        own: Arc::new(Semaphore::new(1)),
+        closed,
         switched: std::sync::Mutex::new(None),
-        finish: &finish,
-    };
+        finish,
+    });
     let bounds = Bounds {
         deadline,
         idle: sh.cfg.tunnel_idle_timeout,
@@ -97,21 +125,21 @@ pub async fn run(s: Session) {
     };
     match client {
         Client::Upgrade(upgrade) => {
-            let Some(client) = upgraded(upgrade, deadline, &run.cancel, &finish).await else {
+            let Some(client) = upgraded(upgrade, deadline, &run.cancel, &origin.finish).await else {
                 return;
             };
             let io = Metered::client(TokioIo::new(client), &meter);
-            bounds.watch(origin.serve(io, upstream), &meter, &finish).await;
+            bounds.watch(origin.serve(io, upstream), &meter, &origin.finish).await;
         }
         Client::Tcp(client) => {
             let io = Metered::client(client, &meter);
-            bounds.watch(origin.serve(io, upstream), &meter, &finish).await;
+            bounds.watch(origin.serve(io, upstream), &meter, &origin.finish).await;
         }
     }
-    meter.close(&finish);
+    meter.close(&origin.finish);
 }
 
-/// The `Host` header sent to an HTTPS origin.
+/// The `Host` header sent to an HTTPS origin (and an HTTP/2 `:authority`).
 fn host_header(t: &Target) -> String {
     if t.port == 443 {
         t.host.to_string()
@@ -121,18 +149,29 @@ fn host_header(t: &Target) -> String {
 }
 
 /// The origin side of one session.
-struct Origin<'a> {
-    sh: &'a Arc<Shared>,
-    run: &'a Arc<Run>,
-    target: &'a Target,
+struct Origin {
+    sh: Arc<Shared>,
+    run: Arc<Run>,
+    target: Target,
     addr: SocketAddr,
-    /// The upstream connection (`None` until the first handshake, or after
-    /// a redial failed).
-    conn: tokio::sync::Mutex<Option<Conn>>,
+    /// The HTTP/1.1 connection of a tool speaking HTTP/1.1 (`None` until
+    /// the first handshake, or after a redial failed), and of a WebSocket
+    /// handshake.
+    h1: tokio::sync::Mutex<Option<Conn>>,
+    /// The HTTP/2 connection, when the origin picked `h2`: every request
+    /// (but a WebSocket handshake) goes out on a clone of its sender.
+    h2: ArcSwapOption<H2Conn>,
+    /// Idle HTTP/1.1 connections for the streams of a tool speaking HTTP/2
+    /// to an origin that does not.
+    spare: Arc<std::sync::Mutex<Vec<Conn>>>,
+    /// The session's own slot, for one stream at a time.
+    own: Arc<Semaphore>,
+    /// Cancelled when the session is over.
+    closed: CancellationToken,
     /// A WebSocket handshake the origin switched protocols for: joined
     /// once the tool's connection is upgraded.
     switched: std::sync::Mutex<Option<Switched>>,
-    finish: &'a Finish,
+    finish: Finish,
 }
 
 /// Both sides of a switched WebSocket, waiting for their upgrades.
@@ -142,9 +181,15 @@ struct Switched {
     rewrite: Option<websocket::Rewrite>,
 }
 
-impl Origin<'_> {
-    /// The tool's TLS, then HTTP/1.1 inside it until the tool is done.
-    async fn serve<IO>(&self, io: IO, upstream: tokio_rustls::client::TlsStream<TcpStream>) -> io::Result<()>
+/// A new upstream connection, in the protocol the origin picked.
+enum Dialled {
+    H1(Conn),
+    H2(H2Conn),
+}
+
+impl Origin {
+    /// The tool's TLS, then HTTP/1.1 or HTTP/2 inside it until the tool is done.
+    async fn serve<IO>(self: &Arc<Self>, io: IO, upstream: tokio_rustls::client::TlsStream<TcpStream>) -> io::Result<()>
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -152,7 +197,7 @@ impl Origin<'_> {
         if let Some(sni) = start.client_hello().server_name() {
             if !server_name_is(&self.target.host, sni) {
                 let sni = sni.to_owned();
-                decide::deny_sni(self.sh, self.run, self.target, &sni).await;
+                decide::deny_sni(&self.sh, &self.run, &self.target, &sni).await;
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, "host_mismatch"));
             }
         }
@@ -163,10 +208,15 @@ impl Origin<'_> {
             io::Error::other(e.to_string())
         })?;
         let tls = start.into_stream(config).await?;
-        let conn = upstream::handshake(upstream, self.addr, self.run.cancel.clone(), self.sh.hard_stop.clone())
-            .await
-            .map_err(io::Error::other)?;
-        *self.conn.lock().await = Some(conn);
+        let tool_h2 = ca::alpn_h2(tls.get_ref().1);
+        match self.handshake(upstream).await.map_err(|(_, e)| io::Error::other(e))? {
+            Dialled::H2(c) => self.h2.store(Some(Arc::new(c))),
+            Dialled::H1(c) if tool_h2 => self.keep_spare(c),
+            Dialled::H1(c) => *self.h1.lock().await = Some(c),
+        }
+        if tool_h2 {
+            return self.serve_h2(tls).await;
+        }
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
@@ -175,7 +225,7 @@ impl Origin<'_> {
             .max_header_size(self.sh.cfg.max_header_bytes)
             .max_headers(128)
             .keep_alive(true);
-        let service = hyper::service::service_fn(|req| self.exchange(req));
+        let service = hyper::service::service_fn(|req| self.exchange(req, false));
         let served = builder
             .serve_connection(TokioIo::new(tls), service)
             .with_upgrades()
@@ -189,26 +239,63 @@ impl Origin<'_> {
         // The session's bounds (deadline, idle, run end) and its meter on
         // the tool's TLS cover the relay.
         let origin = ws.origin.await.map_err(io::Error::other);
-        *self.conn.lock().await = None;
+        *self.h1.lock().await = None;
         let client = ws.client.await.map_err(io::Error::other)?;
-        websocket::relay(TokioIo::new(client), TokioIo::new(origin?), ws.rewrite, self.finish).await
+        websocket::relay(TokioIo::new(client), TokioIo::new(origin?), ws.rewrite, &self.finish).await
     }
 
-    /// One request inside the session.
-    async fn exchange(&self, mut req: Request<Incoming>) -> Result<Answer, Infallible> {
-        let inside = match decide::decide_inside(self.sh, self.run, self.target, &req).await {
-            Ok(i) => i,
-            Err(answer) => return Ok(answer.map(Either::Right)),
+    /// HTTP/2 with the tool, within [`streams::H2_BOUNDS`]: each stream is
+    /// one [`Origin::exchange`], on a task that ends with the session.
+    async fn serve_h2<IO>(self: &Arc<Self>, tls: tokio_rustls::server::TlsStream<IO>) -> io::Result<()>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let exec = streams::SessionExec {
+            cut: self.closed.clone(),
         };
+        let me = self.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let me = me.clone();
+            async move { me.exchange(req, true).await }
+        });
+        streams::server(self.sh.cfg.max_header_bytes, exec)
+            .serve_connection(TokioIo::new(tls), service)
+            .await
+            .map_err(io::Error::other)
+    }
+
+    /// One request inside the session (`stream`: an HTTP/2 stream).
+    async fn exchange(&self, mut req: Request<Incoming>, stream: bool) -> Result<Answer, Infallible> {
+        let inside = match decide::decide_inside(&self.sh, &self.run, &self.target, &req).await {
+            Ok(i) => i,
+            Err(answer) => return Ok(early(answer, req, stream).await),
+        };
+        // Step 5 for a stream: a slot of its own, within its own deadline.
+        let hold = if stream {
+            let deadline = Instant::now() + inside.fetch_timeout;
+            match self.stream_slot(&inside.target, deadline).await {
+                Ok(slot) => Some(Hold { slot, deadline }),
+                Err(answer) => return Ok(early(answer, req, stream).await),
+            }
+        } else {
+            None
+        };
+        inside.allowed.count();
         let client_upgrade = inside.websocket.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let method = parts.method.clone();
         let mut headers = parts.headers;
+        // `TE: trailers` is the one TE an HTTP/2 request carries (gRPC
+        // requires it); it goes on to an HTTP/2 origin.
+        let te_trailers = headers
+            .get_all(header::TE)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
         strip_hop_by_hop(&mut headers);
         if inside.websocket {
             websocket::handshake_headers(&mut headers, websocket::rewrites(inside.credentials.as_ref()));
         }
-        if let Ok(v) = HeaderValue::from_str(&host_header(self.target)) {
+        if let Ok(v) = HeaderValue::from_str(&host_header(&self.target)) {
             headers.insert(header::HOST, v);
         }
         let mut pq = inside
@@ -217,24 +304,36 @@ impl Origin<'_> {
             .clone()
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
         if let Some(inj) = &inside.credentials {
-            inject::write(inj, self.run, &mut headers, &mut pq);
+            inject::write(inj, &self.run, &mut headers, &mut pq);
         }
         let mut up = Request::new(body.boxed_unsync());
         *up.method_mut() = parts.method;
         *up.version_mut() = Version::HTTP_11;
         *up.headers_mut() = headers;
         *up.uri_mut() = http::Uri::from(pq);
-        match self.send(up).await {
+        let sent = match &hold {
+            Some(h) => tokio::time::timeout_at(h.deadline, self.send(up, inside.websocket, stream, te_trailers))
+                .await
+                .unwrap_or_else(|_| {
+                    Err((
+                        FetchError::Timeout,
+                        "no response before the stream's fetch deadline".into(),
+                    ))
+                }),
+            None => self.send(up, inside.websocket, stream, te_trailers).await,
+        };
+        match sent {
             Ok(resp) if client_upgrade.is_some() && resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
                 Ok(self.switch(resp, client_upgrade, inside))
             }
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                parts.version = if stream { Version::HTTP_2 } else { Version::HTTP_11 };
                 let scrub = match scrub::response(
-                    self.sh,
+                    &self.sh,
                     inside.credentials.as_ref().map(|c| &c.tool),
-                    self.run,
+                    &self.run,
                     &method,
                     &mut parts,
                 ) {
@@ -256,13 +355,46 @@ impl Origin<'_> {
                     method = %method,
                     status = parts.status.as_u16(),
                     injected = inside.credentials.is_some(),
+                    h2 = stream,
                     "request inside an intercepted tunnel"
                 );
-                Ok(Response::from_parts(parts, Either::Left(Scrubbed::new(body, scrub))))
+                Ok(Response::from_parts(
+                    parts,
+                    Either::Left(Held::new(Scrubbed::new(body, scrub), hold)),
+                ))
             }
             Err((e, detail)) => {
                 self.sh.count_error(&self.run.tool, e);
                 Ok(respond::error(e, &format!("{}: {detail}", self.target)).map(Either::Right))
+            }
+        }
+    }
+
+    /// The slot of a stream: the session's own when no other stream holds
+    /// it, else one of the run's (FIFO, `concurrency_limit` past the
+    /// queue bound), whichever frees first within the stream's deadline.
+    async fn stream_slot(&self, target: &Target, deadline: Instant) -> Result<StreamSlot, Response<ProxyBody>> {
+        if let Ok(p) = self.own.clone().try_acquire_owned() {
+            return Ok(StreamSlot::Session(p));
+        }
+        let gauge = self.sh.tool_metrics(Some(&self.run.tool)).slots_in_use.clone();
+        let ended = || respond::error(FetchError::RunEnded, &format!("run {} ended", self.run.id));
+        tokio::select! {
+            p = self.own.clone().acquire_owned() => p.map(StreamSlot::Session).map_err(|_| ended()),
+            r = slots::acquire(&self.run, gauge) => match r {
+                Ok(s) => Ok(StreamSlot::Run(s)),
+                Err(SlotError::QueueFull) => {
+                    let detail = format!(
+                        "run {} already has {} fetches open and {} waiting (an HTTP/2 stream to {target})",
+                        self.run.id, self.run.max_slots, self.run.max_waiting
+                    );
+                    Err(decide::deny_inside(&self.sh, &self.run, target, DenyReason::ConcurrencyLimit, detail).await)
+                }
+                Err(SlotError::Closed) => Err(ended()),
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                self.sh.count_error(&self.run.tool, FetchError::Timeout);
+                Err(respond::error(FetchError::Timeout, &format!("{target}: no slot of run {} freed before the stream's fetch deadline", self.run.id)))
             }
         }
     }
@@ -281,9 +413,9 @@ impl Origin<'_> {
         let injected = inside.credentials.as_ref();
         let rewrite = websocket::rewrites(injected);
         let checked = scrub::response(
-            self.sh,
+            &self.sh,
             injected.map(|c| &c.tool),
-            self.run,
+            &self.run,
             &http::Method::GET,
             &mut parts,
         )
@@ -305,7 +437,7 @@ impl Origin<'_> {
             rewrite,
             "WebSocket inside an intercepted tunnel"
         );
-        let rewrite = websocket::Rewrite::new(self.sh, self.run, &inside.target, injected);
+        let rewrite = websocket::Rewrite::new(&self.sh, &self.run, &inside.target, injected);
         if let Ok(mut s) = self.switched.lock() {
             *s = Some(Switched {
                 client,
@@ -316,16 +448,72 @@ impl Origin<'_> {
         Response::from_parts(parts, Either::Right(ProxyBody::empty()))
     }
 
-    /// Sends `req` on the upstream connection; when the origin has closed
-    /// it, on a new one to the same vetted address.
-    async fn send(&self, req: Request<UpBody>) -> Result<Response<Incoming>, (FetchError, String)> {
-        let mut slot = self.conn.lock().await;
+    /// Sends `req` (origin-form, HTTP/1.1 as built by
+    /// [`Origin::exchange`]) to the origin: on its HTTP/2 connection when it
+    /// has one (but a WebSocket handshake, `websocket`, which stays on
+    /// HTTP/1.1), else on an HTTP/1.1 connection: the session's one for a
+    /// tool on HTTP/1.1, a spare one per request in flight for a tool's
+    /// HTTP/2 `stream`s.
+    async fn send(
+        &self,
+        req: Request<UpBody>,
+        websocket: bool,
+        stream: bool,
+        te_trailers: bool,
+    ) -> Result<Response<Incoming>, UpError> {
+        if !websocket {
+            if let Some(mut sender) = self.h2_sender().await? {
+                let req = for_h2(req, &self.target, te_trailers)?;
+                return sender
+                    .send_request(req)
+                    .await
+                    .map_err(|e| (FetchError::UpstreamFailed, e.to_string()));
+            }
+            if stream {
+                return self.send_spare(req).await;
+            }
+        }
+        self.send_h1(req).await
+    }
+
+    /// A sender on the origin's HTTP/2 connection, dialled again when the
+    /// origin closed it (`None`: the origin speaks HTTP/1.1, or no longer
+    /// picked `h2`). No lock: a clone of the sender per request.
+    async fn h2_sender(&self) -> Result<Option<hyper::client::conn::http2::SendRequest<UpBody>>, UpError> {
+        let Some(conn) = self.h2.load_full() else {
+            return Ok(None);
+        };
+        let mut sender = conn.sender.clone();
+        if sender.ready().await.is_ok() {
+            return Ok(Some(sender));
+        }
+        match self.dial(false).await? {
+            Dialled::H2(c) => {
+                let sender = c.sender.clone();
+                self.h2.store(Some(Arc::new(c)));
+                Ok(Some(sender))
+            }
+            Dialled::H1(c) => {
+                self.h2.store(None);
+                self.keep_spare(c);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Sends on the session's HTTP/1.1 connection; when the origin has
+    /// closed it, on a new one to the same vetted address.
+    async fn send_h1(&self, req: Request<UpBody>) -> Result<Response<Incoming>, UpError> {
+        let mut slot = self.h1.lock().await;
         let ready = match slot.as_mut() {
             Some(c) => c.sender.ready().await.is_ok(),
             None => false,
         };
         if !ready {
-            *slot = Some(self.redial().await?);
+            *slot = Some(match self.take_spare() {
+                Some(c) => c,
+                None => self.dial_h1().await?,
+            });
         }
         let Some(conn) = slot.as_mut() else {
             return Err((FetchError::UpstreamFailed, "no upstream connection".into()));
@@ -337,7 +525,7 @@ impl Origin<'_> {
                     return Err((FetchError::UpstreamFailed, e.into_error().to_string()));
                 };
                 // Closed before the request went out: once more, afresh.
-                let mut fresh = self.redial().await?;
+                let mut fresh = self.dial_h1().await?;
                 let r = fresh.sender.send_request(req).await;
                 *slot = Some(fresh);
                 r.map_err(|e| (FetchError::UpstreamFailed, e.to_string()))
@@ -345,8 +533,78 @@ impl Origin<'_> {
         }
     }
 
-    /// A new verified TLS connection to the pinned address.
-    async fn redial(&self) -> Result<Conn, (FetchError, String)> {
+    /// Sends one stream's request on a spare HTTP/1.1 connection (or a new
+    /// one), kept again for the next stream once its response is over.
+    async fn send_spare(&self, req: Request<UpBody>) -> Result<Response<Incoming>, UpError> {
+        let mut conn = match self.take_spare() {
+            Some(c) => c,
+            None => self.dial_h1().await?,
+        };
+        let resp = match conn.sender.try_send_request(req).await {
+            Ok(r) => r,
+            Err(mut e) => {
+                let Some(req) = e.take_message() else {
+                    return Err((FetchError::UpstreamFailed, e.into_error().to_string()));
+                };
+                conn = self.dial_h1().await?;
+                conn.sender
+                    .send_request(req)
+                    .await
+                    .map_err(|e| (FetchError::UpstreamFailed, e.to_string()))?
+            }
+        };
+        let (spare, closed) = (self.spare.clone(), self.closed.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                r = conn.sender.ready() => if r.is_ok() {
+                    if let Ok(mut s) = spare.lock() {
+                        if s.len() < SPARE_CONNS {
+                            s.push(conn);
+                        }
+                    }
+                },
+                _ = closed.cancelled() => {}
+            }
+        });
+        Ok(resp)
+    }
+
+    /// An idle, ready spare connection, if any.
+    fn take_spare(&self) -> Option<Conn> {
+        let mut s = self.spare.lock().ok()?;
+        while let Some(c) = s.pop() {
+            if c.sender.is_ready() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn keep_spare(&self, c: Conn) {
+        if let Ok(mut s) = self.spare.lock() {
+            s.push(c);
+        }
+    }
+
+    /// The handshake on a verified TLS stream to the origin, in the
+    /// protocol it picked by ALPN.
+    async fn handshake(&self, tls: tokio_rustls::client::TlsStream<TcpStream>) -> Result<Dialled, UpError> {
+        let (run_end, stop) = (self.run.cancel.clone(), self.sh.hard_stop.clone());
+        if ca::alpn_h2(tls.get_ref().1) {
+            return upstream::handshake_h2(tls, run_end, stop)
+                .await
+                .map(Dialled::H2)
+                .map_err(|e| (FetchError::UpstreamFailed, e.to_string()));
+        }
+        upstream::handshake(tls, self.addr, run_end, stop)
+            .await
+            .map(Dialled::H1)
+            .map_err(|e| (FetchError::UpstreamFailed, e.to_string()))
+    }
+
+    /// A new verified TLS connection to the pinned address, offering `h2`
+    /// unless `h1_only`.
+    async fn dial(&self, h1_only: bool) -> Result<Dialled, UpError> {
         let addr = self.addr;
         let s = self
             .sh
@@ -355,12 +613,72 @@ impl Origin<'_> {
             .await
             .map_err(|e| (FetchError::ConnectFailed, format!("{addr}: {e}")))?;
         let ca = self.sh.ca.load_full();
-        let tls = ca
-            .connect(&self.target.host, s)
-            .await
-            .map_err(|e| (FetchError::UpstreamTls, format!("{addr}: {e}")))?;
-        upstream::handshake(tls, addr, self.run.cancel.clone(), self.sh.hard_stop.clone())
-            .await
-            .map_err(|e| (FetchError::UpstreamFailed, e.to_string()))
+        let tls = if h1_only {
+            ca.connect_h1(&self.target.host, s).await
+        } else {
+            ca.connect(&self.target.host, s).await
+        };
+        let tls = tls.map_err(|e| (FetchError::UpstreamTls, format!("{addr}: {e}")))?;
+        self.handshake(tls).await
     }
+
+    /// A new HTTP/1.1 connection to the pinned address.
+    async fn dial_h1(&self) -> Result<Conn, UpError> {
+        match self.dial(true).await? {
+            Dialled::H1(c) => Ok(c),
+            Dialled::H2(_) => Err((FetchError::UpstreamFailed, "the origin picked h2, not offered".into())),
+        }
+    }
+}
+
+/// The proxy's own answer to a request it did not send on (a denial). On a
+/// stream whose request body is still coming, what is left of it is read
+/// first (up to [`SETTLE_BYTES`], for at most [`SETTLE_TIME`]): the answer
+/// then ends the stream cleanly, where answering first would reset the
+/// stream under a client still sending, which some report as an error
+/// instead of the answer.
+async fn early(answer: Response<ProxyBody>, req: Request<Incoming>, stream: bool) -> Answer {
+    if stream && !hyper::body::Body::is_end_stream(req.body()) {
+        let mut body = req.into_body();
+        let mut left = SETTLE_BYTES;
+        let _ = tokio::time::timeout(SETTLE_TIME, async {
+            while let Some(Ok(frame)) = body.frame().await {
+                match frame.data_ref() {
+                    Some(d) if d.len() >= left => return,
+                    Some(d) => left -= d.len(),
+                    None => {}
+                }
+            }
+        })
+        .await;
+    }
+    answer.map(Either::Right)
+}
+
+/// What [`early`] reads of a refused stream's request body, at most.
+const SETTLE_BYTES: usize = 64 * 1024;
+const SETTLE_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A request built for HTTP/1.1 made an HTTP/2 one: the authority goes in
+/// the URI (`:authority`), not in `Host`; `TE: trailers` goes on when the
+/// tool sent it.
+fn for_h2(req: Request<UpBody>, target: &Target, te_trailers: bool) -> Result<Request<UpBody>, UpError> {
+    let (mut parts, body) = req.into_parts();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    parts.uri = http::Uri::builder()
+        .scheme(http::uri::Scheme::HTTPS)
+        .authority(host_header(target))
+        .path_and_query(pq)
+        .build()
+        .map_err(|e| (FetchError::UpstreamFailed, e.to_string()))?;
+    parts.version = Version::HTTP_2;
+    parts.headers.remove(header::HOST);
+    if te_trailers {
+        parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    Ok(Request::from_parts(parts, body))
 }

@@ -8,7 +8,7 @@
 //! [`forward`] (plain HTTP) with [`inject`] (credentials written into the
 //! request) and [`scrub`] (secrets taken out of the response), [`tunnel`]
 //! (CONNECT), [`intercept`] (a CONNECT whose TLS the proxy terminates, with
-//! `ca` leaves), [`websocket`] (a WebSocket after its handshake, on
+//! `ca` leaves; HTTP/2 inside it within the bounds of [`streams`]), [`websocket`] (a WebSocket after its handshake, on
 //! either, with the frame codec [`wsframe`] when frames are rewritten),
 //! [`body`] (bodies bounded by the deadline and the run),
 //! [`finish`] (the fetch's outcome, once), [`respond`] (denial and error
@@ -30,6 +30,7 @@ pub(crate) mod respond;
 pub(crate) mod scrub;
 pub(crate) mod sniff;
 pub(crate) mod socks;
+pub(crate) mod streams;
 pub(crate) mod target;
 pub(crate) mod transparent;
 pub(crate) mod tunnel;

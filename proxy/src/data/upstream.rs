@@ -2,9 +2,11 @@
 //! (never anything else), refuse a connection that reached one of the
 //! proxy's own listeners, and the HTTP/1.1 handshake (with upgrades, for
 //! WebSocket) of plain-HTTP fetches,
-//! whose connection then lives in the run's pool (`runs::pool`).
+//! whose connection then lives in the run's pool (`runs::pool`), and of
+//! intercepted origins; the HTTP/2 handshake (RFC 9113 §3.4) of an
+//! intercepted origin that picked `h2` by ALPN.
 
-use crate::runs::pool::{Conn, ConnGuard};
+use crate::runs::pool::{Conn, ConnGuard, UpBody};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use tokio::net::TcpStream;
@@ -52,4 +54,49 @@ pub enum Upstream {
     Stream(TcpStream, SocketAddr),
     /// An idle connection of the same run to an address in this fetch's vetted set.
     Pooled(Conn),
+}
+
+/// An HTTP/2 upstream connection (an intercepted origin that picked `h2`):
+/// every stream of the session sends on a clone of `sender`; the driver
+/// stops with the run, at shutdown, or when the last holder drops this.
+pub struct H2Conn {
+    pub sender: hyper::client::conn::http2::SendRequest<UpBody>,
+    _guard: ConnGuard,
+}
+
+/// The HTTP/2 handshake on a verified TLS stream whose ALPN is `h2`, with
+/// the same bounds the server side applies to the tool
+/// ([`H2_BOUNDS`](crate::data::streams::H2_BOUNDS)) for what comes back.
+pub async fn handshake_h2<IO>(
+    stream: IO,
+    run_end: CancellationToken,
+    hard_stop: CancellationToken,
+) -> Result<H2Conn, hyper::Error>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let b = &crate::data::streams::H2_BOUNDS;
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .initial_stream_window_size(b.initial_stream_window)
+        .initial_connection_window_size(b.initial_connection_window)
+        .max_frame_size(b.max_frame_size)
+        .max_header_list_size(b.max_header_list_size)
+        .max_send_buf_size(b.max_send_buf_size)
+        .handshake(TokioIo::new(stream))
+        .await?;
+    let abandon = CancellationToken::new();
+    let token = abandon.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = conn => {}
+            _ = run_end.cancelled() => {}
+            _ = hard_stop.cancelled() => {}
+            _ = abandon.cancelled() => {}
+        }
+    });
+    Ok(H2Conn {
+        sender,
+        _guard: ConnGuard::new(token),
+    })
 }

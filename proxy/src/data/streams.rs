@@ -1,0 +1,240 @@
+//! HTTP/2 inside an intercepted session (RFC 9113), when the tool picks
+//! `h2` by ALPN: the bounds of the server side ([`H2_BOUNDS`]: streams,
+//! header lists against HPACK bombs and CONTINUATION floods (§6.10),
+//! flow-control windows (§5.2), and resets against the rapid-reset class),
+//! what each stream holds while it is open (one of the run's slots and its
+//! own deadline, [`StreamSlot`] and [`Held`]), and the executor that
+//! keeps every stream's task inside its session.
+//!
+//! Each stream is one request: the session hands it to the same function
+//! as an HTTP/1.1 request inside interception (`intercept::Origin::exchange`),
+//! so it is decided, injected, scrubbed and counted the same way.
+
+use crate::runs::slots::Slot;
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+
+/// What bounds one HTTP/2 connection of a tool (and, for what comes back,
+/// the proxy's own HTTP/2 connection to the origin).
+pub struct H2Bounds {
+    /// Streams open at once on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
+    /// the run's `max_concurrent_fetches` bounds them further.
+    pub max_concurrent_streams: u32,
+    /// Bytes of one decoded header list (`SETTINGS_MAX_HEADER_LIST_SIZE`),
+    /// counted as HPACK decodes them and across CONTINUATION frames: a
+    /// block that grows past it ends the connection. Never above the
+    /// proxy's `max_header_bytes` either.
+    pub max_header_list_size: u32,
+    /// The HPACK dynamic table the tool may make the proxy keep.
+    pub header_table_size: u32,
+    /// Flow-control window of a stream, and of the connection: what a tool
+    /// can make the proxy buffer before it reads.
+    pub initial_stream_window: u32,
+    pub initial_connection_window: u32,
+    /// The largest frame the proxy accepts.
+    pub max_frame_size: u32,
+    /// Bytes queued for sending per stream.
+    pub max_send_buf_size: usize,
+    /// Streams the tool opens and resets before they are served (the
+    /// rapid-reset class, CVE-2023-44487): past this, `GOAWAY`
+    /// (`ENHANCE_YOUR_CALM`).
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams the proxy had to reset for the tool's protocol errors: past
+    /// this, `GOAWAY`.
+    pub max_local_error_reset_streams: usize,
+}
+
+/// The one set of HTTP/2 bounds.
+pub const H2_BOUNDS: H2Bounds = H2Bounds {
+    max_concurrent_streams: 100,
+    max_header_list_size: 16 * 1024,
+    header_table_size: 4096,
+    initial_stream_window: 256 * 1024,
+    initial_connection_window: 1024 * 1024,
+    max_frame_size: 16 * 1024,
+    max_send_buf_size: 256 * 1024,
+    max_pending_accept_reset_streams: 20,
+    max_local_error_reset_streams: 64,
+};
+
+/// The server side of a tool's HTTP/2 connection, with [`H2_BOUNDS`]
+/// (`max_header_bytes` lowers the header list bound). Extended CONNECT
+/// (RFC 8441) is not offered: a WebSocket stays on HTTP/1.1.
+pub fn server(max_header_bytes: usize, exec: SessionExec) -> hyper::server::conn::http2::Builder<SessionExec> {
+    let b = &H2_BOUNDS;
+    let headers = u32::try_from(max_header_bytes)
+        .unwrap_or(u32::MAX)
+        .min(b.max_header_list_size);
+    let mut builder = hyper::server::conn::http2::Builder::new(exec);
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .max_concurrent_streams(b.max_concurrent_streams)
+        .max_header_list_size(headers)
+        .header_table_size(b.header_table_size)
+        .initial_stream_window_size(b.initial_stream_window)
+        .initial_connection_window_size(b.initial_connection_window)
+        .max_frame_size(b.max_frame_size)
+        .max_send_buf_size(b.max_send_buf_size)
+        .max_pending_accept_reset_streams(b.max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(b.max_local_error_reset_streams);
+    builder
+}
+
+/// Runs the tasks of one session's streams, each until it ends or the
+/// session does (`cut`, cancelled when the session is over): no stream
+/// outlives its connection, its run or its bounds.
+#[derive(Clone)]
+pub struct SessionExec {
+    pub cut: CancellationToken,
+}
+
+impl<F> hyper::rt::Executor<F> for SessionExec
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let cut = self.cut.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = fut => {}
+                _ = cut.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// The slot a stream holds: the session's own (the one its CONNECT took,
+/// free while no other stream holds it) or another of the run's.
+pub enum StreamSlot {
+    Session(#[allow(dead_code)] OwnedSemaphorePermit),
+    Run(#[allow(dead_code)] Slot),
+}
+
+/// What a stream's response holds until its last byte: its slot, and its
+/// deadline (past it, the body fails and the stream is reset).
+pub struct Hold {
+    pub slot: StreamSlot,
+    pub deadline: Instant,
+}
+
+/// A response body; with a [`Hold`] (a stream), bounded by its deadline
+/// and holding its slot until the body ends or is dropped.
+pub struct Held<B> {
+    inner: B,
+    hold: Option<(Pin<Box<Sleep>>, StreamSlot)>,
+}
+
+impl<B> Held<B> {
+    pub fn new(inner: B, hold: Option<Hold>) -> Held<B> {
+        Held {
+            inner,
+            hold: hold.map(|h| (Box::pin(tokio::time::sleep_until(h.deadline)), h.slot)),
+        }
+    }
+}
+
+/// The stream's deadline passed while its response was still coming.
+#[derive(Debug, thiserror::Error)]
+#[error("the stream's fetch deadline expired")]
+pub struct StreamTimeout;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<B> Body for Held<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let Some((sleep, _)) = &mut this.hold {
+            if sleep.as_mut().poll(cx).is_ready() {
+                this.hold = None;
+                return Poll::Ready(Some(Err(Box::new(StreamTimeout))));
+            }
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.hold = None;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(r)) => Poll::Ready(Some(r.map_err(Into::into))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use std::sync::Arc;
+
+    /// A body that never ends.
+    struct Endless;
+
+    impl Body for Endless {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_body_fails_at_its_deadline_and_gives_its_slot_back() {
+        let own = Arc::new(tokio::sync::Semaphore::new(1));
+        let slot = StreamSlot::Session(own.clone().try_acquire_owned().unwrap());
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let mut body = Held::new(Endless, Some(Hold { slot, deadline }));
+        assert_eq!(own.available_permits(), 0, "held while the body runs");
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(err.is::<StreamTimeout>(), "{err}");
+        assert!(Instant::now() >= deadline);
+        assert_eq!(own.available_permits(), 1, "given back at the deadline");
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_hold_is_passed_through_and_frees_its_slot_at_the_end() {
+        let own = Arc::new(tokio::sync::Semaphore::new(1));
+        let slot = StreamSlot::Session(own.clone().try_acquire_owned().unwrap());
+        let inner = http_body_util::Full::new(Bytes::from_static(b"ok"));
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let mut held = Held::new(inner, Some(Hold { slot, deadline: far }));
+        let data = held.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&data[..], b"ok");
+        assert!(held.frame().await.is_none());
+        assert_eq!(own.available_permits(), 1, "given back at the body's end");
+        let mut plain = Held::new(http_body_util::Full::new(Bytes::from_static(b"x")), None);
+        assert_eq!(&plain.frame().await.unwrap().unwrap().into_data().unwrap()[..], b"x");
+    }
+
+    #[test]
+    fn the_bounds_stay_within_what_the_protocol_allows() {
+        let b = &H2_BOUNDS;
+        // RFC 9113 §6.5.2: frames between 16 KiB and 16 MiB - 1, windows under 2^31.
+        assert!((16_384..16_777_216).contains(&b.max_frame_size));
+        assert!(b.initial_stream_window <= b.initial_connection_window);
+        assert!(b.initial_connection_window < 1 << 31);
+        assert!(b.max_pending_accept_reset_streams > 0 && b.max_local_error_reset_streams > 0);
+    }
+}

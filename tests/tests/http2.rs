@@ -1,0 +1,574 @@
+//! HTTP/2 and gRPC on intercepted hosts. The appliance leaf offers `h2`
+//! and `http/1.1` by ALPN; a tool that picks `h2` gets HTTP/2, and each of
+//! its streams is one request: decided (path rules per stream), injected
+//! (the credential per stream, gRPC metadata included), scrubbed, holding
+//! one of the run's `max_concurrent_fetches` slots. Toward the origin the
+//! proxy offers its own ALPN and bridges to an HTTP/1.1-only origin. Floods
+//! (rapid reset, CONTINUATION) are cut by the connection's bounds while
+//! another run keeps being answered. Real clients: curl `--http2`, PyPI
+//! `httpx[http2]`, `grpcio` (client and origin) and `h2` (raw frames), from
+//! tests/python/. Origins on 127.0.0.2, names from a fake DNS on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use egress_e2e::h2_origin::{h2_origin, H2Origin};
+use egress_e2e::harness::{proxy_section, sample, TestProxy};
+use egress_e2e::websocket::leaf;
+use egress_e2e::FakeDns;
+use egress_proxy::facts::MemorySink;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+const SECRET: &str = "h2-REAL-SECRET-api-7c8d9e";
+
+/// Fails (says why) unless python3 can import what these tests use.
+fn require_python() {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import httpx, h2, hpack, hyperframe, grpc; httpx.AsyncClient(http2=True)",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python3 with httpx[http2], h2 and grpcio is required for this test (pip install 'httpx[http2]' h2 grpcio): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python").join(name)
+}
+
+/// The gRPC origin (tests/python/grpc_echo.py) as a child: its port and
+/// the calls it printed.
+struct GrpcOrigin {
+    child: Child,
+    port: u16,
+    calls: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl GrpcOrigin {
+    fn start(cert: &Path, key: &Path) -> GrpcOrigin {
+        let mut child = Command::new("python3")
+            .arg(script("grpc_echo.py"))
+            .args(["serve", "--cert"])
+            .arg(cert)
+            .arg("--key")
+            .arg(key)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        let port = first["port"].as_u64().unwrap() as u16;
+        let calls = Arc::new(std::sync::Mutex::new(vec![]));
+        let c = calls.clone();
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&l) {
+                    c.lock().unwrap().push(v);
+                }
+            }
+        });
+        GrpcOrigin { child, port, calls }
+    }
+
+    fn calls(&self) -> Vec<Value> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Drop for GrpcOrigin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Tool `w`: `api.example` (an origin offering h2; only `/ok/**`, `/slow`
+/// and `/trailers`), `old.example` (HTTP/1.1 only), `grpc.example` (the
+/// gRPC origin); the credential `api` (placeholder `API_TOKEN`) on these
+/// three; and `other.example` (h2, intercepted by its path rule, no
+/// credential).
+struct World {
+    p: TestProxy,
+    api: H2Origin,
+    old: H2Origin,
+    other: H2Origin,
+    grpc: GrpcOrigin,
+    _dir: tempfile::TempDir,
+}
+
+async fn world(max_concurrent_fetches: usize, max_queued_fetches: usize) -> World {
+    require_python();
+    let dns = FakeDns::start().await;
+    for name in ["api.example", "old.example", "grpc.example", "other.example"] {
+        dns.set(name, &["127.0.0.2"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let api = h2_origin("127.0.0.2:0", &["api.example"], true).await;
+    let old = h2_origin("127.0.0.2:0", &["old.example"], false).await;
+    let other = h2_origin("127.0.0.2:0", &["other.example"], true).await;
+    let (grpc_ca, cert, key) = leaf(dir.path(), "grpc.example");
+    let grpc = GrpcOrigin::start(&cert, &key);
+    let roots = dir.path().join("roots.pem");
+    std::fs::write(&roots, format!("{}{}{}{grpc_ca}", api.ca_pem, old.ca_pem, other.ca_pem)).unwrap();
+    let secret = dir.path().join("api.token");
+    egress_e2e::credentials::write_secret(&secret, SECRET, 0o600);
+    let (a, o, g, t) = (api.addr.port(), old.addr.port(), grpc.port, other.addr.port());
+    let text = format!(
+        r#"{}[proxy.interception]
+upstream_ca_file = "{}"
+[tools.w]
+egress = [
+  {{ host = "api.example", port = {a}, paths = ["/ok/**", "/slow", "/trailers"] }},
+  "old.example:{o}",
+  "grpc.example:{g}",
+  {{ host = "other.example", port = {t}, paths = ["/**"] }},
+]
+max_concurrent_fetches = {max_concurrent_fetches}
+max_queued_fetches = {max_queued_fetches}
+fetch_timeout_ms = 20000
+[tools.w.credentials.api]
+hosts = ["api.example:{a}", "old.example:{o}", "grpc.example:{g}"]
+value = "Bearer ${{secret}}"
+secret = {{ file = "{}" }}
+placeholder_env = "API_TOKEN"
+"#,
+        proxy_section(&dns, ""),
+        roots.display(),
+        secret.display(),
+    );
+    let cfg = dir.path().join("egress.toml");
+    std::fs::write(&cfg, &text).unwrap();
+    let p = TestProxy::start_config(dns, &text, Some(cfg), Some(Arc::new(MemorySink::new(10_000)))).await;
+    World {
+        p,
+        api,
+        old,
+        other,
+        grpc,
+        _dir: dir,
+    }
+}
+
+impl World {
+    async fn run(&self) -> BTreeMap<String, String> {
+        let (status, v) = self.p.control("POST", "/v1/runs", Some(json!({ "tool": "w" }))).await;
+        assert_eq!(status, 201, "{v}");
+        serde_json::from_value(v["env"].clone()).unwrap()
+    }
+
+    fn api(&self, path: &str) -> String {
+        format!("https://api.example:{}{path}", self.api.addr.port())
+    }
+
+    fn other(&self, path: &str) -> String {
+        format!("https://other.example:{}{path}", self.other.addr.port())
+    }
+
+    fn old(&self, path: &str) -> String {
+        format!("https://old.example:{}{path}", self.old.addr.port())
+    }
+
+    async fn facts(&self, reason: &str) -> Vec<Value> {
+        let (_, v) = self.p.control("GET", "/v1/facts?after=0&limit=1000", None).await;
+        v["facts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["reason"] == reason)
+            .cloned()
+            .collect()
+    }
+}
+
+/// What a client process printed, and how it ended.
+struct Ran {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn lines(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// Runs a client with the run's `env` map only (plus `PATH`, `HOME`), as
+/// the executor would give it to a child.
+async fn client(env: &BTreeMap<String, String>, program: &str, args: &[&str]) -> Ran {
+    let mut cmd = Command::new(program);
+    cmd.args(args).env_clear().envs(env);
+    cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
+    if let Ok(home) = std::env::var("HOME") {
+        cmd.env("HOME", home);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    Ran {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn python(env: &BTreeMap<String, String>, name: &str, args: &[&str]) -> Ran {
+    let s = script(name);
+    let mut all = vec![s.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let r = client(env, "python3", &all).await;
+    assert!(r.ok, "{name} {args:?}: {}{}", r.stdout, r.stderr);
+    r
+}
+
+/// curl `--http2` through the run's proxy: (negotiated version, status, body).
+async fn curl_h2(env: &BTreeMap<String, String>, url: &str, extra: &[&str]) -> (String, String, String) {
+    let mut args = vec![
+        "-sS",
+        "--http2",
+        "--max-time",
+        "10",
+        "-w",
+        "\n%{http_version} %{http_code}",
+    ];
+    args.extend_from_slice(extra);
+    args.push(url);
+    let r = client(env, "curl", &args).await;
+    assert!(r.ok, "curl {url}: {}{}", r.stdout, r.stderr);
+    let (body, last) = r.stdout.rsplit_once('\n').unwrap();
+    let (v, s) = last.split_once(' ').unwrap();
+    (v.to_owned(), s.to_owned(), body.to_owned())
+}
+
+fn bearer_placeholder(env: &BTreeMap<String, String>) -> String {
+    format!("Authorization: Bearer {}", env["API_TOKEN"])
+}
+
+#[tokio::test]
+async fn curl_speaks_h2_through_interception_to_an_h2_and_an_h1_only_origin() {
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    let auth = bearer_placeholder(&env);
+    let (v, status, body) = curl_h2(&env, &w.api("/ok/a?x=1"), &["-H", &auth]).await;
+    assert_eq!((v.as_str(), status.as_str()), ("2", "200"), "{body}");
+    assert_eq!(body, "ok HTTP/2.0\n", "the h2 origin answered over h2");
+    let head = w.api.heads().pop().unwrap();
+    assert!(
+        head.starts_with(&format!(
+            "HTTP/2.0 GET https://api.example:{}/ok/a?x=1\n",
+            w.api.addr.port()
+        )),
+        "{head}"
+    );
+    assert!(head.contains(&format!("authorization: Bearer {SECRET}\n")), "{head}");
+    assert!(!head.contains(&env["API_TOKEN"]), "{head}");
+
+    let (v, status, body) = curl_h2(&env, &w.old("/plain"), &["-H", &auth]).await;
+    assert_eq!((v.as_str(), status.as_str()), ("2", "200"), "{body}");
+    assert_eq!(body, "ok HTTP/1.1\n", "the h1-only origin answered over HTTP/1.1");
+    let head = w.old.heads().pop().unwrap();
+    assert!(head.starts_with("HTTP/1.1 GET /plain\n"), "{head}");
+    assert!(
+        head.contains(&format!("host: old.example:{}\n", w.old.addr.port())),
+        "{head}"
+    );
+    assert!(head.contains(&format!("authorization: Bearer {SECRET}\n")), "{head}");
+
+    // HTTP/1.1 still works, to an origin that would speak h2.
+    let r = client(
+        &env,
+        "curl",
+        &[
+            "-sS",
+            "--http1.1",
+            "-w",
+            "\n%{http_version}",
+            "-H",
+            &auth,
+            &w.api("/ok/h1"),
+        ],
+    )
+    .await;
+    assert!(
+        r.ok && r.stdout.ends_with("ok HTTP/2.0\n\n1.1"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+    assert!(w.api.heads().pop().unwrap().contains(&format!("Bearer {SECRET}")));
+
+    // A WebSocket handshake stays HTTP/1.1 toward the origin, even one
+    // that speaks h2 (no extended CONNECT): this origin answers 200, no upgrade.
+    let r = client(
+        &env,
+        "curl",
+        &[
+            "-sS",
+            "--http1.1",
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: websocket",
+            "-H",
+            "Sec-WebSocket-Version: 13",
+            "-H",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            &w.api("/ok/ws"),
+        ],
+    )
+    .await;
+    assert!(r.ok && r.stdout == "ok HTTP/1.1\n", "{}{}", r.stdout, r.stderr);
+    let head = w.api.heads().pop().unwrap();
+    assert!(head.starts_with("HTTP/1.1 GET /ok/ws\n"), "{head}");
+    assert!(head.contains("upgrade: websocket\n"), "{head}");
+    assert!(head.contains(&format!("authorization: Bearer {SECRET}\n")), "{head}");
+}
+
+#[tokio::test]
+async fn the_placeholder_is_checked_per_stream() {
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    // On one connection to a host that is not the credential's: the
+    // stream carrying the placeholder is refused, the other one answered.
+    let misuse = format!("{}|Authorization: Bearer $API_TOKEN", w.other("/a"));
+    let r = python(&env, "h2client.py", &["get", &misuse, &w.other("/b")]).await;
+    let lines = r.lines();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    assert_eq!(
+        (lines[0]["status"].as_u64(), lines[0]["reason"].as_str()),
+        (Some(403), Some("credential_misuse")),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(lines[1]["status"], 200, "{}", r.stdout);
+    let heads = w.other.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(heads[0].starts_with("HTTP/2.0 GET https://other.example:"), "{heads:?}");
+    assert!(!heads[0].contains("authorization"), "{heads:?}");
+    assert_eq!(w.facts("credential_misuse").await.len(), 1);
+    // And the placeholder to its own host, in a stream: the secret goes out.
+    let own = format!("{}|Authorization: Bearer $API_TOKEN", w.api("/ok/own"));
+    let r = python(&env, "h2client.py", &["get", &own]).await;
+    assert_eq!(r.lines()[0]["status"], 200, "{}", r.stdout);
+    let head = w.api.heads().pop().unwrap();
+    assert!(head.contains(&format!("authorization: Bearer {SECRET}\n")), "{head}");
+    assert!(!head.contains(&env["API_TOKEN"]), "{head}");
+}
+
+#[tokio::test]
+async fn response_trailers_reach_an_h2_client() {
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    let r = client(
+        &env,
+        "curl",
+        &[
+            "-sS",
+            "--http2",
+            "-D",
+            "/dev/stdout",
+            "-o",
+            "/dev/null",
+            &w.api("/trailers"),
+        ],
+    )
+    .await;
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("\nHTTP/2 200"), "{}", r.stdout);
+    assert!(r.stdout.contains("x-origin-trailer: done"), "{}", r.stdout);
+}
+
+#[tokio::test]
+async fn httpx_streams_are_decided_one_by_one_on_one_connection() {
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    let r = python(
+        &env,
+        "h2client.py",
+        &["get", &w.api("/ok/1"), &w.api("/secret"), &w.api("/ok/2")],
+    )
+    .await;
+    let lines = r.lines();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    for l in &lines {
+        assert_eq!(l["http_version"], "HTTP/2", "{l}");
+    }
+    assert_eq!(lines[0]["status"], 200, "{}", r.stdout);
+    assert_eq!(lines[0]["body"], "ok HTTP/2.0\n");
+    assert_eq!(lines[1]["status"], 403, "{}", r.stdout);
+    assert_eq!(lines[1]["reason"], "path_not_allowed", "{}", r.stdout);
+    assert_eq!(lines[2]["status"], 200, "{}", r.stdout);
+    let heads = w.api.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    for h in &heads {
+        assert!(h.starts_with("HTTP/2.0 GET"), "{h}");
+        assert!(h.contains(&format!("authorization: Bearer {SECRET}\n")), "{h}");
+    }
+    assert!(heads.iter().all(|h| !h.contains("/secret")), "{heads:?}");
+    // One tunnel, one connection to the h2 origin, for all three streams.
+    assert_eq!(w.api.connections(), 1);
+    let denied = w.facts("path_not_allowed").await;
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert!(denied[0]["detail"].as_str().unwrap().contains("/secret"), "{denied:?}");
+
+    // To the HTTP/1.1-only origin: bridged, each stream on a connection of its own at a time.
+    let r = python(&env, "h2client.py", &["get", &w.old("/a"), &w.old("/b"), &w.old("/c")]).await;
+    let lines = r.lines();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    for l in &lines {
+        assert_eq!(
+            (l["status"].as_u64(), l["http_version"].as_str()),
+            (Some(200), Some("HTTP/2")),
+            "{l}"
+        );
+        assert_eq!(l["body"], "ok HTTP/1.1\n", "{l}");
+    }
+    let heads = w.old.heads();
+    assert_eq!(heads.len(), 3, "{heads:?}");
+    for h in &heads {
+        assert!(h.starts_with("HTTP/1.1 GET /"), "{h}");
+        assert!(h.contains(&format!("authorization: Bearer {SECRET}\n")), "{h}");
+    }
+}
+
+#[tokio::test]
+async fn grpc_unary_and_server_streaming_through_interception_with_the_credential_injected() {
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    let ca = env["SSL_CERT_FILE"].clone();
+    let target = format!("grpc.example:{}", w.grpc.port);
+    let r = python(
+        &env,
+        "grpc_echo.py",
+        &["call", &target, "--ca", &ca, "--say", "hello", "--count", "5"],
+    )
+    .await;
+    let lines = r.lines();
+    let (_, all) = w.p.control("GET", "/v1/facts?after=0&limit=1000", None).await;
+    assert_eq!(lines.len(), 2, "{}{} {all}", r.stdout, r.stderr);
+    assert_eq!(
+        lines[0],
+        json!({"kind": "unary", "reply": "echo:hello"}),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        lines[1],
+        json!({"kind": "stream", "replies": ["n=0", "n=1", "n=2", "n=3", "n=4"]}),
+        "{}",
+        r.stdout
+    );
+    let calls = w.grpc.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    for c in &calls {
+        assert_eq!(c["authorization"], format!("Bearer {SECRET}"), "{c}");
+    }
+    assert!(!r.stdout.contains(SECRET));
+}
+
+#[tokio::test]
+async fn the_run_slot_limit_bounds_concurrent_streams() {
+    // Two slots: the CONNECT's (one stream at a time) and one more.
+    let w = world(2, 16).await;
+    let env = w.run().await;
+    let urls: Vec<String> = (0..6).map(|_| w.api("/slow?ms=300")).collect();
+    let mut args = vec!["get"];
+    args.extend(urls.iter().map(String::as_str));
+    let r = python(&env, "h2client.py", &args).await;
+    let lines = r.lines();
+    assert_eq!(lines.len(), 6, "{}", r.stdout);
+    let (_, all) = w.p.control("GET", "/v1/facts?after=0&limit=1000", None).await;
+    assert!(lines.iter().all(|l| l["status"] == 200), "{} {all}", r.stdout);
+    assert_eq!(w.api.heads().len(), 6);
+    assert_eq!(w.api.max_in_flight(), 2, "streams beyond the run's slots waited");
+
+    // No queue: streams beyond the slots are refused (`concurrency_limit`).
+    let w = world(1, 0).await;
+    let env = w.run().await;
+    let urls: Vec<String> = (0..6).map(|_| w.api("/slow?ms=300")).collect();
+    let mut args = vec!["get"];
+    args.extend(urls.iter().map(String::as_str));
+    let r = python(&env, "h2client.py", &args).await;
+    let lines = r.lines();
+    let ok = lines.iter().filter(|l| l["status"] == 200).count();
+    let refused = lines.iter().filter(|l| l["reason"] == "concurrency_limit").count();
+    let (_, all) = w.p.control("GET", "/v1/facts?after=0&limit=1000", None).await;
+    assert_eq!(ok + refused, 6, "{} {all}", r.stdout);
+    assert!(ok >= 1 && refused >= 1, "{}", r.stdout);
+    assert_eq!(w.api.max_in_flight(), 1);
+    assert_eq!(w.facts("concurrency_limit").await.len(), refused);
+    // Each stream counted once: allowed, or denied for want of a slot.
+    let m = w.p.metrics().await;
+    let count = |d: &str| {
+        sample(
+            &m,
+            &format!("egress_requests_total{{tool=\"w\",kind=\"http\",decision=\"{d}\"}}"),
+        )
+    };
+    assert_eq!((count("allowed"), count("denied")), (ok as f64, refused as f64), "{m}");
+}
+
+/// Another run's requests while a flood runs: all answered.
+async fn other_run_answers(w: &World) {
+    let env = w.run().await;
+    for i in 0..5 {
+        let (v, status, body) = curl_h2(&env, &w.api(&format!("/ok/other{i}")), &[]).await;
+        assert_eq!((v.as_str(), status.as_str()), ("2", "200"), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn a_rapid_reset_flood_is_cut_while_another_run_is_answered() {
+    let w = world(64, 64).await;
+    let flooder = w.run().await;
+    let url = w.api("/ok/flood");
+    let args = ["rapid-reset", &url, "2000"];
+    let flood = python(&flooder, "h2client.py", &args);
+    let (r, ()) = tokio::join!(flood, other_run_answers(&w));
+    let v: Value = serde_json::from_str(r.stdout.lines().last().unwrap()).unwrap();
+    // GOAWAY with ENHANCE_YOUR_CALM (0xb), well before 2000 streams.
+    assert_eq!(v["goaway"], 11, "{v}");
+    assert!(v["sent"].as_u64().unwrap() < 2000, "{v}");
+    let seen = w.api.heads().iter().filter(|h| h.contains("/ok/flood")).count();
+    assert!(seen < 200, "{seen} reset streams reached the origin");
+}
+
+#[tokio::test]
+async fn a_continuation_flood_is_cut_while_another_run_is_answered() {
+    let w = world(64, 64).await;
+    let flooder = w.run().await;
+    let url = w.api("/ok/flood");
+    let args = ["continuation", &url, "1000"];
+    let flood = python(&flooder, "h2client.py", &args);
+    let (r, ()) = tokio::join!(flood, other_run_answers(&w));
+    let v: Value = serde_json::from_str(r.stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["responses"], 0, "{v}");
+    assert!(v["goaway"].is_number() || v["closed"] == true, "{v}");
+    assert!(w.api.heads().iter().all(|h| !h.contains("/ok/flood")));
+}
+
+#[tokio::test]
+async fn a_refused_upload_gets_its_answer_not_a_reset() {
+    // The denial is answered after what is left of the (small) body was
+    // read, so the stream ends cleanly: no client sees a reset instead.
+    let w = world(4, 8).await;
+    let env = w.run().await;
+    let body = "x=1".repeat(1000);
+    for _ in 0..20 {
+        let (v, status, _) = curl_h2(&env, &w.api("/secret"), &["-X", "POST", "-d", &body]).await;
+        assert_eq!((v.as_str(), status.as_str()), ("2", "403"));
+    }
+    assert!(w.api.heads().is_empty());
+}
