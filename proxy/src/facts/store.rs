@@ -81,6 +81,9 @@ pub struct Limits {
     /// cursor (unexported facts count against the budget, which fails
     /// closed as with young facts).
     pub exported: bool,
+    /// Bytes of the file that another budget counts (the decision log's
+    /// table): left out of this one.
+    pub others: Arc<AtomicU64>,
 }
 
 impl Default for Limits {
@@ -90,6 +93,7 @@ impl Default for Limits {
             retention: Duration::from_secs(30 * 24 * 3600),
             cell: None,
             exported: false,
+            others: Arc::default(),
         }
     }
 }
@@ -718,6 +722,7 @@ impl Writer {
     /// Updates `used` and its gauge from the database.
     fn measure(&mut self) {
         if let Some(Ok(used)) = self.conn.as_ref().map(used_bytes) {
+            let used = used.saturating_sub(self.limits.others.load(Ordering::Acquire));
             self.used = used;
             self.metrics.bytes.set(used as i64);
         }
