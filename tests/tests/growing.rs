@@ -169,3 +169,229 @@ async fn first_event(p: &TestProxy, path: &str) -> String {
         .await
         .expect("an event on the stream")
 }
+
+/// `egress-proxy policy <args>`: exit code and stdout.
+fn policy_cmd(args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(egress_e2e::process::bin("egress-proxy"))
+        .arg("policy")
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code().is_some(), "killed: {stderr}");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &stderr,
+    )
+}
+
+/// The entries of a proposal's `egress = [...]` with what their comment
+/// says: (entry, "listed" | "add", count).
+fn proposed(toml: &str) -> Vec<(String, String, u64)> {
+    toml.lines()
+        .filter_map(|l| {
+            let l = l.strip_prefix("    \"")?;
+            let (entry, rest) = l.split_once("\",  # ")?;
+            let (what, rest) = rest.split_once(": ")?;
+            let count = rest.split(' ').next()?.parse().ok()?;
+            Some((entry.to_owned(), what.to_owned(), count))
+        })
+        .collect()
+}
+
+/// A config file whose store is `store` and whose tools are `tools`.
+fn config_file(dir: &Path, name: &str, dns: &FakeDns, store: &Path, extra: &str, tools: &str) -> std::path::PathBuf {
+    let section = proxy_section(dns, extra).replace(
+        "facts = \"/nonexistent/facts.db\"",
+        &format!("facts = \"{}\"", store.display()),
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{section}\n{tools}")).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn suggest_proposes_exactly_what_a_report_mode_tool_used_and_no_wildcard_over_a_public_suffix() {
+    let origin = http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let dns = FakeDns::start().await;
+    let names = ["api.test", "a.one.com", "b.two.com", "x.shop.co.uk", "y.shop.co.uk"];
+    for n in names {
+        dns.set(n, &["127.0.0.2"]);
+    }
+    dns.set("inside.test", &["127.0.0.1"]);
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("facts.db");
+    let tools = format!("[tools.learner]\negress = [\"api.test:{port}\", \"old.test:{port}\"]\nmode = \"report\"\n");
+    let file = config_file(dir.path(), "egress.toml", &dns, &store, "decisions = \"all\"", &tools);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let p = TestProxy::start_config(dns, &text, None, None).await;
+    let run = p.run("learner").await;
+    for (name, times) in [
+        ("api.test", 1),
+        ("a.one.com", 2),
+        ("b.two.com", 1),
+        ("x.shop.co.uk", 1),
+        ("y.shop.co.uk", 3),
+    ] {
+        for _ in 0..times {
+            let r = p.get(&run, &format!("http://{name}:{port}/"), "").await;
+            assert_eq!(r.status, 200, "report mode lets {name} through");
+        }
+    }
+    // Resolves into a denied range: reported, never proposed.
+    p.get(&run, &format!("http://inside.test:{port}/"), "").await;
+    decisions(&p, "tool=learner", 8).await;
+
+    let (status, v) = p.control("GET", "/v1/tools/learner/suggestion", None).await;
+    assert_eq!(status, 200, "{v}");
+    let adds: Vec<(&str, u64)> = v["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["entry"].as_str().unwrap(), e["count"].as_u64().unwrap()))
+        .collect();
+    let p_ = |n: &str| format!("{n}:{port}");
+    let mut want = [
+        (p_("y.shop.co.uk"), 3),
+        (p_("a.one.com"), 2),
+        (p_("b.two.com"), 1),
+        (p_("x.shop.co.uk"), 1),
+    ];
+    want.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let want_ref: Vec<(&str, u64)> = want.iter().map(|(e, c)| (e.as_str(), *c)).collect();
+    assert_eq!(adds, want_ref, "{v:#}");
+    assert_eq!(v["keep"][0]["entry"], p_("api.test"));
+    assert_eq!(v["unused"][0]["entry"], p_("old.test"));
+    assert_eq!(v["denied_ranges"][0]["entry"], p_("inside.test"));
+    let (status, _) = p.control("GET", "/v1/tools/nobody/suggestion", None).await;
+    assert_eq!(status, 404);
+    let (status, _) = p.control("GET", "/v1/tools/learner/suggestion?since=soon", None).await;
+    assert_eq!(status, 400);
+    p.shutdown().await;
+
+    // The command reads the store the config names, and says the same.
+    let cfg = file.to_str().unwrap();
+    let (code, out) = policy_cmd(&["suggest", "--config", cfg, "--tool", "learner", "--since", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    let got = proposed(&out);
+    let mut expected: Vec<(String, String, u64)> = vec![(p_("api.test"), "listed".into(), 1)];
+    expected.extend(want.iter().map(|(e, c)| (e.clone(), "add".to_owned(), *c)));
+    assert_eq!(got, expected, "{out}");
+    assert!(
+        out.contains(&format!("\"{}\"", p_("old.test"))) && out.contains("unused"),
+        "{out}"
+    );
+    assert!(out.contains(&format!("#   \"{}\"", p_("inside.test"))), "{out}");
+
+    let (code, out) = policy_cmd(&["suggest", "--config", cfg, "--tool", "learner", "--wildcards"]);
+    assert_eq!(code, 0, "{out}");
+    let entries: Vec<String> = proposed(&out).into_iter().map(|(e, _, _)| e).collect();
+    assert!(entries.contains(&p_("*.shop.co.uk")), "{out}");
+    for bad in ["*.com", "*.co.uk", "*.uk"] {
+        assert!(!entries.contains(&p_(bad)), "{bad} proposed:\n{out}");
+    }
+    assert!(
+        entries.contains(&p_("a.one.com")) && entries.contains(&p_("b.two.com")),
+        "{out}"
+    );
+    let (code, out) = policy_cmd(&["suggest", "--config", cfg, "--tool", "learner", "--since", "soon"]);
+    assert_eq!(code, 2, "{out}");
+}
+
+#[tokio::test]
+async fn replay_names_what_a_new_policy_would_deny_and_exits_1_only_then() {
+    let origin = http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let dns = FakeDns::start().await;
+    for n in ["api.test", "other.test", "new.test"] {
+        dns.set(n, &["127.0.0.2"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("facts.db");
+    let tool = |egress: &[&str]| {
+        let list: Vec<String> = egress.iter().map(|n| format!("\"{n}:{port}\"")).collect();
+        format!("[tools.web]\negress = [{}]\n", list.join(", "))
+    };
+    let file = config_file(
+        dir.path(),
+        "egress.toml",
+        &dns,
+        &store,
+        "decisions = \"all\"",
+        &tool(&["api.test", "other.test"]),
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let dropped = config_file(dir.path(), "dropped.toml", &dns, &store, "", &tool(&["api.test"]));
+    let added = config_file(
+        dir.path(),
+        "added.toml",
+        &dns,
+        &dir.path().join("elsewhere.db"),
+        "",
+        &tool(&["api.test", "other.test", "new.test"]),
+    );
+    let p = TestProxy::start_config(dns, &text, None, None).await;
+    let run = p.run("web").await;
+    for n in ["api.test", "api.test", "other.test"] {
+        assert_eq!(p.get(&run, &format!("http://{n}:{port}/x"), "").await.status, 404);
+    }
+    assert_eq!(p.get(&run, &format!("http://new.test:{port}/"), "").await.status, 403);
+    decisions(&p, "tool=web", 3).await;
+
+    // Over the API: the TOML in a POST body.
+    let body = serde_json::json!({ "config": std::fs::read_to_string(&dropped).unwrap() });
+    let (status, v) = p.control("POST", "/v1/policy/replay", Some(body)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["breaks"], true);
+    assert_eq!(
+        v["tools"][0]["becomes_denied"][0]["target"],
+        format!("other.test:{port}")
+    );
+    assert_eq!(v["tools"][0]["becomes_denied"][0]["reason"], "not_allowlisted");
+    let (status, v) = p
+        .control(
+            "POST",
+            "/v1/policy/replay",
+            Some(serde_json::json!({ "config": "[proxy]\nlisten = 7\n" })),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (422, Some("invalid_config")),
+        "{v}"
+    );
+    p.shutdown().await;
+
+    let (code, out) = policy_cmd(&["replay", "--config", dropped.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "becomes DENIED  other.test:{port} (not_allowlisted): 1 record(s), e.g. GET /x"
+        )),
+        "{out}"
+    );
+    assert!(
+        !out.contains(&format!("api.test:{port}")),
+        "api.test is unchanged: {out}"
+    );
+
+    let (code, out) = policy_cmd(&[
+        "replay",
+        "--config",
+        added.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--tool",
+        "web",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("becomes allowed new.test:{port} (not_allowlisted)")),
+        "{out}"
+    );
+    assert!(!out.contains("DENIED"), "{out}");
+
+    let (code, out) = policy_cmd(&["replay", "--config", added.to_str().unwrap()]);
+    assert_eq!(code, 2, "no store at the new config's path: {out}");
+}

@@ -381,6 +381,7 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "PUT /v1/owners/{owner}",
             "GET /v1/policy",
             "POST /v1/policy/reload",
+            "POST /v1/policy/replay",
             "GET /v1/runs",
             "POST /v1/runs",
             "DELETE /v1/runs/{id}",
@@ -389,6 +390,7 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "GET /v1/runs/{id}/decisions",
             "GET /v1/runs/{id}/facts",
             "POST /v1/runs/{id}/grants",
+            "GET /v1/tools/{tool}/suggestion",
         ]
     );
     // Every operation answers something the document lists (the harness asserts it).

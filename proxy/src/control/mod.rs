@@ -1,6 +1,6 @@
 //! The control plane: the API for kernels, the executor and Prometheus.
 //! Routes live by subject (`runs`, `facts`, `decisions`, `sse`, `owners`,
-//! `policy`, `health`); this module assembles them with their OpenAPI document and
+//! `policy`, `learn`, `health`); this module assembles them with their OpenAPI document and
 //! serves them. Everything under `/v1` needs `Authorization: Bearer <control
 //! token>` (constant-time compare); errors are `{"error":{"code","message"}}`
 //! (`error`). A connection is admitted as on the data listener: pending
@@ -13,6 +13,7 @@ mod decisions;
 pub(crate) mod error;
 mod facts;
 mod health;
+mod learn;
 mod owners;
 pub(crate) mod policy;
 mod runs;
@@ -58,6 +59,8 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(decisions::stream))
         .routes(routes!(policy::reload_handler))
         .routes(routes!(policy::get_policy))
+        .routes(routes!(learn::suggestion))
+        .routes(routes!(learn::replay))
         .routes(routes!(ca::get_ca))
         .routes(routes!(cell::get_cell))
         .routes(routes!(owners::list_owners))

@@ -97,7 +97,6 @@ impl Seen {
 
 /// `30s`, `15m`, `24h`, `7d` (or plain seconds) as a duration.
 pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
-    let s = s.trim();
     let (n, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => s.split_at(i),
         None => (s, "s"),
