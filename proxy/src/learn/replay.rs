@@ -213,6 +213,11 @@ pub fn replay(p: &Policy, seen: &[Seen]) -> Replay {
     let mut tools: BTreeMap<String, Acc> = BTreeMap::new();
     let (mut replayed, mut skipped) = (0, 0);
     for s in seen {
+        // A fetch report mode let through has its fact, replayed instead
+        // (the fact names what report mode waived).
+        if s.what == (What::Allowed { reported: true }) {
+            continue;
+        }
         let (Some(old), Some(new)) = (recorded(s), decide(p, s)) else {
             skipped += 1;
             continue;
@@ -374,6 +379,8 @@ mod tests {
             seen("t", "connect", "b.test", OK, &["192.0.2.2"]),
             seen("t", "connect", "c.test", denied("not_allowlisted"), &[]),
             seen("t", "connect", "d.test", denied("budget_exhausted"), &[]),
+            // Report mode let this one through: its fact is replayed, not it.
+            seen("t", "connect", "b.test", What::Allowed { reported: true }, &["192.0.2.2"]),
         ];
         let old = policy("[tools.t]\negress = [\"a.test:443\", \"b.test:443\"]\n");
         let same = replay(&old, &seen);
@@ -385,8 +392,12 @@ mod tests {
         let t = &dropped.tools[0];
         assert_eq!(t.becomes_denied.len(), 1);
         assert_eq!(
-            (t.becomes_denied[0].target.as_str(), t.becomes_denied[0].reason.as_str()),
-            ("b.test:443", "not_allowlisted")
+            (
+                t.becomes_denied[0].target.as_str(),
+                t.becomes_denied[0].reason.as_str(),
+                t.becomes_denied[0].count
+            ),
+            ("b.test:443", "not_allowlisted", 1)
         );
         assert!(
             dropped.text().contains("becomes DENIED  b.test:443"),

@@ -239,6 +239,9 @@ pub fn is_public_suffix(name: &str) -> bool {
 
 fn seen_text(e: &Entry) -> String {
     let mut s = format!("{} fetch{}", e.count, if e.count == 1 { "" } else { "es" });
+    if !e.names.is_empty() {
+        let _ = write!(s, " to {}", e.names.join(", "));
+    }
     if let (Some(f), Some(l)) = (&e.first, &e.last) {
         let _ = write!(s, ", first {f}, last {l}");
     }
@@ -278,12 +281,7 @@ fn render(p: &Proposal, rules: &[Rule], shown: &[String]) -> String {
         }
     }
     for e in &p.add {
-        let names = if e.names.is_empty() {
-            String::new()
-        } else {
-            format!(" to {}", e.names.join(", "))
-        };
-        let _ = writeln!(out, "    {:?},  # add: {}{names}", e.entry, seen_text(e));
+        let _ = writeln!(out, "    {:?},  # add: {}", e.entry, seen_text(e));
     }
     let _ = writeln!(out, "]");
     if !p.unused.is_empty() {
