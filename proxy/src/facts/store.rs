@@ -1042,6 +1042,31 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pages_another_budget_counts_are_left_out_of_this_one() {
+        for (others, fits) in [(0u64, false), (64 << 20, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f.db");
+            {
+                // Another table of the file (the decision log's) holds 1 MiB.
+                let c = Connection::open(&path).unwrap();
+                c.execute_batch("CREATE TABLE other (b BLOB); INSERT INTO other VALUES (zeroblob(1048576));")
+                    .unwrap();
+            }
+            let limits = Limits {
+                max_bytes: 256 * 1024,
+                others: Arc::new(AtomicU64::new(others)),
+                ..Limits::default()
+            };
+            let s = SqliteStore::open(&path, limits, StoreMetrics::default());
+            let mut ok = true;
+            for i in 0..3 {
+                ok &= s.record(fact("r", &format!("h{i}"))).await.is_ok();
+            }
+            assert_eq!(ok, fits, "others = {others}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_corrupt_file_fails_closed_and_unready() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.db");

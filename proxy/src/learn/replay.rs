@@ -380,7 +380,13 @@ mod tests {
             seen("t", "connect", "c.test", denied("not_allowlisted"), &[]),
             seen("t", "connect", "d.test", denied("budget_exhausted"), &[]),
             // Report mode let this one through: its fact is replayed, not it.
-            seen("t", "connect", "b.test", What::Allowed { reported: true }, &["192.0.2.2"]),
+            seen(
+                "t",
+                "connect",
+                "b.test",
+                What::Allowed { reported: true },
+                &["192.0.2.2"],
+            ),
         ];
         let old = policy("[tools.t]\negress = [\"a.test:443\", \"b.test:443\"]\n");
         let same = replay(&old, &seen);
