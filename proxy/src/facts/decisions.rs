@@ -27,6 +27,9 @@ pub const QUEUE: usize = 8192;
 /// Records written per transaction at most.
 const BATCH: usize = 1024;
 
+/// How long the writer gathers records after the first of a batch.
+const GATHER: Duration = Duration::from_millis(10);
+
 /// How often, at most, old records are looked for and the table measured.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 const MEASURE_EVERY: Duration = Duration::from_secs(5);
@@ -423,6 +426,9 @@ impl Writer {
         }
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
+            // Gather what comes meanwhile: one transaction per GATHER of
+            // records, not one per record when fetches come one by one.
+            std::thread::sleep(GATHER);
             while batch.len() < BATCH {
                 match rx.try_recv() {
                     Ok(d) => batch.push(d),
