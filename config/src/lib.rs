@@ -199,11 +199,30 @@ pub struct ProxyConfig {
     pub facts_max_bytes: u64,
     /// Facts older than this may be deleted to stay within the budget.
     pub facts_retention: Duration,
+    /// `decisions`: which allowed fetches the decision log records.
+    pub decisions: Decisions,
+    /// `decisions_max_mb`: size budget of the decision log, in bytes (the
+    /// oldest records are dropped beyond it).
+    pub decisions_max_bytes: u64,
+    /// `decisions_retention_hours`: records older than this are deleted.
+    pub decisions_retention: Duration,
     pub drain_timeout: Duration,
     pub tls: Option<TlsConfig>,
     /// `[proxy.interception]`: the appliance CA and the roots origins are
     /// verified against, for CONNECTs the proxy terminates.
     pub interception: InterceptionConfig,
+}
+
+/// `[proxy] decisions`: which allowed fetches and tunnels the decision log
+/// records (denials are facts, always recorded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decisions {
+    /// None (the default).
+    Off,
+    /// One in `n` (`decisions_sample`).
+    Sampled(u32),
+    /// Every one.
+    All,
 }
 
 /// `[proxy.interception]`.
@@ -258,6 +277,9 @@ impl Default for ProxyConfig {
             max_event_streams: 32,
             facts_max_bytes: 1024 * 1024 * 1024,
             facts_retention: Duration::from_secs(720 * 3600),
+            decisions: Decisions::Off,
+            decisions_max_bytes: 256 * 1024 * 1024,
+            decisions_retention: Duration::from_secs(168 * 3600),
             drain_timeout: Duration::from_secs(10),
             tls: None,
             interception: InterceptionConfig::default(),
@@ -495,6 +517,9 @@ mod tests {
                 max_event_streams: 32,
                 facts_max_bytes: 1024 << 20,
                 facts_retention: Duration::from_secs(720 * 3600),
+                decisions: Decisions::Off,
+                decisions_max_bytes: 256 << 20,
+                decisions_retention: Duration::from_secs(168 * 3600),
                 drain_timeout: Duration::from_millis(10_000),
                 tls: None,
                 interception: InterceptionConfig::default(),

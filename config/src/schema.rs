@@ -11,8 +11,8 @@ use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
 use crate::requests::{PathPattern, Requests};
 use crate::{
-    Budgets, Config, DnsConfig, InterceptionConfig, Isolation, Mode, Network, Policy, Problem, ProxyConfig, Rate,
-    SecretScan, TlsConfig, ToolPolicy,
+    Budgets, Config, Decisions, DnsConfig, InterceptionConfig, Isolation, Mode, Network, Policy, Problem, ProxyConfig,
+    Rate, SecretScan, TlsConfig, ToolPolicy,
 };
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -297,11 +297,41 @@ fn proxy(s: &mut Section) -> (ProxyConfig, Vec<IpNet>, Vec<IpNet>) {
                 d.facts_retention.as_secs() / HOUR,
             ) * HOUR,
         ),
+        decisions: decisions(s),
+        decisions_max_bytes: s.int("decisions_max_mb", 1..=16 * 1024 * 1024, d.decisions_max_bytes / MIB) * MIB,
+        decisions_retention: Duration::from_secs(
+            s.int(
+                "decisions_retention_hours",
+                1..=100 * 365 * 24,
+                d.decisions_retention.as_secs() / HOUR,
+            ) * HOUR,
+        ),
         drain_timeout: s.millis("drain_timeout_ms", 0..=3_600_000, d.drain_timeout),
         tls,
         interception,
     };
     (cfg, allow, deny)
+}
+
+/// `decisions = "off" | "sampled" | "all"` and `decisions_sample` (1 in N).
+fn decisions(s: &mut Section) -> Decisions {
+    #[derive(Clone, Copy)]
+    enum Choice {
+        Off,
+        Sampled,
+        All,
+    }
+    let choice = s.choice(
+        "decisions",
+        &[("off", Choice::Off), ("sampled", Choice::Sampled), ("all", Choice::All)],
+        Choice::Off,
+    );
+    let n = s.int("decisions_sample", 1..=1_000_000, 100) as u32;
+    match choice {
+        Choice::Off => Decisions::Off,
+        Choice::Sampled => Decisions::Sampled(n),
+        Choice::All => Decisions::All,
+    }
 }
 
 /// A list of CIDRs (or single addresses) under `key`.
@@ -497,8 +527,9 @@ fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<(Rule, Opt
 
 #[cfg(test)]
 mod tests {
-    use crate::{Config, Host, Match, Mode};
+    use crate::{Config, Decisions, Host, Match, Mode};
     use std::path::{Path, PathBuf};
+    use std::time::Duration;
 
     const GOOD: &str = r#"
 [proxy]
@@ -580,6 +611,25 @@ command = ["python3", "tools/weather.py"]
         let e = errors("[tools.t]\non_unlisted = \"maybe\"\nask_timeout_ms = 0\n");
         assert!(e.contains("tools.t.on_unlisted"), "{e}");
         assert!(e.contains("tools.t.ask_timeout_ms"), "{e}");
+    }
+
+    #[test]
+    fn the_decision_log_keys_are_read_and_checked() {
+        let c = |text: &str| Config::parse(text, "t.toml").unwrap().proxy;
+        assert_eq!(c("[proxy]\n").decisions, Decisions::Off);
+        assert_eq!(c("[proxy]\ndecisions = \"all\"\n").decisions, Decisions::All);
+        assert_eq!(
+            c("[proxy]\ndecisions = \"sampled\"\n").decisions,
+            Decisions::Sampled(100)
+        );
+        let p = c("[proxy]\ndecisions = \"sampled\"\ndecisions_sample = 7\ndecisions_max_mb = 3\ndecisions_retention_hours = 2\n");
+        assert_eq!(p.decisions, Decisions::Sampled(7));
+        assert_eq!(p.decisions_max_bytes, 3 << 20);
+        assert_eq!(p.decisions_retention, Duration::from_secs(7200));
+        let e = errors("[proxy]\ndecisions = \"some\"\ndecisions_sample = 0\ndecisions_max_mb = 0\n");
+        for key in ["proxy.decisions:", "proxy.decisions_sample", "proxy.decisions_max_mb"] {
+            assert!(e.contains(key), "{key}: {e}");
+        }
     }
 
     #[test]
@@ -735,7 +785,7 @@ child_uid = 0
             r#"bad.toml: proxy.control: invalid type: integer `3129`, expected a string
 bad.toml: proxy.dns.servers[1]: invalid type: integer `53`, expected a string
 bad.toml: proxy.max_runs: invalid type: string "many", expected u64
-bad.toml: proxy.listne: unknown key (expected one of: allow_ranges, control, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
+bad.toml: proxy.listne: unknown key (expected one of: allow_ranges, control, decisions, decisions_max_mb, decisions_retention_hours, decisions_sample, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
 bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool, methods = [...], paths = [...] }, not integer
 bad.toml: tools.web.egress[2]: port must be a decimal number in 1..=65535
 bad.toml: tools.web.process.pool.warm: is 3, more than pool.max = 2

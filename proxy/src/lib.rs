@@ -7,8 +7,12 @@
 //! The code is laid out by plane (`docs/architecture.md` walks it):
 //! - `data/`: the decision path of one fetch (`data::fetch`, one function
 //!   per step) and what its steps use;
-//! - `control/`: the kernels' API (runs, facts, owners, policy, SSE, reload);
-//! - `facts/`: the fact type, the [`FactSink`] and the SQLite store;
+//! - `control/`: the kernels' API (runs, facts, decisions, owners, policy,
+//!   SSE, reload, suggestion, replay);
+//! - `facts/`: the fact type, the [`FactSink`], the SQLite store and the
+//!   decision log (allowed fetches, off the answer path);
+//! - `learn/`: what recorded traffic says about a policy (`policy suggest`,
+//!   `policy replay`), pure functions over the records;
 //! - `runs/`: the run registry, owners' leases, per-run slots and idle
 //!   upstream connections;
 //! - `state` (the shared state, no listener), `listener` (accept, admission,
@@ -25,6 +29,7 @@ mod data;
 mod deny;
 mod dns;
 pub mod facts;
+pub mod learn;
 mod listener;
 mod metrics;
 mod runs;

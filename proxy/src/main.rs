@@ -1,7 +1,9 @@
 //! `egress-proxy`: `serve` runs the proxy (embedded default config when no
 //! `--config` is given), `check` validates a config file without starting anything,
 //! `ranges` prints the default denied address ranges (for fences built outside
-//! the proxy, such as a NetworkPolicy's `except` lists).
+//! the proxy, such as a NetworkPolicy's `except` lists), `policy suggest`
+//! proposes a tool's allowlist from its recorded traffic and `policy
+//! replay` re-decides the recorded traffic under a new config.
 #![forbid(unsafe_code)]
 
 use anyhow::Context as _;
@@ -50,10 +52,54 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Learn from recorded traffic: the store the config's [proxy] facts names
+    /// (read-only; the proxy may be running).
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
     /// The appliance CA of intercepted CONNECTs.
     Ca {
         #[command(subcommand)]
         action: CaAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyAction {
+    /// Print a proposed `egress = [...]` for a tool from its denials, report-mode
+    /// facts and decision records, with counts and first/last seen; exit 2 on error.
+    Suggest {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        tool: String,
+        /// Only records this recent: 30m, 24h, 7d.
+        #[arg(long)]
+        since: Option<String>,
+        /// Collapse names under one registrable domain to *.domain:port (never a public suffix).
+        #[arg(long)]
+        wildcards: bool,
+        /// The store to read instead of the config's [proxy] facts.
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Re-decide the recorded decisions and denials under NEW; print per tool what
+    /// becomes denied or allowed. Exit 1 when something that went out would be
+    /// denied, 0 otherwise, 2 on error.
+    Replay {
+        /// The new config (its [proxy] facts names the store, unless --store).
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        tool: Option<String>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -88,6 +134,13 @@ fn main() -> std::process::ExitCode {
         Cmd::Ca {
             action: CaAction::Rotate { config },
         } => rotate_ca(&config),
+        Cmd::Policy { action } => match learn(action) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("egress-proxy: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
         Cmd::Serve { config, log_format } => {
             init_logs(log_format);
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -211,6 +264,76 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
         Err(e) => {
             eprintln!("{e}");
             std::process::ExitCode::from(1)
+        }
+    }
+}
+
+/// `policy suggest` and `policy replay`.
+fn learn(action: PolicyAction) -> Result<std::process::ExitCode, String> {
+    use egress_proxy::learn::{history, replay, suggest};
+    let window = |tool: Option<String>, since: Option<String>| -> Result<history::Window, String> {
+        let since = match since {
+            Some(s) => Some(egress_proxy::learn::since(
+                egress_proxy::learn::parse_duration(&s)
+                    .ok_or(format!("--since {s:?} is not a duration (30m, 24h, 7d)"))?,
+            )),
+            None => None,
+        };
+        Ok(history::Window { tool, since })
+    };
+    let store = |c: &Config, given: Option<PathBuf>| -> Result<PathBuf, String> {
+        let p = given.unwrap_or_else(|| c.proxy.facts.clone());
+        if p.as_os_str() == ":memory:" {
+            return Err("the config keeps facts in memory: nothing to read here; use the control API (GET /v1/tools/{tool}/suggestion, POST /v1/policy/replay) of the running proxy".into());
+        }
+        if !p.exists() {
+            return Err(format!("{}: no fact store there (--store names another)", p.display()));
+        }
+        Ok(p)
+    };
+    match action {
+        PolicyAction::Suggest {
+            config,
+            tool,
+            since,
+            wildcards,
+            store: given,
+        } => {
+            let c = Config::load(&config).map_err(|e| e.to_string())?;
+            let path = store(&c, given)?;
+            let seen = history::read_store(&path, &window(Some(tool.clone()), since)?)?;
+            let t = c.policy.tool(&tool);
+            if t.is_none() {
+                eprintln!(
+                    "note: tool {tool:?} is not in {}: every name it used is proposed",
+                    config.display()
+                );
+            }
+            let p = suggest::suggest(&tool, t.map(|t| t.as_ref()), &seen, wildcards);
+            Ok(emit(&p.toml))
+        }
+        PolicyAction::Replay {
+            config,
+            since,
+            tool,
+            store: given,
+            json,
+        } => {
+            let c = Config::load(&config).map_err(|e| e.to_string())?;
+            let path = store(&c, given)?;
+            let seen = history::read_store(&path, &window(tool, since)?)?;
+            let r = replay::replay(&c.policy, &seen);
+            let out = if json {
+                serde_json::to_string_pretty(&r).map_err(|e| e.to_string())? + "\n"
+            } else {
+                r.text()
+            };
+            let code = emit(&out);
+            Ok(if r.breaks {
+                std::process::ExitCode::from(1)
+            } else {
+                code
+            })
         }
     }
 }

@@ -134,6 +134,7 @@ pub struct Metrics {
     pub errors: Family<ToolReason, Counter>,
     pub upstream_reused: Counter,
     pub store: StoreMetrics,
+    pub decisions: DecisionMetrics,
     /// Policy reloads by outcome (ok, error).
     pub reloads: Family<OutcomeLabel, Counter>,
     /// `egress_config_info{digest}` = 1 for the policy in force.
@@ -170,6 +171,18 @@ pub struct CellInfo {
     pub cell: String,
     pub epoch: String,
     pub policy: String,
+}
+
+/// The decision log's.
+#[derive(Clone, Default)]
+pub struct DecisionMetrics {
+    /// Records dropped: the queue was full, or the store could not be written.
+    pub dropped: Counter,
+    pub recorded: Counter,
+    /// Records deleted by the budget or the retention.
+    pub pruned: Counter,
+    pub bytes: Gauge,
+    pub budget: Gauge,
 }
 
 /// The fact store's size and pruning.
@@ -382,6 +395,32 @@ impl Metrics {
             "Unix time of the last batch exported (or of the last check that found nothing to export)",
             export.last_success.clone(),
         );
+        let decisions = DecisionMetrics::default();
+        registry.register(
+            "egress_decisions_dropped",
+            "Decision log records dropped because its queue was full or the store could not be written",
+            decisions.dropped.clone(),
+        );
+        registry.register(
+            "egress_decisions_recorded",
+            "Decision log records written",
+            decisions.recorded.clone(),
+        );
+        registry.register(
+            "egress_decisions_pruned",
+            "Decision log records deleted by its budget (proxy.decisions_max_mb) or retention",
+            decisions.pruned.clone(),
+        );
+        registry.register(
+            "egress_decisions_store_bytes",
+            "Bytes the decision log holds",
+            decisions.bytes.clone(),
+        );
+        registry.register(
+            "egress_decisions_store_budget_bytes",
+            "Size budget of the decision log (proxy.decisions_max_mb)",
+            decisions.budget.clone(),
+        );
         let cell_info = Family::<CellInfo, Gauge>::default();
         registry.register(
             "egress_cell_info",
@@ -390,6 +429,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
+            decisions,
             grants,
             export,
             cell_info,

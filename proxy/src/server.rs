@@ -103,6 +103,9 @@ impl Handle {
                 ),
             }
         }
+        // The records of the fetches just drained are written before the end.
+        let log = sh.decisions.clone();
+        let _ = tokio::task::spawn_blocking(move || log.close()).await;
         sh.control_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
             while self.tasks.join_next().await.is_some() {}
@@ -175,6 +178,8 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     if opts.facts.is_none() && pc.facts.as_os_str() != ":memory:" {
         store_dir(&pc);
     }
+    let decision_bytes: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+    let sqlite = opts.facts.is_none() && pc.facts.as_os_str() != ":memory:";
     let facts: Arc<dyn FactSink> = match opts.facts {
         Some(f) => f,
         None if pc.facts.as_os_str() == ":memory:" => {
@@ -188,10 +193,23 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
                 retention: pc.facts_retention,
                 cell: cfg.cell.as_ref().map(|c| c.id.clone()),
                 exported: cfg.export.sink == egress_config::Sink::Postgres,
+                others: decision_bytes.clone(),
             },
             metrics.store.clone(),
         )),
     };
+    // The decision log shares the fact store's file (its own table and
+    // budget), or memory with an in-memory or embedder's sink.
+    let decisions = Arc::new(crate::facts::decisions::DecisionLog::open(
+        pc.decisions,
+        sqlite.then_some(pc.facts.as_path()),
+        crate::facts::decisions::Limits {
+            max_bytes: pc.decisions_max_bytes,
+            retention: pc.decisions_retention,
+        },
+        metrics.decisions.clone(),
+        decision_bytes,
+    ));
     if let Some(cell) = &cfg.cell {
         crate::control::error::set_cell(cell);
     }
@@ -228,6 +246,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         &cfg,
         Parts {
             facts,
+            decisions,
             metrics,
             resolver: Arc::new(dns),
             dialer: Arc::new(TcpDial),

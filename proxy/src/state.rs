@@ -31,6 +31,8 @@ pub struct Shared {
     pub owners: Owners,
     pub policy: ArcSwap<Policy>,
     pub facts: Arc<dyn FactSink>,
+    /// Allowed fetches, recorded off the answer path (`[proxy] decisions`).
+    pub decisions: Arc<crate::facts::decisions::DecisionLog>,
     /// How fetches resolve names and dial vetted addresses.
     pub resolver: Arc<dyn Resolve>,
     pub dialer: Arc<dyn Dial>,
@@ -77,6 +79,7 @@ pub struct Shared {
 /// What [`Shared::new`] needs besides the config.
 pub(crate) struct Parts {
     pub facts: Arc<dyn FactSink>,
+    pub decisions: Arc<crate::facts::decisions::DecisionLog>,
     pub metrics: Metrics,
     pub resolver: Arc<dyn Resolve>,
     pub dialer: Arc<dyn Dial>,
@@ -116,6 +119,7 @@ impl Shared {
             owners: Owners::default(),
             policy: ArcSwap::new(cfg.policy.clone()),
             facts: p.facts,
+            decisions: p.decisions,
             resolver: p.resolver,
             dialer: p.dialer,
             me: p.me,

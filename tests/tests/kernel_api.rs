@@ -372,6 +372,8 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "GET /readyz",
             "GET /v1/ca",
             "GET /v1/cell",
+            "GET /v1/decisions",
+            "GET /v1/decisions/stream",
             "GET /v1/facts",
             "GET /v1/facts/stream",
             "GET /v1/owners",
@@ -379,13 +381,16 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "PUT /v1/owners/{owner}",
             "GET /v1/policy",
             "POST /v1/policy/reload",
+            "POST /v1/policy/replay",
             "GET /v1/runs",
             "POST /v1/runs",
             "DELETE /v1/runs/{id}",
             "GET /v1/runs/{id}",
             "POST /v1/runs/{id}/activate",
+            "GET /v1/runs/{id}/decisions",
             "GET /v1/runs/{id}/facts",
             "POST /v1/runs/{id}/grants",
+            "GET /v1/tools/{tool}/suggestion",
         ]
     );
     // Every operation answers something the document lists (the harness asserts it).

@@ -11,20 +11,38 @@ use axum::Json;
 use egress_api::{Cursor, ErrorBody, FactsPage};
 use std::sync::Arc;
 
-/// A fact cursor from the query string: `400 bad_request` when it does not
-/// parse or is above [`Cursor::MAX_AFTER`] (refused rather than wrapped).
-pub struct FactCursor(pub Cursor);
+/// A query with a cursor (`after`), as [`Paging`] checks it.
+pub trait Paged {
+    fn after(&self) -> u64;
+}
 
-impl<S: Send + Sync> FromRequestParts<S> for FactCursor {
+impl Paged for Cursor {
+    fn after(&self) -> u64 {
+        self.after
+    }
+}
+
+/// A cursor query from the query string (facts, decisions): `400
+/// bad_request` when it does not parse or `after` is above
+/// [`Cursor::MAX_AFTER`] (refused rather than wrapped).
+pub struct Paging<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Paged> FromRequestParts<S> for Paging<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let AppQuery(c) = AppQuery::<Cursor>::from_request_parts(parts, state).await?;
-        if c.after > Cursor::MAX_AFTER {
+        let AppQuery(c) = AppQuery::<T>::from_request_parts(parts, state).await?;
+        if c.after() > Cursor::MAX_AFTER {
             return Err(bad_request(format!("after must be at most {}", Cursor::MAX_AFTER)));
         }
-        Ok(FactCursor(c))
+        Ok(Paging(c))
     }
+}
+
+/// A page's size from its `limit`: default 100; 0 counts as 1, above 1000
+/// as 1000.
+pub fn page_size(limit: Option<usize>) -> usize {
+    limit.unwrap_or(100).clamp(1, 1000)
 }
 
 #[utoipa::path(get, path = "/v1/facts", tag = "facts", security(("control_token" = [])),
@@ -34,7 +52,7 @@ impl<S: Send + Sync> FromRequestParts<S> for FactCursor {
         (status = 400, description = "bad_request (e.g. after above 2^63-1)", body = ErrorBody),
         (status = 503, description = "facts_unavailable", body = ErrorBody),
     ))]
-pub(super) async fn list_facts(State(sh): State<Arc<Shared>>, FactCursor(c): FactCursor) -> ApiResult<Json<FactsPage>> {
+pub(super) async fn list_facts(State(sh): State<Arc<Shared>>, Paging(c): Paging<Cursor>) -> ApiResult<Json<FactsPage>> {
     query_facts(&sh, c, None).await
 }
 
@@ -48,13 +66,13 @@ pub(super) async fn list_facts(State(sh): State<Arc<Shared>>, FactCursor(c): Fac
 pub(super) async fn run_facts(
     State(sh): State<Arc<Shared>>,
     Path(id): Path<String>,
-    FactCursor(c): FactCursor,
+    Paging(c): Paging<Cursor>,
 ) -> ApiResult<Json<FactsPage>> {
     query_facts(&sh, c, Some(id)).await
 }
 
 async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResult<Json<FactsPage>> {
-    let limit = c.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = page_size(c.limit);
     let facts = sh
         .facts
         .query(FactQuery {

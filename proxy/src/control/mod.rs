@@ -1,6 +1,6 @@
 //! The control plane: the API for kernels, the executor and Prometheus.
-//! Routes live by subject (`runs`, `facts`, `sse`, `owners`, `policy`,
-//! `health`); this module assembles them with their OpenAPI document and
+//! Routes live by subject (`runs`, `facts`, `decisions`, `sse`, `owners`,
+//! `policy`, `learn`, `health`); this module assembles them with their OpenAPI document and
 //! serves them. Everything under `/v1` needs `Authorization: Bearer <control
 //! token>` (constant-time compare); errors are `{"error":{"code","message"}}`
 //! (`error`). A connection is admitted as on the data listener: pending
@@ -9,9 +9,11 @@
 
 mod ca;
 mod cell;
+mod decisions;
 pub(crate) mod error;
 mod facts;
 mod health;
+mod learn;
 mod owners;
 pub(crate) mod policy;
 mod runs;
@@ -52,8 +54,13 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(facts::run_facts))
         .routes(routes!(facts::list_facts))
         .routes(routes!(sse::stream))
+        .routes(routes!(decisions::list_decisions))
+        .routes(routes!(decisions::run_decisions))
+        .routes(routes!(decisions::stream))
         .routes(routes!(policy::reload_handler))
         .routes(routes!(policy::get_policy))
+        .routes(routes!(learn::suggestion))
+        .routes(routes!(learn::replay))
         .routes(routes!(ca::get_ca))
         .routes(routes!(cell::get_cell))
         .routes(routes!(owners::list_owners))

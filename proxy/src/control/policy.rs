@@ -93,20 +93,22 @@ pub async fn reload_handler(State(sh): State<Arc<Shared>>) -> Result<Json<Reload
         }
         Err(ReloadError::Config(e)) => {
             tracing::error!(error = %e, "policy reload rejected; the old policy stays in force");
-            let problems = e
-                .problems
-                .iter()
-                .map(|p| Problem {
-                    path: p.path.clone(),
-                    message: p.message.clone(),
-                })
-                .collect();
-            Err(
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", format!("{e}"))
-                    .with_problems(problems),
-            )
+            Err(invalid_config(&e))
         }
     }
+}
+
+/// `422 invalid_config` with every problem of `e`.
+pub(crate) fn invalid_config(e: &ConfigError) -> ApiError {
+    let problems = e
+        .problems
+        .iter()
+        .map(|p| Problem {
+            path: p.path.clone(),
+            message: p.message.clone(),
+        })
+        .collect();
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", format!("{e}")).with_problems(problems)
 }
 
 /// `GET /v1/policy`: the digest and the tools of the policy in force.

@@ -30,7 +30,7 @@ use crate::admission::{self, Refused};
 use crate::data::auth::{self, AuthFailure};
 use crate::data::body::{Exchange, ProxyBody};
 use crate::data::decide::{Ask, Dest, Fetch, ReqHead};
-use crate::data::finish::Finish;
+use crate::data::finish::{Finish, Logged};
 use crate::data::forward::{self, Exchanging};
 use crate::data::inject::Injection;
 use crate::data::intercept;
@@ -293,17 +293,20 @@ impl Fetch<'_> {
                 .plaintext_dial(credentials.as_ref(), &target, dial, &resolved)
                 .await?;
             let upstream = self.dial(run, &target, dial, &resolved).await?;
-            Ok::<_, Halt>((slot, upstream))
+            Ok::<_, Halt>((slot, upstream, resolved))
         };
         let halted = tokio::select! {
             r = connected => r,
             _ = tokio::time::sleep_until(deadline) => Err(Halt::Timeout),
             _ = run.cancel.cancelled() => Err(Halt::Failed(FetchError::RunEnded, format!("run {} ended", run.id))),
         };
-        let (slot, upstream) = match halted {
+        let (slot, upstream, resolved) = match halted {
             Ok(ok) => ok,
             Err(halt) => return Err(self.halted(halt, finish, &run.tool, tool.fetch_timeout)),
         };
+        if self.sh.decisions.sample() {
+            finish.logged = Some(Box::new(self.logged(&target, ask.method, &resolved)));
+        }
         finish.opened();
         self.count_allowed(&tool);
         Ok(Prepared {
@@ -316,6 +319,25 @@ impl Fetch<'_> {
             intercept,
             websocket,
         })
+    }
+
+    /// The decision log's record of this fetch, once its addresses are known.
+    fn logged(&self, target: &Target, method: &str, resolved: &[IpAddr]) -> Logged {
+        let mut resolved: Vec<String> = resolved.iter().map(|i| i.to_string()).collect();
+        resolved.truncate(crate::facts::MAX_RESOLVED);
+        Logged {
+            log: self.sh.decisions.clone(),
+            host: target.host.to_string(),
+            port: target.port,
+            method: Some(if self.kind == Kind::Connect { "CONNECT" } else { method }.to_owned()),
+            path: target
+                .path_and_query
+                .as_ref()
+                .map(|pq| crate::facts::decisions::record_path(pq.as_str())),
+            policy: self.policy.digest.to_string(),
+            resolved,
+            reported: self.reported.load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 
     /// The answer of a fetch that stopped in steps 5–7.

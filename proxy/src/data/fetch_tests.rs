@@ -83,6 +83,7 @@ impl Proxy {
                 exporter: None,
                 proxy_scheme: "http",
                 facts: Arc::new(MemorySink::new(100)),
+                decisions: Arc::new(crate::facts::decisions::DecisionLog::off()),
                 metrics: Metrics::new(),
                 resolver: net.clone(),
                 dialer: net.clone(),

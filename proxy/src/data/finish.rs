@@ -2,14 +2,17 @@
 //! request body, the response body, a tunnel) that, when the last of them
 //! drops it, records the fetch's outcome, duration and bytes in the metrics
 //! and in the run's counters, and writes the one log line per decision (run,
-//! tool, target, decision, reason, duration, bytes). The first outcome set
-//! wins; it never logs secrets or `Proxy-Authorization`.
+//! tool, target, decision, reason, duration, bytes), and, when the fetch is
+//! sampled, offers its record to the decision log (never waiting for it).
+//! The first outcome set wins; it never logs secrets or
+//! `Proxy-Authorization`.
 
 use crate::deny::{Phase, Via};
+use crate::facts::decisions::{Decision, DecisionLog};
 use crate::metrics::{Outcome, ToolMetrics};
 use crate::runs::budget::ByteBudget;
 use crate::runs::Run;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::time::Instant;
 
@@ -26,6 +29,22 @@ pub struct Finish {
     silent: AtomicBool,
     /// The run's byte budget, when its tool has one.
     pub budget: Option<Arc<ByteBudget>>,
+    /// The origin's status code (0: none seen).
+    status: AtomicU16,
+    /// The decision log's record, when this fetch is sampled.
+    pub logged: Option<Box<Logged>>,
+}
+
+/// What a fetch's decision record says besides what [`Finish`] counts.
+pub struct Logged {
+    pub log: Arc<DecisionLog>,
+    pub host: String,
+    pub port: u16,
+    pub method: Option<String>,
+    pub path: Option<String>,
+    pub policy: String,
+    pub resolved: Vec<String>,
+    pub reported: bool,
 }
 
 impl Finish {
@@ -42,7 +61,14 @@ impl Finish {
             open: AtomicBool::new(false),
             silent: AtomicBool::new(false),
             budget: None,
+            status: AtomicU16::new(0),
+            logged: None,
         }
+    }
+
+    /// The origin answered with `status`.
+    pub fn set_status(&self, status: u16) {
+        self.status.store(status, Ordering::Relaxed);
     }
 
     /// Bytes already counted on the run's byte budget as they moved (a
@@ -140,5 +166,28 @@ impl Drop for Finish {
             bytes_down = down,
             "fetch finished"
         );
+        if let Some(l) = self.logged.take() {
+            let status = *self.status.get_mut();
+            l.log.offer(Decision {
+                seq: 0,
+                at: crate::time::rfc3339(std::time::SystemTime::now()),
+                run_id: self.run.id.to_string(),
+                tool: self.run.tool.to_string(),
+                kind: self.kind.as_str().to_owned(),
+                target: std::mem::take(&mut self.target),
+                host: l.host,
+                port: l.port,
+                method: l.method,
+                path: l.path,
+                status: (status != 0).then_some(status),
+                outcome: outcome.as_str().to_owned(),
+                reported: l.reported,
+                bytes_up: up,
+                bytes_down: down,
+                duration_ms: (secs * 1000.0) as u64,
+                policy: l.policy,
+                resolved: l.resolved,
+            });
+        }
     }
 }

@@ -200,6 +200,7 @@ pub async fn forward(
         return switch(sh, run, resp, conn, exchange, ws);
     }
     let (mut parts, body) = resp.into_parts();
+    fx.set_status(parts.status.as_u16());
     strip_hop_by_hop(&mut parts.headers);
     fx.add_down(body::head_len(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
@@ -240,6 +241,7 @@ fn switch(
     ws: WebSocket<'_>,
 ) -> Response<ProxyBody> {
     let fx = &exchange.finish;
+    fx.set_status(resp.status().as_u16());
     let origin = hyper::upgrade::on(&mut resp);
     let (mut parts, _) = resp.into_parts();
     let rewrite = websocket::rewrites(ws.credentials.as_ref());

@@ -4,6 +4,7 @@
 //! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
 //! bounded in-memory store for tests and embedding.
 
+pub mod decisions;
 pub mod export;
 pub(crate) mod private;
 pub(crate) mod store;

@@ -81,6 +81,9 @@ pub struct Limits {
     /// cursor (unexported facts count against the budget, which fails
     /// closed as with young facts).
     pub exported: bool,
+    /// Bytes of the file that another budget counts (the decision log's
+    /// table): left out of this one.
+    pub others: Arc<AtomicU64>,
 }
 
 impl Default for Limits {
@@ -90,6 +93,7 @@ impl Default for Limits {
             retention: Duration::from_secs(30 * 24 * 3600),
             cell: None,
             exported: false,
+            others: Arc::default(),
         }
     }
 }
@@ -718,6 +722,7 @@ impl Writer {
     /// Updates `used` and its gauge from the database.
     fn measure(&mut self) {
         if let Some(Ok(used)) = self.conn.as_ref().map(used_bytes) {
+            let used = used.saturating_sub(self.limits.others.load(Ordering::Acquire));
             self.used = used;
             self.metrics.bytes.set(used as i64);
         }
@@ -1034,6 +1039,31 @@ mod tests {
         let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
         assert!(s.record(fact("r", "after")).await.is_ok());
         assert_eq!(all(&s).await.len(), stored + 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pages_another_budget_counts_are_left_out_of_this_one() {
+        for (others, fits) in [(0u64, false), (64 << 20, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f.db");
+            {
+                // Another table of the file (the decision log's) holds 1 MiB.
+                let c = Connection::open(&path).unwrap();
+                c.execute_batch("CREATE TABLE other (b BLOB); INSERT INTO other VALUES (zeroblob(1048576));")
+                    .unwrap();
+            }
+            let limits = Limits {
+                max_bytes: 256 * 1024,
+                others: Arc::new(AtomicU64::new(others)),
+                ..Limits::default()
+            };
+            let s = SqliteStore::open(&path, limits, StoreMetrics::default());
+            let mut ok = true;
+            for i in 0..3 {
+                ok &= s.record(fact("r", &format!("h{i}"))).await.is_ok();
+            }
+            assert_eq!(ok, fits, "others = {others}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

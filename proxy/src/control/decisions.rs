@@ -1,0 +1,139 @@
+//! Decision log routes: every record by cursor (filtered by run and tool),
+//! one run's records, and the live tail (`sse`'s [`tail`]). Cursors are
+//! checked and pages sized as for facts ([`Paging`], [`page_size`]).
+
+use crate::control::error::{ApiError, ApiResult};
+use crate::control::facts::{page_size, Paged, Paging};
+use crate::control::sse::{self, Feed};
+use crate::facts::decisions::{Decision, DecisionQuery, DecisionsPage};
+use crate::state::Shared;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, Sse};
+use axum::Json;
+use egress_api::ErrorBody;
+use futures_util::Stream;
+use serde::Deserialize;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+/// A decision cursor and its filters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DecisionFilter {
+    /// Records with `seq` greater than this (0 ..= 2^63−1).
+    #[serde(default)]
+    #[param(maximum = 9223372036854775807_usize)]
+    pub after: u64,
+    /// Records per page: default 100; 0 counts as 1, above 1000 as 1000.
+    /// The live stream ignores it.
+    #[serde(default)]
+    #[param(maximum = 18446744073709551615_usize)]
+    pub limit: Option<usize>,
+    /// Only this run's records.
+    #[serde(default)]
+    pub run: Option<String>,
+    /// Only this tool's records.
+    #[serde(default)]
+    pub tool: Option<String>,
+}
+
+impl Paged for DecisionFilter {
+    fn after(&self) -> u64 {
+        self.after
+    }
+}
+
+impl DecisionFilter {
+    fn query(self, limit: usize) -> DecisionQuery {
+        DecisionQuery {
+            after: self.after,
+            limit,
+            run_id: self.run,
+            tool: self.tool,
+            since: None,
+        }
+    }
+}
+
+fn unavailable(e: impl ToString) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "decisions_unavailable", e.to_string())
+}
+
+#[utoipa::path(get, path = "/v1/decisions", tag = "decisions", security(("control_token" = [])),
+    params(DecisionFilter),
+    responses(
+        (status = 200, description = "Allowed fetches and tunnels recorded with seq > after, oldest first (empty with `decisions = \"off\"`)", body = DecisionsPage),
+        (status = 400, description = "bad_request (e.g. after above 2^63-1)", body = ErrorBody),
+        (status = 503, description = "decisions_unavailable", body = ErrorBody),
+    ))]
+pub(super) async fn list_decisions(
+    State(sh): State<Arc<Shared>>,
+    Paging(f): Paging<DecisionFilter>,
+) -> ApiResult<Json<DecisionsPage>> {
+    page(&sh, f, None).await
+}
+
+#[utoipa::path(get, path = "/v1/runs/{id}/decisions", tag = "decisions", security(("control_token" = [])),
+    params(("id" = String, Path, description = "Run id"), DecisionFilter),
+    responses(
+        (status = 200, description = "The run's recorded fetches with seq > after", body = DecisionsPage),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 503, description = "decisions_unavailable", body = ErrorBody),
+    ))]
+pub(super) async fn run_decisions(
+    State(sh): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Paging(f): Paging<DecisionFilter>,
+) -> ApiResult<Json<DecisionsPage>> {
+    page(&sh, f, Some(id)).await
+}
+
+async fn page(sh: &Shared, f: DecisionFilter, run: Option<String>) -> ApiResult<Json<DecisionsPage>> {
+    let after = f.after;
+    let limit = page_size(f.limit);
+    let mut q = f.query(limit);
+    if run.is_some() {
+        q.run_id = run;
+    }
+    let decisions = sh.decisions.query(q).await.map_err(unavailable)?;
+    let next = decisions.last().map(|d| d.seq).unwrap_or(after);
+    Ok(Json(DecisionsPage { decisions, next }))
+}
+
+fn event(d: &Decision) -> Event {
+    let data = serde_json::to_string(d).unwrap_or_else(|_| "{}".into());
+    Event::default().id(d.seq.to_string()).event("decision").data(data)
+}
+
+/// `GET /v1/decisions/stream`.
+#[utoipa::path(get, path = "/v1/decisions/stream", tag = "decisions", security(("control_token" = [])),
+    params(DecisionFilter),
+    responses(
+        (status = 200, description = "Server-Sent Events: `event: decision`, `id: <seq>`, `data: <decision JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 503, description = "too_many_streams", body = ErrorBody),
+    ))]
+pub(super) async fn stream(
+    State(sh): State<Arc<Shared>>,
+    Paging(f): Paging<DecisionFilter>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let place = sse::place(&sh)?;
+    let after = f.after;
+    let filter = f.query(500);
+    let (log, paged) = (sh.decisions.clone(), filter.clone());
+    let feed = Feed {
+        rx: sh.decisions.subscribe(),
+        page: Box::new(move |after| {
+            let (log, q) = (log.clone(), DecisionQuery { after, ..paged.clone() });
+            Box::pin(async move { log.query(q).await.map_err(|e| e.to_string()) })
+        }),
+        keep: Box::new(move |d| {
+            filter.run_id.as_deref().is_none_or(|r| r == d.run_id) && filter.tool.as_deref().is_none_or(|t| t == d.tool)
+        }),
+        seq: |d| d.seq,
+        event,
+    };
+    Ok(sse::tail(sh, place, after, feed))
+}
