@@ -77,14 +77,24 @@ fn line(name: &str, mut v: Vec<Duration>) -> (String, f64) {
     )
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    let Some(pg) = Postgres::start() else { return };
+    // Read by both cells of this process (one DSN, as in a fleet); set
+    // before the runtime starts any thread.
+    #[allow(clippy::disallowed_methods)]
+    std::env::set_var(DSN_ENV, pg.dsn());
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench());
+    drop(pg);
+}
+
+async fn bench() {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(300);
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
-    let Some(pg) = Postgres::start() else { return };
-    // Read by both cells of this process (one DSN, as in a fleet).
-    std::env::set_var(DSN_ENV, pg.dsn());
     let (_c0, _d0, plain) = executor("bench-plain", None).await;
     let (_c1, _d1, a) = executor("bench-a", Some("bench-a")).await;
     let (_c2, _d2, b) = executor("bench-b", Some("bench-b")).await;
