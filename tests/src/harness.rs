@@ -112,6 +112,18 @@ impl TestProxy {
         }
     }
 
+    /// The facts (up to 1000) whose reason is `reason`.
+    pub async fn facts_with_reason(&self, reason: &str) -> Vec<Value> {
+        let (_, v) = self.control("GET", "/v1/facts?after=0&limit=1000", None).await;
+        v["facts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["reason"] == reason)
+            .cloned()
+            .collect()
+    }
+
     /// A control API call; returns status and JSON body (or `null`).
     pub async fn control(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let r = self.control_raw(method, path, body, Some(TOKEN)).await;

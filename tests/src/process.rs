@@ -277,3 +277,40 @@ pub fn rss_bytes(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
+
+/// What a client process printed, and how it ended.
+pub struct Ran {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Ran {
+    /// The JSON lines it printed (others skipped).
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        self.stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// Runs a client with a run's `env` map only (plus `PATH`, `HOME`), as the
+/// executor would give it to a child.
+pub async fn client(env: &std::collections::BTreeMap<String, String>, program: &str, args: &[&str]) -> Ran {
+    let mut cmd = Command::new(program);
+    cmd.args(args).env_clear().envs(env);
+    cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
+    if let Ok(home) = std::env::var("HOME") {
+        cmd.env("HOME", home);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    Ran {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

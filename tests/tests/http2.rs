@@ -12,6 +12,7 @@
 
 use egress_e2e::h2_origin::{h2_origin, H2Origin};
 use egress_e2e::harness::{proxy_section, sample, TestProxy};
+use egress_e2e::process::{client, Ran};
 use egress_e2e::websocket::leaf;
 use egress_e2e::FakeDns;
 use egress_proxy::facts::MemorySink;
@@ -175,53 +176,6 @@ impl World {
     fn old(&self, path: &str) -> String {
         format!("https://old.example:{}{path}", self.old.addr.port())
     }
-
-    async fn facts(&self, reason: &str) -> Vec<Value> {
-        let (_, v) = self.p.control("GET", "/v1/facts?after=0&limit=1000", None).await;
-        v["facts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f["reason"] == reason)
-            .cloned()
-            .collect()
-    }
-}
-
-/// What a client process printed, and how it ended.
-struct Ran {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ran {
-    fn lines(&self) -> Vec<Value> {
-        self.stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-}
-
-/// Runs a client with the run's `env` map only (plus `PATH`, `HOME`), as
-/// the executor would give it to a child.
-async fn client(env: &BTreeMap<String, String>, program: &str, args: &[&str]) -> Ran {
-    let mut cmd = Command::new(program);
-    cmd.args(args).env_clear().envs(env);
-    cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
-    if let Ok(home) = std::env::var("HOME") {
-        cmd.env("HOME", home);
-    }
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    Ran {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
 }
 
 async fn python(env: &BTreeMap<String, String>, name: &str, args: &[&str]) -> Ran {
@@ -357,7 +311,7 @@ async fn the_placeholder_is_checked_per_stream() {
     assert_eq!(heads.len(), 1, "{heads:?}");
     assert!(heads[0].starts_with("HTTP/2.0 GET https://other.example:"), "{heads:?}");
     assert!(!heads[0].contains("authorization"), "{heads:?}");
-    assert_eq!(w.facts("credential_misuse").await.len(), 1);
+    assert_eq!(w.p.facts_with_reason("credential_misuse").await.len(), 1);
     // And the placeholder to its own host, in a stream: the secret goes out.
     let own = format!("{}|Authorization: Bearer $API_TOKEN", w.api("/ok/own"));
     let r = python(&env, "h2client.py", &["get", &own]).await;
@@ -419,7 +373,7 @@ async fn httpx_streams_are_decided_one_by_one_on_one_connection() {
     assert!(heads.iter().all(|h| !h.contains("/secret")), "{heads:?}");
     // One tunnel, one connection to the h2 origin, for all three streams.
     assert_eq!(w.api.connections(), 1);
-    let denied = w.facts("path_not_allowed").await;
+    let denied = w.p.facts_with_reason("path_not_allowed").await;
     assert_eq!(denied.len(), 1, "{denied:?}");
     assert!(denied[0]["detail"].as_str().unwrap().contains("/secret"), "{denied:?}");
 
@@ -508,7 +462,7 @@ async fn the_run_slot_limit_bounds_concurrent_streams() {
     assert_eq!(ok + refused, 6, "{} {all}", r.stdout);
     assert!(ok >= 1 && refused >= 1, "{}", r.stdout);
     assert_eq!(w.api.max_in_flight(), 1);
-    assert_eq!(w.facts("concurrency_limit").await.len(), refused);
+    assert_eq!(w.p.facts_with_reason("concurrency_limit").await.len(), refused);
     // Each stream counted once: allowed, or denied for want of a slot.
     let m = w.p.metrics().await;
     let count = |d: &str| {

