@@ -27,23 +27,13 @@ where
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await?;
-    let abandon = CancellationToken::new();
-    let token = abandon.clone();
     // With upgrades: a `101` to a WebSocket handshake hands the connection
     // to the exchange (`hyper::upgrade::on` of the response); the driver then ends.
-    let conn = conn.with_upgrades();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = conn => {}
-            _ = run_end.cancelled() => {}
-            _ = hard_stop.cancelled() => {}
-            _ = abandon.cancelled() => {}
-        }
-    });
+    let guard = drive(conn.with_upgrades(), run_end, hard_stop);
     Ok(Conn {
         addr,
         sender,
-        guard: ConnGuard::new(token),
+        guard,
         reused: false,
     })
 }
@@ -85,6 +75,18 @@ where
         .max_send_buf_size(b.max_send_buf_size)
         .handshake(TokioIo::new(stream))
         .await?;
+    Ok(H2Conn {
+        sender,
+        _guard: drive(conn, run_end, hard_stop),
+    })
+}
+
+/// Spawns a connection's driver, stopped with the run (`run_end`), at
+/// shutdown (`hard_stop`), or when the returned guard's last holder drops it.
+fn drive<C>(conn: C, run_end: CancellationToken, hard_stop: CancellationToken) -> ConnGuard
+where
+    C: std::future::Future + Send + 'static,
+{
     let abandon = CancellationToken::new();
     let token = abandon.clone();
     tokio::spawn(async move {
@@ -95,8 +97,5 @@ where
             _ = abandon.cancelled() => {}
         }
     });
-    Ok(H2Conn {
-        sender,
-        _guard: ConnGuard::new(token),
-    })
+    ConnGuard::new(token)
 }
