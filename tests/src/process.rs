@@ -53,8 +53,34 @@ pub fn free_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
-/// A free loopback port (bound, then released).
+/// A free loopback port (bound, then released), for a process that binds it
+/// later. It is taken below the kernel's ephemeral range when there is room
+/// (from 10000): a port from `bind(:0)` is an ephemeral one, which any
+/// outgoing connection of a concurrent test may take before the process
+/// binds it (`Address already in use`); ports below the range are never
+/// handed out that way. The start is spread by pid and time so that
+/// concurrent test processes do not walk the same sequence.
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if low > 12000 {
+        let span = low - 10000;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let seed = std::process::id().wrapping_mul(7919) ^ nanos;
+        for _ in 0..200 {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let port = 10000 + (seed.wrapping_add(n.wrapping_mul(104_729))) % span;
+            if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
