@@ -112,6 +112,37 @@ impl TestProxy {
         }
     }
 
+    /// The first complete `event: <event>` block (any event with `""`) of
+    /// the control API's Server-Sent Events stream at `path`, as raw text;
+    /// fails after 5 s.
+    pub async fn sse_event(&self, path: &str, event: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.control).await.unwrap();
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let want = format!("event: {event}");
+        let mut seen = Vec::new();
+        let read = async {
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the stream closed");
+                seen.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&seen);
+                if let Some(i) = text.find(&want) {
+                    if let Some(end) = text[i..].find("\n\n") {
+                        return text[i..i + end].to_owned();
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .unwrap_or_else(|_| panic!("no {want:?} on {path}"))
+    }
+
     /// The facts (up to 1000) whose reason is `reason`.
     pub async fn facts_with_reason(&self, reason: &str) -> Vec<Value> {
         let (_, v) = self.control("GET", "/v1/facts?after=0&limit=1000", None).await;

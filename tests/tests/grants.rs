@@ -245,33 +245,6 @@ async fn pending_of(p: &TestProxy, run: &TestRun) -> String {
     panic!("no pending fact for run {}", run.id);
 }
 
-/// The first `event: pending` of the fact stream after `after`, as raw text.
-async fn pending_event(p: &TestProxy, after: u64) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(p.control).await.unwrap();
-    let req = format!(
-        "GET /v1/facts/stream?after={after} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
-        egress_e2e::harness::TOKEN
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut seen = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the stream closed");
-            seen.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&seen);
-            if let Some(i) = text.find("event: pending") {
-                return text[i..].lines().take(3).collect::<Vec<_>>().join("\n");
-            }
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(5), read)
-        .await
-        .expect("an event: pending on the fact stream")
-}
-
 #[tokio::test]
 async fn ask_holds_an_unlisted_fetch_until_a_grant_or_its_timeout() {
     let w = world().await;
@@ -282,7 +255,7 @@ async fn ask_holds_an_unlisted_fetch_until_a_grant_or_its_timeout() {
     // Held: no DNS, a slot taken, a pending event; a grant lets it go on.
     let held = hold(p, &run, &url);
     assert_eq!(pending_of(p, &run).await, format!("extra.test:{port}"));
-    let event = pending_event(p, after).await;
+    let event = p.sse_event(&format!("/v1/facts/stream?after={after}"), "pending").await;
     assert!(event.contains("EGRESS_PENDING") && event.contains(&run.id), "{event}");
     assert!(
         !p.dns.queries().iter().any(|q| q.contains("extra.test")),

@@ -107,7 +107,7 @@ async fn decisions_all_records_every_allowed_fetch_with_its_bytes_and_no_denial(
     assert_eq!(status, 400);
 
     // The live stream replays from the cursor.
-    let ev = first_event(&p, "/v1/decisions/stream?after=0&tool=web").await;
+    let ev = p.sse_event("/v1/decisions/stream?after=0&tool=web", "").await;
     assert!(
         ev.contains("event: decision") && ev.contains("\"tool\":\"web\""),
         "{ev}"
@@ -139,35 +139,6 @@ async fn decisions_off_records_nothing() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(decisions(&p, "tool=web", 0).await.is_empty());
     assert_eq!(sample(&p.metrics().await, "egress_decisions_recorded_total"), 0.0);
-}
-
-/// The first event of an SSE stream at `path`, as raw text.
-async fn first_event(p: &TestProxy, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(p.control).await.unwrap();
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
-        egress_e2e::harness::TOKEN
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut seen = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the stream closed");
-            seen.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&seen);
-            if let Some(i) = text.find("event: ") {
-                if text[i..].contains("\n\n") {
-                    return text[i..].to_owned();
-                }
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), read)
-        .await
-        .expect("an event on the stream")
 }
 
 /// `egress-proxy policy <args>`: exit code and stdout.

@@ -483,15 +483,21 @@ async fn other_run_answers(w: &World) {
     }
 }
 
+/// `h2client.py <kind>` of `frames` against `/ok/flood` from one run while
+/// another run's requests are answered; the flooder's last report.
+async fn flood_beside_another_run(w: &World, kind: &str, frames: &str) -> Value {
+    let flooder = w.run().await;
+    let url = w.api("/ok/flood");
+    let args = [kind, &url, frames];
+    let flood = python(&flooder, "h2client.py", &args);
+    let (r, ()) = tokio::join!(flood, other_run_answers(w));
+    serde_json::from_str(r.stdout.lines().last().unwrap()).unwrap()
+}
+
 #[tokio::test]
 async fn a_rapid_reset_flood_is_cut_while_another_run_is_answered() {
     let w = world(64, 64).await;
-    let flooder = w.run().await;
-    let url = w.api("/ok/flood");
-    let args = ["rapid-reset", &url, "2000"];
-    let flood = python(&flooder, "h2client.py", &args);
-    let (r, ()) = tokio::join!(flood, other_run_answers(&w));
-    let v: Value = serde_json::from_str(r.stdout.lines().last().unwrap()).unwrap();
+    let v = flood_beside_another_run(&w, "rapid-reset", "2000").await;
     // GOAWAY with ENHANCE_YOUR_CALM (0xb), well before 2000 streams.
     assert_eq!(v["goaway"], 11, "{v}");
     assert!(v["sent"].as_u64().unwrap() < 2000, "{v}");
@@ -502,12 +508,7 @@ async fn a_rapid_reset_flood_is_cut_while_another_run_is_answered() {
 #[tokio::test]
 async fn a_continuation_flood_is_cut_while_another_run_is_answered() {
     let w = world(64, 64).await;
-    let flooder = w.run().await;
-    let url = w.api("/ok/flood");
-    let args = ["continuation", &url, "1000"];
-    let flood = python(&flooder, "h2client.py", &args);
-    let (r, ()) = tokio::join!(flood, other_run_answers(&w));
-    let v: Value = serde_json::from_str(r.stdout.lines().last().unwrap()).unwrap();
+    let v = flood_beside_another_run(&w, "continuation", "1000").await;
     assert_eq!(v["responses"], 0, "{v}");
     assert!(v["goaway"].is_number() || v["closed"] == true, "{v}");
     assert!(w.api.heads().iter().all(|h| !h.contains("/ok/flood")));
