@@ -142,7 +142,9 @@ pub struct DecisionLog {
     /// Record one in `every` allowed fetch (0: none).
     every: u64,
     tick: AtomicU64,
-    tx: Mutex<Option<mpsc::Sender<Decision>>>,
+    /// The writer's queue; taken by [`DecisionLog::close`]. Loaded without
+    /// a lock by every fetch that offers a record.
+    tx: arc_swap::ArcSwapOption<mpsc::Sender<Decision>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     backend: Arc<Backend>,
     live: broadcast::Sender<Decision>,
@@ -186,7 +188,7 @@ impl DecisionLog {
         let mut log = DecisionLog {
             every,
             tick: AtomicU64::new(0),
-            tx: Mutex::new(None),
+            tx: arc_swap::ArcSwapOption::empty(),
             writer: Mutex::new(None),
             backend: backend.clone(),
             live: live.clone(),
@@ -212,7 +214,7 @@ impl DecisionLog {
             .spawn(move || writer.run(rx))
         {
             Ok(h) => {
-                log.tx = Mutex::new(Some(tx));
+                log.tx = arc_swap::ArcSwapOption::from_pointee(tx);
                 log.writer = Mutex::new(Some(h));
             }
             Err(e) => tracing::error!(error = %e, "cannot start the decision log's writer; decisions are not recorded"),
@@ -245,8 +247,7 @@ impl DecisionLog {
 
     /// Hands a record to the writer without waiting: a full queue drops it.
     pub fn offer(&self, d: Decision) {
-        let Ok(guard) = self.tx.lock() else { return };
-        let Some(tx) = guard.as_ref() else { return };
+        let Some(tx) = &*self.tx.load() else { return };
         if tx.try_send(d).is_err() {
             self.metrics.dropped.inc();
         }
@@ -254,9 +255,7 @@ impl DecisionLog {
 
     /// Stops taking records; the writer writes what is queued and ends.
     pub fn close(&self) {
-        if let Ok(mut tx) = self.tx.lock() {
-            tx.take();
-        }
+        self.tx.store(None);
         let writer = self.writer.lock().ok().and_then(|mut w| w.take());
         if let Some(w) = writer {
             let _ = w.join();
