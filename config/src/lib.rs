@@ -180,6 +180,11 @@ pub struct ProxyConfig {
     pub max_runs: usize,
     pub dns: DnsConfig,
     pub header_read_timeout: Duration,
+    /// How long a fetch of a run that is created but not yet active waits
+    /// for its activation before it is denied `run_not_active` (0: at once).
+    /// The executor hands the invocation to the child and activates the
+    /// run side by side, so the child's first fetch may come first.
+    pub activation_wait: Duration,
     pub max_header_bytes: usize,
     pub tunnel_idle_timeout: Duration,
     /// Established data connections (a request on them authenticated).
@@ -267,6 +272,7 @@ impl Default for ProxyConfig {
                 timeout: Duration::from_secs(2),
             },
             header_read_timeout: Duration::from_secs(10),
+            activation_wait: Duration::from_secs(1),
             max_header_bytes: 32 * 1024,
             tunnel_idle_timeout: Duration::from_secs(120),
             max_connections: 4096,
@@ -507,6 +513,7 @@ mod tests {
                     timeout: Duration::from_millis(2000),
                 },
                 header_read_timeout: Duration::from_millis(10_000),
+                activation_wait: Duration::from_millis(1000),
                 max_header_bytes: 32_768,
                 tunnel_idle_timeout: Duration::from_millis(120_000),
                 max_connections: 4096,

@@ -281,6 +281,7 @@ fn proxy(s: &mut Section) -> (ProxyConfig, Vec<IpNet>, Vec<IpNet>) {
         max_runs: s.count("max_runs", 1..=1_000_000, d.max_runs),
         dns,
         header_read_timeout: s.millis("header_read_timeout_ms", 100..=300_000, d.header_read_timeout),
+        activation_wait: s.millis("activation_wait_ms", 0..=60_000, d.activation_wait),
         max_header_bytes: s.count("max_header_bytes", 1024..=1024 * 1024, d.max_header_bytes),
         tunnel_idle_timeout: s.millis("tunnel_idle_timeout_ms", 100..=24 * 3_600_000, d.tunnel_idle_timeout),
         max_connections: s.count("max_connections", 1..=1_000_000, d.max_connections),
@@ -785,7 +786,7 @@ child_uid = 0
             r#"bad.toml: proxy.control: invalid type: integer `3129`, expected a string
 bad.toml: proxy.dns.servers[1]: invalid type: integer `53`, expected a string
 bad.toml: proxy.max_runs: invalid type: string "many", expected u64
-bad.toml: proxy.listne: unknown key (expected one of: allow_ranges, control, decisions, decisions_max_mb, decisions_retention_hours, decisions_sample, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
+bad.toml: proxy.listne: unknown key (expected one of: activation_wait_ms, allow_ranges, control, decisions, decisions_max_mb, decisions_retention_hours, decisions_sample, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
 bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool, methods = [...], paths = [...] }, not integer
 bad.toml: tools.web.egress[2]: port must be a decimal number in 1..=65535
 bad.toml: tools.web.process.pool.warm: is 3, more than pool.max = 2

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ExecutorSection, ProcessConfig, Protocol};
 use crate::confine::{CgroupDirs, Confinement, Prepared};
-use crate::control::{ControlClient, RunCreds};
+use crate::control::{ControlClient, ControlError, RunCreds};
 use crate::error::{ErrorKind, InvocationResult, InvokeError, Phase};
 use crate::kill::KillReason;
 use crate::metrics::Metrics;
@@ -677,15 +677,6 @@ impl Warm {
             )
         };
         let aborted = || InvokeError::new(ErrorKind::Aborted, "aborted by the kernel");
-        let activate = self.shared.control.activate(&self.run.run_id);
-        tokio::select! {
-            r = activate => r.map_err(|e| InvokeError {
-                retry_fresh: true,
-                ..InvokeError::new(ErrorKind::Proxy, format!("activating the run: {e}"))
-            })?,
-            _ = tokio::time::sleep_until(deadline) => return Err(timeout_err()),
-            _ = req.cancel.cancelled() => return Err(aborted()),
-        }
         if self.tool.process.protocol == Protocol::Plain {
             return self.converse_plain(req, deadline).await;
         }
@@ -698,6 +689,9 @@ impl Warm {
             input: req.input.clone(),
             idempotency_key: req.idempotency_key.clone(),
         });
+        // The dispatch is decided: the activation leaves first, so that it
+        // is usually at the proxy before the child's first fetch.
+        let mut activation = Activation::start(&self.shared, &self.run.run_id);
         tokio::select! {
             w = tx.write_all(&line) => w.map_err(|e| InvokeError::new(
                 ErrorKind::Disconnected, format!("cannot send invoke: {e}")))?,
@@ -707,6 +701,7 @@ impl Warm {
         loop {
             let next = tokio::select! {
                 biased;
+                e = activation.failed() => return Err(e),
                 r = reader.next() => r,
                 _ = req.cancel.cancelled() => {
                     // Advisory: the SIGKILL follows at once.
@@ -735,6 +730,7 @@ impl Warm {
         req: &Request,
         deadline: tokio::time::Instant,
     ) -> Result<(Value, Vec<Value>), InvokeError> {
+        let mut activation = Activation::start(&self.shared, &self.run.run_id);
         if let Some(mut stdin) = self.stdin.take() {
             let mut bytes = Vec::new();
             if !req.input.is_null() {
@@ -748,6 +744,8 @@ impl Warm {
             });
         }
         let status = tokio::select! {
+            biased;
+            e = activation.failed() => return Err(e),
             s = self.process.wait() => s,
             _ = tokio::time::sleep_until(deadline) => {
                 return Err(InvokeError::new(
@@ -782,6 +780,51 @@ impl Drop for Warm {
                 // Removable once the killed tree is gone.
                 rt.spawn(c.remove());
             }
+        }
+    }
+}
+
+/// The activation of a dispatched child's run on the proxy. It is sent when
+/// the invocation is handed to the child and travels beside it, so its round
+/// trip is off the answer's path: the proxy holds the child's fetches until
+/// it lands (`[proxy] activation_wait_ms`) instead of denying them. The run
+/// turns active only once the executor has committed to this dispatch. A
+/// child that answers first does not wait for it: its run is ended next, and
+/// an activation arriving after the end is refused, so the run never turns
+/// active again.
+struct Activation(Option<tokio::task::JoinHandle<Result<(), ControlError>>>);
+
+impl Activation {
+    fn start(shared: &Arc<Shared>, run_id: &str) -> Self {
+        let (shared, run_id) = (shared.clone(), run_id.to_owned());
+        Activation(Some(tokio::spawn(
+            async move { shared.control.activate(&run_id).await },
+        )))
+    }
+
+    /// Resolves only if the activation failed. When the proxy refused it
+    /// (the run was ended, or is unknown to it), the run never turned
+    /// active, so none of the child's fetches went out, and the pool may
+    /// serve the invocation on a fresh child. Any other failure leaves the
+    /// outcome unknown (the proxy may have taken the request), so the
+    /// invocation fails without a second try.
+    async fn failed(&mut self) -> InvokeError {
+        let Some(task) = self.0.as_mut() else {
+            return std::future::pending().await;
+        };
+        let outcome = task.await;
+        self.0 = None;
+        let (message, retry_fresh) = match outcome {
+            Ok(Ok(())) => return std::future::pending().await,
+            Ok(Err(e)) => {
+                let refused = matches!(e, ControlError::Rejected { status: 404 | 409, .. });
+                (e.to_string(), refused)
+            }
+            Err(join) => (join.to_string(), false),
+        };
+        InvokeError {
+            retry_fresh,
+            ..InvokeError::new(ErrorKind::Proxy, format!("activating the run: {message}"))
         }
     }
 }

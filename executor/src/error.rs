@@ -117,8 +117,9 @@ pub struct InvokeError {
     pub phase: Option<Phase>,
     pub message: String,
     pub stderr_tail: String,
-    /// The invocation never reached the tool (its run could not be
-    /// activated): the pool tries it again on a fresh child.
+    /// The proxy refused to activate the child's run: whatever the tool did
+    /// with its input, nothing of it left the sandbox, so the pool tries the
+    /// invocation again on a fresh child.
     #[serde(skip)]
     pub retry_fresh: bool,
 }

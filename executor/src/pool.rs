@@ -197,9 +197,9 @@ impl Pool {
                 Err(e) => return InvocationResult::failed(&tool, e),
             };
             match self.try_send(h, req.clone()).await {
-                // The run of that child could not be activated (its proxy
-                // went away, or ended it): the tool never ran, so a fresh
-                // child may serve the invocation.
+                // The proxy refused to activate that child's run (it ended
+                // it, or forgot it): none of the child's fetches went out,
+                // so a fresh child may serve the invocation.
                 Ok(r) if r.error.as_ref().is_some_and(|e| e.retry_fresh) => {
                     tracing::warn!(tool = %tool, error = ?r.error.as_ref().map(|e| &e.message), "activation failed; retrying on a fresh child");
                     last = r.error;

@@ -136,6 +136,10 @@ async fn activate(State((st, n)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<S
             body: Value::Null,
         });
         let entry = s.runs.entry(id.clone()).or_default();
+        // As the proxy: an ended run is never active again.
+        if entry.1 == "ended" {
+            return error(StatusCode::CONFLICT, "run_ended", "the run has ended");
+        }
         entry.1 = "active".into();
         entry.0.clone()
     };

@@ -79,6 +79,53 @@ async fn missing_and_wrong_credentials_get_407_and_a_fact() {
     );
 }
 
+/// The executor sends a run's activation beside the invocation, so the
+/// child's first fetch may reach the proxy first: it is held (no DNS, no
+/// connection to the origin) until the activation lands, then goes on; a
+/// fetch whose run is not activated within `activation_wait_ms` is denied,
+/// and one whose run ends while it waits is denied at once.
+#[tokio::test]
+async fn a_fetch_of_a_created_run_waits_for_its_activation_and_never_goes_out_before() {
+    let origin = http_origin("127.0.0.2:0").await;
+    let p = TestProxy::start_with("activation_wait_ms = 3000", &tools(origin.addr.port()), None).await;
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    let url = format!("http://allowed.test:{}/", origin.addr.port());
+    let created = |id: &'static str| p.run_with(json!({"tool": "web", "run_id": id, "activate": false}));
+
+    // Activated while the fetch waits: it goes through, and only after.
+    let run = created("held-then-active").await;
+    let fetch = p.get(&run, &url, "");
+    let activate = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(p.dns.queries().is_empty(), "no DNS while the run is not active");
+        assert_eq!(origin.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let (s, _) = p.control("POST", "/v1/runs/held-then-active/activate", None).await;
+        assert_eq!(s, 200);
+    };
+    let (r, ()) = tokio::join!(fetch, activate);
+    assert_eq!((r.status, r.text()), (200, "hello from origin".to_owned()));
+    assert_eq!(origin.hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // Ended while it waits: denied at once, with the run's state.
+    let run = created("held-then-ended").await;
+    let fetch = p.get(&run, &url, "");
+    let end = async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let (s, _) = p.control("DELETE", "/v1/runs/held-then-ended", None).await;
+        assert_eq!(s, 200);
+    };
+    let t0 = std::time::Instant::now();
+    let (r, ()) = tokio::join!(fetch, end);
+    assert_eq!((r.status, r.deny_reason()), (403, Some("run_ended")));
+    assert!(
+        t0.elapsed() < std::time::Duration::from_millis(2500),
+        "not held past the end"
+    );
+    assert_eq!(origin.hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let facts = p.facts().await;
+    assert!(facts.iter().all(|f| f.reason != "run_not_active"), "{facts:#?}");
+}
+
 #[tokio::test]
 async fn run_lifecycle_gates_egress() {
     let origin = http_origin("127.0.0.2:0").await;

@@ -124,8 +124,11 @@ impl<'a> Fetch<'a> {
         run: &Run,
         raw: &(dyn Fn() -> String + Sync),
     ) -> Result<Arc<ToolPolicy>, Answer> {
-        if let Err(reason) = policy::check_run(run.state()) {
-            let detail = format!("run {} is {}", run.id, run.state().as_str());
+        // A created run is waited for (bounded): its executor activates it
+        // while the invocation is already on its way to the child.
+        let state = run.settled(self.sh.cfg.activation_wait).await;
+        if let Err(reason) = policy::check_run(state) {
+            let detail = format!("run {} is {}", run.id, state.as_str());
             return Err(self.deny(reason, detail, Dest::Raw(raw()), &[]).await);
         }
         match self.policy.tool(&run.tool) {

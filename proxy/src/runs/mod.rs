@@ -88,6 +88,8 @@ pub struct Run {
     ended: std::sync::OnceLock<(Instant, SystemTime, EndReason)>,
     /// Fires when the run ends; every fetch of the run selects on it.
     pub cancel: CancellationToken,
+    /// Wakes the fetches waiting for the run's activation.
+    activated: tokio::sync::Notify,
     /// The run's concurrency slots (FIFO).
     pub slots: Arc<Semaphore>,
     pub max_slots: usize,
@@ -131,6 +133,30 @@ impl Run {
             ACTIVE => RunState::Ended,
             _ => RunState::Ended,
         }
+    }
+
+    /// The run's state once it is no longer waiting to be activated: at once
+    /// unless it is created, otherwise when it is activated or ends, or
+    /// after `limit` (still created).
+    pub async fn settled(&self, limit: Duration) -> RunState {
+        let state = self.state();
+        if state != RunState::Created || limit.is_zero() {
+            return state;
+        }
+        let activated = self.activated.notified();
+        tokio::pin!(activated);
+        // Registered before the state is read again, so an activation in
+        // between is not missed.
+        activated.as_mut().enable();
+        if self.state() != RunState::Created {
+            return self.state();
+        }
+        tokio::select! {
+            _ = activated => {}
+            _ = self.cancel.cancelled() => {}
+            _ = tokio::time::sleep(limit) => {}
+        }
+        self.state()
     }
 
     /// Constant-time comparison of the presented secret's hash.
@@ -418,6 +444,7 @@ impl Runs {
             expires,
             ended: std::sync::OnceLock::new(),
             cancel: CancellationToken::new(),
+            activated: tokio::sync::Notify::new(),
             slots: Arc::new(Semaphore::new(new.max_slots)),
             max_slots: new.max_slots,
             waiting: AtomicUsize::new(0),
@@ -451,7 +478,10 @@ impl Runs {
             .state
             .compare_exchange(CREATED, ACTIVE, Ordering::AcqRel, Ordering::Acquire)
         {
-            Ok(_) | Err(ACTIVE) if run.state() == RunState::Active => Ok(run),
+            Ok(_) | Err(ACTIVE) if run.state() == RunState::Active => {
+                run.activated.notify_waiters();
+                Ok(run)
+            }
             _ => Err(RunError::Ended(id.to_owned())),
         }
     }
@@ -563,6 +593,43 @@ mod tests {
         assert_eq!(r.state(), RunState::Ended);
         assert!(runs.activate("a").is_err());
         runs.create(new("c", true), "x".into()).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_created_run_settles_when_activated_or_ended_or_after_its_limit() {
+        let runs = Arc::new(Runs::new(10, Duration::from_secs(60)));
+        let wait = Duration::from_secs(5);
+        // Activated while a fetch waits: it goes on as active.
+        let a = runs.create(new("a", false), "x".into()).unwrap();
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { (a.settled(wait).await, tokio::time::Instant::now()) }
+        });
+        tokio::task::yield_now().await;
+        let activated_at = tokio::time::Instant::now();
+        runs.activate("a").unwrap();
+        assert_eq!(waiting.await.unwrap(), (RunState::Active, activated_at));
+        // Ended instead: it is ended, at once.
+        let b = runs.create(new("b", false), "x".into()).unwrap();
+        let waiting = tokio::spawn({
+            let b = b.clone();
+            async move { (b.settled(wait).await, tokio::time::Instant::now()) }
+        });
+        tokio::task::yield_now().await;
+        let ended_at = tokio::time::Instant::now();
+        runs.end(&b, EndReason::Ended);
+        assert_eq!(waiting.await.unwrap(), (RunState::Ended, ended_at));
+        // Neither: still created after the limit; no limit, no wait.
+        let c = runs.create(new("c", false), "x".into()).unwrap();
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(c.settled(wait).await, RunState::Created);
+        assert_eq!(t0.elapsed(), wait);
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(c.settled(Duration::ZERO).await, RunState::Created);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        // Already active: no wait either.
+        runs.activate("c").unwrap();
+        assert_eq!(c.settled(wait).await, RunState::Active);
     }
 
     #[test]
