@@ -10,7 +10,7 @@
 #   --out    JSON results (default bench/results/<UTC time>.json, with
 #            --smoke target/bench-smoke.json).
 #   --only   comma-separated figures among keepalive, tunnels, bulk, idle,
-#            denials, intercept, leafs, scrub, dispatch (default: all; dispatch needs root).
+#            denials, intercept, leafs, scrub, dispatch, sustained (default: all; dispatch and sustained need root).
 #   --callgrind  egress-proxy under valgrind's callgrind: its user-space
 #            instructions per operation (exact and repeatable; the rates are
 #            then 30-50x lower and mean nothing). Dumps go to DIR.

@@ -3,7 +3,8 @@
 //! with a fake DNS server for egress-proxy. Prints a Markdown table of every
 //! figure with ratios to direct and to the best peer, and writes the same as
 //! JSON. The `dispatch` figure runs the executor's warm-dispatch benchmark
-//! (`dispatch.rs`). The `intercept` figure measures the cost of interception instead:
+//! (`dispatch.rs`), the `sustained` figure the same program's sustained
+//! invocation rate. The `intercept` figure measures the cost of interception instead:
 //! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`); the
 //! `leafs` figure, what each leaf certificate an `inspect` tool makes the
 //! proxy cache costs in memory (`leafs.rs`); the `scrub` figure, the cost of
@@ -13,7 +14,7 @@
 //!
 //! Usage: `egress-bench [--smoke] [--out FILE] [--pids FILE] [--only FIGURES] [--paths PATHS] [--perf DIR] [--callgrind DIR]`
 //! (`FIGURES`: comma-separated among keepalive, tunnels, bulk, idle, denials,
-//! intercept, leafs, scrub, dispatch;
+//! intercept, leafs, scrub, dispatch, sustained;
 //! `PATHS`: among direct, egress-proxy, squid, tinyproxy; `--perf DIR`:
 //! `perf record` egress-proxy during each of its windows; `--callgrind DIR`:
 //! run egress-proxy under callgrind and report its user-space instructions
@@ -53,6 +54,8 @@ struct Params {
     tls_in_flight: usize,
     /// Warm dispatch: invocations per tool and isolation.
     dispatches: usize,
+    /// Sustained invocation rate: the window of each row.
+    sustained: Duration,
     /// Cached leaves: names an `inspect` tool handshakes for.
     leaf_names: usize,
 }
@@ -73,6 +76,7 @@ impl Params {
             tls_conns: 50,
             tls_in_flight: 50,
             dispatches: 200,
+            sustained: Duration::from_secs(20),
             leaf_names: 1000,
         }
     }
@@ -92,6 +96,7 @@ impl Params {
             tls_conns: 4,
             tls_in_flight: 4,
             dispatches: 5,
+            sustained: Duration::from_secs(1),
             leaf_names: 20,
         }
     }
@@ -314,6 +319,9 @@ async fn main() {
     if bench.a.wants("dispatch") {
         dispatch_figure(&bench, &exe, dir.path(), &mut results, &mut skipped);
     }
+    if bench.a.wants("sustained") {
+        sustained_figure(&bench, &exe, dir.path(), &mut results, &mut skipped);
+    }
     let Bench { a, p, idle, .. } = bench;
     let t = &p.timing;
 
@@ -329,7 +337,7 @@ async fn main() {
             "bulk_bytes": p.bulk_bytes, "bulk_reps": p.bulk_reps,
             "idle_tunnels": idle, "denial_clients": p.denial_clients,
             "tls_keepalive_conns": p.tls_conns, "tls_new_conns_in_flight": p.tls_in_flight,
-            "dispatches": p.dispatches, "leaf_names": p.leaf_names,
+            "dispatches": p.dispatches, "sustained_s": p.sustained.as_secs_f64(), "leaf_names": p.leaf_names,
         },
         "skipped": skipped,
         "results": results,
@@ -654,7 +662,7 @@ fn dispatch_figure(
 ) {
     let n = bench.p.dispatches;
     eprintln!("warm dispatch through the executor's API, {n} invocations per row");
-    let rows = match dispatch::run(exe.parent().unwrap(), n, work) {
+    let rows = match dispatch::run(exe.parent().unwrap(), n, None, work) {
         Ok(rows) => rows,
         Err(e) => return skip(skipped, format!("warm dispatch: {e}")),
     };
@@ -672,6 +680,45 @@ fn dispatch_figure(
         );
         put(results, "executor", &format!("{key}_p50_ms"), p50);
         put(results, "executor", &format!("{key}_p99_ms"), p99);
+    }
+}
+
+/// A sustained invocation rate through the executor's API (`dispatch.rs`
+/// with a window): strict, Rust and Python tools, 1, 8 and 32 clients.
+fn sustained_figure(
+    bench: &Bench,
+    exe: &std::path::Path,
+    work: &std::path::Path,
+    results: &mut Map<String, Value>,
+    skipped: &mut Vec<String>,
+) {
+    let window = bench.p.sustained;
+    eprintln!(
+        "sustained invocations through the executor's API, strict, {:.0} s per row",
+        window.as_secs_f64()
+    );
+    let rows = match dispatch::run(exe.parent().unwrap(), 0, Some(window), work) {
+        Ok(rows) => rows,
+        Err(e) => return skip(skipped, format!("sustained invocations: {e}")),
+    };
+    for r in rows {
+        let key = format!(
+            "sustained_{}_{}_clients",
+            r["tool"].as_str().unwrap_or("?"),
+            r["clients"].as_u64().unwrap_or(0)
+        );
+        let f = |k: &str| r[k].as_f64();
+        eprintln!(
+            "  {key:<30} {:.1}/s  p50 {:.2} ms  p99 {:.2} ms  pool empty {:.0} %  refill cold start {:.1} ms",
+            f("per_s").unwrap_or(0.0),
+            f("p50_ms").unwrap_or(0.0),
+            f("p99_ms").unwrap_or(0.0),
+            f("pool_empty_pct").unwrap_or(0.0),
+            f("refill_cold_start_ms").unwrap_or(0.0),
+        );
+        for field in ["per_s", "p50_ms", "p99_ms", "pool_empty_pct", "refill_cold_start_ms"] {
+            put(results, "executor", &format!("{key}_{field}"), f(field));
+        }
     }
 }
 

@@ -183,6 +183,7 @@ pub fn markdown(doc: &Value) -> String {
     out += &leafs_table(doc);
     out += &scrub_table(doc);
     out += &dispatch_table(doc);
+    out += &sustained_table(doc);
     out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
     if let Some(s) = doc["skipped"].as_array().filter(|s| !s.is_empty()) {
         out += "\nSkipped:\n";
@@ -313,6 +314,35 @@ fn dispatch_table(doc: &Value) -> String {
     format!(
         "\n### Warm dispatch through the executor's API\n\n{} sequential invocations per row, each answered by a warm child; facts in SQLite.\n\n| figure | p50 ms | p99 ms |\n|---|---|---|\n{rows}",
         doc["params"]["dispatches"]
+    )
+}
+
+/// The sustained invocation rate table, or nothing when that figure did
+/// not run.
+fn sustained_table(doc: &Value) -> String {
+    let r = &doc["results"]["executor"];
+    let mut rows = String::new();
+    for (label, tool) in [("Rust echo", "rs"), ("Python runner", "py")] {
+        for clients in [1, 8, 32] {
+            let key = |field: &str| r[format!("sustained_{tool}_{clients}_clients_{field}")].as_f64();
+            let Some(rate) = key("per_s") else { continue };
+            let cell = |field: &str| key(field).map_or("—".to_owned(), fmt);
+            rows += &format!(
+                "| {label} | {clients} | {} | {} | {} | {} % | {} |\n",
+                fmt(rate),
+                cell("p50_ms"),
+                cell("p99_ms"),
+                cell("pool_empty_pct"),
+                cell("refill_cold_start_ms"),
+            );
+        }
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\n### Sustained invocations through the executor's API\n\nStrict; pools of `warm = 2, max = 8`; each client invokes back to back for {} s.\n\n| tool | clients | invocations/s | p50 ms | p99 ms | pool empty | refill cold start ms |\n|---|---|---|---|---|---|---|\n{rows}",
+        doc["params"]["sustained_s"]
     )
 }
 

@@ -12,6 +12,14 @@
 //! each hop of a dispatch costs on the machine; with `--json FILE`, the rows
 //! as JSON too. Run through `executor/bench/dispatch.sh`, or as the
 //! `dispatch` figure of `bench/run.sh`.
+//!
+//! With `--sustained SECS` it measures a sustained rate instead (the
+//! `sustained` figure): strict confinement, a Rust and a Python tool with
+//! pools of `warm = 2, max = 8`, and 1, 8 and 32 clients (one connection
+//! each) invoking back to back for SECS seconds without waiting for the
+//! pool. Per row: invocations/s, p50/p99 latency, the share of the window
+//! the pool had no ready child (sampled every 5 ms), and the mean cold start
+//! of the children that refilled it.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -26,6 +34,8 @@ use serde_json::{json, Value};
 
 const TOKEN: &str = "dispatch-bench-token-0123456789";
 const WARM: usize = 2;
+/// Concurrent clients of the sustained rows.
+const CLIENTS: [usize; 3] = [1, 8, 32];
 
 /// A child process killed (and reaped) when dropped.
 struct Proc(Child);
@@ -103,14 +113,80 @@ async fn call(tx: &mut SendRequest<Full<Bytes>>, method: &str, path: &str, body:
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// `executor_pool_ready{tool="…"}` from `/metrics`.
-async fn ready(tx: &mut SendRequest<Full<Bytes>>, tool: &str) -> usize {
+/// The value of the series `series` (name and labels) in `/metrics`.
+async fn metric(tx: &mut SendRequest<Full<Bytes>>, series: &str) -> f64 {
     let (_, text) = call(tx, "GET", "/metrics", None).await;
-    let series = format!("executor_pool_ready{{tool=\"{tool}\"}} ");
+    let prefix = format!("{series} ");
     text.lines()
-        .find_map(|l| l.strip_prefix(&series))
+        .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as usize)
+        .unwrap_or(0.0)
+}
+
+/// `executor_pool_ready{tool="…"}`.
+async fn ready(tx: &mut SendRequest<Full<Bytes>>, tool: &str) -> usize {
+    metric(tx, &format!("executor_pool_ready{{tool=\"{tool}\"}}")).await as usize
+}
+
+/// Cold starts of `tool` so far: (count, seconds in all).
+async fn cold_starts(tx: &mut SendRequest<Full<Bytes>>, tool: &str) -> (f64, f64) {
+    let series = |what: &str| format!("executor_cold_start_seconds_{what}{{tool=\"{tool}\",phase=\"total\"}}");
+    (metric(tx, &series("count")).await, metric(tx, &series("sum")).await)
+}
+
+/// One sustained row: `clients` connections invoking `tool` back to back
+/// for `window`. Returns the row's JSON.
+async fn sustained_row(listen: SocketAddr, tool: &str, clients: usize, window: Duration) -> Value {
+    let mut probe = connect(listen).await;
+    let t = Instant::now();
+    while ready(&mut probe, tool).await < WARM {
+        assert!(t.elapsed() < Duration::from_secs(60), "`{tool}` never got warm");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cold_before = cold_starts(&mut probe, tool).await;
+    let start = Instant::now();
+    let end = start + window;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let tool = tool.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut tx = connect(listen).await;
+            let mut v = Vec::new();
+            while Instant::now() < end {
+                let body = json!({"tool": tool, "input": {"client": c, "i": v.len()}});
+                let t0 = Instant::now();
+                let (status, answer) = call(&mut tx, "POST", "/v1/invocations", Some(body)).await;
+                v.push(t0.elapsed());
+                assert!(status == 200 && answer.contains("\"ok\":true"), "{status} {answer}");
+            }
+            v
+        }));
+    }
+    let (mut samples, mut empty) = (0u64, 0u64);
+    while Instant::now() < end {
+        samples += 1;
+        if ready(&mut probe, tool).await == 0 {
+            empty += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut v = Vec::new();
+    for t in tasks {
+        v.extend(t.await.unwrap_or_else(|e| panic!("client: {e}")));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cold_after = cold_starts(&mut probe, tool).await;
+    let refills = cold_after.0 - cold_before.0;
+    let cold_ms = if refills > 0.0 {
+        (cold_after.1 - cold_before.1) / refills * 1e3
+    } else {
+        0.0
+    };
+    let rate = v.len() as f64 / elapsed;
+    let (p50, p99) = (quantile_ms(&mut v, 0.5), quantile_ms(&mut v, 0.99));
+    let empty_pct = 100.0 * empty as f64 / samples.max(1) as f64;
+    json!({"tool": tool, "clients": clients, "invocations": v.len(), "per_s": rate,
+           "p50_ms": p50, "p99_ms": p99, "pool_empty_pct": empty_pct, "refill_cold_start_ms": cold_ms})
 }
 
 fn quantile_ms(v: &mut [Duration], q: f64) -> f64 {
@@ -130,8 +206,18 @@ async fn main() {
         args.drain(i..i + 2);
         PathBuf::from(f)
     });
+    // `--sustained SECS`: the sustained-rate rows instead of the dispatch table.
+    let sustained = args.iter().position(|a| a == "--sustained").map(|i| {
+        let secs: f64 = args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("--sustained needs seconds"));
+        args.drain(i..i + 2);
+        Duration::from_secs_f64(secs)
+    });
     let mut rows = Vec::new();
-    let usage = "usage: dispatch_bench EGRESS_PROXY EGRESS_EXECUTOR RUST_ECHO [N [memory]] [--json FILE]";
+    let usage =
+        "usage: dispatch_bench EGRESS_PROXY EGRESS_EXECUTOR RUST_ECHO [N [memory]] [--sustained SECS] [--json FILE]";
     let bin = |i: usize| {
         let p = PathBuf::from(args.get(i).unwrap_or_else(|| panic!("{usage}")));
         std::fs::canonicalize(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -161,14 +247,27 @@ async fn main() {
             .unwrap_or(0),
         if in_memory { "in memory" } else { "in SQLite" },
     );
-    println!(
-        "| warm dispatch through the API | isolation | p50 ms | p99 ms | exit of the child |\n|---|---|---|---|---|"
-    );
-    for isolation in ["off", "strict"] {
+    if let Some(window) = sustained {
+        println!(
+            "| sustained, strict, {:.0} s | clients | invocations/s | p50 ms | p99 ms | pool empty | refill cold start ms |\n|---|---|---|---|---|---|---|",
+            window.as_secs_f64()
+        );
+    } else {
+        println!(
+            "| warm dispatch through the API | isolation | p50 ms | p99 ms | exit of the child |\n|---|---|---|---|---|"
+        );
+    }
+    let isolations: &[&str] = if sustained.is_some() {
+        &["strict"]
+    } else {
+        &["off", "strict"]
+    };
+    for &isolation in isolations {
         let (control, listen, data) = (free_port(), free_port(), free_port());
         let handoff = dir.join(format!("var/handoff-{isolation}.sock"));
         let _ = std::fs::remove_file(&handoff);
-        let pool = format!("pool = {{ warm = {WARM}, max = 4 }}\nisolation = \"{isolation}\"");
+        let max = if sustained.is_some() { 8 } else { 4 };
+        let pool = format!("pool = {{ warm = {WARM}, max = {max}, queue = 64 }}\nisolation = \"{isolation}\"");
         let text = format!(
             r#"[proxy]
 listen = "{data}"
@@ -212,6 +311,23 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
         let _ = connect(control).await;
         let exec = start(&exec_bin, &config, &dir.join(format!("executor-{isolation}.log")));
         let mut tx = connect(listen).await;
+        if let Some(window) = sustained {
+            for (name, tool) in [("Rust echo", "rs"), ("Python runner echo", "py")] {
+                for clients in CLIENTS {
+                    let row = sustained_row(listen, tool, clients, window).await;
+                    println!(
+                        "| {name} | {clients} | {:.1} | {:.2} | {:.2} | {:.0} % | {:.1} |",
+                        row["per_s"].as_f64().unwrap_or(0.0),
+                        row["p50_ms"].as_f64().unwrap_or(0.0),
+                        row["p99_ms"].as_f64().unwrap_or(0.0),
+                        row["pool_empty_pct"].as_f64().unwrap_or(0.0),
+                        row["refill_cold_start_ms"].as_f64().unwrap_or(0.0),
+                    );
+                    rows.push(row);
+                }
+            }
+            continue;
+        }
         for (name, tool) in [
             ("Rust echo", "rs"),
             ("Python runner echo", "py"),
@@ -276,7 +392,8 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
     }
     let _ = std::fs::remove_dir_all(&dir);
     if let Some(f) = json_out {
-        let doc = json!({"n": n, "facts": if in_memory { "memory" } else { "sqlite" }, "rows": rows});
+        let doc = json!({"n": n, "facts": if in_memory { "memory" } else { "sqlite" },
+                         "sustained_s": sustained.map(|w| w.as_secs_f64()), "rows": rows});
         std::fs::write(&f, doc.to_string()).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
     }
 }
