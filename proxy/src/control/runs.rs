@@ -402,6 +402,9 @@ pub(super) async fn create_grant(
 pub(super) async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<EndedRun>> {
     let run = find(&sh, &id)?;
     sh.end_run(&run, EndReason::Ended);
+    // The record's deletion goes through the store's writer behind every
+    // fact already queued, so the query below sees all of them: it must
+    // follow the deletion, not run beside it.
     sh.facts
         .save_run(RunWrite::Delete(id.clone()))
         .await
