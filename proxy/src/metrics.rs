@@ -133,6 +133,9 @@ pub struct Metrics {
     pub facts_coalesced: Counter,
     pub errors: Family<ToolReason, Counter>,
     pub upstream_reused: Counter,
+    /// Verified TLS handshakes with intercepted origins, by `kind` (`full`,
+    /// `resumed`: a session the origin issued earlier was taken up again).
+    pub upstream_tls: Family<KindLabel, Counter>,
     pub store: StoreMetrics,
     pub decisions: DecisionMetrics,
     /// Policy reloads by outcome (ok, error).
@@ -223,6 +226,10 @@ impl Metrics {
         let facts_coalesced = Counter::default();
         let errors = Family::<ToolReason, Counter>::default();
         let upstream_reused = Counter::default();
+        let upstream_tls = Family::<KindLabel, Counter>::default();
+        for kind in ["full", "resumed"] {
+            let _ = upstream_tls.get_or_create(&KindLabel { kind });
+        }
         let store = StoreMetrics {
             coalesced: facts_coalesced.clone(),
             ..StoreMetrics::default()
@@ -313,6 +320,11 @@ impl Metrics {
             "egress_upstream_reused",
             "Plain-HTTP fetches that reused an idle upstream connection of their run",
             upstream_reused.clone(),
+        );
+        registry.register(
+            "egress_upstream_tls_handshakes",
+            "Verified TLS handshakes with intercepted origins, by kind (full, resumed)",
+            upstream_tls.clone(),
         );
         registry.register(
             "egress_facts_store_bytes",
@@ -454,11 +466,21 @@ impl Metrics {
             facts_coalesced,
             errors,
             upstream_reused,
+            upstream_tls,
             store,
             conns_refused,
             reloads,
             config_info,
         }
+    }
+
+    /// Counts a finished handshake with an intercepted origin by its kind.
+    pub fn upstream_tls_done(&self, conn: &rustls::ClientConnection) {
+        let kind = match conn.handshake_kind() {
+            Some(rustls::HandshakeKind::Resumed) => "resumed",
+            _ => "full",
+        };
+        self.upstream_tls.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Makes `digest` the one `egress_config_info` series.

@@ -199,6 +199,15 @@ async fn curl_over_https_sends_the_placeholder_and_the_origin_gets_the_secret() 
         assert!(h.contains(&format!("host: api.example:{}\n", w.api.addr.port())), "{h}");
     }
     assert!(!r.stdout.contains(SECRET) && !r.stderr.contains(SECRET));
+    // Two tunnels, two handshakes with the origin: the second takes up the
+    // session the first was given.
+    let m = w.p.metrics().await;
+    for line in [
+        "egress_upstream_tls_handshakes_total{kind=\"full\"} 1",
+        "egress_upstream_tls_handshakes_total{kind=\"resumed\"} 1",
+    ] {
+        assert!(m.contains(line), "{line} not in\n{m}");
+    }
 }
 
 #[tokio::test]

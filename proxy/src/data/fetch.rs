@@ -434,7 +434,10 @@ impl Fetch<'_> {
                 }
             };
             match tls {
-                Ok(s) => Carried::Intercepted(Box::new(s), addr),
+                Ok(s) => {
+                    self.sh.metrics.upstream_tls_done(s.get_ref().1);
+                    Carried::Intercepted(Box::new(s), addr)
+                }
                 Err(e) => {
                     finish.failed(FetchError::UpstreamTls.code());
                     self.sh.count_error(&run.tool, FetchError::UpstreamTls);

@@ -619,6 +619,7 @@ impl Origin {
             ca.connect(&self.target.host, s).await
         };
         let tls = tls.map_err(|e| (FetchError::UpstreamTls, format!("{addr}: {e}")))?;
+        self.sh.metrics.upstream_tls_done(tls.get_ref().1);
         self.handshake(tls).await
     }
 
