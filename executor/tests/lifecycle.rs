@@ -829,3 +829,40 @@ pool = { warm = 0, max = 1 }
             .status();
     }
 }
+
+/// The activation travels beside the invocation. When the proxy refuses it
+/// (the run is ended or unknown there), none of the child's fetches went
+/// out: the child is killed and the invocation runs once more on a fresh
+/// child. Any other failure leaves the activation's outcome unknown, so the
+/// invocation fails without a second run.
+#[tokio::test]
+async fn a_refused_activation_is_retried_on_a_fresh_child_and_an_unknown_one_is_not() {
+    let Some(_) = python() else { return };
+    // Slow enough that the activation's answer comes before the result.
+    let body = "import time\ndef run(input, ctx):\n    time.sleep(0.5)\n    return input\n";
+    let (tools, file, body) = misbehaving("slow", body, 20_000);
+    // Room for the fresh child while the refused one is torn down.
+    let tools = tools.replace(
+        "pool = { warm = 0, max = 1, queue = 0 }",
+        "pool = { warm = 0, max = 2, queue = 4 }",
+    );
+    let env = setup("refused-activation", true, &tools, &[(&file, &body)]).await;
+    let activations = |c: &FakeControl| c.calls().iter().filter(|c| c.starts_with("activate")).count();
+
+    env.control.refuse_activations(409, 1);
+    let res = env.exec.invoke(req("slow", json!("again"))).await;
+    assert_eq!(res.output, Some(json!("again")), "{res:?}");
+    assert_eq!(activations(&env.control), 2, "{:?}", env.control.calls());
+    let m = env.exec.metrics().encode();
+    assert!(
+        m.contains("executor_kills_total{tool=\"slow\",reason=\"proxy_error\"} 1"),
+        "{m}"
+    );
+
+    env.control.refuse_activations(503, 1);
+    let res = env.exec.invoke(req("slow", json!("once"))).await;
+    let e = res.error.expect("the invocation fails");
+    assert_eq!(e.kind, ErrorKind::Proxy, "{e:?}");
+    assert!(e.message.contains("activating the run"), "{e:?}");
+    assert_eq!(activations(&env.control), 3, "no second try: {:?}", env.control.calls());
+}

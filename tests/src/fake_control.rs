@@ -37,6 +37,9 @@ pub struct FakeState {
     pub next: u64,
     /// Tools `GET /v1/policy` lists.
     pub policy_tools: Vec<String>,
+    /// The next activations answered with this status instead: (status,
+    /// how many more).
+    pub refuse_activations: (u16, usize),
 }
 
 /// The fake control API.
@@ -135,6 +138,11 @@ async fn activate(State((st, n)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<S
             what: format!("activate {id}"),
             body: Value::Null,
         });
+        if s.refuse_activations.1 > 0 {
+            s.refuse_activations.1 -= 1;
+            let status = StatusCode::from_u16(s.refuse_activations.0).unwrap_or(StatusCode::CONFLICT);
+            return error(status, "refused", "refused by the test");
+        }
         let entry = s.runs.entry(id.clone()).or_default();
         // As the proxy: an ended run is never active again.
         if entry.1 == "ended" {
@@ -286,6 +294,12 @@ impl FakeControl {
 
     pub fn set_policy_tools(&self, tools: &[&str]) {
         self.state.lock().unwrap().policy_tools = tools.iter().map(|t| t.to_string()).collect();
+    }
+
+    /// Answers the next `n` activations with `status` (the activation is
+    /// recorded as a call, the run stays as it was).
+    pub fn refuse_activations(&self, status: u16, n: usize) {
+        self.state.lock().unwrap().refuse_activations = (status, n);
     }
 
     /// Facts every run reports: each a JSON object with some of a fact's
