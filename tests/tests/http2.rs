@@ -498,8 +498,14 @@ async fn flood_beside_another_run(w: &World, kind: &str, frames: &str) -> Value 
 async fn a_rapid_reset_flood_is_cut_while_another_run_is_answered() {
     let w = world(64, 64).await;
     let v = flood_beside_another_run(&w, "rapid-reset", "2000").await;
-    // GOAWAY with ENHANCE_YOUR_CALM (0xb), well before 2000 streams.
-    assert_eq!(v["goaway"], 11, "{v}");
+    // Cut well before 2000 streams: GOAWAY with ENHANCE_YOUR_CALM (0xb), or
+    // the connection closed under a write still in flight (the client's
+    // next write then meets the reset, which can discard the GOAWAY before
+    // it is read).
+    assert!(
+        v["goaway"] == 11 || (v["goaway"].is_null() && v["closed"] == true),
+        "{v}"
+    );
     assert!(v["sent"].as_u64().unwrap() < 2000, "{v}");
     let seen = w.api.heads().iter().filter(|h| h.contains("/ok/flood")).count();
     assert!(seen < 200, "{seen} reset streams reached the origin");
