@@ -3,9 +3,12 @@
 //! listeners (the proxy's and the executor's) apply. The proxy's handlers
 //! build these types (so the JSON cannot drift from them), the OpenAPI
 //! document at `/v1/openapi.json` is generated from them, and the executor's
-//! client reads them, so the compiler checks that the two agree.
+//! client reads them, so the compiler checks that the two agree. Also what
+//! both services share when they start: where the listener hand-off socket
+//! is (`handoff`) and the sockets systemd passes them (`activation`).
 #![forbid(unsafe_code)]
 
+pub mod activation;
 pub mod handoff;
 pub mod rules;
 

@@ -106,6 +106,9 @@ fn token_env() -> Option<String> {
 }
 
 async fn serve(config: PathBuf) -> anyhow::Result<()> {
+    // First, before any child exists: the passed sockets are marked
+    // close-on-exec as they are taken.
+    let mut inherited = egress_api::activation::Inherited::from_env().context("socket activation")?;
     let config = Config::load(&config)?;
     let listen = config.executor.listen;
     let gate = binding_gate(&config, config.tools.values().flatten().map(|p| p.isolation));
@@ -115,9 +118,15 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
     tracing::info!(binding = %config.binding.describe(), "confined children");
     let exec = Executor::new(config, token_env())?;
     subreaper(&exec);
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = match inherited.take("executor")? {
+        Some(l) => tokio::net::TcpListener::from_std(l).context("the socket passed by systemd")?,
+        None => tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?,
+    };
+    for name in inherited.left() {
+        tracing::warn!(name, "a socket passed by systemd is not used (expected: executor)");
+    }
     tracing::info!(addr = %listener.local_addr()?, "executor listening");
     // Own the runs (ending what a crashed predecessor left), check that the
     // proxy receives hand-offs once its control API answers (never relay

@@ -10,7 +10,7 @@ use std::time::Duration;
 use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
 use egress_e2e::harness::TOKEN;
-use egress_e2e::process::{rss_bytes, spawn_reporting, KillOnDrop};
+use egress_e2e::process::{rss_bytes, socket_activated, spawn_reporting, KillOnDrop};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-executor");
@@ -554,4 +554,48 @@ pool = {{ warm = 2, max = 2, queue = 4 }}
     let (status, body) = http(addr, "GET", "/v1/invocations/k-199", None).await;
     assert_eq!(status, 200);
     assert!(body.len() as u64 > RESULT && !body.contains("body_dropped"));
+}
+
+/// Socket activation: systemd passes the executor its listener (named
+/// `executor`), and its API answers there.
+#[tokio::test]
+async fn serve_answers_on_the_socket_systemd_passes() {
+    if python().is_none() {
+        return;
+    }
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("activated");
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let cfg = echo_config(&dir, control.addr, &marker).display().to_string();
+    let (child, addrs) = socket_activated(
+        &["executor"],
+        std::path::Path::new(BIN),
+        &["serve", "--config", &cfg],
+        &[("EGRESS_CONTROL_TOKEN", TOKEN)],
+        &dir.0.join("executor.log"),
+    );
+    let _child = KillOnDrop(child);
+    let addr = addrs["executor"];
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Ok((200, body)) = tokio::time::timeout(Duration::from_secs(2), http(addr, "GET", "/healthz", None)).await
+        {
+            assert_eq!(body, "ok\n");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "not served on the passed socket: {}",
+            std::fs::read_to_string(dir.0.join("executor.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = http(
+        addr,
+        "POST",
+        "/v1/invocations",
+        Some(json!({"tool": "echo", "input": 1})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -429,6 +429,7 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
         config_path: path,
         control_token: None,
         facts: None,
+        listeners: egress_api::activation::Inherited::from_env().context("socket activation")?,
     })
     .await
     .context("cannot start")?;

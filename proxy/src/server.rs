@@ -26,6 +26,9 @@ pub struct Options {
     pub control_token: Option<String>,
     /// Fact sink; `None` = the default store.
     pub facts: Option<Arc<dyn FactSink>>,
+    /// Listeners passed by systemd (`proxy`, `control`), used instead of
+    /// binding the configured addresses.
+    pub listeners: egress_api::activation::Inherited,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,22 +140,38 @@ fn store_dir(pc: &egress_config::ProxyConfig) {
     }
 }
 
-/// Binds both listeners and starts serving.
+/// The listener systemd passed as `what`, or `addr` bound.
+async fn listener(
+    inherited: &mut egress_api::activation::Inherited,
+    what: &'static str,
+    addr: SocketAddr,
+) -> Result<TcpListener, StartError> {
+    let bind_error = |source| StartError::Bind { what, addr, source };
+    match inherited.take(what).map_err(bind_error)? {
+        Some(l) => {
+            let l = TcpListener::from_std(l).map_err(bind_error)?;
+            tracing::info!(what, addr = ?l.local_addr().ok(), "listening on a socket passed by systemd");
+            Ok(l)
+        }
+        None => TcpListener::bind(addr).await.map_err(bind_error),
+    }
+}
+
+/// Binds both listeners (or takes those systemd passed) and starts serving.
 pub async fn start(opts: Options) -> Result<Handle, StartError> {
     let mut cfg = opts.config;
     // Credentials' secrets are the proxy's alone: loaded here and on reload.
     cfg.load_secrets()?;
     let pc = cfg.proxy.clone();
-    let proxy_l = TcpListener::bind(pc.listen).await.map_err(|source| StartError::Bind {
-        what: "proxy",
-        addr: pc.listen,
-        source,
-    })?;
-    let control_l = TcpListener::bind(pc.control).await.map_err(|source| StartError::Bind {
-        what: "control",
-        addr: pc.control,
-        source,
-    })?;
+    let mut inherited = opts.listeners;
+    let proxy_l = listener(&mut inherited, "proxy", pc.listen).await?;
+    let control_l = listener(&mut inherited, "control", pc.control).await?;
+    for name in inherited.left() {
+        tracing::warn!(
+            name,
+            "a socket passed by systemd is not used (expected: proxy, control)"
+        );
+    }
     let proxy_addr = proxy_l.local_addr().map_err(|source| StartError::Bind {
         what: "proxy",
         addr: pc.listen,

@@ -93,6 +93,7 @@ impl TestProxy {
             config_path,
             control_token: Some(TOKEN.into()),
             facts,
+            listeners: Default::default(),
         })
         .await
         .unwrap();

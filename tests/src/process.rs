@@ -108,6 +108,67 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Starts `program` with `args` as systemd socket activation would: one
+/// listening TCP socket on 127.0.0.1 per name in `names`, passed as fds 3,
+/// 4, … with `LISTEN_PID` (the program's own pid), `LISTEN_FDS` and
+/// `LISTEN_FDNAMES`. A small Python launcher binds the sockets, reports
+/// their ports and `exec`s the program in its own process. Returns the
+/// child and each name's address.
+pub fn socket_activated(
+    names: &[&str],
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> (Child, std::collections::BTreeMap<String, SocketAddr>) {
+    const LAUNCHER: &str = r#"
+import fcntl, os, socket, sys
+names = sys.argv[1].split(":")
+socks = []
+for n in names:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(128)
+    socks.append(s)
+    print(n, s.getsockname()[1], flush=True)
+high = [fcntl.fcntl(s.fileno(), fcntl.F_DUPFD, 100) for s in socks]
+for s in socks:
+    s.close()
+for i, fd in enumerate(high):
+    os.dup2(fd, 3 + i, inheritable=True)
+    os.close(fd)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS=str(len(names)), LISTEN_FDNAMES=sys.argv[1])
+os.execv(sys.argv[2], sys.argv[2:])
+"#;
+    let out = std::fs::File::create(log).unwrap();
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(LAUNCHER)
+        .arg(names.join(":"))
+        .arg(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(out))
+        .spawn()
+        .expect("python3 starts");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let mut addrs = std::collections::BTreeMap::new();
+    for _ in names {
+        let line = lines.next().and_then(Result::ok).expect("the launcher reports a port");
+        let (name, port) = line.split_once(' ').expect("name port");
+        addrs.insert(
+            name.to_owned(),
+            SocketAddr::from(([127, 0, 0, 1], port.parse::<u16>().unwrap())),
+        );
+    }
+    // The program's own output is not read; keep the pipe open meanwhile.
+    std::thread::spawn(move || for _ in lines {});
+    (child, addrs)
+}
+
 /// Starts `cmd` (its stderr piped) and waits for the first log line that
 /// reports `key` as a socket address, in text (`key=ADDR`) or JSON
 /// (`"key":"ADDR"`) logs; other lines go to this test's stderr.

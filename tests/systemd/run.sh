@@ -20,15 +20,15 @@ for b in egress-proxy egress-executor; do
   printf '#!/bin/sh\nexit 0\n' >"$work/bin/$b"
   chmod +x "$work/bin/$b"
 done
-for u in deploy/systemd/*.service; do
+for u in deploy/systemd/*.service deploy/systemd/*.socket; do
   sed "s#/usr/local/bin/#$work/bin/#g" "$u" >"$work/units/$(basename "$u")"
 done
 
 fail=0
-out=$(cd "$work/units" && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no ./*.service 2>&1) || fail=1
+out=$(cd "$work/units" && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no ./*.service ./*.socket 2>&1) || fail=1
 # verify also complains about unrelated units of the host (e.g. a missing
 # network-online.target provider); only lines naming our units count.
-ours=$(printf '%s\n' "$out" | grep -E 'loom-egress-(proxy|executor)\.service' || true)
+ours=$(printf '%s\n' "$out" | grep -E 'loom-egress-(proxy|executor|control)\.(service|socket)' || true)
 if [ -n "$ours" ]; then
   printf '%s\n' "$ours" >&2
   fail=1
@@ -36,7 +36,7 @@ elif [ "$fail" = 1 ]; then
   # A failure with no line about our units: show it all, still a failure.
   printf '%s\n' "$out" >&2
 fi
-[ "$fail" = 0 ] && echo "ok   systemd-analyze verify deploy/systemd/*.service"
+[ "$fail" = 0 ] && echo "ok   systemd-analyze verify deploy/systemd/*.service deploy/systemd/*.socket"
 
 need() { # unit directive=value
   if grep -qx "$2" "deploy/systemd/$1"; then
@@ -54,6 +54,11 @@ for d in Delegate=yes NoNewPrivileges=yes ProtectSystem=strict \
   'CapabilityBoundingSet=CAP_SYS_ADMIN CAP_NET_ADMIN CAP_SETUID CAP_SETGID CAP_CHOWN CAP_FOWNER CAP_KILL CAP_DAC_OVERRIDE'; do
   need loom-egress-executor.service "$d"
 done
+# Socket activation: the names the binaries look the passed sockets up by.
+need loom-egress-proxy.socket FileDescriptorName=proxy
+need loom-egress-control.socket FileDescriptorName=control
+need loom-egress-executor.socket FileDescriptorName=executor
+need loom-egress-proxy.service 'Sockets=loom-egress-proxy.socket loom-egress-control.socket'
 # Directives that would break a confinement layer (docs/operations.md#systemd).
 for d in '^ProtectControlGroups=yes' '^RestrictNamespaces=' '^PrivateUsers=' '^MemoryDenyWriteExecute='; do
   if grep -qE "$d" deploy/systemd/loom-egress-executor.service; then

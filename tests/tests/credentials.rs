@@ -261,6 +261,7 @@ async fn a_secret_file_readable_by_others_is_a_config_error() {
         config_path: None,
         control_token: Some(TOKEN.into()),
         facts: Some(Arc::new(MemorySink::new(10))),
+        listeners: Default::default(),
     })
     .await;
     let e = started.err().expect("the proxy refuses a 0644 secret file").to_string();

@@ -6,7 +6,7 @@
 
 use egress_e2e::harness::{basic, control_call, sample, TestProxy, TOKEN};
 use egress_e2e::origin::{echo_origin, http_origin};
-use egress_e2e::process::{bin, free_addr, write_config, ProxyProcess};
+use egress_e2e::process::{bin, free_addr, socket_activated, write_config, KillOnDrop, ProxyProcess};
 use egress_e2e::raw::{read_response, send};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -678,4 +678,71 @@ async fn an_unusable_sqlite_store_fails_closed_and_unready() {
     let m = control_call(p.control, "GET", "/metrics", None, None).await.text();
     assert_eq!(sample(&m, "egress_fact_write_failures_total"), 1.0);
     p.shutdown().await;
+}
+
+/// Socket activation: systemd passes the proxy its listeners (`proxy`,
+/// `control` by `FileDescriptorName=`), and the proxy serves on them and
+/// binds nothing itself. The config names addresses this test holds, so a
+/// bind would fail the start.
+#[tokio::test]
+async fn the_proxy_serves_on_the_sockets_systemd_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = [
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+    ];
+    let (listen, control) = (held[0].local_addr().unwrap(), held[1].local_addr().unwrap());
+    let cfg = write_config(
+        dir.path(),
+        listen,
+        control,
+        "[tools.web]\negress = [\"allowed.test:443\"]\n",
+    );
+    let cfg = cfg.display().to_string();
+    let (child, addrs) = socket_activated(
+        &["proxy", "control"],
+        &bin("egress-proxy"),
+        &["serve", "--config", &cfg],
+        &[("EGRESS_CONTROL_TOKEN", TOKEN)],
+        &dir.path().join("proxy.log"),
+    );
+    let _child = KillOnDrop(child);
+    let log = || std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default();
+    let (passed_proxy, passed_control) = (addrs["proxy"], addrs["control"]);
+    let t0 = std::time::Instant::now();
+    loop {
+        let r = control_call(passed_control, "GET", "/v1/runs", None, Some(TOKEN)).await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "not served: {}\n{}",
+            r.status,
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The data listener answers, with the run's credential missing.
+    let r = send(
+        passed_proxy,
+        b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n",
+    )
+    .await;
+    assert_eq!((r.status, r.deny_reason()), (407, Some("auth_missing")), "{}", log());
+    // A run's proxy URL names the passed listener, not the configured one.
+    let r = control_call(
+        passed_control,
+        "POST",
+        "/v1/runs",
+        Some(json!({"tool": "web"})),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let run: Value = serde_json::from_slice(&r.body).unwrap();
+    let url = run["proxy_url"].as_str().unwrap();
+    assert!(url.ends_with(&format!("@{passed_proxy}")), "{url}");
+    assert!(log().contains("listening on a socket passed by systemd"), "{}", log());
+    drop(held);
 }
