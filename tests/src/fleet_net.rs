@@ -149,25 +149,17 @@ impl FleetNet {
     /// Cuts `cell`'s port on the data bridge: it loses PostgreSQL and
     /// nothing else.
     pub fn cut(&self, cell: &str) {
-        ip(&[
-            "-n",
-            &self.ns("db"),
-            "link",
-            "set",
-            &format!("p{}", self.index(cell)),
-            "down",
-        ]);
+        self.data_port(cell, "down");
     }
 
+    /// Brings `cell`'s port on the data bridge back.
     pub fn heal(&self, cell: &str) {
-        ip(&[
-            "-n",
-            &self.ns("db"),
-            "link",
-            "set",
-            &format!("p{}", self.index(cell)),
-            "up",
-        ]);
+        self.data_port(cell, "up");
+    }
+
+    fn data_port(&self, cell: &str, state: &str) {
+        let port = format!("p{}", self.index(cell));
+        ip(&["-n", &self.ns("db"), "link", "set", &port, state]);
     }
 }
 

@@ -23,6 +23,20 @@ async fn proxy_at(dns: FakeDns, store: &Path, extra: &str, tools: &str) -> TestP
     TestProxy::start_config(dns, &text, None, None).await
 }
 
+/// A proxy with `extra` `[proxy]` keys, its store in a temporary directory
+/// (returned: the store lives as long as it), and tool `web` allowed to
+/// `api.test` on an HTTP origin on 127.0.0.2.
+async fn web_proxy(extra: &str) -> (egress_e2e::origin::HttpOrigin, TestProxy, tempfile::TempDir) {
+    let origin = http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let dns = FakeDns::start().await;
+    dns.set("api.test", &["127.0.0.2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let tools = format!("[tools.web]\negress = [\"api.test:{port}\"]\n");
+    let p = proxy_at(dns, &dir.path().join("facts.db"), extra, &tools).await;
+    (origin, p, dir)
+}
+
 /// Every decision record the API lists with `query` (e.g. `tool=web`),
 /// waiting (up to 5 s) until there are at least `n`.
 async fn decisions(p: &TestProxy, query: &str, n: usize) -> Vec<Value> {
@@ -122,18 +136,8 @@ async fn decisions_all_records_every_allowed_fetch_with_its_bytes_and_no_denial(
 
 #[tokio::test]
 async fn decisions_off_records_nothing() {
-    let origin = http_origin("127.0.0.2:0").await;
+    let (origin, p, _dir) = web_proxy("").await;
     let port = origin.addr.port();
-    let dns = FakeDns::start().await;
-    dns.set("api.test", &["127.0.0.2"]);
-    let dir = tempfile::tempdir().unwrap();
-    let p = proxy_at(
-        dns,
-        &dir.path().join("facts.db"),
-        "",
-        &format!("[tools.web]\negress = [\"api.test:{port}\"]\n"),
-    )
-    .await;
     let run = p.run("web").await;
     assert_eq!(p.get(&run, &format!("http://api.test:{port}/"), "").await.status, 200);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -370,18 +374,8 @@ async fn replay_names_what_a_new_policy_would_deny_and_exits_1_only_then() {
 #[tokio::test]
 async fn the_decision_log_keeps_to_its_budget_by_dropping_its_oldest_records() {
     use tokio::io::AsyncWriteExt;
-    let origin = http_origin("127.0.0.2:0").await;
+    let (origin, p, _dir) = web_proxy("decisions = \"all\"\ndecisions_max_mb = 1\nfacts_max_mb = 1").await;
     let port = origin.addr.port();
-    let dns = FakeDns::start().await;
-    dns.set("api.test", &["127.0.0.2"]);
-    let dir = tempfile::tempdir().unwrap();
-    let p = proxy_at(
-        dns,
-        &dir.path().join("facts.db"),
-        "decisions = \"all\"\ndecisions_max_mb = 1\nfacts_max_mb = 1",
-        &format!("[tools.web]\negress = [\"api.test:{port}\"]\n"),
-    )
-    .await;
     let run = p.run("web").await;
     // Long paths make records large: the 1 MiB budget is crossed in a few
     // thousand fetches on one keep-alive connection.
