@@ -22,13 +22,13 @@ exactly once; its return value (anything JSON-serialisable) is the result, and a
 exception becomes an `error` message (traceback on stderr).
 """
 
+# Only what every invocation needs is imported up front: the interpreter's
+# start is the cold start, and inspect, traceback and importlib.util alone
+# would add about half of it again. They are imported where they are used.
 import importlib
-import importlib.util
-import inspect
 import json
 import os
 import sys
-import traceback
 
 __all__ = ["Context", "main", "serve_module"]
 
@@ -103,14 +103,46 @@ def _lower(headers):
     return {k.lower(): v for k, v in headers.items()}
 
 
-def _call(fn, input, ctx):
+_VARARGS, _VARKEYWORDS = 0x04, 0x08  # CO_VARARGS, CO_VARKEYWORDS
+
+
+def _parameters(fn):
+    """How many parameters inspect.signature(fn) lists, or None: counted from
+    the code object of a plain function or bound method (no inspect import),
+    else by inspect."""
+    func = getattr(fn, "__func__", fn)
+    code = getattr(func, "__code__", None)
+    if code is not None and type(func).__name__ == "function" and not hasattr(func, "__wrapped__"):
+        flags = code.co_flags
+        n = (code.co_argcount + code.co_kwonlyargcount
+             + bool(flags & _VARARGS) + bool(flags & _VARKEYWORDS))
+        return n - (func is not fn)  # a bound method's self is not listed
+    import inspect
+
     try:
-        params = inspect.signature(fn).parameters
+        return len(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        params = None
-    if params is not None and len(params) == 1:
+        return None
+
+
+def _call(fn, input, ctx):
+    if _parameters(fn) == 1:
         return fn(input)
     return fn(input, ctx)
+
+
+def _awaitable(x):
+    if not hasattr(x, "__await__") and type(x).__name__ not in ("generator", "coroutine"):
+        return False
+    import inspect
+
+    return inspect.isawaitable(x)
+
+
+def _print_exc():
+    import traceback
+
+    traceback.print_exc()
 
 
 def main(run=None, load=None):
@@ -126,7 +158,7 @@ def main(run=None, load=None):
         if not callable(run):
             raise TypeError("the tool has no callable run(input, ctx)")
     except BaseException as e:  # noqa: BLE001 - every load failure is reported
-        traceback.print_exc()
+        _print_exc()
         _flush()
         channel.send({"t": "error", "message": "load failed: %s: %s" % (type(e).__name__, e)})
         os._exit(1)
@@ -140,14 +172,14 @@ def main(run=None, load=None):
     ctx = Context(channel, msg)
     try:
         output = _call(run, msg.get("input"), ctx)
-        if inspect.isawaitable(output):
+        if _awaitable(output):
             import asyncio
 
             output = asyncio.run(_await(output))
         msg, code = {"t": "result", "output": output}, 0
         json.dumps(msg, default=str)
     except BaseException as e:  # noqa: BLE001 - every tool failure is reported
-        traceback.print_exc()
+        _print_exc()
         msg, code = {"t": "error", "message": "%s: %s" % (type(e).__name__, e)}, 1
     # The executor kills the child as soon as the result arrives: flush the
     # tool's own output first so none of it is lost.
@@ -176,6 +208,8 @@ def _load_target(target):
         path = os.path.abspath(name)
         sys.path.insert(0, os.path.dirname(path))
         modname = os.path.splitext(os.path.basename(path))[0]
+        import importlib.util
+
         spec = importlib.util.spec_from_file_location(modname, path)
         if spec is None or spec.loader is None:
             raise ImportError("cannot load %s" % path)

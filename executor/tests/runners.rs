@@ -179,3 +179,61 @@ async fn node_runner_exits_by_itself_after_its_invocation() {
     assert!(exited, "the Node runner was still running 10 s after its result");
     assert!(status.success(), "{status:?}");
 }
+
+/// The Python runner counts a run function's parameters without importing
+/// inspect (its import is a third of the interpreter's start): for every
+/// shape a tool's `run` can take, the count equals inspect.signature's, and
+/// the runner itself imports neither inspect nor traceback before an
+/// invocation needs them.
+#[test]
+fn python_runner_counts_parameters_as_inspect_does_without_importing_it() {
+    let Some(python) = python() else { return };
+    let script = r#"
+import functools, sys
+sys.path.insert(0, sys.argv[1])
+import loom_runner
+assert "inspect" not in sys.modules and "traceback" not in sys.modules, sorted(sys.modules)
+def one(input): pass
+def two(input, ctx): pass
+def default(input, ctx=None): pass
+def star(*args): pass
+def kw(input, *, ctx): pass
+def everything(a, b=1, *c, d, **e): pass
+async def coro(input): pass
+def gen(input): yield
+class Tool:
+    def run(self, input): pass
+    def run2(self, input, ctx): pass
+    @staticmethod
+    def static(input): pass
+    @classmethod
+    def cls(cls, input): pass
+    def __call__(self, input): pass
+@functools.wraps(two)
+def wrapped(*args, **kwargs): pass
+shapes = [one, two, default, star, kw, everything, coro, gen, lambda x: x, lambda x, y: x,
+          Tool().run, Tool().run2, Tool.static, Tool.cls, Tool(), wrapped,
+          functools.partial(two, 1), print, len, dict]
+import inspect
+for fn in shapes:
+    try:
+        want = len(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        want = None
+    got = loom_runner._parameters(fn)
+    assert got == want, (fn, got, want)
+print("ok", len(shapes))
+"#;
+    let out = std::process::Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .arg(runners_dir())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("ok 20"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
