@@ -170,9 +170,15 @@ pub struct ProcessConfig {
     pub max_pids: u64,
     /// CPU time limit (RLIMIT_CPU, rounded up to whole seconds) per process.
     pub cpu_ms: u64,
+    /// cgroup CPU bandwidth of a confined child's whole tree, in percent of
+    /// one CPU (`cpu.max`; v1: `cpu.cfs_quota_us`); unset: not limited.
+    pub cpu_percent: Option<u64>,
     /// `[tools.<id>] network`: how the tool's children reach the network.
     pub network: Network,
 }
+
+/// Largest `cpu_percent`: 1000 CPUs.
+pub const MAX_CPU_PERCENT: u64 = 100_000;
 
 impl ProcessConfig {
     /// A process section that sets only `command`: every other key at its
@@ -196,6 +202,7 @@ impl ProcessConfig {
             memory_mb: 512,
             max_pids: 64,
             cpu_ms: cold_start_ms + timeout_ms,
+            cpu_percent: None,
             network: Network::Proxy,
         }
     }
@@ -341,6 +348,14 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
         memory_mb: s.int("memory_mb", 8..=u64::MAX, d.memory_mb),
         max_pids: s.int("max_pids", 1..=u64::MAX, d.max_pids),
         cpu_ms: s.int("cpu_ms", 1..=u64::MAX, cold_start_ms.saturating_add(timeout_ms)),
+        cpu_percent: s.get::<u64>("cpu_percent").map(|v| {
+            if !(1..=MAX_CPU_PERCENT).contains(&v) {
+                let at = s.at("cpu_percent");
+                s.problems
+                    .push(at, format!("{v} is out of range 1..={MAX_CPU_PERCENT}"));
+            }
+            v.clamp(1, MAX_CPU_PERCENT)
+        }),
         network: Network::Proxy,
     };
     let command = command?;
@@ -395,6 +410,8 @@ mod tests {
             (P, "command = [\"x\"]\nmax_pids = 0", "max_pids"),
             (P, "command = [\"x\"]\nmemory_mb = 1", "memory_mb"),
             (P, "command = [\"x\"]\ncpu_ms = 0", "cpu_ms"),
+            (P, "command = [\"x\"]\ncpu_percent = 0", "cpu_percent"),
+            (P, "command = [\"x\"]\ncpu_percent = 100001", "cpu_percent"),
             (P, "command = \"x\"", "command"),
             (P, "cwd = \"/\"", "command"),
             ("executor", "child_uid = 0", "child_uid"),
@@ -476,7 +493,7 @@ mod tests {
             assert_eq!(c.policy.tools["t"].process.as_ref().unwrap().isolation, want);
         }
         let c = Config::parse_relative_to(
-            "[tools.t.process]\ncommand = [\"x\"]\nprotocol = \"plain\"\nread_paths = [\"data\", \"/srv/x\"]\nmemory_mb = 64\nmax_pids = 9\ncpu_ms = 1500\npool = { warm = 0, max = 2, queue = 0 }\n",
+            "[tools.t.process]\ncommand = [\"x\"]\nprotocol = \"plain\"\nread_paths = [\"data\", \"/srv/x\"]\nmemory_mb = 64\nmax_pids = 9\ncpu_ms = 1500\ncpu_percent = 50\npool = { warm = 0, max = 2, queue = 0 }\n",
             "f",
             Path::new("/etc/loom"),
         )
@@ -484,7 +501,10 @@ mod tests {
         let p = c.policy.tools["t"].process.clone().unwrap();
         assert_eq!(p.read_paths, [PathBuf::from("/etc/loom/data"), PathBuf::from("/srv/x")]);
         assert_eq!(p.cwd, Path::new("/etc/loom"));
-        assert_eq!((p.memory_mb, p.max_pids, p.cpu_ms), (64, 9, 1500));
+        assert_eq!(
+            (p.memory_mb, p.max_pids, p.cpu_ms, p.cpu_percent),
+            (64, 9, 1500, Some(50))
+        );
         assert_eq!((p.warm, p.max, p.queue, p.protocol), (0, 2, 0, Protocol::Plain));
     }
 

@@ -621,6 +621,7 @@ mod tests {
                 memory_mb: 512,
                 max_pids: 64,
                 cpu_ms: 40_000,
+                cpu_percent: None,
                 network: crate::Network::Proxy,
             })
         );

@@ -113,10 +113,16 @@ impl Layer {
 /// How the host can do cgroup limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CgroupHost {
-    /// v1: memory and pids hierarchies (parents of our per-child dirs).
-    V1 { memory: PathBuf, pids: PathBuf },
-    /// v2: a delegated directory (parent of our per-child dirs).
-    V2 { dir: PathBuf },
+    /// v1: memory and pids hierarchies (parents of our per-child dirs), and
+    /// the cpu hierarchy's when it is mounted and writable (`cpu_percent`).
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: Option<PathBuf>,
+    },
+    /// v2: a delegated directory (parent of our per-child dirs); `cpu`: the
+    /// cpu controller is enabled for its children (`cpu_percent`).
+    V2 { dir: PathBuf, cpu: bool },
 }
 
 /// What the host provides, layer by layer (probed once per process).
@@ -135,6 +141,16 @@ pub struct HostSupport {
     /// Whether each child gets a PID namespace (`[executor] pid_namespace`
     /// and the privilege a network namespace needs too).
     pub pid_namespace: bool,
+}
+
+impl CgroupHost {
+    /// Whether children can get a CPU bandwidth limit (`cpu_percent`).
+    pub fn cpu(&self) -> bool {
+        match self {
+            CgroupHost::V1 { cpu, .. } => cpu.is_some(),
+            CgroupHost::V2 { cpu, .. } => *cpu,
+        }
+    }
 }
 
 impl HostSupport {
@@ -229,8 +245,15 @@ fn probe(exec: &ExecutorSection) -> HostSupport {
     layers.insert(
         Layer::Cgroup,
         match &cgroup {
-            Ok(CgroupHost::V1 { .. }) => Ok("cgroup v1 memory + pids controllers".into()),
-            Ok(CgroupHost::V2 { dir }) => Ok(format!("cgroup v2 under {}", dir.display())),
+            Ok(CgroupHost::V1 { cpu, .. }) => Ok(format!(
+                "cgroup v1 memory + pids{} controllers",
+                if cpu.is_some() { " + cpu" } else { "" }
+            )),
+            Ok(CgroupHost::V2 { dir, cpu }) => Ok(format!(
+                "cgroup v2 under {}{}",
+                dir.display(),
+                if *cpu { " (+ cpu)" } else { "" }
+            )),
             Err(e) => Err(e.clone()),
         },
     );
@@ -296,7 +319,15 @@ fn cgroup_host(exec: &ExecutorSection) -> Result<CgroupHost, String> {
     // (The v1 pids root has no pids.max; its children do.)
     if root.join("memory/memory.limit_in_bytes").exists() && root.join("pids/cgroup.procs").exists() {
         if writable(&memory) && writable(&pids) {
-            return Ok(CgroupHost::V1 { memory, pids });
+            // The cpu controller (for `cpu_percent` only): its own hierarchy
+            // or mounted together with cpuacct; optional.
+            let cpu = ["cpu", "cpu,cpuacct"]
+                .iter()
+                .map(|h| root.join(h))
+                .find(|h| h.join("cpu.cfs_quota_us").exists())
+                .map(|h| h.join("loom-egress"))
+                .filter(|d| writable(d));
+            return Ok(CgroupHost::V1 { memory, pids, cpu });
         }
         return Err("the cgroup v1 memory/pids hierarchies are not writable".into());
     }
@@ -395,7 +426,13 @@ fn cgroup_v2(dir: &Path, own: bool) -> Result<CgroupHost, String> {
         std::fs::write(&ctl_file, "+memory +pids")
             .map_err(|e| format!("cgroup v2 {d}: cannot enable memory and pids in cgroup.subtree_control: {e}"))?;
     }
-    Ok(CgroupHost::V2 { dir: dir.to_path_buf() })
+    // cpu for `cpu_percent`, when delegated too (optional: a tool that asks
+    // for it without it is refused or warned about, per its isolation).
+    let cpu = has(&ctl, "cpu") || (has(&controllers, "cpu") && std::fs::write(&ctl_file, "+cpu").is_ok());
+    Ok(CgroupHost::V2 {
+        dir: dir.to_path_buf(),
+        cpu,
+    })
 }
 
 /// What the kernel gives beyond the layers, for `doctor`: Landlock rights,
@@ -445,12 +482,16 @@ pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
         "none"
     };
     let detail = match &host.cgroup {
-        Some(CgroupHost::V1 { memory, pids }) => format!(
-            "{version}; per-child cgroups under {} and {}; children join by writing cgroup.procs before exec",
+        Some(CgroupHost::V1 { memory, pids, cpu }) => format!(
+            "{version}; per-child cgroups under {} and {}{}; children join by writing cgroup.procs before exec",
             memory.display(),
-            pids.display()
+            pids.display(),
+            cpu.as_ref().map_or_else(
+                || " (no writable cpu hierarchy: no cpu_percent)".into(),
+                |c| format!(" and {}", c.display())
+            )
         ),
-        Some(CgroupHost::V2 { dir }) => {
+        Some(CgroupHost::V2 { dir, cpu }) => {
             let controllers = read(&format!("{}/cgroup.controllers", dir.display())).unwrap_or_default();
             let kill = if dir.join(format!("{EXECUTOR_LEAF}/cgroup.kill")).exists()
                 || root.join("cgroup.kill").exists()
@@ -461,9 +502,14 @@ pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
                 "no cgroup.kill (kernel < 5.14): process-group and PID-namespace kills"
             };
             format!(
-                "{version}; delegated subtree {} (controllers: {controllers}); executor in {EXECUTOR_LEAF}; {kill}; {}",
+                "{version}; delegated subtree {} (controllers: {controllers}); executor in {EXECUTOR_LEAF}; {kill}; {}; {}",
                 dir.display(),
-                sys::clone_into_cgroup_report()
+                sys::clone_into_cgroup_report(),
+                if *cpu {
+                    "cpu enabled for children (cpu_percent)"
+                } else {
+                    "cpu not delegated: no cpu_percent"
+                }
             )
         }
         None => format!("{version}; no cgroup layer"),
@@ -476,13 +522,15 @@ pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
 /// theirs): `None` without a cgroup layer.
 pub fn cgroup_probe(host: &HostSupport) -> Option<io::Result<Prepared>> {
     let h = host.cgroup.as_ref()?;
-    Some(make_cgroup(h, "doctor-probe", 64, 16).map(|(dirs, procs, dir_fd)| {
-        let mut p = Prepared::default();
-        p.child.cgroup_procs = procs;
-        p.child.cgroup_dir = dir_fd;
-        p.cgroup = Some(CgroupDirs(dirs));
-        p
-    }))
+    Some(
+        make_cgroup(h, "doctor-probe", 64, 16, None).map(|(dirs, procs, dir_fd)| {
+            let mut p = Prepared::default();
+            p.child.cgroup_procs = procs;
+            p.child.cgroup_dir = dir_fd;
+            p.cgroup = Some(CgroupDirs(dirs));
+            p
+        }),
+    )
 }
 
 /// Whether cgroups under `dir` have `cgroup.kill` (any child dir shows it).
@@ -552,6 +600,8 @@ pub struct Confinement {
     max_pids: u64,
     nproc: u64,
     cpu_ms: u64,
+    /// `cpu_percent`, when the host's cgroups can apply it.
+    cpu_percent: Option<u64>,
     seccomp: Vec<Arc<Vec<seccompiler::sock_filter>>>,
     cgroup: Option<CgroupHost>,
     private_shm: bool,
@@ -574,6 +624,7 @@ impl Confinement {
             max_pids: 0,
             nproc: 0,
             cpu_ms: 0,
+            cpu_percent: None,
             seccomp: Vec::new(),
             cgroup: None,
             private_shm: false,
@@ -653,6 +704,17 @@ impl Confinement {
                 }
             }
         }
+        // `cpu_percent` is asked for per tool: missing only where it is.
+        let cpu_percent = p
+            .cpu_percent
+            .filter(|_| host.cgroup.as_ref().is_some_and(CgroupHost::cpu));
+        if p.cpu_percent.is_some() && cpu_percent.is_none() && host.cgroup.is_some() {
+            missing.push(
+                "cpu_percent: the cpu controller is not available to the executor's cgroups \
+                 (cgroup v2: delegate cpu too, e.g. systemd Delegate=yes; v1: a writable cpu hierarchy)"
+                    .to_string(),
+            );
+        }
         if !missing.is_empty() {
             if p.isolation == Isolation::Strict {
                 return Err(Unavailable {
@@ -680,6 +742,7 @@ impl Confinement {
             max_pids: p.max_pids,
             nproc: p.max_pids.saturating_mul(p.max as u64),
             cpu_ms: p.cpu_ms,
+            cpu_percent,
             seccomp,
             cgroup: host.cgroup.clone(),
             private_shm: host.private_shm.is_ok(),
@@ -844,7 +907,8 @@ impl Confinement {
         c.seccomp = self.seccomp.clone();
         if self.has(Layer::Cgroup) {
             if let Some(host) = &self.cgroup {
-                let (dirs, procs, dir_fd) = make_cgroup(host, name, self.memory_mb, self.max_pids)?;
+                let cpu = self.cpu_percent.filter(|_| host.cpu());
+                let (dirs, procs, dir_fd) = make_cgroup(host, name, self.memory_mb, self.max_pids, cpu)?;
                 c.cgroup_procs = procs;
                 c.cgroup_dir = dir_fd;
                 out.cgroup = Some(CgroupDirs(dirs));
@@ -1103,7 +1167,16 @@ static CGROUP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// v2 the directory's fd for `clone3(CLONE_INTO_CGROUP)`.
 type MadeCgroup = (Vec<PathBuf>, Vec<OwnedFd>, Option<OwnedFd>);
 
-fn make_cgroup(host: &CgroupHost, name: &str, memory_mb: u64, max_pids: u64) -> io::Result<MadeCgroup> {
+/// The CPU bandwidth period, in microseconds (the kernel's default).
+const CPU_PERIOD_US: u64 = 100_000;
+
+fn make_cgroup(
+    host: &CgroupHost,
+    name: &str,
+    memory_mb: u64,
+    max_pids: u64,
+    cpu_percent: Option<u64>,
+) -> io::Result<MadeCgroup> {
     let leaf = format!(
         "{name}-{}-{}",
         std::process::id(),
@@ -1111,9 +1184,14 @@ fn make_cgroup(host: &CgroupHost, name: &str, memory_mb: u64, max_pids: u64) -> 
     );
     let bytes = memory_mb.saturating_mul(1 << 20).to_string();
     let pids = max_pids.to_string();
+    // percent of one CPU → microseconds of CPU per period (at least 1 ms:
+    // the kernel's floor).
+    let quota = cpu_percent.map(|p| (p.saturating_mul(CPU_PERIOD_US) / 100).max(1000).to_string());
+    let cpu_max = quota.as_ref().map(|q| format!("{q} {CPU_PERIOD_US}"));
+    let period = CPU_PERIOD_US.to_string();
     let mut writes: Vec<(PathBuf, Vec<(&str, &str)>)> = Vec::new();
     match host {
-        CgroupHost::V1 { memory, pids: p } => {
+        CgroupHost::V1 { memory, pids: p, cpu } => {
             writes.push((
                 memory.join(&leaf),
                 vec![
@@ -1123,12 +1201,23 @@ fn make_cgroup(host: &CgroupHost, name: &str, memory_mb: u64, max_pids: u64) -> 
                 ],
             ));
             writes.push((p.join(&leaf), vec![("pids.max", &pids)]));
+            if let (Some(cpu), Some(quota)) = (cpu, &quota) {
+                writes.push((
+                    cpu.join(&leaf),
+                    vec![("cpu.cfs_period_us", &period), ("cpu.cfs_quota_us", quota)],
+                ));
+            }
         }
-        CgroupHost::V2 { dir } => {
-            writes.push((
-                dir.join(&leaf),
-                vec![("memory.max", &bytes), ("memory.swap.max", "0"), ("pids.max", &pids)],
-            ));
+        CgroupHost::V2 { dir, .. } => {
+            let mut files = vec![
+                ("memory.max", bytes.as_str()),
+                ("memory.swap.max", "0"),
+                ("pids.max", &pids),
+            ];
+            if let Some(cpu_max) = &cpu_max {
+                files.push(("cpu.max", cpu_max));
+            }
+            writes.push((dir.join(&leaf), files));
         }
     }
     let mut dirs = Vec::new();

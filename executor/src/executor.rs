@@ -983,6 +983,7 @@ impl Executor {
             p.memory_mb = base.memory_mb;
             p.max_pids = base.max_pids;
             p.cpu_ms = base.cpu_ms;
+            p.cpu_percent = base.cpu_percent;
         }
         let host = crate::confine::host(&self.config.executor);
         let confinement = match Confinement::for_tool(tool, &p, &self.config.executor, &host) {

@@ -76,7 +76,7 @@ const LANDLOCK_ACCESS_FS_READ_DIR: u64 = 1 << 3;
 
 /// Most rlimits, cgroup files and seccomp programs a child applies.
 const MAX_RLIMITS: usize = 8;
-const MAX_CGROUPS: usize = 2;
+const MAX_CGROUPS: usize = 3;
 const MAX_FILTERS: usize = 3;
 
 /// `ChildConfine` as raw numbers and pointers, copied into the child.

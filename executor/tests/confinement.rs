@@ -129,6 +129,7 @@ fn main() {
             ))
         }),
         ("run_command_applies_the_tools_isolation", || Box::pin(run_command())),
+        ("cpu_percent_caps_the_childs_cpu", || Box::pin(cpu_cap())),
         (
             "a_failed_hand_off_fails_the_start_loudly",
             || Box::pin(failed_handoff()),
@@ -1050,6 +1051,78 @@ async fn run_command() {
     let out = String::from_utf8_lossy(&open.stdout);
     assert_eq!(out, "0\nREAD\n", "{}", String::from_utf8_lossy(&open.stderr));
     assert_eq!(open.status.code(), Some(0));
+    drop(dir);
+    proxy.shutdown().await;
+}
+
+/// `cpu_percent = 5`: a child spinning for 1.5 s of wall time runs in a
+/// cgroup of its own under the cpu controller and gets at most 5 % of a CPU
+/// (about 80 ms of it, well under the 400 ms asserted; uncapped, a spinner
+/// gets most of the 1.5 s); a tool without the key gets no cpu cgroup.
+async fn cpu_cap() {
+    const NAME: &str = "cpu_percent_caps_the_childs_cpu";
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED {NAME}: {why}");
+        return;
+    }
+    let host = egress_executor::confine::host(&Config::parse(Path::new("/x.toml"), "").unwrap().executor);
+    if !host.cgroup.as_ref().is_some_and(|c| c.cpu()) {
+        eprintln!("SKIPPED {NAME}: no writable cpu controller here");
+        return;
+    }
+    let Some(python) = ["/usr/bin/python3", "/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        eprintln!("SKIPPED {NAME}: no system python3");
+        return;
+    };
+    let dir = TempDir::new("confine-cpu");
+    let proxy = proxy_beside(&dir, "[tools.capped]\negress = []\n[tools.free]\negress = []\n").await;
+    let cfg = exec_config(
+        &dir,
+        "egress.toml",
+        proxy.control,
+        "[tools.capped]\negress = []\n[tools.capped.process]\ncommand = [\"true\"]\ncpu_percent = 5\n\
+         [tools.free]\negress = []\n[tools.free.process]\ncommand = [\"true\"]\n",
+    );
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
+    let spin = "import os, time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass\n\
+                t = os.times()\nprint(round((t.user + t.system) * 1000))\nprint(open('/proc/self/cgroup').read())";
+    let run = move |tool: &str| {
+        let out = std::process::Command::new(&bin)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .args(["--tool", tool, "--", python, "-S", "-c", spin])
+            .env("EGRESS_CONTROL_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        let cpu_ms: u64 = stdout.lines().next().unwrap().trim().parse().unwrap();
+        // The cgroup of the cpu controller (v1: its own line; v2: the one line).
+        let cpu_cgroup = stdout
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter_map(|(_, rest)| rest.split_once(':'))
+            .find(|(controllers, _)| controllers.is_empty() || controllers.split(',').any(|c| c == "cpu"))
+            .map(|(_, path)| path.to_owned())
+            .unwrap_or_default();
+        (cpu_ms, cpu_cgroup, stdout)
+    };
+    let ((capped_ms, capped, out), (_, free, free_out)) =
+        tokio::task::spawn_blocking(move || (run("capped"), run("free")))
+            .await
+            .unwrap();
+    assert!(capped.contains("/capped-"), "{out}");
+    assert!(
+        capped_ms < 400,
+        "{capped_ms} ms of CPU in 1.5 s under cpu_percent = 5\n{out}"
+    );
+    if matches!(host.cgroup, Some(egress_executor::confine::CgroupHost::V1 { .. })) {
+        // v1: no cpu cgroup without the key (v2: one cgroup, without cpu.max).
+        assert!(!free.contains("loom-egress"), "{free_out}");
+    }
     drop(dir);
     proxy.shutdown().await;
 }
