@@ -1593,6 +1593,45 @@ mod tests {
         assert!(o.layers().is_empty());
     }
 
+    /// `cpu_percent` on a host whose cgroups lack the cpu controller: strict
+    /// refuses naming it, best_effort starts without the limit, and a host
+    /// with the controller gives it.
+    #[test]
+    fn cpu_percent_needs_the_cpu_controller() {
+        let file = Path::new("/etc/loom/egress.toml");
+        let cfg = |iso: &str| {
+            let c = crate::config::Config::parse(
+                file,
+                &format!("[tools.t.process]\ncommand = [\"x\"]\nisolation = \"{iso}\"\ncpu_percent = 50\n"),
+            )
+            .unwrap();
+            (c.tools["t"].clone().unwrap(), c.executor)
+        };
+        let mut host = host_without(Layer::Netns);
+        host.layers.insert(Layer::Netns, Ok(String::new()));
+        host.cgroup = Some(CgroupHost::V2 {
+            dir: PathBuf::from("/sys/fs/cgroup/x"),
+            cpu: false,
+        });
+        let (p, exec) = cfg("strict");
+        let msg = Confinement::for_tool("t", &p, &exec, &host).unwrap_err().to_string();
+        assert!(
+            msg.contains("cpu_percent: the cpu controller is not available"),
+            "{msg}"
+        );
+        let (b, exec) = cfg("best_effort");
+        assert_eq!(Confinement::for_tool("t", &b, &exec, &host).unwrap().cpu_percent, None);
+        host.cgroup = Some(CgroupHost::V1 {
+            memory: PathBuf::from("/m"),
+            pids: PathBuf::from("/p"),
+            cpu: Some(PathBuf::from("/c")),
+        });
+        assert_eq!(
+            Confinement::for_tool("t", &p, &exec, &host).unwrap().cpu_percent,
+            Some(50)
+        );
+    }
+
     /// A transparent tool without its fence does not start, whatever its
     /// isolation: no namespace, or no way to set one up (`nft` missing).
     #[test]
