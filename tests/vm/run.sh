@@ -37,16 +37,12 @@ mkdir -p "$CACHE_DIR"
 flag=""
 [ "$profile" = release ] && flag=--release
 bin=target/$profile
-echo "tests/vm: building egress-executor ($profile)" >&2
-cargo build $flag -q -p egress-executor --bin egress-executor
-# The proxy only serves the runs (nothing of it is measured): any build of
-# it will do, the one of this profile if there is one.
+echo "tests/vm: building egress-executor and egress-proxy ($profile)" >&2
+# Both, always (a no-op when fresh): the proxy reads the tools' sections too,
+# so one older than the executor may refuse the config. .ci/run's compose
+# test builds the same release binaries afterwards, at no extra cost.
+cargo build $flag -q -p egress-executor -p egress-proxy --bins
 proxy=$bin/egress-proxy
-if ! [ -x "$proxy" ] && [ -x target/debug/egress-proxy ]; then
-  proxy=target/debug/egress-proxy
-elif ! [ -x "$proxy" ]; then
-  cargo build $flag -q -p egress-proxy --bin egress-proxy
-fi
 # The confinement suite's test binary (built by `cargo test -p egress-executor
 # --test confinement`), this profile's or the debug one.
 conf=$(ls -t "$bin"/deps/confinement-* target/debug/deps/confinement-* 2>/dev/null | while read -r f; do
@@ -55,7 +51,7 @@ conf=$(ls -t "$bin"/deps/confinement-* target/debug/deps/confinement-* 2>/dev/nu
 # The image: busybox, the two binaries and their shared libraries, the
 # confinement test binary (the Rust malicious tool and its harness), the
 # init, checks and configs. Cached by the hash of its inputs.
-inputs=(tests/vm/run.sh "$busybox" "$bin/egress-executor" "$proxy" tests/vm/init tests/vm/checks.sh tests/vm/egress.toml)
+inputs=(tests/vm/run.sh "$busybox" "$bin/egress-executor" "$proxy" tests/vm/init tests/vm/checks.sh tests/vm/egress.toml deploy/start-executor.sh)
 [ -n "$conf" ] && inputs+=("$conf")
 key=$(cat "${inputs[@]}" | sha256sum | cut -c1-16)
 image="$CACHE_DIR/image-$key.cpio.gz"
@@ -79,7 +75,7 @@ if ! [ -s "$image" ]; then
   done
   cp tests/vm/init $r/init
   chmod +x $r/init
-  cp tests/vm/checks.sh tests/vm/egress.toml $r/vm/
+  cp tests/vm/checks.sh tests/vm/egress.toml deploy/start-executor.sh $r/vm/
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >$r/etc/passwd
   printf 'root:x:0:\nnogroup:x:65534:\n' >$r/etc/group
   (cd $r && find . | "$busybox" cpio -o -H newc 2>/dev/null | gzip -1) >"$image.tmp"
