@@ -23,6 +23,7 @@ COPY deploy/image-setup.sh /usr/local/lib/loom-egress/image-setup.sh
 RUN /usr/local/lib/loom-egress/image-setup.sh
 COPY target/release/egress-proxy target/release/egress-executor /usr/local/bin/
 COPY executor/runners/ /usr/local/lib/loom-egress/runners/
+COPY deploy/start-executor.sh /usr/local/lib/loom-egress/start-executor.sh
 USER egress
 WORKDIR /var/lib/loom-egress
 ENTRYPOINT ["/usr/local/bin/egress-proxy"]
@@ -51,6 +52,7 @@ COPY deploy/image-setup.sh /usr/local/lib/loom-egress/image-setup.sh
 RUN /usr/local/lib/loom-egress/image-setup.sh
 COPY --from=build /usr/local/bin/egress-proxy /usr/local/bin/egress-executor /usr/local/bin/
 COPY executor/runners/ /usr/local/lib/loom-egress/runners/
+COPY deploy/start-executor.sh /usr/local/lib/loom-egress/start-executor.sh
 USER egress
 WORKDIR /var/lib/loom-egress
 ENTRYPOINT ["/usr/local/bin/egress-proxy"]

@@ -29,6 +29,7 @@ LOOM_CACHE_DIR for the base filesystem cache (deploy/build-rootfs.sh).
 
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -381,6 +382,14 @@ def check_demo(stack, token):
         if r.returncode != 0 or "token accepted" not in r.stdout \
                 or "hand-off to /run/loom-egress/handoff.sock ([proxy] handoff)" not in r.stdout:
             raise Failure("egress-executor doctor failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))
+        # Every demo tool is strict, with the cgroup layer the entrypoint's
+        # remount gives (deploy/start-executor.sh): their pools would not
+        # start otherwise, and doctor says so per tool.
+        lines = r.stdout.splitlines()
+        for tool in DEMO_TOOLS:
+            row = next((l for l in lines if l.startswith("isolation of `%s`" % tool)), "")
+            if not re.search(r"\bok\s+Strict\b", row) or "cgroup memory+pids" not in row:
+                raise Failure("%s is not strict with its cgroup layer in the container: %r" % (tool, row))
         log("kernel.py facts and egress-executor doctor work in the containers; doctor says:\n    "
             + "\n    ".join(r.stdout.strip().splitlines()))
 

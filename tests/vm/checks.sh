@@ -10,10 +10,10 @@ check() { # name ok? detail
 cg=/sys/fs/cgroup
 # A delegated subtree under a non-root cgroup, shaped as systemd makes one
 # for a unit with Delegate=yes (loom.slice/loom-egress-executor.service):
-# the parents enable memory and pids for it; the executor gets the rest.
-echo "+memory +pids" >$cg/cgroup.subtree_control
+# the parents enable memory, pids and cpu for it; the executor gets the rest.
+echo "+memory +pids +cpu" >$cg/cgroup.subtree_control
 mkdir -p $cg/loom.slice/executor.service
-echo "+memory +pids" >$cg/loom.slice/cgroup.subtree_control
+echo "+memory +pids +cpu" >$cg/loom.slice/cgroup.subtree_control
 svc=$cg/loom.slice/executor.service
 
 # The same file without a PID namespace per child (the proxy reads egress.toml).
@@ -63,6 +63,15 @@ echo "$out" | grep -q '"exit": "memory: '; check memory_kill_reported_as_memory 
 out=$(egress-executor run --config $T/egress.toml --tool bomb --json -- sh -c 'n=0; while [ $n -lt 100 ]; do sleep 3 & n=$((n+1)); done; echo forked=$n' 2>&1)
 echo "$out" | grep -q "can't fork\|Resource temporarily unavailable"; check fork_bomb_stopped_at_pids_max $? "$(echo "$out" | grep -o "can't fork[^\\\\]*" | head -1)"
 
+# CPU: cpu_percent = 10 -> the child's cgroup has cpu.max "10000 100000"
+# (read from outside while the child sleeps).
+egress-executor run --config $T/egress.toml --tool capped --json -- sleep 4 >/tmp/capped.txt 2>&1 &
+capped=$!
+i=0; while [ $i -lt 50 ] && ! ls $svc/capped-*/cpu.max >/dev/null 2>&1; do sleep 0.1; i=$((i+1)); done
+max=$(cat $svc/capped-*/cpu.max 2>/dev/null)
+wait $capped
+[ "$max" = "10000 100000" ] && grep -q '"ok": true' /tmp/capped.txt; check cpu_max_from_cpu_percent $? "cpu.max: ${max:-none}"
+
 # A tree whose grandchild left its session: cgroup.kill takes it, no
 # process left (no PID namespace here, so only the cgroup holds it).
 out=$(RUST_LOG=egress_executor=debug egress-executor run --config /tmp/escape.toml --tool escape --json -- sh -c 'setsid sleep 300 & echo escaped' 2>&1)
@@ -76,14 +85,24 @@ sleep 0.5
 rest=$(cd $svc && find . -mindepth 1 -maxdepth 1 -type d ! -name loom-executor | tr '\n' ' ')
 [ -z "$rest" ]; check no_cgroup_left $? "${rest:-none}"
 
-# A container with its own cgroup namespace (Docker `cgroupns: private`,
-# Kubernetes on cgroup v2): its cgroup is the namespace's root, remounted
-# writable; the executor moves itself into a leaf there.
+# A container with its own cgroup namespace (Docker's default on cgroup v2,
+# Kubernetes on cgroup v2): /sys/fs/cgroup is the namespace's root, mounted
+# read-only as Docker mounts it; the compose stack's entrypoint
+# (deploy/start-executor.sh) remounts it writable and becomes the executor,
+# which moves itself into a leaf there.
 mkdir -p $cg/container
-out=$(sh -c "echo \$\$ >$cg/container/cgroup.procs; exec $T/unshare -C -m sh -c 'umount -l /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup && egress-executor doctor --config $T/egress.toml'" 2>&1)
-echo "$out" | grep -q "^cgroup .*delegated subtree /sys/fs/cgroup (controllers: memory pids); executor in loom-executor" &&
+out=$(sh -c "echo \$\$ >$cg/container/cgroup.procs; exec $T/unshare -C -m sh -c 'umount -l /sys/fs/cgroup && mount -t cgroup2 -o ro cgroup2 /sys/fs/cgroup && $T/start-executor.sh doctor --config $T/egress.toml'" 2>&1)
+echo "$out" | grep -q "^cgroup .*delegated subtree /sys/fs/cgroup (controllers: [a-z ]*memory pids); executor in loom-executor" &&
   echo "$out" | grep -q "^spawn into a cgroup *ok" && [ -d $cg/container/loom-executor ]
 check container_cgroup_namespace $? "$(echo "$out" | grep '^cgroup   ' | cut -c30-200)"
+
+# The same entrypoint where /sys/fs/cgroup is the host's tree (no cgroup
+# namespace of its own): it stays read-only, one line says so, and the
+# executor has no cgroup layer (its strict tools would not start).
+out=$($T/unshare -m sh -c "mount -o remount,bind,ro /sys/fs/cgroup && $T/start-executor.sh doctor --config $T/egress.toml" 2>&1)
+echo "$out" | grep -q "^start-executor: cgroup v2 without a private cgroup namespace" &&
+  echo "$out" | grep -q "^isolation of .smoke. *FAIL"
+check entrypoint_leaves_host_cgroups_read_only $? "$(echo "$out" | grep -m1 '^start-executor' | cut -c1-120)"
 
 # Strict without a PID namespace: refused on Landlock ABI < 6 (signals), started on >= 6.
 out=$(egress-executor run --config /tmp/nopidns.toml --tool strict-nopidns --json -- true 2>&1)
