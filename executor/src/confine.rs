@@ -11,7 +11,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::config::{ExecutorSection, Isolation, Network, ProcessConfig};
@@ -121,7 +121,9 @@ pub enum CgroupHost {
         cpu: Option<PathBuf>,
     },
     /// v2: a delegated directory (parent of our per-child dirs); `cpu`: the
-    /// cpu controller is enabled for its children (`cpu_percent`).
+    /// cpu controller is delegated to it, and is enabled for its children
+    /// when the first child with `cpu_percent` is made (not before: once
+    /// enabled, each child's cgroup weighs as much as the executor's leaf).
     V2 { dir: PathBuf, cpu: bool },
 }
 
@@ -428,10 +430,9 @@ fn cgroup_v2(dir: &Path, own: bool) -> Result<CgroupHost, String> {
     }
     // cpu for `cpu_percent`, when delegated too (optional: a tool that asks
     // for it without it is refused or warned about, per its isolation).
-    let cpu = has(&ctl, "cpu") || (has(&controllers, "cpu") && std::fs::write(&ctl_file, "+cpu").is_ok());
     Ok(CgroupHost::V2 {
         dir: dir.to_path_buf(),
-        cpu,
+        cpu: has(&controllers, "cpu"),
     })
 }
 
@@ -506,7 +507,7 @@ pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
                 dir.display(),
                 sys::clone_into_cgroup_report(),
                 if *cpu {
-                    "cpu enabled for children (cpu_percent)"
+                    "cpu delegated (cpu_percent)"
                 } else {
                     "cpu not delegated: no cpu_percent"
                 }
@@ -1167,6 +1168,9 @@ static CGROUP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// v2 the directory's fd for `clone3(CLONE_INTO_CGROUP)`.
 type MadeCgroup = (Vec<PathBuf>, Vec<OwnedFd>, Option<OwnedFd>);
 
+/// Whether `+cpu` was written to the v2 subtree's `cgroup.subtree_control`.
+static CPU_ENABLED: AtomicBool = AtomicBool::new(false);
+
 /// The CPU bandwidth period, in microseconds (the kernel's default).
 const CPU_PERIOD_US: u64 = 100_000;
 
@@ -1215,6 +1219,13 @@ fn make_cgroup(
                 ("pids.max", &pids),
             ];
             if let Some(cpu_max) = &cpu_max {
+                // Enabled on first use (idempotent): see `CgroupHost::V2`.
+                if !CPU_ENABLED.load(Ordering::Relaxed) {
+                    let ctl = dir.join("cgroup.subtree_control");
+                    std::fs::write(&ctl, "+cpu")
+                        .map_err(|e| io::Error::new(e.kind(), format!("{}: cannot enable cpu: {e}", ctl.display())))?;
+                    CPU_ENABLED.store(true, Ordering::Relaxed);
+                }
                 files.push(("cpu.max", cpu_max));
             }
             writes.push((dir.join(&leaf), files));
