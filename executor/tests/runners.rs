@@ -44,6 +44,8 @@ module.exports.run = async (input, ctx) => {
   return { city: input.city, temp: 21, runId: ctx.runId, proxy: process.env.HTTPS_PROXY };
 };
 module.exports.fails = () => { throw new RangeError('city unknown'); };
+// Far more than a pipe holds: the result must still come after all of it.
+module.exports.loud = () => { process.stdout.write('x'.repeat(512 * 1024)); return 'done'; };
 "#,
     );
     dir.write("broken.js", "throw new Error('cannot load model');\n");
@@ -63,6 +65,11 @@ pool = {{ warm = 0, max = 1 }}
 egress = []
 [tools.fails.process]
 command = ["node", "{runner}", "weather.js:fails"]
+pool = {{ warm = 0, max = 1 }}
+[tools.loud]
+egress = []
+[tools.loud.process]
+command = ["node", "{runner}", "weather.js:loud"]
 pool = {{ warm = 0, max = 1 }}
 [tools.esm]
 egress = []
@@ -91,6 +98,11 @@ pool = {{ warm = 0, max = 1 }}
     assert_eq!(e.kind, ErrorKind::ToolError);
     assert_eq!(e.message, "RangeError: city unknown");
     assert!(e.stderr_tail.contains("RangeError"), "{e:?}");
+
+    // The runner sends its result only after the tool's output is written.
+    let res = exec.invoke(req("loud", json!(null))).await;
+    assert_eq!(res.output, Some(json!("done")), "{res:?}");
+    assert_eq!(res.stdout.len(), 512 * 1024);
 
     let res = exec.invoke(req("esm", json!(7))).await;
     assert_eq!(res.output, Some(json!({"esm": 7})), "{res:?}");
