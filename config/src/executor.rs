@@ -210,16 +210,21 @@ impl ProcessConfig {
 
 impl ProcessConfig {
     /// The settings of an ad-hoc command (`egress-executor run -- CMD`) in
-    /// `cwd`: plain protocol, no pool, and otherwise what a process section
-    /// that sets only `command` gets (strict isolation included).
-    pub fn ad_hoc(command: Vec<String>, cwd: PathBuf) -> Self {
+    /// `cwd` under a tool's process section `base`: plain protocol, no pool,
+    /// the proxy network, and everything else (environment, clocks,
+    /// isolation, limits) from `base`, or, without one, what a process
+    /// section that sets only `command` gets (strict isolation included).
+    pub fn ad_hoc(base: Option<&ProcessConfig>, command: Vec<String>, cwd: PathBuf) -> Self {
+        let base = base.cloned().unwrap_or_else(|| ProcessConfig::new(Vec::new()));
         ProcessConfig {
+            command,
             cwd,
             warm: 0,
             max: 1,
             queue: 0,
             protocol: Protocol::Plain,
-            ..ProcessConfig::new(command)
+            network: Network::Proxy,
+            ..base
         }
     }
 }
@@ -373,7 +378,7 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Config, Isolation, Protocol};
+    use crate::{Config, Isolation, Network, ProcessConfig, Protocol};
     use std::path::{Path, PathBuf};
 
     fn errors(text: &str) -> String {
@@ -476,6 +481,41 @@ mod tests {
         // The relay is fine for tools that only use the proxy variables.
         let relay = "[executor]\nallow_relay = true\n[tools.t.process]\ncommand = [\"x\"]\n";
         assert_eq!(net(relay), crate::Network::Proxy);
+    }
+
+    /// An ad-hoc command takes its tool's section whole but for the command,
+    /// the directory, the pool, the protocol and the network.
+    #[test]
+    fn an_ad_hoc_command_inherits_its_tools_settings() {
+        let c = Config::parse(
+            "[tools.t]\nnetwork = \"transparent\"\n[tools.t.process]\ncommand = [\"x\"]\nisolation = \"best_effort\"\n\
+             memory_mb = 64\nmax_pids = 9\ncpu_ms = 1500\ncpu_percent = 50\nenv = { A = \"b\" }\n\
+             pool = { warm = 2, max = 4 }\n",
+            "f",
+        )
+        .unwrap();
+        let base = c.policy.tools["t"].process.clone().unwrap();
+        let p = ProcessConfig::ad_hoc(Some(&base), vec!["sh".into()], PathBuf::from("/w"));
+        let want = ProcessConfig {
+            command: vec!["sh".into()],
+            cwd: PathBuf::from("/w"),
+            warm: 0,
+            max: 1,
+            queue: 0,
+            protocol: Protocol::Plain,
+            network: Network::Proxy,
+            ..base
+        };
+        assert_eq!(p, want);
+        assert_eq!(
+            (p.isolation, p.cpu_percent, p.env["A"].as_str()),
+            (Isolation::BestEffort, Some(50), "b")
+        );
+        let bare = ProcessConfig::ad_hoc(None, vec!["sh".into()], PathBuf::from("/w"));
+        assert_eq!(
+            (bare.isolation, bare.memory_mb, bare.cpu_percent),
+            (Isolation::Strict, 512, None)
+        );
     }
 
     #[test]

@@ -971,20 +971,7 @@ impl Executor {
                 ),
             );
         };
-        let mut p = ProcessConfig::ad_hoc(command, cwd);
-        if let Some(base) = process {
-            p.env = base.env.clone();
-            p.path = base.path.clone();
-            p.lang = base.lang.clone();
-            p.cold_start_ms = base.cold_start_ms;
-            p.timeout_ms = base.timeout_ms;
-            p.isolation = base.isolation;
-            p.read_paths = base.read_paths.clone();
-            p.memory_mb = base.memory_mb;
-            p.max_pids = base.max_pids;
-            p.cpu_ms = base.cpu_ms;
-            p.cpu_percent = base.cpu_percent;
-        }
+        let p = ProcessConfig::ad_hoc(process.as_ref(), command, cwd);
         let host = crate::confine::host(&self.config.executor);
         let confinement = match Confinement::for_tool(tool, &p, &self.config.executor, &host) {
             Ok(c) => c,

@@ -690,7 +690,7 @@ async fn cold_start_line(
 ) -> Option<String> {
     use egress_executor::confine::Confinement;
     use egress_executor::process::{launch, Launch};
-    let p = egress_executor::config::ProcessConfig::ad_hoc(vec!["true".into()], "/".into());
+    let p = egress_executor::config::ProcessConfig::ad_hoc(None, vec!["true".into()], "/".into());
     let strict = Confinement::for_tool("doctor-cold-start", &p, &config.executor, host).ok()?;
     let path = egress_executor::config::DEFAULT_PATH;
     let program = egress_executor::process::resolve_program("true", path, std::path::Path::new("/")).ok()?;
