@@ -908,8 +908,8 @@ impl Confinement {
         c.seccomp = self.seccomp.clone();
         if self.has(Layer::Cgroup) {
             if let Some(host) = &self.cgroup {
-                let cpu = self.cpu_percent.filter(|_| host.cpu());
-                let (dirs, procs, dir_fd) = make_cgroup(host, name, self.memory_mb, self.max_pids, cpu)?;
+                // (`for_tool` kept it only where the host can apply it.)
+                let (dirs, procs, dir_fd) = make_cgroup(host, name, self.memory_mb, self.max_pids, self.cpu_percent)?;
                 c.cgroup_procs = procs;
                 c.cgroup_dir = dir_fd;
                 out.cgroup = Some(CgroupDirs(dirs));

@@ -1020,22 +1020,22 @@ async fn run_command() {
         "[tools.strict]\negress = []\n[tools.strict.process]\ncommand = [\"true\"]\n\
          [tools.open]\negress = []\n[tools.open.process]\ncommand = [\"true\"]\nisolation = \"off\"\n",
     );
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
+    let cfg = cfg.display().to_string();
     let run = move |tool: &str| {
-        std::process::Command::new(&bin)
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .args([
+        executor_bin(
+            &[
+                "run",
+                "--config",
+                &cfg,
                 "--tool",
                 tool,
                 "--",
                 "sh",
                 "-c",
                 "id -u; cat /etc/passwd >/dev/null && echo READ",
-            ])
-            .env("EGRESS_CONTROL_TOKEN", TOKEN)
-            .output()
-            .unwrap()
+            ],
+            Duration::from_secs(60),
+        )
     };
     let (strict, open) = tokio::task::spawn_blocking(move || (run("strict"), run("open")))
         .await
@@ -1086,17 +1086,14 @@ async fn cpu_cap() {
         "[tools.capped]\negress = []\n[tools.capped.process]\ncommand = [\"true\"]\ncpu_percent = 5\n\
          [tools.free]\negress = []\n[tools.free.process]\ncommand = [\"true\"]\n",
     );
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-executor"));
     let spin = "import os, time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass\n\
                 t = os.times()\nprint(round((t.user + t.system) * 1000))\nprint(open('/proc/self/cgroup').read())";
+    let cfg = cfg.display().to_string();
     let run = move |tool: &str| {
-        let out = std::process::Command::new(&bin)
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .args(["--tool", tool, "--", python, "-S", "-c", spin])
-            .env("EGRESS_CONTROL_TOKEN", TOKEN)
-            .output()
-            .unwrap();
+        let out = executor_bin(
+            &["run", "--config", &cfg, "--tool", tool, "--", python, "-S", "-c", spin],
+            Duration::from_secs(60),
+        );
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
         let cpu_ms: u64 = stdout.lines().next().unwrap().trim().parse().unwrap();
