@@ -215,6 +215,23 @@ impl TestProxy {
         }
     }
 
+    /// Waits (at most 5 s) until the run's pool holds `n` idle upstream
+    /// connections (`upstream_idle` of `GET /v1/runs/{id}`).
+    pub async fn wait_upstream_idle(&self, run_id: &str, n: u64) {
+        let t0 = std::time::Instant::now();
+        loop {
+            let (_, v) = self.control("GET", &format!("/v1/runs/{run_id}"), None).await;
+            if v["upstream_idle"].as_u64() == Some(n) {
+                return;
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(5),
+                "upstream_idle never reached {n}: {v}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// All facts recorded so far.
     pub async fn facts(&self) -> Vec<Fact> {
         self.facts

@@ -14,6 +14,7 @@ use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
@@ -22,6 +23,14 @@ pub struct TlsOrigin {
     /// The origin's CA, PEM.
     pub ca_pem: String,
     heads: Heads,
+    conns: Arc<Conns>,
+}
+
+/// The TLS connections the origin accepted, and how many of them are open.
+#[derive(Default)]
+struct Conns {
+    accepted: AtomicUsize,
+    open: AtomicUsize,
 }
 
 impl TlsOrigin {
@@ -29,6 +38,16 @@ impl TlsOrigin {
     /// one per line, names lower-case.
     pub fn heads(&self) -> Vec<String> {
         self.heads.lock().unwrap().clone()
+    }
+
+    /// TLS connections accepted so far (handshake complete).
+    pub fn accepted(&self) -> usize {
+        self.conns.accepted.load(Ordering::SeqCst)
+    }
+
+    /// TLS connections accepted and not yet closed.
+    pub fn open(&self) -> usize {
+        self.conns.open.load(Ordering::SeqCst)
     }
 
     /// Writes the origin's CA into `dir`; returns the file.
@@ -64,6 +83,8 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
     let addr = l.local_addr().unwrap();
     let heads = Heads::default();
     let h = heads.clone();
+    let conns = Arc::new(Conns::default());
+    let counted = conns.clone();
     tokio::spawn(async move {
         loop {
             let Ok((s, _)) = l.accept().await else { return };
@@ -71,9 +92,11 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
             // after the session tickets waits for the client's delayed ACK
             // (~40 ms), which a benchmark of new connections would measure.
             let _ = s.set_nodelay(true);
-            let (acceptor, h) = (acceptor.clone(), h.clone());
+            let (acceptor, h, counted) = (acceptor.clone(), h.clone(), counted.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(s).await else { return };
+                counted.accepted.fetch_add(1, Ordering::SeqCst);
+                counted.open.fetch_add(1, Ordering::SeqCst);
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     origin::record(&h, &req);
                     let resp = origin::echo(&req).unwrap_or_else(|| {
@@ -88,6 +111,7 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), svc)
                     .await;
+                counted.open.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });
@@ -95,5 +119,6 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
         addr,
         ca_pem: ca_cert.pem(),
         heads,
+        conns,
     }
 }

@@ -160,9 +160,16 @@ placeholder_env = "API_TOKEN"
 
 impl World {
     async fn run(&self) -> BTreeMap<String, String> {
+        self.run_with_id().await.1
+    }
+
+    async fn run_with_id(&self) -> (String, BTreeMap<String, String>) {
         let (status, v) = self.p.control("POST", "/v1/runs", Some(json!({ "tool": "w" }))).await;
         assert_eq!(status, 201, "{v}");
-        serde_json::from_value(v["env"].clone()).unwrap()
+        (
+            v["run_id"].as_str().unwrap().to_owned(),
+            serde_json::from_value(v["env"].clone()).unwrap(),
+        )
     }
 
     fn api(&self, path: &str) -> String {
@@ -288,6 +295,32 @@ async fn curl_speaks_h2_through_interception_to_an_h2_and_an_h1_only_origin() {
     assert!(head.starts_with("HTTP/1.1 GET /ok/ws\n"), "{head}");
     assert!(head.contains("upgrade: websocket\n"), "{head}");
     assert!(head.contains(&format!("authorization: Bearer {SECRET}\n")), "{head}");
+}
+
+#[tokio::test]
+async fn the_runs_next_tunnels_take_up_the_origin_s_h2_connection() {
+    let w = world(4, 8).await;
+    let (id, env) = w.run_with_id().await;
+    let auth = bearer_placeholder(&env);
+    for path in ["/ok/first", "/ok/second"] {
+        let (v, status, body) = curl_h2(&env, &w.api(path), &["-H", &auth]).await;
+        assert_eq!((v.as_str(), status.as_str()), ("2", "200"), "{body}");
+        w.p.wait_upstream_idle(&id, 1).await;
+    }
+    // A tool speaking HTTP/1.1 this time: its requests go out as streams
+    // on the same connection.
+    let r = client(&env, "curl", &["-sS", "--http1.1", "-H", &auth, &w.api("/ok/third")]).await;
+    assert!(r.ok && r.stdout == "ok HTTP/2.0\n", "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        w.api.connections(),
+        1,
+        "three tunnels of one run, one origin connection"
+    );
+    let heads = w.api.heads();
+    assert_eq!(heads.len(), 3, "{heads:?}");
+    for h in &heads {
+        assert!(h.contains(&format!("authorization: Bearer {SECRET}\n")), "{h}");
+    }
 }
 
 #[tokio::test]

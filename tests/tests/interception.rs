@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 const SECRET: &str = "tok-REAL-SECRET-https-5e6f7a";
 const ROTATED: &str = "tok-ROTATED-SECRET-https-8b9c";
@@ -199,15 +200,87 @@ async fn curl_over_https_sends_the_placeholder_and_the_origin_gets_the_secret() 
         assert!(h.contains(&format!("host: api.example:{}\n", w.api.addr.port())), "{h}");
     }
     assert!(!r.stdout.contains(SECRET) && !r.stderr.contains(SECRET));
-    // Two tunnels, two handshakes with the origin: the second takes up the
-    // session the first was given.
+}
+
+#[tokio::test]
+async fn a_verified_origin_connection_serves_its_runs_next_connect_to_that_name_only() {
+    // inspect: `wrong.example` (the api origin's address, whose certificate
+    // names api.example only) is intercepted too.
+    let w = world("inspect = true", "").await;
+    let port = w.api.addr.port();
+    let (a, env_a) = w.run_full().await;
+    let r = curl(&env_a, &w.api_url("/one"), &[]).await;
+    assert_eq!(status(&r), "200", "{}", r.stderr);
+    w.p.wait_upstream_idle(&a.id, 1).await;
+    // The run's next intercepted CONNECT to the name: no dial, no handshake.
+    let r = curl(&env_a, &w.api_url("/two"), &[]).await;
+    assert_eq!(status(&r), "200", "{}", r.stderr);
+    assert_eq!(
+        w.api.accepted(),
+        1,
+        "the second tunnel went out on the first one's connection"
+    );
+    let heads = w.api.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    for h in &heads {
+        assert!(h.contains(&format!("authorization: Bearer {SECRET}\n")), "{h}");
+    }
+    w.p.wait_upstream_idle(&a.id, 1).await;
+    // Another name at the same address never takes that connection: its
+    // own handshake fails verification.
+    let (resp, _) = w.p.connect(&a, &format!("wrong.example:{port}")).await;
+    assert_eq!(resp.status, 502, "{}", resp.text());
+    assert_eq!(resp.header("x-egress-error"), Some("upstream_tls"));
+    // Another run: a connection of its own, whose handshake resumes the
+    // session the origin gave the first run's.
+    let before = w.api.accepted();
+    let (b, env_b) = w.run_full().await;
+    let r = curl(&env_b, &w.api_url("/three"), &[]).await;
+    assert_eq!(status(&r), "200", "{}", r.stderr);
+    assert_eq!(
+        w.api.accepted(),
+        before + 1,
+        "a run never takes another run's connection"
+    );
     let m = w.p.metrics().await;
     for line in [
+        "egress_upstream_reused_total 1",
         "egress_upstream_tls_handshakes_total{kind=\"full\"} 1",
         "egress_upstream_tls_handshakes_total{kind=\"resumed\"} 1",
     ] {
         assert!(m.contains(line), "{line} not in\n{m}");
     }
+    // A run's end closes the connections its pool kept.
+    w.p.end(&a).await;
+    w.p.end(&b).await;
+    let closed = egress_e2e::executor::eventually(Duration::from_secs(5), || w.api.open() == 0).await;
+    assert!(
+        closed,
+        "{} origin connection(s) still open after both runs ended",
+        w.api.open()
+    );
+}
+
+#[tokio::test]
+async fn a_connection_left_mid_response_is_not_kept_for_the_next_tunnel() {
+    let w = world("", "").await;
+    let (a, env) = w.run_full().await;
+    // A response of 40 events 100 ms apart; the client leaves after 0.5 s.
+    let r = curl(&env, &w.api_url("/sse?n=40&ms=100"), &["--max-time", "0.5"]).await;
+    assert!(!r.ok, "curl was to give up mid-response: {}", r.stdout);
+    w.p.wait_slots(&a, 0).await;
+    // Past the pool's wait for the connection to finish its message.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, v) = w.p.control("GET", &format!("/v1/runs/{}", a.id), None).await;
+    assert_eq!(v["upstream_idle"], 0, "{v}");
+    let r = curl(&env, &w.api_url("/plain"), &[]).await;
+    assert_eq!(status(&r), "200", "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with("ok from the tls origin\n"),
+        "the next tunnel's answer is its own, not the rest of the stream: {}",
+        r.stdout
+    );
+    assert_eq!(w.api.accepted(), 2, "the abandoned connection was not reused");
 }
 
 #[tokio::test]

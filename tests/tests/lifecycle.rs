@@ -308,21 +308,6 @@ async fn ending_a_run_severs_tunnels_and_in_flight_requests() {
     p.wait_slots(&run, 0).await;
 }
 
-async fn wait_idle(p: &TestProxy, run: &egress_e2e::TestRun, n: u64) {
-    let t0 = Instant::now();
-    loop {
-        let (_, v) = p.control("GET", &format!("/v1/runs/{}", run.id), None).await;
-        if v["upstream_idle"].as_u64() == Some(n) {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "upstream_idle never reached {n}: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn upstream_connections_are_reused_only_by_their_run_and_only_to_vetted_addresses() {
     // Two origins on the same port: 127.0.0.2 and 127.0.0.4, both allowed.
@@ -340,10 +325,10 @@ async fn upstream_connections_are_reused_only_by_their_run_and_only_to_vetted_ad
     let conns = |o: &egress_e2e::origin::HttpOrigin| o.hits.load(std::sync::atomic::Ordering::SeqCst);
     let run1 = p.run("web").await;
     assert_eq!(p.get(&run1, &url, "").await.status, 200);
-    wait_idle(&p, &run1, 1).await;
+    p.wait_upstream_idle(&run1.id, 1).await;
     assert_eq!(p.get(&run1, &url, "").await.status, 200);
     assert_eq!(conns(&a), 1, "the second fetch of the run reused the connection");
-    wait_idle(&p, &run1, 1).await;
+    p.wait_upstream_idle(&run1.id, 1).await;
 
     // Another run never gets run1's connection.
     let run2 = p.run("web").await;

@@ -158,7 +158,7 @@ pub(super) async fn serve_run(
 /// proxy terminates (with its own verified TLS to the origin).
 enum Carried {
     Blind(tokio::net::TcpStream),
-    Intercepted(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>, SocketAddr),
+    Intercepted(intercept::OriginConn),
 }
 
 /// A tunnel opened to the origin, waiting for the entrance's success answer.
@@ -196,13 +196,12 @@ impl Opened {
                 shutdown: sh.hard_stop.clone(),
                 finish,
             })),
-            Carried::Intercepted(upstream, addr) => tasks.spawn(intercept::run(intercept::Session {
+            Carried::Intercepted(upstream) => tasks.spawn(intercept::run(intercept::Session {
                 sh,
                 run,
                 target,
-                addr,
                 client,
-                upstream: *upstream,
+                upstream,
                 slot,
                 deadline,
                 finish,
@@ -292,7 +291,7 @@ impl Fetch<'_> {
             let dial = self
                 .plaintext_dial(credentials.as_ref(), &target, dial, &resolved)
                 .await?;
-            let upstream = self.dial(run, &target, dial, &resolved).await?;
+            let upstream = self.dial(run, &target, dial, &resolved, intercept).await?;
             Ok::<_, Halt>((slot, upstream, resolved))
         };
         let halted = tokio::select! {
@@ -397,10 +396,11 @@ impl Fetch<'_> {
     }
 
     /// Step 8 for a tunnel (CONNECT, or any entrance that relays bytes):
-    /// a blind one is open once dialled; an intercepted one only after the
+    /// a blind one is open once dialled; an intercepted one once the
     /// proxy's own TLS to the origin verified (`502 upstream_tls`
-    /// otherwise), bounded by the deadline and the run's end. The entrance
-    /// then sends its success answer and [`Opened::start`]s it.
+    /// otherwise), or at once on the run's idle connection verified for
+    /// the same name. The entrance then sends its success answer and
+    /// [`Opened::start`]s it.
     pub(super) async fn open_tunnel(&self, p: Prepared, sh: &Arc<Shared>, run: &Arc<Run>) -> Result<Opened, Answer> {
         let Prepared {
             target,
@@ -411,41 +411,20 @@ impl Fetch<'_> {
             intercept,
             ..
         } = p;
-        let Upstream::Stream(stream, addr) = upstream else {
-            return Err(respond::error(
-                FetchError::UpstreamFailed,
-                "tunnels never use pooled connections",
-            ));
-        };
-        let carried = if !intercept {
-            Carried::Blind(stream)
-        } else {
-            let ca = self.sh.ca.load_full();
-            let tls = tokio::select! {
-                r = ca.connect(&target.host, stream) => r,
-                _ = tokio::time::sleep_until(deadline) => {
-                    finish.timed_out(Phase::Connect);
-                    self.sh.count_error(&run.tool, FetchError::Timeout);
-                    return Err(respond::error(FetchError::Timeout, &format!("TLS to {target} did not finish before the fetch deadline")));
-                }
-                _ = run.cancel.cancelled() => {
-                    finish.severed("run_ended");
-                    return Err(respond::error(FetchError::RunEnded, &format!("run {} ended", run.id)));
-                }
-            };
-            match tls {
-                Ok(s) => {
-                    self.sh.metrics.upstream_tls_done(s.get_ref().1);
-                    Carried::Intercepted(Box::new(s), addr)
-                }
-                Err(e) => {
-                    finish.failed(FetchError::UpstreamTls.code());
-                    self.sh.count_error(&run.tool, FetchError::UpstreamTls);
-                    return Err(respond::error(
-                        FetchError::UpstreamTls,
-                        &format!("{target} ({addr}): {e}"),
-                    ));
-                }
+        let carried = match upstream {
+            Upstream::Stream(stream, _) if !intercept => Carried::Blind(stream),
+            Upstream::Stream(stream, addr) => {
+                let tls = self
+                    .verify_origin(run, &target, stream, addr, deadline, &finish)
+                    .await?;
+                Carried::Intercepted(intercept::OriginConn::Fresh(Box::new(tls), addr))
+            }
+            Upstream::Verified(conn) if intercept => Carried::Intercepted(intercept::OriginConn::Pooled(conn)),
+            Upstream::Pooled(_) | Upstream::Verified(_) => {
+                return Err(respond::error(
+                    FetchError::UpstreamFailed,
+                    "a tunnel takes a pooled connection only when intercepted, and only a verified one",
+                ))
             }
         };
         Ok(Opened {
@@ -457,6 +436,47 @@ impl Fetch<'_> {
             finish,
             carried,
         })
+    }
+
+    /// The proxy's own TLS to an intercepted origin, verified for the
+    /// CONNECT's name (`502 upstream_tls` otherwise), bounded by the
+    /// deadline and the run's end.
+    async fn verify_origin(
+        &self,
+        run: &Run,
+        target: &Target,
+        stream: tokio::net::TcpStream,
+        addr: SocketAddr,
+        deadline: Instant,
+        finish: &Finish,
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, Answer> {
+        let ca = self.sh.ca.load_full();
+        let tls = tokio::select! {
+            r = ca.connect(&target.host, stream) => r,
+            _ = tokio::time::sleep_until(deadline) => {
+                finish.timed_out(Phase::Connect);
+                self.sh.count_error(&run.tool, FetchError::Timeout);
+                return Err(respond::error(FetchError::Timeout, &format!("TLS to {target} did not finish before the fetch deadline")));
+            }
+            _ = run.cancel.cancelled() => {
+                finish.severed("run_ended");
+                return Err(respond::error(FetchError::RunEnded, &format!("run {} ended", run.id)));
+            }
+        };
+        match tls {
+            Ok(s) => {
+                self.sh.metrics.upstream_tls_done(s.get_ref().1);
+                Ok(s)
+            }
+            Err(e) => {
+                finish.failed(FetchError::UpstreamTls.code());
+                self.sh.count_error(&run.tool, FetchError::UpstreamTls);
+                Err(respond::error(
+                    FetchError::UpstreamTls,
+                    &format!("{target} ({addr}): {e}"),
+                ))
+            }
+        }
     }
 
     /// A plain-HTTP request carrying a credential that may go in cleartext
@@ -560,15 +580,30 @@ impl Fetch<'_> {
     }
 
     /// Step 7: dial the vetted addresses in order — or reuse this run's idle
-    /// connection to one of them (plain HTTP only). A connection that
-    /// reached one of the proxy's own listeners is `self_loop`.
-    async fn dial(&self, run: &Run, target: &Target, dial: Vec<IpAddr>, resolved: &[IpAddr]) -> Result<Upstream, Halt> {
+    /// connection to one of them: for plain HTTP, and for an `intercept`ed
+    /// CONNECT a connection whose TLS was verified for the CONNECT's name.
+    /// A connection that reached one of the proxy's own listeners is
+    /// `self_loop`.
+    async fn dial(
+        &self,
+        run: &Run,
+        target: &Target,
+        dial: Vec<IpAddr>,
+        resolved: &[IpAddr],
+        intercept: bool,
+    ) -> Result<Upstream, Halt> {
         self.set_phase(Phase::Connect);
-        if self.kind == Kind::Http {
-            if let Some(conn) = run.upstream.take(&dial, target.port) {
-                self.sh.metrics.upstream_reused.inc();
-                return Ok(Upstream::Pooled(conn));
-            }
+        let pooled = match self.kind {
+            Kind::Http => run.upstream.take(&dial, target.port).map(Upstream::Pooled),
+            _ if intercept => run
+                .upstream
+                .take_verified(&target.host, &dial, target.port)
+                .map(Upstream::Verified),
+            _ => None,
+        };
+        if let Some(pooled) = pooled {
+            self.sh.metrics.upstream_reused.inc();
+            return Ok(pooled);
         }
         let mut last_err = None;
         for ip in dial {

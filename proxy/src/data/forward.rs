@@ -139,6 +139,7 @@ pub async fn forward(
             Upstream::Stream(s, addr) => upstream::handshake(s, addr, run.cancel.clone(), sh.hard_stop.clone())
                 .await
                 .map_err(|e| e.to_string())?,
+            Upstream::Verified(_) => return Err("plain HTTP never takes an intercepted origin's connection".to_owned()),
         };
         sh.tasks.spawn(body::watchdog(
             Arc::downgrade(&exchange),

@@ -20,7 +20,10 @@
 //! deadline, like any fetch. Bytes are counted
 //! as the tool's TLS bytes; the idle timeout, the fetch deadline, the run's
 //! end and shutdown bound the session like a tunnel, and the slot is held
-//! until it is over.
+//! until it is over. Then the session's upstream connections that finished
+//! their last exchange go to the run's pool (`runs::pool`), where the run's
+//! next intercepted CONNECT to the same name takes one up instead of
+//! dialling and handshaking again.
 
 use crate::ca;
 use crate::data::body::ProxyBody;
@@ -34,10 +37,9 @@ use crate::data::streams::{self, Held, Hold, StreamSlot};
 use crate::data::target::{server_name_is, Target};
 use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::upstream;
-use crate::data::upstream::H2Conn;
 use crate::data::websocket;
 use crate::deny::{DenyReason, FetchError};
-use crate::runs::pool::{Conn, UpBody};
+use crate::runs::pool::{Conn, H2Conn, UpBody, Verified};
 use crate::runs::slots::{self, Slot, SlotError};
 use crate::runs::Run;
 use crate::state::Shared;
@@ -68,15 +70,22 @@ type UpError = (FetchError, String);
 /// connection bridged to an HTTP/1.1 origin.
 const SPARE_CONNS: usize = 8;
 
+/// The origin's side of a session as the CONNECT opened it.
+pub enum OriginConn {
+    /// A new TLS connection, verified, to the vetted address it was dialled to.
+    Fresh(Box<tokio_rustls::client::TlsStream<TcpStream>>, SocketAddr),
+    /// An idle connection of the run's pool, verified for the same name, to
+    /// an address in this CONNECT's vetted set; HTTP already spoken on it.
+    Pooled(Verified),
+}
+
 pub struct Session {
     pub sh: Arc<Shared>,
     pub run: Arc<Run>,
     /// The CONNECT target.
     pub target: Target,
-    /// The vetted address the upstream connection was dialled to.
-    pub addr: SocketAddr,
     pub client: Client,
-    pub upstream: tokio_rustls::client::TlsStream<TcpStream>,
+    pub upstream: OriginConn,
     pub slot: Slot,
     pub deadline: Instant,
     pub finish: Finish,
@@ -89,20 +98,23 @@ pub async fn run(s: Session) {
         sh,
         run,
         target,
-        addr,
         client,
         upstream,
         slot,
         deadline,
         finish,
     } = s;
-    // The CONNECT's slot, held by the session; one stream at a time may
-    // use it (`Origin::own`), others take slots of their own.
-    let _slot = slot;
+    // The CONNECT's `slot` is held by the session (until its end, below);
+    // one stream at a time may use it (`Origin::own`), others take slots
+    // of their own.
     let meter = Arc::new(Meter::new(&finish));
     let budget_cut = finish.budget_cut();
     let closed = CancellationToken::new();
     let _closed = closed.clone().drop_guard();
+    let addr = match &upstream {
+        OriginConn::Fresh(_, addr) => *addr,
+        OriginConn::Pooled(c) => c.addr(),
+    };
     let origin = Arc::new(Origin {
         sh: sh.clone(),
         run: run.clone(),
@@ -137,6 +149,10 @@ pub async fn run(s: Session) {
         }
     }
     meter.close(&origin.finish);
+    // The slot is free before the give-back, which may wait (briefly) for
+    // an upstream connection to finish its last message.
+    drop(slot);
+    origin.give_back().await;
 }
 
 /// The `Host` header sent to an HTTPS origin (and an HTTP/2 `:authority`).
@@ -181,15 +197,9 @@ struct Switched {
     rewrite: Option<websocket::Rewrite>,
 }
 
-/// A new upstream connection, in the protocol the origin picked.
-enum Dialled {
-    H1(Conn),
-    H2(H2Conn),
-}
-
 impl Origin {
     /// The tool's TLS, then HTTP/1.1 or HTTP/2 inside it until the tool is done.
-    async fn serve<IO>(self: &Arc<Self>, io: IO, upstream: tokio_rustls::client::TlsStream<TcpStream>) -> io::Result<()>
+    async fn serve<IO>(self: &Arc<Self>, io: IO, upstream: OriginConn) -> io::Result<()>
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -209,10 +219,14 @@ impl Origin {
         })?;
         let tls = start.into_stream(config).await?;
         let tool_h2 = ca::alpn_h2(tls.get_ref().1);
-        match self.handshake(upstream).await.map_err(|(_, e)| io::Error::other(e))? {
-            Dialled::H2(c) => self.h2.store(Some(Arc::new(c))),
-            Dialled::H1(c) if tool_h2 => self.keep_spare(c),
-            Dialled::H1(c) => *self.h1.lock().await = Some(c),
+        let upstream = match upstream {
+            OriginConn::Fresh(tls, _) => self.handshake(*tls).await.map_err(|(_, e)| io::Error::other(e))?,
+            OriginConn::Pooled(conn) => conn,
+        };
+        match upstream {
+            Verified::H2(c) => self.h2.store(Some(Arc::new(c))),
+            Verified::H1(c) if tool_h2 => self.keep_spare(c),
+            Verified::H1(c) => *self.h1.lock().await = Some(c),
         }
         if tool_h2 {
             return self.serve_h2(tls).await;
@@ -488,12 +502,12 @@ impl Origin {
             return Ok(Some(sender));
         }
         match self.dial(false).await? {
-            Dialled::H2(c) => {
+            Verified::H2(c) => {
                 let sender = c.sender.clone();
                 self.h2.store(Some(Arc::new(c)));
                 Ok(Some(sender))
             }
-            Dialled::H1(c) => {
+            Verified::H1(c) => {
                 self.h2.store(None);
                 self.keep_spare(c);
                 Ok(None)
@@ -586,25 +600,49 @@ impl Origin {
         }
     }
 
+    /// The session is over: its upstream connections that finished their
+    /// last exchange go to the run's pool, for the run's next intercepted
+    /// CONNECT to this name (a switched WebSocket's connection is gone
+    /// already). Never to another run: the pool is the run's own, and its
+    /// connections' drivers stop when the run ends.
+    async fn give_back(&self) {
+        let mut conns: Vec<Verified> = Vec::new();
+        if let Some(c) = self.h1.lock().await.take() {
+            conns.push(Verified::H1(c));
+        }
+        if let Some(c) = self.h2.swap(None).and_then(|c| Arc::try_unwrap(c).ok()) {
+            conns.push(Verified::H2(c));
+        }
+        if let Ok(mut spare) = self.spare.lock() {
+            conns.extend(spare.drain(..).map(Verified::H1));
+        }
+        for c in conns {
+            self.run
+                .upstream
+                .give_back_verified(&self.target.host, c, &self.run.cancel)
+                .await;
+        }
+    }
+
     /// The handshake on a verified TLS stream to the origin, in the
     /// protocol it picked by ALPN.
-    async fn handshake(&self, tls: tokio_rustls::client::TlsStream<TcpStream>) -> Result<Dialled, UpError> {
+    async fn handshake(&self, tls: tokio_rustls::client::TlsStream<TcpStream>) -> Result<Verified, UpError> {
         let (run_end, stop) = (self.run.cancel.clone(), self.sh.hard_stop.clone());
         if ca::alpn_h2(tls.get_ref().1) {
-            return upstream::handshake_h2(tls, run_end, stop)
+            return upstream::handshake_h2(tls, self.addr, run_end, stop)
                 .await
-                .map(Dialled::H2)
+                .map(Verified::H2)
                 .map_err(|e| (FetchError::UpstreamFailed, e.to_string()));
         }
         upstream::handshake(tls, self.addr, run_end, stop)
             .await
-            .map(Dialled::H1)
+            .map(Verified::H1)
             .map_err(|e| (FetchError::UpstreamFailed, e.to_string()))
     }
 
     /// A new verified TLS connection to the pinned address, offering `h2`
     /// unless `h1_only`.
-    async fn dial(&self, h1_only: bool) -> Result<Dialled, UpError> {
+    async fn dial(&self, h1_only: bool) -> Result<Verified, UpError> {
         let addr = self.addr;
         let s = self
             .sh
@@ -626,8 +664,8 @@ impl Origin {
     /// A new HTTP/1.1 connection to the pinned address.
     async fn dial_h1(&self) -> Result<Conn, UpError> {
         match self.dial(true).await? {
-            Dialled::H1(c) => Ok(c),
-            Dialled::H2(_) => Err((FetchError::UpstreamFailed, "the origin picked h2, not offered".into())),
+            Verified::H1(c) => Ok(c),
+            Verified::H2(_) => Err((FetchError::UpstreamFailed, "the origin picked h2, not offered".into())),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! intercepted origins; the HTTP/2 handshake (RFC 9113 §3.4) of an
 //! intercepted origin that picked `h2` by ALPN.
 
-use crate::runs::pool::{Conn, ConnGuard, UpBody};
+use crate::runs::pool::{Conn, ConnGuard, H2Conn, Verified};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use tokio::net::TcpStream;
@@ -44,14 +44,9 @@ pub enum Upstream {
     Stream(TcpStream, SocketAddr),
     /// An idle connection of the same run to an address in this fetch's vetted set.
     Pooled(Conn),
-}
-
-/// An HTTP/2 upstream connection (an intercepted origin that picked `h2`):
-/// every stream of the session sends on a clone of `sender`; the driver
-/// stops with the run, at shutdown, or when the last holder drops this.
-pub struct H2Conn {
-    pub sender: hyper::client::conn::http2::SendRequest<UpBody>,
-    _guard: ConnGuard,
+    /// An idle verified TLS connection of the same run, to the intercepted
+    /// CONNECT's own name and an address in its vetted set.
+    Verified(Verified),
 }
 
 /// The HTTP/2 handshake on a verified TLS stream whose ALPN is `h2`, with
@@ -59,6 +54,7 @@ pub struct H2Conn {
 /// ([`H2_BOUNDS`](crate::data::streams::H2_BOUNDS)) for what comes back.
 pub async fn handshake_h2<IO>(
     stream: IO,
+    addr: SocketAddr,
     run_end: CancellationToken,
     hard_stop: CancellationToken,
 ) -> Result<H2Conn, hyper::Error>
@@ -76,8 +72,9 @@ where
         .handshake(TokioIo::new(stream))
         .await?;
     Ok(H2Conn {
+        addr,
         sender,
-        _guard: drive(conn, run_end, hard_stop),
+        guard: drive(conn, run_end, hard_stop),
     })
 }
 
