@@ -583,9 +583,18 @@ mod tests {
 
     /// A client trusting only `ca`, sending a server name or not.
     fn client(ca: &CertificateDer<'static>, sni: bool) -> Arc<rustls::ClientConfig> {
+        client_with(ca, sni, provider())
+    }
+
+    /// [`client`] offering the cipher suites of `provider`.
+    fn client_with(
+        ca: &CertificateDer<'static>,
+        sni: bool,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.clone()).unwrap();
-        let mut c = rustls::ClientConfig::builder_with_provider(provider())
+        let mut c = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_root_certificates(roots)
@@ -703,14 +712,8 @@ mod tests {
         // A client offering AES-256-GCM only still gets it.
         let mut only = rustls::crypto::ring::default_provider();
         only.cipher_suites.retain(|s| s.suite() == TLS13_AES_256_GCM_SHA384);
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(a.leaves.ca_der.clone()).unwrap();
-        let only = rustls::ClientConfig::builder_with_provider(Arc::new(only))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let (_, suite) = handshake_suite(config(), Arc::new(only), "api.example").unwrap();
+        let only = client_with(&a.leaves.ca_der, true, Arc::new(only));
+        let (_, suite) = handshake_suite(config(), only, "api.example").unwrap();
         assert_eq!(suite, Some(TLS13_AES_256_GCM_SHA384));
     }
 }

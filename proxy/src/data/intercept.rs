@@ -39,7 +39,7 @@ use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::upstream;
 use crate::data::websocket;
 use crate::deny::{DenyReason, FetchError};
-use crate::runs::pool::{Conn, H2Conn, UpBody, Verified};
+use crate::runs::pool::{Conn, Dialled, H2Conn, UpBody};
 use crate::runs::slots::{self, Slot, SlotError};
 use crate::runs::Run;
 use crate::state::Shared;
@@ -76,7 +76,7 @@ pub enum OriginConn {
     Fresh(Box<tokio_rustls::client::TlsStream<TcpStream>>, SocketAddr),
     /// An idle connection of the run's pool, verified for the same name, to
     /// an address in this CONNECT's vetted set; HTTP already spoken on it.
-    Pooled(Verified),
+    Pooled(Dialled),
 }
 
 pub struct Session {
@@ -224,9 +224,9 @@ impl Origin {
             OriginConn::Pooled(conn) => conn,
         };
         match upstream {
-            Verified::H2(c) => self.h2.store(Some(Arc::new(c))),
-            Verified::H1(c) if tool_h2 => self.keep_spare(c),
-            Verified::H1(c) => *self.h1.lock().await = Some(c),
+            Dialled::H2(c) => self.h2.store(Some(Arc::new(c))),
+            Dialled::H1(c) if tool_h2 => self.keep_spare(c),
+            Dialled::H1(c) => *self.h1.lock().await = Some(c),
         }
         if tool_h2 {
             return self.serve_h2(tls).await;
@@ -502,12 +502,12 @@ impl Origin {
             return Ok(Some(sender));
         }
         match self.dial(false).await? {
-            Verified::H2(c) => {
+            Dialled::H2(c) => {
                 let sender = c.sender.clone();
                 self.h2.store(Some(Arc::new(c)));
                 Ok(Some(sender))
             }
-            Verified::H1(c) => {
+            Dialled::H1(c) => {
                 self.h2.store(None);
                 self.keep_spare(c);
                 Ok(None)
@@ -606,15 +606,15 @@ impl Origin {
     /// already). Never to another run: the pool is the run's own, and its
     /// connections' drivers stop when the run ends.
     async fn give_back(&self) {
-        let mut conns: Vec<Verified> = Vec::new();
+        let mut conns: Vec<Dialled> = Vec::new();
         if let Some(c) = self.h1.lock().await.take() {
-            conns.push(Verified::H1(c));
+            conns.push(Dialled::H1(c));
         }
         if let Some(c) = self.h2.swap(None).and_then(|c| Arc::try_unwrap(c).ok()) {
-            conns.push(Verified::H2(c));
+            conns.push(Dialled::H2(c));
         }
         if let Ok(mut spare) = self.spare.lock() {
-            conns.extend(spare.drain(..).map(Verified::H1));
+            conns.extend(spare.drain(..).map(Dialled::H1));
         }
         for c in conns {
             self.run
@@ -626,23 +626,23 @@ impl Origin {
 
     /// The handshake on a verified TLS stream to the origin, in the
     /// protocol it picked by ALPN.
-    async fn handshake(&self, tls: tokio_rustls::client::TlsStream<TcpStream>) -> Result<Verified, UpError> {
+    async fn handshake(&self, tls: tokio_rustls::client::TlsStream<TcpStream>) -> Result<Dialled, UpError> {
         let (run_end, stop) = (self.run.cancel.clone(), self.sh.hard_stop.clone());
         if ca::alpn_h2(tls.get_ref().1) {
             return upstream::handshake_h2(tls, self.addr, run_end, stop)
                 .await
-                .map(Verified::H2)
+                .map(Dialled::H2)
                 .map_err(|e| (FetchError::UpstreamFailed, e.to_string()));
         }
         upstream::handshake(tls, self.addr, run_end, stop)
             .await
-            .map(Verified::H1)
+            .map(Dialled::H1)
             .map_err(|e| (FetchError::UpstreamFailed, e.to_string()))
     }
 
     /// A new verified TLS connection to the pinned address, offering `h2`
     /// unless `h1_only`.
-    async fn dial(&self, h1_only: bool) -> Result<Verified, UpError> {
+    async fn dial(&self, h1_only: bool) -> Result<Dialled, UpError> {
         let addr = self.addr;
         let s = self
             .sh
@@ -664,8 +664,8 @@ impl Origin {
     /// A new HTTP/1.1 connection to the pinned address.
     async fn dial_h1(&self) -> Result<Conn, UpError> {
         match self.dial(true).await? {
-            Verified::H1(c) => Ok(c),
-            Verified::H2(_) => Err((FetchError::UpstreamFailed, "the origin picked h2, not offered".into())),
+            Dialled::H1(c) => Ok(c),
+            Dialled::H2(_) => Err((FetchError::UpstreamFailed, "the origin picked h2, not offered".into())),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! intercepted origins; the HTTP/2 handshake (RFC 9113 §3.4) of an
 //! intercepted origin that picked `h2` by ALPN.
 
-use crate::runs::pool::{Conn, ConnGuard, H2Conn, Verified};
+use crate::runs::pool::{Conn, ConnGuard, Dialled, H2Conn};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use tokio::net::TcpStream;
@@ -46,7 +46,7 @@ pub enum Upstream {
     Pooled(Conn),
     /// An idle verified TLS connection of the same run, to the intercepted
     /// CONNECT's own name and an address in its vetted set.
-    Verified(Verified),
+    Verified(Dialled),
 }
 
 /// The HTTP/2 handshake on a verified TLS stream whose ALPN is `h2`, with

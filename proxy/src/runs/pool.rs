@@ -68,48 +68,48 @@ pub struct H2Conn {
     pub guard: ConnGuard,
 }
 
-/// A verified TLS connection to an intercepted origin, in the protocol the
-/// origin picked by ALPN.
-pub enum Verified {
+/// An upstream connection in the protocol the origin picked: HTTP/1.1 (plain
+/// HTTP, or an intercepted origin's verified TLS) or HTTP/2 (an intercepted
+/// origin that picked `h2` by ALPN).
+pub enum Dialled {
     H1(Conn),
     H2(H2Conn),
 }
 
-impl Verified {
+impl Dialled {
     pub fn addr(&self) -> SocketAddr {
         match self {
-            Verified::H1(c) => c.addr,
-            Verified::H2(c) => c.addr,
+            Dialled::H1(c) => c.addr,
+            Dialled::H2(c) => c.addr,
         }
     }
-}
 
-/// What an idle connection sends on.
-enum Sender {
-    H1(http1::SendRequest<UpBody>),
-    H2(http2::SendRequest<UpBody>),
-}
+    fn guard(&mut self) -> &mut ConnGuard {
+        match self {
+            Dialled::H1(c) => &mut c.guard,
+            Dialled::H2(c) => &mut c.guard,
+        }
+    }
 
-impl Sender {
     fn is_closed(&self) -> bool {
         match self {
-            Sender::H1(s) => s.is_closed(),
-            Sender::H2(s) => s.is_closed(),
+            Dialled::H1(c) => c.sender.is_closed(),
+            Dialled::H2(c) => c.sender.is_closed(),
         }
     }
 
     fn is_ready(&self) -> bool {
         match self {
-            Sender::H1(s) => s.is_ready(),
-            Sender::H2(s) => s.is_ready(),
+            Dialled::H1(c) => c.sender.is_ready(),
+            Dialled::H2(c) => c.sender.is_ready(),
         }
     }
 
     /// Waits until the connection can take a request; `false` once it closed.
     async fn ready(&mut self) -> bool {
         match self {
-            Sender::H1(s) => s.ready().await.is_ok(),
-            Sender::H2(s) => s.ready().await.is_ok(),
+            Dialled::H1(c) => c.sender.ready().await.is_ok(),
+            Dialled::H2(c) => c.sender.ready().await.is_ok(),
         }
     }
 }
@@ -122,11 +122,11 @@ impl Conn {
 }
 
 struct Idle {
-    addr: SocketAddr,
     /// The name the connection's TLS was verified for (an intercepted
     /// origin's); `None` for a plain-HTTP connection.
     verified_for: Option<Host>,
-    sender: Sender,
+    /// Its guard disarmed: `token` stops its driver.
+    conn: Dialled,
     token: CancellationToken,
     since: Instant,
 }
@@ -135,7 +135,7 @@ struct Idle {
 fn retain_live(idle: &mut Vec<Idle>) {
     let now = Instant::now();
     idle.retain(|i| {
-        let keep = !i.sender.is_closed() && now.duration_since(i.since) < IDLE_TIMEOUT;
+        let keep = !i.conn.is_closed() && now.duration_since(i.since) < IDLE_TIMEOUT;
         if !keep {
             i.token.cancel();
         }
@@ -160,41 +160,30 @@ impl UpstreamPool {
     /// Takes an idle plain-HTTP connection to one of `vetted` on `port`, if any.
     pub fn take(&self, vetted: &[IpAddr], port: u16) -> Option<Conn> {
         match self.take_idle(None, vetted, port)? {
-            Verified::H1(c) => Some(c),
-            Verified::H2(_) => None,
+            Dialled::H1(c) => Some(c),
+            Dialled::H2(_) => None,
         }
     }
 
     /// Takes an idle connection whose TLS was verified for `name`, to one
     /// of `vetted` on `port`, if any.
-    pub fn take_verified(&self, name: &Host, vetted: &[IpAddr], port: u16) -> Option<Verified> {
+    pub fn take_verified(&self, name: &Host, vetted: &[IpAddr], port: u16) -> Option<Dialled> {
         self.take_idle(Some(name), vetted, port)
     }
 
-    fn take_idle(&self, name: Option<&Host>, vetted: &[IpAddr], port: u16) -> Option<Verified> {
+    fn take_idle(&self, name: Option<&Host>, vetted: &[IpAddr], port: u16) -> Option<Dialled> {
         let mut idle = self.idle.lock().ok()?;
         retain_live(&mut idle);
         let pos = idle.iter().position(|i| {
-            i.verified_for.as_ref() == name
-                && i.addr.port() == port
-                && vetted.contains(&i.addr.ip())
-                && i.sender.is_ready()
+            let addr = i.conn.addr();
+            i.verified_for.as_ref() == name && addr.port() == port && vetted.contains(&addr.ip()) && i.conn.is_ready()
         })?;
-        let i = idle.swap_remove(pos);
-        let guard = ConnGuard(Some(i.token));
-        Some(match i.sender {
-            Sender::H1(sender) => Verified::H1(Conn {
-                addr: i.addr,
-                sender,
-                guard,
-                reused: true,
-            }),
-            Sender::H2(sender) => Verified::H2(H2Conn {
-                addr: i.addr,
-                sender,
-                guard,
-            }),
-        })
+        let Idle { mut conn, token, .. } = idle.swap_remove(pos);
+        *conn.guard() = ConnGuard(Some(token));
+        if let Dialled::H1(c) = &mut conn {
+            c.reused = true;
+        }
+        Some(conn)
     }
 
     /// Keeps a connection whose exchange completed, at once if hyper has
@@ -204,52 +193,43 @@ impl UpstreamPool {
         if !conn.sender.is_ready() {
             return Err(conn);
         }
-        self.keep(None, conn.addr, Sender::H1(conn.sender), conn.guard, run_end);
+        self.keep(None, Dialled::H1(conn), run_end);
         Ok(())
     }
 
     /// Waits (briefly) until hyper has finished the message of a connection
     /// whose exchange completed, then keeps it.
-    pub async fn give_back(&self, mut conn: Conn, run_end: &CancellationToken) {
-        let ready = tokio::time::timeout(Duration::from_secs(1), conn.sender.ready()).await;
-        if matches!(ready, Ok(Ok(()))) {
-            self.keep(None, conn.addr, Sender::H1(conn.sender), conn.guard, run_end);
-        }
+    pub async fn give_back(&self, conn: Conn, run_end: &CancellationToken) {
+        self.settle(None, Dialled::H1(conn), run_end).await;
     }
 
     /// Keeps the verified connection of an intercepted CONNECT to `name`
     /// once its session is over, for the run's next intercepted CONNECT to
-    /// that name: at once if hyper has finished its last message, otherwise
-    /// after waiting (briefly) for that; a connection that does not get
+    /// that name, as [`give_back`](Self::give_back) does.
+    pub async fn give_back_verified(&self, name: &Host, conn: Dialled, run_end: &CancellationToken) {
+        self.settle(Some(name.clone()), conn, run_end).await;
+    }
+
+    /// Keeps `conn` once hyper has finished its last message: at once, or
+    /// after waiting (at most 1 s) for that; a connection that does not get
     /// there is closed.
-    pub async fn give_back_verified(&self, name: &Host, conn: Verified, run_end: &CancellationToken) {
-        let (addr, mut sender, guard) = match conn {
-            Verified::H1(c) => (c.addr, Sender::H1(c.sender), c.guard),
-            Verified::H2(c) => (c.addr, Sender::H2(c.sender), c.guard),
-        };
-        if !sender.is_ready() {
-            let ready = tokio::time::timeout(Duration::from_secs(1), sender.ready()).await;
+    async fn settle(&self, verified_for: Option<Host>, mut conn: Dialled, run_end: &CancellationToken) {
+        if !conn.is_ready() {
+            let ready = tokio::time::timeout(Duration::from_secs(1), conn.ready()).await;
             if !matches!(ready, Ok(true)) {
                 return;
             }
         }
-        self.keep(Some(name.clone()), addr, sender, guard, run_end);
+        self.keep(verified_for, conn, run_end);
     }
 
     /// Keeps a ready connection unless the pool is full or the run ended
     /// meanwhile (`run_end`).
-    fn keep(
-        &self,
-        verified_for: Option<Host>,
-        addr: SocketAddr,
-        sender: Sender,
-        mut guard: ConnGuard,
-        run_end: &CancellationToken,
-    ) {
+    fn keep(&self, verified_for: Option<Host>, mut conn: Dialled, run_end: &CancellationToken) {
         if run_end.is_cancelled() {
             return;
         }
-        let Some(token) = guard.disarm() else { return };
+        let Some(token) = conn.guard().disarm() else { return };
         let Ok(mut idle) = self.idle.lock() else {
             token.cancel();
             return;
@@ -259,9 +239,8 @@ impl UpstreamPool {
             return;
         }
         idle.push(Idle {
-            addr,
             verified_for,
-            sender,
+            conn,
             token,
             since: Instant::now(),
         });
