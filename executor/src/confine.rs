@@ -11,7 +11,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::config::{ExecutorSection, Isolation, Network, ProcessConfig};
@@ -1168,8 +1168,9 @@ static CGROUP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// v2 the directory's fd for `clone3(CLONE_INTO_CGROUP)`.
 type MadeCgroup = (Vec<PathBuf>, Vec<OwnedFd>, Option<OwnedFd>);
 
-/// Whether `+cpu` was written to the v2 subtree's `cgroup.subtree_control`.
-static CPU_ENABLED: AtomicBool = AtomicBool::new(false);
+/// The v2 subtrees whose `cgroup.subtree_control` `+cpu` was written to
+/// (one per executor; several only where one process drives several hosts).
+static CPU_ENABLED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 /// The CPU bandwidth period, in microseconds (the kernel's default).
 const CPU_PERIOD_US: u64 = 100_000;
@@ -1219,12 +1220,14 @@ fn make_cgroup(
                 ("pids.max", &pids),
             ];
             if let Some(cpu_max) = &cpu_max {
-                // Enabled on first use (idempotent): see `CgroupHost::V2`.
-                if !CPU_ENABLED.load(Ordering::Relaxed) {
+                // Enabled on first use in this subtree (idempotent): see
+                // `CgroupHost::V2`.
+                let mut enabled = CPU_ENABLED.lock().unwrap_or_else(|e| e.into_inner());
+                if !enabled.contains(dir) {
                     let ctl = dir.join("cgroup.subtree_control");
                     std::fs::write(&ctl, "+cpu")
                         .map_err(|e| io::Error::new(e.kind(), format!("{}: cannot enable cpu: {e}", ctl.display())))?;
-                    CPU_ENABLED.store(true, Ordering::Relaxed);
+                    enabled.push(dir.clone());
                 }
                 files.push(("cpu.max", cpu_max));
             }
