@@ -5,7 +5,7 @@
 use crate::reader::Section;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `PATH` of a child when its tool sets no `path`.
 pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -175,7 +175,14 @@ pub struct ProcessConfig {
     pub cpu_percent: Option<u64>,
     /// `[tools.<id>] network`: how the tool's children reach the network.
     pub network: Network,
+    /// Start children by forking a booted reference Python runner
+    /// (`loom_runner.py --fork-server`) instead of a fresh interpreter.
+    pub fork_server: bool,
 }
+
+/// The file name of the reference Python runner, the one runner with a fork
+/// server.
+pub const PYTHON_RUNNER: &str = "loom_runner.py";
 
 /// Largest `cpu_percent`: 1000 CPUs.
 pub const MAX_CPU_PERCENT: u64 = 100_000;
@@ -204,7 +211,21 @@ impl ProcessConfig {
             cpu_ms: cold_start_ms + timeout_ms,
             cpu_percent: None,
             network: Network::Proxy,
+            fork_server: false,
         }
+    }
+
+    /// The fork server's command when `fork_server` is set: the tool's
+    /// command with its target (the last argument) replaced by
+    /// `--fork-server`.
+    pub fn fork_server_command(&self) -> Option<Vec<String>> {
+        if !self.fork_server {
+            return None;
+        }
+        let (_, head) = self.command.split_last()?;
+        let mut cmd = head.to_vec();
+        cmd.push("--fork-server".into());
+        Some(cmd)
     }
 }
 
@@ -224,6 +245,7 @@ impl ProcessConfig {
             queue: 0,
             protocol: Protocol::Plain,
             network: Network::Proxy,
+            fork_server: false,
             ..base
         }
     }
@@ -362,6 +384,7 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
             v.clamp(1, MAX_CPU_PERCENT)
         }),
         network: Network::Proxy,
+        fork_server: s.or("fork_server", d.fork_server),
     };
     let command = command?;
     let at = s.at("command");
@@ -372,6 +395,23 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
     if command.iter().any(|a| a.contains('\0')) {
         s.problems.push(at, "must not contain NUL bytes");
         return None;
+    }
+    if p.fork_server {
+        let runner = command.len().checked_sub(2).map(|i| Path::new(&command[i]));
+        let at = s.at("fork_server");
+        if p.protocol != Protocol::Loom {
+            s.problems.push(
+                at,
+                "needs protocol = \"loom\" (the fork server is the reference runner's)",
+            );
+        } else if runner.is_none_or(|r| r.file_name().is_none_or(|n| n != PYTHON_RUNNER)) {
+            s.problems.push(
+                at,
+                format!(
+                    "needs a command that runs the reference runner: [\"python3\", \".../{PYTHON_RUNNER}\", \"tool.py\"]"
+                ),
+            );
+        }
     }
     Some(ProcessConfig { command, ..p })
 }
@@ -504,6 +544,7 @@ mod tests {
             queue: 0,
             protocol: Protocol::Plain,
             network: Network::Proxy,
+            fork_server: false,
             ..base
         };
         assert_eq!(p, want);
@@ -546,6 +587,51 @@ mod tests {
             (64, 9, 1500, Some(50))
         );
         assert_eq!((p.warm, p.max, p.queue, p.protocol), (0, 2, 0, Protocol::Plain));
+    }
+
+    #[test]
+    fn a_fork_server_needs_the_reference_python_runner() {
+        let c = Config::parse(
+            "[tools.t.process]\ncommand = [\"python3\", \"-S\", \"r/loom_runner.py\", \"t.py\"]\nfork_server = true\n",
+            "f",
+        )
+        .unwrap();
+        let p = c.policy.tools["t"].process.clone().unwrap();
+        assert_eq!(
+            p.fork_server_command().unwrap(),
+            ["python3", "-S", "r/loom_runner.py", "--fork-server"]
+        );
+        let off = Config::parse(
+            "[tools.t.process]\ncommand = [\"python3\", \"r/loom_runner.py\", \"t.py\"]\n",
+            "f",
+        );
+        assert_eq!(
+            off.unwrap().policy.tools["t"]
+                .process
+                .clone()
+                .unwrap()
+                .fork_server_command(),
+            None
+        );
+        for (text, want) in [
+            (
+                "command = [\"python3\", \"t.py\"]\nfork_server = true",
+                "f: tools.t.process.fork_server: needs a command that runs the reference runner",
+            ),
+            (
+                "command = [\"node\", \"loom_runner.js\", \"t.mjs\"]\nfork_server = true",
+                "f: tools.t.process.fork_server: needs a command that runs the reference runner",
+            ),
+            (
+                "command = [\"python3\", \"loom_runner.py\", \"t.py\"]\nprotocol = \"plain\"\nfork_server = true",
+                "f: tools.t.process.fork_server: needs protocol = \"loom\"",
+            ),
+        ] {
+            let e = Config::parse(&format!("[tools.t.process]\n{text}\n"), "f")
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
     }
 
     #[test]

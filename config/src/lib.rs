@@ -623,6 +623,7 @@ mod tests {
                 cpu_ms: 40_000,
                 cpu_percent: None,
                 network: crate::Network::Proxy,
+                fork_server: false,
             })
         );
     }

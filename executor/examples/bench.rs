@@ -15,7 +15,6 @@ use axum::extract::Path;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use egress_executor::child::{self, Shared, ToolSpec};
-use egress_executor::config::ProcessConfig;
 use egress_executor::confine::Confinement;
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::{json, Value};
@@ -155,11 +154,7 @@ isolation = "off"
         let Some(Some(p)) = cfg.tools.get(tool).cloned() else {
             panic!("no tool")
         };
-        let spec = Arc::new(ToolSpec {
-            id: tool.into(),
-            process: ProcessConfig { ..p },
-            confinement: Confinement::off(),
-        });
+        let spec = Arc::new(ToolSpec::new(tool, p, Confinement::off()));
         let mut v = Vec::new();
         for _ in 0..count.max(10) {
             let t0 = Instant::now();

@@ -41,11 +41,7 @@ fn shared(cfg: &Config) -> Arc<Shared> {
 
 async fn cold_starts(sh: &Arc<Shared>, cfg: &Config, tool: &str, c: Confinement, n: usize) -> Vec<Duration> {
     let process = cfg.tools[tool].clone().unwrap_or_else(|| panic!("no {tool}"));
-    let spec = Arc::new(ToolSpec {
-        id: tool.into(),
-        process,
-        confinement: c,
-    });
+    let spec = Arc::new(ToolSpec::new(tool, process, c));
     let mut v = Vec::new();
     for _ in 0..n {
         let t0 = Instant::now();

@@ -19,7 +19,7 @@ use crate::control::{ControlClient, ControlError, RunCreds};
 use crate::error::{ErrorKind, InvocationResult, InvokeError, Phase};
 use crate::kill::KillReason;
 use crate::metrics::Metrics;
-use crate::process::{self, Capture, Launch, Process, Spawner};
+use crate::process::{self, Capture, ForkServer, Launch, Process, Spawner};
 use crate::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
 use egress_api::Fact;
 
@@ -65,6 +65,33 @@ pub struct ToolSpec {
     pub id: String,
     pub process: ProcessConfig,
     pub confinement: Confinement,
+    /// Its fork server (`fork_server = true`), started with its first child.
+    pub fork: Option<Arc<ForkServer>>,
+}
+
+impl ToolSpec {
+    pub fn new(id: &str, process: ProcessConfig, confinement: Confinement) -> ToolSpec {
+        let fork = process.fork_server_command().map(|command| {
+            // The tool's own variables, none of a run's.
+            let mut env: Vec<(String, String)> = process.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            env.push(("PATH".into(), process.path.clone()));
+            env.push(("LANG".into(), process.lang.clone()));
+            Arc::new(ForkServer::new(
+                id,
+                command,
+                process.cwd.clone(),
+                env,
+                process.path.clone(),
+                confinement.has(crate::confine::Layer::Netns),
+            ))
+        });
+        ToolSpec {
+            id: id.to_string(),
+            process,
+            confinement,
+            fork,
+        }
+    }
 }
 
 /// One invocation handed to a ready child.
@@ -173,6 +200,11 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
             return Err(early.fail(e).await);
         }
     };
+    if let Some(server) = &tool.fork {
+        shared
+            .metrics
+            .fork_server(&tool.id, server.up(), launched.process.forked());
+    }
     let mut warm = Warm {
         id,
         generation,
@@ -377,6 +409,7 @@ async fn launch(
             confine,
             stdout_cap: shared.exec.stdout_cap_bytes,
             stderr_cap: shared.exec.stderr_cap_bytes,
+            fork: tool.fork.as_deref(),
         },
     );
     let handing = async {

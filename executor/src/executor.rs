@@ -371,11 +371,7 @@ impl Executor {
         for (id, process) in &config.tools {
             if let Some(p) = process {
                 let confinement = Confinement::for_tool(id, p, &config.executor, &host)?;
-                specs.push(ToolSpec {
-                    id: id.clone(),
-                    process: p.clone(),
-                    confinement,
-                });
+                specs.push(ToolSpec::new(id, p.clone(), confinement));
             }
         }
         let claims = match (&config.cell, config.export.sink) {
@@ -395,7 +391,9 @@ impl Executor {
             config.executor.clone(),
         ));
         for s in &specs {
-            shared.metrics.register_tool(&s.id, s.confinement.transparent());
+            shared
+                .metrics
+                .register_tool(&s.id, s.confinement.transparent(), s.fork.is_some());
         }
         let pools = specs
             .into_iter()
@@ -979,11 +977,7 @@ impl Executor {
                 return InvocationResult::failed(tool, InvokeError::startup(crate::error::Phase::Spawn, e.to_string()))
             }
         };
-        let spec = Arc::new(ToolSpec {
-            id: tool.to_string(),
-            process: p,
-            confinement,
-        });
+        let spec = Arc::new(ToolSpec::new(tool, p, confinement));
         let t0 = Instant::now();
         let mut result = match child::start(&self.shared, &spec, None).await {
             Ok(warm) => {

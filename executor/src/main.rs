@@ -276,6 +276,7 @@ fn true_probe(pid_namespace: bool) -> egress_executor::process::Launch<'static> 
         confine: Default::default(),
         stdout_cap: 0,
         stderr_cap: 0,
+        fork: None,
     }
 }
 
@@ -726,6 +727,7 @@ async fn cold_start_line(
                     confine: child,
                     stdout_cap: 0,
                     stderr_cap: 0,
+                    fork: None,
                 },
             )
             .await;

@@ -72,6 +72,11 @@ pub struct Metrics {
     pub udp_dropped: Family<ToolLabel, Counter>,
     /// Fleet idempotency claims of keyed invocations, by result.
     pub claims: Family<ResultLabel, Counter>,
+    /// Whether a `fork_server` tool's fork server is running (1) or its
+    /// children start a fresh interpreter each (0).
+    pub fork_server_up: Family<ToolLabel, Gauge>,
+    /// Children forked by a tool's fork server.
+    pub forked: Family<ToolLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -92,6 +97,8 @@ impl Metrics {
         let emits = Family::<ToolLabel, Counter>::default();
         let udp_dropped = Family::<ToolLabel, Counter>::default();
         let claims = Family::<ResultLabel, Counter>::default();
+        let fork_server_up = Family::<ToolLabel, Gauge>::default();
+        let forked = Family::<ToolLabel, Counter>::default();
         for result in CLAIM_RESULTS {
             let _ = claims.get_or_create(&ResultLabel { result });
         }
@@ -136,7 +143,19 @@ impl Metrics {
             "Fleet idempotency claims of keyed invocations ([export] sink = \"postgres\"), by result: won (runs here), done (the stored answer), in_progress (runs at another cell), conflict, unavailable (PostgreSQL could not be asked; nothing ran)",
             claims.clone(),
         );
+        registry.register(
+            "executor_fork_server_up",
+            "1 while a fork_server tool's fork server forks its children; 0 when it did not start or died (children then start a fresh interpreter each)",
+            fork_server_up.clone(),
+        );
+        registry.register(
+            "executor_forked_children",
+            "Children forked by a fork_server tool's fork server",
+            forked.clone(),
+        );
         Metrics {
+            fork_server_up,
+            forked,
             claims,
             emits,
             udp_dropped,
@@ -177,6 +196,16 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// A `fork_server` tool's child was started: by its server (`forked`)
+    /// or the old way; `up`: whether the server is running.
+    pub fn fork_server(&self, tool: &str, up: bool, forked: bool) {
+        let label = ToolLabel { tool: tool.to_string() };
+        self.fork_server_up.get_or_create(&label).set(i64::from(up));
+        if forked {
+            self.forked.get_or_create(&label).inc();
+        }
+    }
+
     pub fn outcome(&self, tool: &str, outcome: &'static str, seconds: f64) {
         self.invocations
             .get_or_create(&OutcomeLabels {
@@ -191,10 +220,14 @@ impl Metrics {
 
     /// Creates every bounded series of `tool` at 0, so dashboards and alerts
     /// see a healthy tool as 0, never as "no data".
-    pub fn register_tool(&self, tool: &str, transparent: bool) {
+    pub fn register_tool(&self, tool: &str, transparent: bool, fork_server: bool) {
         let t = || tool.to_string();
         if transparent {
             let _ = self.udp_dropped.get_or_create(&ToolLabel { tool: t() });
+        }
+        if fork_server {
+            let _ = self.fork_server_up.get_or_create(&ToolLabel { tool: t() });
+            let _ = self.forked.get_or_create(&ToolLabel { tool: t() });
         }
         for outcome in std::iter::once("ok").chain(crate::error::ErrorKind::ALL.iter().map(|k| k.as_str())) {
             let _ = self.invocations.get_or_create(&OutcomeLabels { tool: t(), outcome });

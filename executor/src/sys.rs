@@ -151,6 +151,8 @@ pub struct Started {
     pub pidfd: OwnedFd,
     /// Whether the child is PID 1 of its own PID namespace.
     pub pid_namespace: bool,
+    /// Whether a fork server forked it (rather than `exec`).
+    pub forked: bool,
 }
 
 /// The `struct clone_args` of clone3(2), version 2 (88 bytes; passed as
@@ -343,6 +345,7 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
             pid,
             pidfd,
             pid_namespace: used_ns,
+            forked: false,
         });
     }
     // The child failed before exec and is exiting; reap it so it leaves no zombie.

@@ -55,6 +55,10 @@ fn main() {
         ("python_tool_is_contained_under_strict", || {
             Box::pin(suite(Fixture::Python, "strict", Mode::ProxyKey))
         }),
+        (
+            "python_tool_forked_by_its_fork_server_is_contained_under_strict",
+            || Box::pin(suite(Fixture::PythonForked, "strict", Mode::Default)),
+        ),
         ("rust_tool_under_strict_relays_only_with_allow_relay", || {
             Box::pin(suite(Fixture::Rust, "strict", Mode::Relay))
         }),
@@ -512,6 +516,8 @@ enum Mode {
 enum Fixture {
     Rust,
     Python,
+    /// The Python tool, its children forked by its fork server.
+    PythonForked,
 }
 
 /// Why these tests cannot run here, if they cannot.
@@ -550,11 +556,7 @@ async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egr
     let confinement = Confinement::for_tool("evil", &process, &cfg.executor, &host)
         .unwrap()
         .only(layers);
-    let spec = std::sync::Arc::new(ToolSpec {
-        id: "evil".into(),
-        process,
-        confinement,
-    });
+    let spec = std::sync::Arc::new(ToolSpec::new("evil", process, confinement));
     let shared = std::sync::Arc::new(Shared::new(
         egress_executor::process::Spawner::start().unwrap(),
         egress_executor::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
@@ -581,7 +583,7 @@ async fn suite_with(fixture: Fixture, isolation: &str, mode: Mode, only: Only) {
         eprintln!("SKIPPED confinement suite ({fixture:?}, {isolation}): {why}");
         return;
     }
-    if fixture == Fixture::Python && python().is_none() {
+    if fixture != Fixture::Rust && python().is_none() {
         eprintln!("SKIPPED confinement suite (Python, {isolation}): no python3 on the children's PATH");
         return;
     }
@@ -659,7 +661,7 @@ egress = ["denied.test:80", "127.0.0.2:{port}"]
     let me = std::env::current_exe().unwrap();
     let command = match fixture {
         Fixture::Rust => format!("[\"{}\"]", me.display()),
-        Fixture::Python => format!(
+        Fixture::Python | Fixture::PythonForked => format!(
             "[\"python3\", \"{}\", \"{}\"]",
             runners_dir().join("loom_runner.py").display(),
             Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -684,7 +686,9 @@ cold_start_ms = 10000
 memory_mb = {MEMORY_MB}
 max_pids = {PIDS}
 pool = {{ warm = 0, max = 2 }}
-"#
+fork_server = {forked}
+"#,
+        forked = fixture == Fixture::PythonForked,
     )
     .replace("[proxy_control_for_the_executor]\n", "")
     .replace(
@@ -751,6 +755,14 @@ pool = {{ warm = 0, max = 2 }}
         .clone()
         .unwrap_or_else(|| panic!("the tool cannot finish: {res:#?}"));
     assert_eq!(e.kind, ErrorKind::Timeout, "{res:#?}");
+    if fixture == Fixture::PythonForked {
+        // The attempts above were a forked child's, not an exec'd one's.
+        let metrics = exec.metrics().encode();
+        assert!(
+            metrics.contains("executor_forked_children_total{tool=\"evil\"} 1\n"),
+            "{metrics}"
+        );
+    }
     let outcomes: std::collections::BTreeMap<String, (bool, String)> = res
         .emits
         .iter()
@@ -949,11 +961,18 @@ pool = {{ warm = 0, max = 2 }}
     // The facts database is intact and still serves.
     assert!(std::fs::metadata(&facts).unwrap().len() >= before);
     assert!(!facts_now.is_empty());
-    // Nothing of the tool is alive, and its cgroups are gone.
+    // Nothing of the tool is alive, and its cgroups are gone (the fork
+    // server, which has the tool's environment but runs no tool code, lives
+    // as long as the executor).
+    let tool_processes = || {
+        let mut p = marked_processes(&marker);
+        p.retain(|pid| !std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"--fork-server\0")));
+        p
+    };
     assert!(
-        eventually(Duration::from_secs(5), || marked_processes(&marker).is_empty()).await,
+        eventually(Duration::from_secs(5), || tool_processes().is_empty()).await,
         "processes of the tool survived: {:?}",
-        marked_processes(&marker)
+        tool_processes()
     );
     if strict && only.is_none() {
         // Removed once the tree is dead (after the answer).

@@ -34,6 +34,7 @@ pub struct Process {
     pid: Pid,
     pidfd: Option<AsyncFd<OwnedFd>>,
     pid_namespace: bool,
+    forked: bool,
     status: Option<ExitInfo>,
     reaper: Arc<Reaper>,
 }
@@ -54,6 +55,7 @@ impl Process {
             pid,
             pidfd: Some(pidfd),
             pid_namespace: s.pid_namespace,
+            forked: s.forked,
             status: None,
             reaper,
         })
@@ -67,6 +69,11 @@ impl Process {
     /// Whether the child is PID 1 of its own PID namespace.
     pub fn in_pid_namespace(&self) -> bool {
         self.pid_namespace
+    }
+
+    /// Whether a fork server forked the child.
+    pub fn forked(&self) -> bool {
+        self.forked
     }
 
     /// SIGKILL the whole tree: the process group, and the leader through its

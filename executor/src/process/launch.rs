@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::unix::pipe;
 
-use super::{Capture, Process, Spawner};
+use super::{Capture, ForkServer, Process, Spawner};
 use crate::sys::{ChildConfine, ChildSpec};
 
 /// A pipe whose read end the executor keeps (non-blocking, async) and whose
@@ -96,7 +96,7 @@ pub fn resolve_program(program: &str, path: &str, cwd: &Path) -> io::Result<Path
     ))
 }
 
-fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
+pub(super) fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} contains a NUL byte")))
 }
 
@@ -124,6 +124,8 @@ pub struct Launch<'a> {
     pub confine: ChildConfine,
     pub stdout_cap: usize,
     pub stderr_cap: usize,
+    /// The tool's fork server, if it has one.
+    pub fork: Option<&'a ForkServer>,
 }
 
 /// Start a child with fds 0-4 wired and its output captured.
@@ -171,7 +173,11 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         pid_namespace: l.pid_namespace,
         confine: l.confine,
     };
-    let process = spawner.spawn(spec).await?;
+    let link = match l.fork {
+        Some(server) => server.link(spawner).await,
+        None => None,
+    };
+    let process = spawner.spawn(spec, link).await?;
     if l.pid_namespace && !process.in_pid_namespace() {
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {

@@ -9,11 +9,17 @@ use std::sync::{Arc, Mutex};
 
 use rustix::process::{Signal, WaitId, WaitIdOptions};
 
+use super::fork::{ForkFailure, Link};
 use super::Process;
 use crate::reaper::Reaper;
 use crate::sys::{self, ChildSpec, Started};
 
-type Job = (ChildSpec, tokio::sync::oneshot::Sender<io::Result<Started>>);
+/// A child to create, through a fork server's link or by the spawner itself.
+type Job = (
+    ChildSpec,
+    Option<Arc<Link>>,
+    tokio::sync::oneshot::Sender<io::Result<Started>>,
+);
 
 /// Handle to the dedicated spawner thread. Every child is created on that
 /// thread; dropping the last handle ends the thread, and the kernel then
@@ -31,11 +37,16 @@ impl Spawner {
         let reaper = Reaper::new();
         let known = reaper.clone();
         std::thread::Builder::new().name("loom-spawner".into()).spawn(move || {
-            for (spec, reply) in rx {
+            for (spec, fork, reply) in rx {
                 let r = {
                     // Registered before any sweep can look at it.
                     let mut k = known.known();
-                    let r = sys::start(spec, &me);
+                    let r = match fork.as_ref().map(|link| link.fork(&spec)) {
+                        Some(Ok(started)) => Ok(started),
+                        Some(Err(ForkFailure::Child(e))) => Err(e),
+                        // The server is gone: the old way.
+                        Some(Err(ForkFailure::Server)) | None => sys::start(spec, &me),
+                    };
                     if let Ok(s) = &r {
                         k.insert(s.pid.as_raw_nonzero().get());
                     }
@@ -60,12 +71,13 @@ impl Spawner {
         &self.reaper
     }
 
-    /// Create a child on the spawner thread.
-    pub async fn spawn(&self, spec: ChildSpec) -> io::Result<Process> {
+    /// Create a child on the spawner thread (forked by `fork`'s server when
+    /// given one that is up).
+    pub async fn spawn(&self, spec: ChildSpec, fork: Option<Arc<Link>>) -> io::Result<Process> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         {
             let tx = self.tx.lock().map_err(|_| io::Error::other("spawner lock poisoned"))?;
-            tx.send((spec, reply))
+            tx.send((spec, fork, reply))
                 .map_err(|_| io::Error::other("spawner thread is gone"))?;
         }
         let started = rx.await.map_err(|_| io::Error::other("spawner thread is gone"))??;

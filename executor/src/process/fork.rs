@@ -1,0 +1,414 @@
+//! The fork-server stage (`fork_server = true`): a tool's reference Python
+//! runner booted once (`loom_runner.py --fork-server`) forks each child
+//! instead of the spawner starting a fresh interpreter.
+//!
+//! The server is started by the spawner like any child, in a session and a
+//! network namespace of its own, with nothing of the executor but a pidfd
+//! of it. It never runs tool code and never sees what a child is given: for
+//! each child the spawner thread sends it one socket, the server forks with
+//! `CLONE_PARENT` (so the child is the executor's own child, reaped, killed
+//! and waited for through its pidfd like any other) and answers the pid; the
+//! spawner then sends the child its specification on that socket (its
+//! environment, fds 0-4 and the confinement prepared for it: network
+//! namespace, cgroup, rlimits, ids, Landlock ruleset, seccomp programs), and
+//! the child applies it in the order `sys` applies it before `exec`, answers
+//! `ok` (or the stage that failed and its errno), and only then loads the
+//! tool. If the server is gone, children start the old way and
+//! `egress_executor_fork_server_up` says so.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags,
+    SocketType,
+};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use serde_json::{json, Value};
+
+use super::{Process, Spawner};
+use crate::sys::{ChildConfine, ChildSpec, Started};
+
+/// How long the server may take to answer a fork, and a child to apply its
+/// confinement (the first fork also waits for the server's own start).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest specification a child accepts (the runner's receive buffer).
+const MAX_SPEC_BYTES: usize = 1 << 20;
+
+/// A tool's fork server, started on first use.
+#[derive(Debug)]
+pub struct ForkServer {
+    tool: String,
+    command: Vec<String>,
+    cwd: std::path::PathBuf,
+    env: Vec<(String, String)>,
+    path: String,
+    /// Give the server a network namespace of its own (the tool's children
+    /// get one each).
+    netns: bool,
+    link: tokio::sync::OnceCell<Option<Arc<Link>>>,
+    up: Arc<AtomicBool>,
+}
+
+/// A running server: the spawner thread's end of its socket.
+#[derive(Debug)]
+pub struct Link {
+    tool: String,
+    sock: OwnedFd,
+    up: Arc<AtomicBool>,
+    /// Kept so that dropping the link kills and reaps the server.
+    _process: Mutex<Process>,
+}
+
+/// Why a fork did not give a child.
+pub enum ForkFailure {
+    /// The server is gone or answered nonsense (logged once): start this
+    /// child (and the next ones) the old way.
+    Server,
+    /// The child was created but could not take its confinement (as a
+    /// failed `exec` would): the start fails.
+    Child(io::Error),
+}
+
+impl ForkServer {
+    /// `command`: the tool's `fork_server_command`; `env` the tool's own
+    /// variables (PATH and LANG included), never a run's.
+    pub fn new(
+        tool: &str,
+        command: Vec<String>,
+        cwd: std::path::PathBuf,
+        env: Vec<(String, String)>,
+        path: String,
+        netns: bool,
+    ) -> ForkServer {
+        ForkServer {
+            tool: tool.to_string(),
+            command,
+            cwd,
+            env,
+            path,
+            netns,
+            link: tokio::sync::OnceCell::new(),
+            up: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Whether the server is running and forking.
+    pub fn up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// The running server, started on the first call; `None` (children
+    /// start the old way) if it cannot start or has died.
+    pub async fn link(&self, spawner: &Spawner) -> Option<Arc<Link>> {
+        let link = self
+            .link
+            .get_or_init(|| async {
+                match self.start(spawner).await {
+                    Ok(l) => Some(Arc::new(l)),
+                    Err(e) => {
+                        tracing::warn!(tool = %self.tool, "the fork server did not start ({e}): children start a fresh interpreter each");
+                        None
+                    }
+                }
+            })
+            .await
+            .clone()?;
+        link.up.load(Ordering::Relaxed).then_some(link)
+    }
+
+    async fn start(&self, spawner: &Spawner) -> io::Result<Link> {
+        let (mine, theirs) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+        rustix::net::sockopt::set_socket_timeout(&mine, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))?;
+        let program = super::resolve_program(&self.command[0], &self.path, &self.cwd)?;
+        let cstr = |s: &str, what: &str| super::launch::cstring(s.as_bytes(), what);
+        let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())?;
+        let confine = ChildConfine {
+            setsid: true,
+            netns: if self.netns {
+                Some(crate::sys::new_netns(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0))?.0)
+            } else {
+                None
+            },
+            ..ChildConfine::default()
+        };
+        let spec = ChildSpec {
+            program: super::launch::cstring(program.as_os_str().as_encoded_bytes(), "the program path")?,
+            argv: self
+                .command
+                .iter()
+                .map(|a| cstr(a, "an argument"))
+                .collect::<io::Result<_>>()?,
+            envp: self
+                .env
+                .iter()
+                .map(|(k, v)| cstr(&format!("{k}={v}"), "an environment variable"))
+                .collect::<io::Result<_>>()?,
+            cwd: Some(super::launch::cstring(
+                self.cwd.as_os_str().as_encoded_bytes(),
+                "the working directory",
+            )?),
+            stdin: theirs,
+            stdout: super::dev_null()?,
+            stderr: rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stderr(), 3)?,
+            ipc_in: me,
+            ipc_out: super::dev_null()?,
+            // A PID namespace's init cannot fork with CLONE_PARENT.
+            pid_namespace: false,
+            confine,
+        };
+        let process = spawner.spawn(spec, None).await?;
+        self.up.store(true, Ordering::Relaxed);
+        tracing::info!(tool = %self.tool, pid = process.pid(), "fork server started");
+        Ok(Link {
+            tool: self.tool.clone(),
+            sock: mine,
+            up: self.up.clone(),
+            _process: Mutex::new(process),
+        })
+    }
+}
+
+impl Link {
+    /// Fork a child for `spec` (on the spawner thread, with the registry of
+    /// children locked by the caller).
+    pub(super) fn fork(&self, spec: &ChildSpec) -> Result<Started, ForkFailure> {
+        let server = |e: io::Error| {
+            if self.up.swap(false, Ordering::Relaxed) {
+                tracing::warn!(tool = %self.tool, "the fork server is gone ({e}): children start a fresh interpreter each from now on");
+            }
+            ForkFailure::Server
+        };
+        let (mine, theirs) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+                .map_err(|e| ForkFailure::Child(e.into()))?;
+        rustix::net::sockopt::set_socket_timeout(&mine, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))
+            .map_err(|e| ForkFailure::Child(e.into()))?;
+        let mut pid_namespace = spec.pid_namespace;
+        let pid = loop {
+            let ask: &[u8] = if pid_namespace { b"F1" } else { b"F0" };
+            send(&self.sock, ask, &[theirs.as_fd()]).map_err(server)?;
+            let answer = recv(&self.sock, 64).map_err(server)?;
+            let text = String::from_utf8_lossy(&answer);
+            let number = |s: &str| s.parse::<i32>().ok();
+            match (text.get(..1), text.get(1..).and_then(number)) {
+                (Some("P"), Some(pid)) if pid > 0 => break pid,
+                // As `sys` does: without the right to a PID namespace,
+                // process groups.
+                (Some("E"), Some(errno))
+                    if pid_namespace && [libc::EPERM, libc::EINVAL, libc::ENOSPC].contains(&errno) =>
+                {
+                    pid_namespace = false;
+                }
+                (Some("E"), Some(errno)) => {
+                    return Err(ForkFailure::Child(io::Error::new(
+                        io::Error::from_raw_os_error(errno).kind(),
+                        format!(
+                            "the fork server could not fork: {}",
+                            io::Error::from_raw_os_error(errno)
+                        ),
+                    )))
+                }
+                _ => return Err(server(io::Error::other(format!("unexpected answer {text:?}")))),
+            }
+        };
+        drop(theirs);
+        let pid = Pid::from_raw(pid).ok_or_else(|| server(io::Error::other("pid 0")))?;
+        // Race-free: the child is this process's own (CLONE_PARENT) and is
+        // reaped only here, so its pid cannot be reused before this.
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .map_err(|e| ForkFailure::Child(e.into()))?;
+        let give_up = |e: io::Error| {
+            let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
+            let _ = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED);
+            ForkFailure::Child(e)
+        };
+        match configure(&mine, spec) {
+            Ok(()) => {}
+            Err(e) => return Err(give_up(e)),
+        }
+        match recv(&mine, 4096) {
+            Ok(a) if a == b"ok" => Ok(Started {
+                pid,
+                pidfd,
+                pid_namespace,
+                forked: true,
+            }),
+            Ok(a) => Err(give_up(failed_stage(&a))),
+            Err(e) => Err(give_up(io::Error::new(
+                e.kind(),
+                format!("the forked child did not confirm its confinement: {e}"),
+            ))),
+        }
+    }
+}
+
+/// Send the child its specification: one message, JSON and descriptors.
+fn configure(chan: &OwnedFd, spec: &ChildSpec) -> io::Result<()> {
+    let c = &spec.confine;
+    let mut fds: Vec<BorrowedFd<'_>> = vec![
+        spec.stdin.as_fd(),
+        spec.stdout.as_fd(),
+        spec.stderr.as_fd(),
+        spec.ipc_in.as_fd(),
+        spec.ipc_out.as_fd(),
+    ];
+    let mut at = serde_json::Map::new();
+    fn add<'a>(fds: &mut Vec<BorrowedFd<'a>>, fd: BorrowedFd<'a>) -> usize {
+        fds.push(fd);
+        fds.len() - 1
+    }
+    // A v2 cgroup the exec path creates children in (CLONE_INTO_CGROUP):
+    // a forked child joins it through its cgroup.procs instead.
+    let in_dir = c
+        .cgroup_dir
+        .as_ref()
+        .map(|dir| {
+            rustix::fs::openat(
+                dir,
+                "cgroup.procs",
+                rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+        })
+        .transpose()?;
+    if let Some(f) = &c.netns {
+        at.insert("netns".into(), json!(add(&mut fds, f.as_fd())));
+    }
+    if let Some(f) = &c.landlock {
+        at.insert("landlock".into(), json!(add(&mut fds, f.as_fd())));
+    }
+    let mut cgroups = Vec::new();
+    for f in c
+        .cgroup_procs
+        .iter()
+        .map(AsFd::as_fd)
+        .chain(in_dir.as_ref().map(AsFd::as_fd))
+    {
+        cgroups.push(add(&mut fds, f));
+    }
+    at.insert("cgroups".into(), json!(cgroups));
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let env: Vec<Value> = spec
+        .envp
+        .iter()
+        .map(|kv| {
+            let kv = text(kv.as_bytes());
+            let (k, v) = kv.split_once('=').unwrap_or((&kv, ""));
+            json!([k, v])
+        })
+        .collect();
+    // Python's own argv: the runner's path and the target.
+    let argv: Vec<String> = spec
+        .argv
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .map(|a| text(a.as_bytes()))
+        .collect();
+    let filters: Vec<String> = c
+        .seccomp
+        .iter()
+        .map(|prog| {
+            let mut hex = String::with_capacity(prog.len() * 16);
+            for i in prog.iter() {
+                let mut raw = [0u8; 8];
+                raw[..2].copy_from_slice(&i.code.to_ne_bytes());
+                raw[2] = i.jt;
+                raw[3] = i.jf;
+                raw[4..].copy_from_slice(&i.k.to_ne_bytes());
+                for b in raw {
+                    hex.push_str(&format!("{b:02x}"));
+                }
+            }
+            hex
+        })
+        .collect();
+    let body = json!({
+        "argv": argv,
+        "env": env,
+        "cwd": spec.cwd.as_ref().map(|c| text(c.as_bytes())),
+        "setsid": c.setsid,
+        "shm": c.private_shm.as_ref().map(|d| text(d.as_bytes())),
+        "shm_access": c.shm_access,
+        "rlimits": c.rlimits,
+        "ids": c.ids,
+        "nnp": c.no_new_privs,
+        "filters": filters,
+        "fds": at,
+    });
+    let body = serde_json::to_vec(&body).map_err(io::Error::other)?;
+    if body.len() > MAX_SPEC_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the child's specification is {} bytes, more than {MAX_SPEC_BYTES}",
+                body.len()
+            ),
+        ));
+    }
+    send(chan, &body, &fds)
+}
+
+/// A child's `{"stage": ..., "errno": ...}` as an error like `sys`'s.
+fn failed_stage(answer: &[u8]) -> io::Error {
+    let v: Value = serde_json::from_slice(answer).unwrap_or(Value::Null);
+    let stage = v["stage"].as_str().unwrap_or("starting");
+    let errno = v["errno"].as_i64().and_then(|e| i32::try_from(e).ok()).unwrap_or(0);
+    let os = io::Error::from_raw_os_error(errno);
+    let detail = v["message"].as_str().map(|m| format!(" ({m})")).unwrap_or_default();
+    io::Error::new(
+        os.kind(),
+        format!("{stage}: {os}{detail} (in a child of the fork server)"),
+    )
+}
+
+fn send(sock: &OwnedFd, msg: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(16))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many descriptors for one message"));
+    }
+    let n = rustix::net::sendmsg(sock, &[IoSlice::new(msg)], &mut control, SendFlags::NOSIGNAL)?;
+    if n != msg.len() {
+        return Err(io::Error::other("short write"));
+    }
+    Ok(())
+}
+
+/// One message (no descriptors expected); empty: the peer closed.
+fn recv(sock: &OwnedFd, max: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; max];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let r = loop {
+        match rustix::net::recvmsg(
+            sock,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer within 10 s"))
+            }
+            r => break r?,
+        }
+    };
+    // Descriptors nobody should have sent are closed with `control`.
+    drop(control);
+    if r.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the peer closed its socket",
+        ));
+    }
+    buf.truncate(r.bytes);
+    Ok(buf)
+}
