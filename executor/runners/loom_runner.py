@@ -266,7 +266,7 @@ _CLONE_PARENT = 0x00008000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 1, 4, 38
 _SECCOMP_SET_MODE_FILTER = 1
 _LANDLOCK_RULE_PATH_BENEATH = 1
 _LANDLOCK_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
@@ -434,6 +434,9 @@ def _confine(spec, fds, chan_fd, libc, nr):
             and sys_call("setresuid", uid, uid, uid),
             "dropping to the child's uid/gid",
         )
+        # What exec gives a program run under a new uid: its /proc/self
+        # files its own (a forked process would stay undumpable).
+        check(libc.prctl(_PR_SET_DUMPABLE, ctypes.c_ulong(1), 0, 0, 0) == 0, "dropping to the child's uid/gid")
     check(libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0) == 0, "arming the parent-death signal")
     poller = select.poll()
     poller.register(parent, select.POLLIN)

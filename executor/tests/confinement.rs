@@ -161,6 +161,10 @@ fn main() {
         ("runtimes_keep_their_own_pipes_under_strict", || {
             Box::pin(runtime_pipes())
         }),
+        (
+            "forked_children_have_nothing_of_the_server_or_each_other_and_outlive_it",
+            || Box::pin(forked_children()),
+        ),
     ];
     for (name, t) in tests {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
@@ -1382,6 +1386,121 @@ async fn runtime_pipes() {
     } else {
         eprintln!("SKIPPED the Node half: no node");
     }
+    exec.shutdown();
+    proxy.shutdown().await;
+}
+
+/// Children of a fork server under strict: fds 0-4 only, exactly the
+/// environment an exec'd child of the same tool gets, PID 1 of their own PID
+/// namespace, and nothing in memory of an earlier child's run (its proxy
+/// credential). Runtimes keep their own pipes there too. When the server
+/// dies, children start the old way and the gauge says so.
+async fn forked_children() {
+    const NAME: &str = "forked_children_have_nothing_of_the_server_or_each_other_and_outlive_it";
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED {NAME}: {why}");
+        return;
+    }
+    if python().is_none() {
+        eprintln!("SKIPPED {NAME}: no python3");
+        return;
+    }
+    let dir = TempDir::new("confine-forked");
+    let tools = "[tools.forked]\negress = []\n[tools.exec]\negress = []\n[tools.pipes]\negress = []\n";
+    let proxy = proxy_beside(&dir, tools).await;
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/forked_probe.py");
+    dir.write("pipes.py", PIPES_PY);
+    let runner = runners_dir().join("loom_runner.py");
+    let marker = format!("LOOM_FORKED_{}", uuid::Uuid::new_v4().simple());
+    let cfg = exec_config(
+        &dir,
+        "egress.toml",
+        proxy.control,
+        &format!(
+            "[tools.forked]\negress = []\n[tools.forked.process]\ncommand = [\"python3\", \"{r}\", \"{p}\"]\n\
+             fork_server = true\nenv = {{ {marker} = \"1\" }}\npool = {{ warm = 0, max = 1 }}\n\
+             [tools.exec]\negress = []\n[tools.exec.process]\ncommand = [\"python3\", \"{r}\", \"{p}\"]\n\
+             env = {{ {marker} = \"1\" }}\npool = {{ warm = 0, max = 1 }}\n\
+             [tools.pipes]\negress = []\n[tools.pipes.process]\ncommand = [\"python3\", \"{r}\", \"pipes.py\"]\n\
+             fork_server = true\npool = {{ warm = 0, max = 1 }}\n",
+            r = runner.display(),
+            p = probe.display(),
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let invoke = |tool: &str, input: Value| {
+        let exec = exec.clone();
+        let tool = tool.to_string();
+        async move {
+            let res = exec
+                .invoke(InvocationRequest {
+                    tool,
+                    input,
+                    run_id: None,
+                    idempotency_key: None,
+                    timeout_ms: None,
+                })
+                .await;
+            res.output.clone().unwrap_or_else(|| panic!("{res:#?}"))
+        }
+    };
+    let first = invoke("forked", json!({})).await;
+    assert_eq!(first["forked"], true, "{first}");
+    assert_eq!(first["pid"], 1, "its own PID namespace: {first}");
+    // fds 0-4, and the one listing /proc/self/fd.
+    assert_eq!(first["fds"], json!([0, 1, 2, 3, 4, 5]), "{first}");
+    let exec_d = invoke("exec", json!({})).await;
+    assert_eq!(exec_d["forked"], false, "{exec_d}");
+    assert_eq!(first["env"], exec_d["env"], "the same environment as an exec'd child");
+    assert!(first["env"].as_array().unwrap().contains(&json!(marker)));
+
+    // The earlier child's proxy credential is nowhere in the next one's
+    // memory (the server never held it); its own is (the scan finds).
+    let credential = |out: &Value| {
+        let url = out["proxy"].as_str().unwrap().trim_start_matches("http://").to_string();
+        url.rsplit_once('@').unwrap().0.to_string()
+    };
+    let xor = |s: &str| s.bytes().map(|b| format!("{:02x}", b ^ 0x55)).collect::<String>();
+    let second = invoke("forked", json!({"xor_needle": xor(&credential(&first))})).await;
+    assert_eq!(second["forked"], true, "{second}");
+    assert_ne!(credential(&first), credential(&second));
+    assert_eq!(second["regions_with_needle"], 0, "{second}");
+    let own = invoke("forked", json!({"xor_needle": xor(&marker)})).await;
+    assert!(
+        own["regions_with_needle"].as_u64().unwrap() > 0,
+        "the scan finds what is there: {own}"
+    );
+    let third = invoke("forked", json!({"xor_needle": xor(&credential(&second))})).await;
+    assert_eq!(third["regions_with_needle"], 0, "{third}");
+
+    // A runtime's own pipes work in a forked child as in an exec'd one.
+    let pipes = invoke("pipes", json!(null)).await;
+    assert_eq!(
+        pipes,
+        json!({"pool": [0, 1, 4, 9, 16], "queue": 42, "pipe": 42, "subprocess": "piped",
+               "socketpair": "pair", "spawn": [3], "forkserver": libc::EPERM})
+    );
+
+    // The server dies: the next children start the old way.
+    let servers: Vec<i32> = marked_processes(&marker)
+        .into_iter()
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"--fork-server\0")))
+        .collect();
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    unsafe { libc::kill(servers[0], libc::SIGKILL) };
+    let after = invoke("forked", json!({})).await;
+    assert_eq!(after["forked"], false, "{after}");
+    let again = invoke("forked", json!({})).await;
+    assert_eq!(again["forked"], false, "{again}");
+    let metrics = exec.metrics().encode();
+    assert!(
+        metrics.contains("executor_fork_server_up{tool=\"forked\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("executor_forked_children_total{tool=\"forked\"} 4\n"),
+        "{metrics}"
+    );
     exec.shutdown();
     proxy.shutdown().await;
 }
