@@ -79,7 +79,7 @@ async fn main() {
     std::fs::write(dir.join("noop.py"), "def run(input):\n    return input\n").unwrap_or_else(|e| panic!("{e}"));
     let handoff = dir.join("var/handoff.sock");
     let tools =
-        format!("[tools.rs]\negress = []\n[tools.py]\negress = []\n[tools.dl]\negress = [\"127.0.0.2:{port}\"]\n");
+        format!("[tools.rs]\negress = []\n[tools.py]\negress = []\n[tools.pyf]\negress = []\n[tools.dl]\negress = [\"127.0.0.2:{port}\"]\n");
     let dns = egress_e2e::FakeDns::start().await;
     let proxy_text = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\ncontrol = \"127.0.0.1:0\"\nfacts = \":memory:\"\nhandoff = \"{}\"\nallow_ranges = [\"127.0.0.2/32\"]\n[proxy.dns]\nservers = [\"{}\"]\n{tools}",
@@ -93,6 +93,7 @@ async fn main() {
             "[proxy]\ncontrol = \"{control}\"\nfacts = \"{facts}\"\n[executor]\nscratch_dir = \"{scratch}\"\n{extra_exec}\n{tools}\n\
              [tools.rs.process]\ncommand = [\"{echo}\"]\nisolation = \"{isolation}\"\npool = {{ warm = 2, max = 4 }}\n\
              [tools.py.process]\ncommand = [\"python3\", \"{runner}\", \"{noop}\"]\nisolation = \"{isolation}\"\npool = {{ warm = 0, max = 4 }}\n\
+             [tools.pyf.process]\ncommand = [\"python3\", \"{runner}\", \"{noop}\"]\nisolation = \"{isolation}\"\nfork_server = true\npool = {{ warm = 0, max = 4 }}\n\
              [tools.dl.process]\ncommand = [\"sh\", \"-c\", \"read go; exec curl -sS -o /dev/null -w %{{size_download}} '{url}'\"]\n\
              protocol = \"plain\"\nisolation = \"{isolation}\"\nmemory_mb = 1024\npool = {{ warm = 0, max = 1 }}\n",
             control = proxy.control,
@@ -161,6 +162,10 @@ async fn main() {
     let (r50, r99) = median_p99(cold_starts(&sh_relay, &strict_relay, "rs", relay_plan.clone(), n).await);
     let (p50, p99) = median_p99(cold_starts(&sh_relay, &strict_relay, "py", relay_plan, (n / 2).max(10)).await);
     println!("| strict (all layers), relay | {r50:.2} ms | {r99:.2} ms | {p50:.2} ms | {p99:.2} ms |");
+    // The Python tool's children forked by its fork server (booted by the
+    // first sample's start).
+    let (f50, f99) = median_p99(cold_starts(&sh, &strict_handoff, "pyf", strict_plan("pyf"), (n / 2).max(10)).await);
+    println!("| strict (all layers), hand-off, Python fork server | | | {f50:.2} ms | {f99:.2} ms |");
     if let (Some(o), Some(s)) = (medians.first(), medians.last()) {
         println!(
             "\nstrict adds {:.2} ms (Rust) and {:.2} ms (Python) to the median cold start.",

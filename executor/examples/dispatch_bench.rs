@@ -14,7 +14,8 @@
 //! `dispatch` figure of `bench/run.sh`.
 //!
 //! With `--sustained SECS` it measures a sustained rate instead (the
-//! `sustained` figure): strict confinement, a Rust and a Python tool with
+//! `sustained` figure): strict confinement, a Rust and a Python tool (the
+//! latter exec'd, and forked by its fork server: `pyf`) with
 //! pools of `warm = 2, max = 8`, and 1, 8 and 32 clients (one connection
 //! each) invoking back to back for SECS seconds without waiting for the
 //! pool. Per row: invocations/s, p50/p99 latency, the share of the window
@@ -288,6 +289,12 @@ egress = []
 [tools.py.process]
 command = ["python3", "{runners}/loom_runner.py", "{dir}/echo.py"]
 {pool}
+[tools.pyf]
+egress = []
+[tools.pyf.process]
+command = ["python3", "{runners}/loom_runner.py", "{dir}/echo.py"]
+fork_server = true
+{pool}
 [tools.node]
 egress = []
 [tools.node.process]
@@ -312,7 +319,11 @@ command = ["node", "{runners}/loom_runner.js", "{dir}/echo.js"]
         let exec = start(&exec_bin, &config, &dir.join(format!("executor-{isolation}.log")));
         let mut tx = connect(listen).await;
         if let Some(window) = sustained {
-            for (name, tool) in [("Rust echo", "rs"), ("Python runner echo", "py")] {
+            for (name, tool) in [
+                ("Rust echo", "rs"),
+                ("Python runner echo", "py"),
+                ("Python runner echo, fork server", "pyf"),
+            ] {
                 for clients in CLIENTS {
                     let row = sustained_row(listen, tool, clients, window).await;
                     println!(

@@ -426,6 +426,16 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
                     // Reported, not required: `best_effort` and `off` are choices.
                     let state = if closed { "ok" } else { "OPEN" };
                     println!("{:<28} {state:<4} {unix}", format!("unix sockets of `{tool}`"));
+                    if let Some(server) = egress_executor::child::ToolSpec::new(tool, p.clone(), c).fork {
+                        match server.check(&spawner).await {
+                            Ok(how) => line(&format!("fork server of `{tool}`"), true, how),
+                            Err(why) => line(
+                                &format!("fork server of `{tool}`"),
+                                false,
+                                format!("{why}; its children would start a fresh interpreter each"),
+                            ),
+                        }
+                    }
                 }
                 Err(e) => line(&format!("isolation of `{tool}`"), false, e.to_string()),
             }

@@ -1481,6 +1481,45 @@ async fn forked_children() {
                "socketpair": "pair", "spawn": [3], "forkserver": libc::EPERM})
     );
 
+    // doctor boots a server of its own and has it fork a child; a runner
+    // that does not serve is a FAIL naming the fallback.
+    dir.write("broken/loom_runner.py", "import sys\nsys.exit(3)\n");
+    let broken = exec_config(
+        &dir,
+        "broken.toml",
+        proxy.control,
+        &format!(
+            "[tools.pipes]\negress = []\n[tools.pipes.process]\ncommand = [\"python3\", \"{}\", \"pipes.py\"]\nfork_server = true\n",
+            dir.path().join("broken/loom_runner.py").display()
+        ),
+    );
+    let (good, bad) = tokio::task::spawn_blocking(move || {
+        let doctor = |cfg: &Path| {
+            let out = executor_bin(
+                &["doctor", "--config", &cfg.display().to_string()],
+                Duration::from_secs(60),
+            );
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .filter(|l| l.starts_with("fork server of"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        (doctor(&cfg), doctor(&broken))
+    })
+    .await
+    .unwrap();
+    assert!(
+        good.contains("fork server of `forked`      ok   booted and forked a child in"),
+        "{good}"
+    );
+    assert!(good.contains("fork server of `pipes`       ok   booted"), "{good}");
+    assert!(!good.contains("`exec`"), "{good}");
+    assert!(
+        bad.starts_with("fork server of `pipes`       FAIL the fork server is gone; its children would start a fresh interpreter each"),
+        "{bad}"
+    );
+
     // The server dies: the next children start the old way.
     let servers: Vec<i32> = marked_processes(&marker)
         .into_iter()

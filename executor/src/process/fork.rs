@@ -121,10 +121,24 @@ impl ForkServer {
         link.up.load(Ordering::Relaxed).then_some(link)
     }
 
+    /// `doctor`'s check: start a server of this tool's (not the one its
+    /// children use) and have it fork a child, which exits without loading
+    /// the tool.
+    pub async fn check(&self, spawner: &Spawner) -> Result<String, String> {
+        let t0 = std::time::Instant::now();
+        let link = self.start(spawner).await.map_err(|e| format!("does not start: {e}"))?;
+        let ns = tokio::task::spawn_blocking(move || link.probe())
+            .await
+            .map_err(|e| e.to_string())??;
+        Ok(format!(
+            "booted and forked a child in {:.0} ms{}",
+            t0.elapsed().as_secs_f64() * 1e3,
+            if ns { " (its own PID namespace)" } else { "" }
+        ))
+    }
+
     async fn start(&self, spawner: &Spawner) -> io::Result<Link> {
-        let (mine, theirs) =
-            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
-        rustix::net::sockopt::set_socket_timeout(&mine, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))?;
+        let (mine, theirs) = channel()?;
         let program = super::resolve_program(&self.command[0], &self.path, &self.cwd)?;
         let cstr = |s: &str, what: &str| super::launch::cstring(s.as_bytes(), what);
         let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())?;
@@ -175,21 +189,17 @@ impl ForkServer {
 }
 
 impl Link {
-    /// Fork a child for `spec` (on the spawner thread, with the registry of
-    /// children locked by the caller).
-    pub(super) fn fork(&self, spec: &ChildSpec) -> Result<Started, ForkFailure> {
+    /// Have the server fork a child that reads its specification from
+    /// `theirs`: its pid, a pidfd of it, and whether it has its own PID
+    /// namespace.
+    fn ask(&self, theirs: &OwnedFd, pid_namespace: bool) -> Result<(Pid, OwnedFd, bool), ForkFailure> {
         let server = |e: io::Error| {
             if self.up.swap(false, Ordering::Relaxed) {
                 tracing::warn!(tool = %self.tool, "the fork server is gone ({e}): children start a fresh interpreter each from now on");
             }
             ForkFailure::Server
         };
-        let (mine, theirs) =
-            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-                .map_err(|e| ForkFailure::Child(e.into()))?;
-        rustix::net::sockopt::set_socket_timeout(&mine, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))
-            .map_err(|e| ForkFailure::Child(e.into()))?;
-        let mut pid_namespace = spec.pid_namespace;
+        let mut pid_namespace = pid_namespace;
         let pid = loop {
             let ask: &[u8] = if pid_namespace { b"F1" } else { b"F0" };
             send(&self.sock, ask, &[theirs.as_fd()]).map_err(server)?;
@@ -206,23 +216,48 @@ impl Link {
                     pid_namespace = false;
                 }
                 (Some("E"), Some(errno)) => {
+                    let os = io::Error::from_raw_os_error(errno);
                     return Err(ForkFailure::Child(io::Error::new(
-                        io::Error::from_raw_os_error(errno).kind(),
-                        format!(
-                            "the fork server could not fork: {}",
-                            io::Error::from_raw_os_error(errno)
-                        ),
-                    )))
+                        os.kind(),
+                        format!("the fork server could not fork: {os}"),
+                    )));
                 }
                 _ => return Err(server(io::Error::other(format!("unexpected answer {text:?}")))),
             }
         };
-        drop(theirs);
         let pid = Pid::from_raw(pid).ok_or_else(|| server(io::Error::other("pid 0")))?;
         // Race-free: the child is this process's own (CLONE_PARENT) and is
-        // reaped only here, so its pid cannot be reused before this.
+        // reaped only through this pidfd, so its pid cannot be reused before.
         let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
             .map_err(|e| ForkFailure::Child(e.into()))?;
+        Ok((pid, pidfd, pid_namespace))
+    }
+
+    /// `doctor`'s check: a child forked and reaped (it finds no
+    /// specification on its socket and exits 0 without loading the tool).
+    /// Whether it had its own PID namespace.
+    pub fn probe(&self) -> Result<bool, String> {
+        let (mine, theirs) = channel().map_err(|e| e.to_string())?;
+        let (_, pidfd, pid_namespace) = match self.ask(&theirs, true) {
+            Ok(forked) => forked,
+            Err(ForkFailure::Server) => return Err("the fork server is gone".into()),
+            Err(ForkFailure::Child(e)) => return Err(e.to_string()),
+        };
+        drop((mine, theirs));
+        let status = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED)
+            .map_err(|e| e.to_string())?
+            .ok_or("no exit status")?;
+        match status.exit_status() {
+            Some(0) if status.exited() => Ok(pid_namespace),
+            _ => Err(format!("the forked child ended with {status:?}")),
+        }
+    }
+    /// Fork a child for `spec` (on the spawner thread, with the registry of
+    /// children locked by the caller).
+    pub(super) fn fork(&self, spec: &ChildSpec) -> Result<Started, ForkFailure> {
+        let (mine, theirs) = channel().map_err(ForkFailure::Child)?;
+        let (pid, pidfd, pid_namespace) = self.ask(&theirs, spec.pid_namespace)?;
+        drop(theirs);
         let give_up = |e: io::Error| {
             let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
             let _ = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED);
@@ -246,6 +281,14 @@ impl Link {
             ))),
         }
     }
+}
+
+/// A child's socket: ours, and the end the server hands the child.
+fn channel() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (mine, theirs) =
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    rustix::net::sockopt::set_socket_timeout(&mine, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))?;
+    Ok((mine, theirs))
 }
 
 /// Send the child its specification: one message, JSON and descriptors.
