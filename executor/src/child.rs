@@ -71,20 +71,7 @@ pub struct ToolSpec {
 
 impl ToolSpec {
     pub fn new(id: &str, process: ProcessConfig, confinement: Confinement) -> ToolSpec {
-        let fork = process.fork_server_command().map(|command| {
-            // The tool's own variables, none of a run's.
-            let mut env: Vec<(String, String)> = process.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            env.push(("PATH".into(), process.path.clone()));
-            env.push(("LANG".into(), process.lang.clone()));
-            Arc::new(ForkServer::new(
-                id,
-                command,
-                process.cwd.clone(),
-                env,
-                process.path.clone(),
-                confinement.has(crate::confine::Layer::Netns),
-            ))
-        });
+        let fork = ForkServer::for_tool(id, &process, &confinement).map(Arc::new);
         ToolSpec {
             id: id.to_string(),
             process,

@@ -1286,6 +1286,31 @@ fn make_cgroup(
 /// `clone3` fail with ENOSYS (its flags live in memory a filter cannot read,
 /// so libc falls back to `clone`, whose flags the first program checks).
 fn seccomp_programs() -> Result<Vec<Arc<Vec<seccompiler::sock_filter>>>, seccompiler::BackendError> {
+    programs_for(Filtered::Child)
+}
+
+/// Who a seccomp program set is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Filtered {
+    /// A tool's child: every call of `DENIED_SYSCALLS`, and the rules below.
+    Child,
+    /// A tool's fork server: the same, but for what its children need
+    /// before they install their own (joining a network namespace,
+    /// `unshare(CLONE_NEWNS)` and `mount` for a private `/dev/shm`) and what
+    /// it needs to fork them (`clone` with `CLONE_NEWPID`).
+    ForkServer,
+}
+
+/// The programs a tool's fork server runs under: the union of what its
+/// children get (their own filters then take the rest away).
+pub fn fork_server_seccomp() -> Result<Vec<Arc<Vec<seccompiler::sock_filter>>>, seccompiler::BackendError> {
+    programs_for(Filtered::ForkServer)
+}
+
+/// Calls a fork server keeps and its children's filters deny.
+const FORK_SERVER_NEEDS: [i64; 3] = [libc::SYS_setns, libc::SYS_unshare, libc::SYS_mount];
+
+fn programs_for(who: Filtered) -> Result<Vec<Arc<Vec<seccompiler::sock_filter>>>, seccompiler::BackendError> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter,
         SeccompRule, TargetArch,
@@ -1293,6 +1318,9 @@ fn seccomp_programs() -> Result<Vec<Arc<Vec<seccompiler::sock_filter>>>, seccomp
     let arch = TargetArch::try_from(std::env::consts::ARCH)?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for nr in DENIED_SYSCALLS {
+        if who == Filtered::ForkServer && FORK_SERVER_NEEDS.contains(nr) {
+            continue;
+        }
         rules.insert(*nr, Vec::new());
     }
     // socket(2): only AF_INET and AF_INET6, and never raw or packet types.
@@ -1345,6 +1373,9 @@ fn seccomp_programs() -> Result<Vec<Arc<Vec<seccompiler::sock_filter>>>, seccomp
         libc::CLONE_NEWNET,
         libc::CLONE_NEWCGROUP,
     ] {
+        if who == Filtered::ForkServer && flag == libc::CLONE_NEWPID {
+            continue;
+        }
         let f = flag as u64;
         clone_rules.push(SeccompRule::new(vec![Cond::new(0, Len::Qword, Op::MaskedEq(f), f)?])?);
     }
@@ -1819,6 +1850,64 @@ mod tests {
             verdict(0x4000_0003, 102, [1, 0, 0, 0, 0, 0]),
             libc::SECCOMP_RET_KILL_PROCESS
         );
+    }
+
+    /// A fork server keeps what its children need before their own
+    /// filters (and to fork them into a PID namespace), and nothing else
+    /// its children are denied.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_fork_server_filter_is_the_childrens_but_for_what_they_need_first() {
+        const ARCH: u32 = 0xc000_003e;
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let server = fork_server_seccomp().unwrap();
+        let verdict = |nr: i64, args: [u64; 6]| {
+            server
+                .iter()
+                .map(|p| run_bpf(p, ARCH, nr as u32, args))
+                .find(|r| *r != libc::SECCOMP_RET_ALLOW)
+                .unwrap_or(libc::SECCOMP_RET_ALLOW)
+        };
+        let fork = (libc::CLONE_PARENT | libc::CLONE_NEWPID | libc::SIGCHLD) as u64;
+        for (what, nr, args) in [
+            ("setns", libc::SYS_setns, [3, libc::CLONE_NEWNET as u64, 0, 0, 0, 0]),
+            (
+                "unshare(CLONE_NEWNS)",
+                libc::SYS_unshare,
+                [libc::CLONE_NEWNS as u64, 0, 0, 0, 0, 0],
+            ),
+            ("mount", libc::SYS_mount, [0; 6]),
+            (
+                "clone(CLONE_PARENT|CLONE_NEWPID)",
+                libc::SYS_clone,
+                [fork, 0, 0, 0, 0, 0],
+            ),
+        ] {
+            assert_eq!(verdict(nr, args), libc::SECCOMP_RET_ALLOW, "{what}");
+            assert_eq!(self::verdict(ARCH, nr, args), eperm, "{what} is the child's to lose");
+        }
+        for (what, nr, args) in [
+            ("ptrace", libc::SYS_ptrace, [0; 6]),
+            ("io_uring_setup", libc::SYS_io_uring_setup, [0; 6]),
+            ("bpf", libc::SYS_bpf, [0; 6]),
+            (
+                "socket(AF_UNIX)",
+                libc::SYS_socket,
+                [libc::AF_UNIX as u64, 1, 0, 0, 0, 0],
+            ),
+            (
+                "clone(CLONE_NEWUSER)",
+                libc::SYS_clone,
+                [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
+            ),
+            (
+                "clone(CLONE_NEWNET)",
+                libc::SYS_clone,
+                [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0],
+            ),
+        ] {
+            assert_eq!(verdict(nr, args), eperm, "{what}");
+        }
     }
 
     #[test]

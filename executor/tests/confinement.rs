@@ -1526,6 +1526,14 @@ async fn forked_children() {
         .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"--fork-server\0")))
         .collect();
     assert_eq!(servers.len(), 1, "{servers:?}");
+    // The server itself runs under its children's filters but for what they
+    // need before their own, with no_new_privs, in a network namespace of
+    // its own.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", servers[0])).unwrap();
+    assert!(status.contains("\nSeccomp:\t2\n"), "{status}");
+    assert!(status.contains("\nNoNewPrivs:\t1\n"), "{status}");
+    let netns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    assert_ne!(netns(&servers[0].to_string()), netns("self"));
     unsafe { libc::kill(servers[0], libc::SIGKILL) };
     let after = invoke("forked", json!({})).await;
     assert_eq!(after["forked"], false, "{after}");

@@ -31,6 +31,8 @@ use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde_json::{json, Value};
 
 use super::{Process, Spawner};
+use crate::config::ProcessConfig;
+use crate::confine::{Confinement, Layer};
 use crate::sys::{ChildConfine, ChildSpec, Started};
 
 /// How long the server may take to answer a fork, and a child to apply its
@@ -50,6 +52,8 @@ pub struct ForkServer {
     /// Give the server a network namespace of its own (the tool's children
     /// get one each).
     netns: bool,
+    /// Its seccomp programs (`confine::fork_server_seccomp`), or none.
+    seccomp: Vec<Arc<Vec<seccompiler::sock_filter>>>,
     link: tokio::sync::OnceCell<Option<Arc<Link>>>,
     up: Arc<AtomicBool>,
 }
@@ -75,26 +79,39 @@ pub enum ForkFailure {
 }
 
 impl ForkServer {
-    /// `command`: the tool's `fork_server_command`; `env` the tool's own
-    /// variables (PATH and LANG included), never a run's.
-    pub fn new(
-        tool: &str,
-        command: Vec<String>,
-        cwd: std::path::PathBuf,
-        env: Vec<(String, String)>,
-        path: String,
-        netns: bool,
-    ) -> ForkServer {
-        ForkServer {
-            tool: tool.to_string(),
+    /// The fork server of a tool with `fork_server = true`: the tool's
+    /// command with `--fork-server` for its target, the tool's own
+    /// variables (its `env`, PATH and LANG; none of a run's), and what
+    /// confinement the server can take while its children still can take
+    /// theirs (a network namespace of its own; the union of its children's
+    /// seccomp filters, with `no_new_privs`).
+    pub fn for_tool(id: &str, process: &ProcessConfig, confinement: &Confinement) -> Option<ForkServer> {
+        let command = process.fork_server_command()?;
+        let mut env: Vec<(String, String)> = process.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        env.push(("PATH".into(), process.path.clone()));
+        env.push(("LANG".into(), process.lang.clone()));
+        let seccomp = if confinement.has(Layer::Seccomp) {
+            crate::confine::fork_server_seccomp().unwrap_or_else(|e| {
+                tracing::warn!(
+                    tool = id,
+                    "cannot compile the fork server's seccomp filter ({e}): it runs without"
+                );
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
+        Some(ForkServer {
+            tool: id.to_string(),
             command,
-            cwd,
+            cwd: process.cwd.clone(),
             env,
-            path,
-            netns,
+            path: process.path.clone(),
+            netns: confinement.has(Layer::Netns),
+            seccomp,
             link: tokio::sync::OnceCell::new(),
             up: Arc::new(AtomicBool::new(false)),
-        }
+        })
     }
 
     /// Whether the server is running and forking.
@@ -149,6 +166,8 @@ impl ForkServer {
             } else {
                 None
             },
+            no_new_privs: !self.seccomp.is_empty(),
+            seccomp: self.seccomp.clone(),
             ..ChildConfine::default()
         };
         let spec = ChildSpec {
