@@ -322,7 +322,11 @@ fn dispatch_table(doc: &Value) -> String {
 fn sustained_table(doc: &Value) -> String {
     let r = &doc["results"]["executor"];
     let mut rows = String::new();
-    for (label, tool) in [("Rust echo", "rs"), ("Python runner", "py")] {
+    for (label, tool) in [
+        ("Rust echo", "rs"),
+        ("Python runner", "py"),
+        ("Python runner, fork server", "pyf"),
+    ] {
         for clients in [1, 8, 32] {
             let key = |field: &str| r[format!("sustained_{tool}_{clients}_clients_{field}")].as_f64();
             let Some(rate) = key("per_s") else { continue };

@@ -315,7 +315,8 @@ def _fork_server():
             continue
         flags = _CLONE_PARENT | (_CLONE_NEWPID if msg[1:2] == b"1" else 0)
         api.PyOS_BeforeFork()
-        pid = libc.syscall(nr["clone"], ctypes.c_ulong(flags), 0, 0, 0, 0)
+        zero = ctypes.c_long(0)
+        pid = libc.syscall(nr["clone"], ctypes.c_ulong(flags), zero, zero, zero, zero)
         if pid == 0:
             api.PyOS_AfterFork_Child()
             _forked_child(fds[0], libc, nr)  # never returns
@@ -375,6 +376,8 @@ def _confine(spec, fds, chan_fd, libc, nr):
             raise _StageFailed(stage, ctypes.get_errno())
 
     def sys_call(name, *args):
+        # syscall(2) reads every argument as a long.
+        args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
         return libc.syscall(nr[name], *args) == 0
 
     # Every received descriptor and the parent pidfd move above 10 first,
