@@ -271,6 +271,9 @@ def executor():
     L.add(*stat("Tools with an empty warm pool", "Tools whose warm pool has no ready child right now: their next invocation waits for a cold start.",
                 "count(max by (tool) (executor_pool_ready%s) == 0) or vector(0)" % T,
                 "short", thresholds((None, GREEN), (1, AMBER)), w=6))
+    L.add(*stat("Fork servers down", "Tools with fork_server = true, invoked in the last 10 minutes, whose fork server did not start or died: their children start a fresh interpreter each (cold starts several times slower) until the executor restarts. `egress-executor doctor` says why.",
+                "count(max by (tool) (executor_fork_server_up%s) == 0 and on (tool) sum by (tool) (increase(executor_invocations_total%s[10m])) > 0) or vector(0)" % (T, T),
+                "short", thresholds((None, GREEN), (1, AMBER)), w=6))
     L.add(*timeseries("Is each tool's warm pool ready?", "Warm children loaded and waiting for an invocation, by tool. 0 means the next invocation pays a cold start (red).",
                       [target("sum by (tool) (executor_pool_ready%s)" % T, "{{tool}}")],
                       "short", thresholds((None, RED), (1, GREEN))))

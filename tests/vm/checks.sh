@@ -118,3 +118,11 @@ if [ -x $T/confinement ]; then
   sed 's/^/CONF /' /tmp/conf.txt | tail -60
   check rust_malicious_tool_contained $rc "$(tail -1 /tmp/conf.txt)"
 fi
+# The Python malicious tool, its child forked by the tool's fork server (the
+# child joins its v2 cgroup through cgroup.procs), if python3 is in the image.
+if [ -x $T/confinement ] && [ -x /usr/bin/python3 ]; then
+  (cd /tmp && timeout 300 $T/confinement python_tool_forked_by_its_fork_server_is_contained_under_strict >/tmp/confpy.txt 2>&1)
+  rc=$?
+  sed 's/^/CONFPY /' /tmp/confpy.txt | tail -60
+  check python_forked_tool_contained $rc "$(tail -1 /tmp/confpy.txt)"
+fi

@@ -3,7 +3,8 @@
 # 6.12) under qemu-system-x86_64 (software emulation is enough) with cgroup
 # v2 at /sys/fs/cgroup, runs `egress-executor doctor`, a strict smoke and the
 # cgroup v2 checks (tests/vm/checks.sh), and the Rust malicious tool of
-# executor/tests/confinement.rs when its test binary is built; prints one
+# executor/tests/confinement.rs when its test binary is built (and the Python
+# one, forked by its fork server, with Debian's python3); prints one
 # line per kernel and check, and the cold starts. No network in the VM but its
 # own loopback; results come back on the serial console.
 #
@@ -53,6 +54,15 @@ conf=$(ls -t "$bin"/deps/confinement-* target/debug/deps/confinement-* 2>/dev/nu
 # init, checks and configs. Cached by the hash of its inputs.
 inputs=(tests/vm/run.sh "$busybox" "$bin/egress-executor" "$proxy" tests/vm/init tests/vm/checks.sh tests/vm/egress.toml deploy/start-executor.sh)
 [ -n "$conf" ] && inputs+=("$conf")
+# Debian's Python, for the Python malicious tool forked by its fork server
+# (the runner and the fixture at the paths the test binary was built with).
+py=
+if [ -n "$conf" ] && [ -x /usr/bin/python3 ]; then
+  py=$(readlink -f /usr/bin/python3)
+  pylib=/usr/lib/$(basename "$py")
+  [ -d "$pylib" ] || py=
+fi
+[ -n "$py" ] && inputs+=("$py" executor/runners/loom_runner.py executor/tests/fixtures/malicious_tool.py)
 key=$(cat "${inputs[@]}" | sha256sum | cut -c1-16)
 image="$CACHE_DIR/image-$key.cpio.gz"
 if ! [ -s "$image" ]; then
@@ -67,7 +77,17 @@ if ! [ -s "$image" ]; then
   # util-linux unshare (busybox's has no cgroup namespace): the container check.
   cp "$(command -v unshare)" $r/vm/unshare
   [ -n "$conf" ] && strip -o $r/vm/confinement "$conf"
-  for f in $r/usr/local/bin/* $r/vm/unshare ${conf:+$r/vm/confinement}; do
+  if [ -n "$py" ]; then
+    cp "$py" $r/usr/bin/ && ln -s "$(basename "$py")" $r/usr/bin/python3
+    mkdir -p $r/usr/lib
+    tar -C /usr/lib -cf - --exclude=test --exclude=idlelib --exclude=tkinter --exclude=turtledemo \
+      --exclude=ensurepip --exclude=lib2to3 --exclude=pydoc_data --exclude=site-packages \
+      --exclude=dist-packages --exclude='config-*' "$(basename "$pylib")" | tar -C $r/usr/lib -xf -
+    mkdir -p "$r$root/executor/runners" "$r$root/executor/tests/fixtures"
+    cp executor/runners/loom_runner.py "$r$root/executor/runners/"
+    cp executor/tests/fixtures/malicious_tool.py "$r$root/executor/tests/fixtures/"
+  fi
+  for f in $r/usr/local/bin/* $r/vm/unshare ${conf:+$r/vm/confinement} ${py:+$r/usr/bin/$(basename "$py") $r$pylib/lib-dynload/*.so}; do
     ldd "$f" | grep -o '/[^ ]*' || true
   done | sort -u | while read -r lib; do
     mkdir -p "$r$(dirname "$lib")"
