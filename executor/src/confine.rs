@@ -841,6 +841,32 @@ impl Confinement {
         Some((uid + n, gid + n))
     }
 
+    /// What a fork server of this tool runs under (`fork_server = true`):
+    /// a session and a network namespace of its own (where its children get
+    /// one) and, where they get seccomp, the union of their filters
+    /// (`fork_server_seccomp`) with `no_new_privs`. It keeps the uid and
+    /// capabilities it needs to confine its children, and so is not under
+    /// Landlock (which forbids the `mount` of their private `/dev/shm`).
+    pub fn fork_server(&self) -> io::Result<ChildConfine> {
+        let netns = if self.has(Layer::Netns) {
+            Some(sys::new_netns(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0))?.0)
+        } else {
+            None
+        };
+        let seccomp = if self.has(Layer::Seccomp) {
+            fork_server_seccomp().map_err(|e| io::Error::other(format!("cannot compile its seccomp filter: {e}")))?
+        } else {
+            Vec::new()
+        };
+        Ok(ChildConfine {
+            setsid: true,
+            netns,
+            no_new_privs: !seccomp.is_empty(),
+            seccomp,
+            ..ChildConfine::default()
+        })
+    }
+
     /// Everything one child needs, prepared in the parent. `scratch` is the
     /// run's writable directory (chowned here to the child's uid);
     /// `exec_files` the program and script files the command names;

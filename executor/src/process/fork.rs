@@ -32,8 +32,8 @@ use serde_json::{json, Value};
 
 use super::{Process, Spawner};
 use crate::config::ProcessConfig;
-use crate::confine::{Confinement, Layer};
-use crate::sys::{ChildConfine, ChildSpec, Started};
+use crate::confine::Confinement;
+use crate::sys::{ChildSpec, Started};
 
 /// How long the server may take to answer a fork, and a child to apply its
 /// confinement (the first fork also waits for the server's own start).
@@ -49,11 +49,9 @@ pub struct ForkServer {
     cwd: std::path::PathBuf,
     env: Vec<(String, String)>,
     path: String,
-    /// Give the server a network namespace of its own (the tool's children
-    /// get one each).
-    netns: bool,
-    /// Its seccomp programs (`confine::fork_server_seccomp`), or none.
-    seccomp: Vec<Arc<Vec<seccompiler::sock_filter>>>,
+    /// The tool's confinement, which plans the server's own
+    /// (`Confinement::fork_server`).
+    confinement: Confinement,
     link: tokio::sync::OnceCell<Option<Arc<Link>>>,
     up: Arc<AtomicBool>,
 }
@@ -81,34 +79,20 @@ pub enum ForkFailure {
 impl ForkServer {
     /// The fork server of a tool with `fork_server = true`: the tool's
     /// command with `--fork-server` for its target, the tool's own
-    /// variables (its `env`, PATH and LANG; none of a run's), and what
-    /// confinement the server can take while its children still can take
-    /// theirs (a network namespace of its own; the union of its children's
-    /// seccomp filters, with `no_new_privs`).
+    /// variables (its `env`, PATH and LANG; none of a run's), and the
+    /// confinement the tool's plan gives a fork server.
     pub fn for_tool(id: &str, process: &ProcessConfig, confinement: &Confinement) -> Option<ForkServer> {
         let command = process.fork_server_command()?;
         let mut env: Vec<(String, String)> = process.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         env.push(("PATH".into(), process.path.clone()));
         env.push(("LANG".into(), process.lang.clone()));
-        let seccomp = if confinement.has(Layer::Seccomp) {
-            crate::confine::fork_server_seccomp().unwrap_or_else(|e| {
-                tracing::warn!(
-                    tool = id,
-                    "cannot compile the fork server's seccomp filter ({e}): it runs without"
-                );
-                Vec::new()
-            })
-        } else {
-            Vec::new()
-        };
         Some(ForkServer {
             tool: id.to_string(),
             command,
             cwd: process.cwd.clone(),
             env,
             path: process.path.clone(),
-            netns: confinement.has(Layer::Netns),
-            seccomp,
+            confinement: confinement.clone(),
             link: tokio::sync::OnceCell::new(),
             up: Arc::new(AtomicBool::new(false)),
         })
@@ -159,17 +143,7 @@ impl ForkServer {
         let program = super::resolve_program(&self.command[0], &self.path, &self.cwd)?;
         let cstr = |s: &str, what: &str| super::launch::cstring(s.as_bytes(), what);
         let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())?;
-        let confine = ChildConfine {
-            setsid: true,
-            netns: if self.netns {
-                Some(crate::sys::new_netns(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0))?.0)
-            } else {
-                None
-            },
-            no_new_privs: !self.seccomp.is_empty(),
-            seccomp: self.seccomp.clone(),
-            ..ChildConfine::default()
-        };
+        let confine = self.confinement.fork_server()?;
         let spec = ChildSpec {
             program: super::launch::cstring(program.as_os_str().as_encoded_bytes(), "the program path")?,
             argv: self
