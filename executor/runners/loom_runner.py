@@ -345,7 +345,7 @@ def _forked_child(chan_fd, libc, nr):
     except _StageFailed as e:
         _report(chan, {"stage": e.stage, "errno": e.errno})
     except BaseException as e:  # noqa: BLE001 - any failure is reported, never run on
-        _report(chan, {"stage": "reading the specification", "errno": 0, "message": repr(e)})
+        _report(chan, {"stage": "taking the specification", "errno": 0, "message": repr(e)})
     chan.close()
     # Nothing but fds 0-4 stays open from here on.
     os.closerange(5, 1 << 20)

@@ -2064,7 +2064,7 @@ async fn private_tool_dir() {
         return;
     }
     let dir = TempDir::new("confine-private");
-    let proxy = proxy_beside(&dir, "[tools.t]\negress = []\n").await;
+    let proxy = proxy_beside(&dir, "[tools.t]\negress = []\n[tools.f]\negress = []\n").await;
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -2075,32 +2075,44 @@ async fn private_tool_dir() {
         "egress.toml",
         &format!(
             "[proxy]\ncontrol = \"{}\"\nfacts = \"var/f.db\"\n[executor]\nscratch_dir = \"{}\"\n\
-             [tools.t]\negress = []\n[tools.t.process]\ncommand = [\"python3\", \"{}\", \"tool.py\"]\n\
-             pool = {{ warm = 0, max = 1 }}\n",
+             [tools.t]\negress = []\n[tools.t.process]\ncommand = [\"python3\", \"{r}\", \"tool.py\"]\n\
+             pool = {{ warm = 0, max = 1 }}\n\
+             [tools.f]\negress = []\n[tools.f.process]\ncommand = [\"python3\", \"{r}\", \"tool.py\"]\n\
+             pool = {{ warm = 0, max = 1 }}\nfork_server = true\n",
             proxy.control,
             scratch.path().display(),
-            runners_dir().join("loom_runner.py").display(),
+            r = runners_dir().join("loom_runner.py").display(),
         ),
     );
     let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "t".into(),
-            input: json!(1),
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
-    let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
-    assert_eq!(
-        (e.kind, e.phase),
-        (ErrorKind::Startup, Some(egress_executor::Phase::Spawn)),
-        "{e:?}"
-    );
-    assert!(
-        e.message.contains("Permission denied") && e.message.contains("runs as uid 65534"),
-        "{e:?}"
-    );
+    // Exec'd, and forked by its fork server (whose child fails the same
+    // step, after its uid change, and says so).
+    for tool in ["t", "f"] {
+        let res = exec
+            .invoke(InvocationRequest {
+                tool: tool.into(),
+                input: json!(1),
+                run_id: None,
+                idempotency_key: None,
+                timeout_ms: None,
+            })
+            .await;
+        let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
+        assert_eq!(
+            (e.kind, e.phase),
+            (ErrorKind::Startup, Some(egress_executor::Phase::Spawn)),
+            "{e:?}"
+        );
+        assert!(
+            e.message.contains("Permission denied") && e.message.contains("runs as uid 65534"),
+            "{e:?}"
+        );
+        if tool == "f" {
+            assert!(
+                e.message.contains("changing to the working directory") && e.message.contains("fork server"),
+                "{e:?}"
+            );
+        }
+    }
     proxy.shutdown().await;
 }

@@ -245,6 +245,7 @@ impl Link {
             _ => Err(format!("the forked child ended with {status:?}")),
         }
     }
+
     /// Fork a child for `spec` (on the spawner thread, with the registry of
     /// children locked by the caller).
     pub(super) fn fork(&self, spec: &ChildSpec) -> Result<Started, ForkFailure> {
