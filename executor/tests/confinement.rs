@@ -1592,7 +1592,7 @@ async fn unprivileged() {
         eprintln!("SKIPPED unprivileged_executor_enforces_what_user_namespaces_give: unprivileged user namespaces are disabled here");
         return;
     }
-    let proxy = TestProxy::start("[tools.be]\negress = []\n[tools.st]\negress = []\n").await;
+    let proxy = TestProxy::start("[tools.be]\negress = []\n[tools.st]\negress = []\n[tools.fs]\negress = []\n").await;
     let canary = canary("127.0.0.1:0").await;
     let dir = TempDir::new("confine-unpriv");
     {
@@ -1608,9 +1608,14 @@ async fn unprivileged() {
         &dir,
         "egress.toml",
         proxy.control,
-        "allow_relay = true\n\
-         [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
-         [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n",
+        &format!(
+            "allow_relay = true\n\
+             [tools.be]\negress = []\n[tools.be.process]\ncommand = [\"true\"]\nisolation = \"best_effort\"\n\
+             [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n\
+             [tools.fs]\negress = []\n[tools.fs.process]\ncommand = [\"python3\", \"{}\", \"probe.py\"]\n\
+             isolation = \"best_effort\"\nfork_server = true\n",
+            runners_dir().join("loom_runner.py").display()
+        ),
     );
     // `run` builds every tool's plan: the best-effort tool alone in its own file.
     let be_cfg = exec_config(
@@ -1672,6 +1677,13 @@ async fn unprivileged() {
         assert_eq!(word, if available { "yes" } else { "NO" }, "{r}");
     }
     assert!(row("isolation of `st`").contains("FAIL"), "{table}");
+    // A fork server starts in the user namespace too (its own network
+    // namespace and seccomp filter) and forks a child into a PID namespace.
+    assert!(
+        row("fork server of `fs`").contains(" ok   booted and forked a child in")
+            && row("fork server of `fs`").ends_with("(its own PID namespace)"),
+        "{table}"
+    );
     // Seccomp works in a user namespace: unix sockets stay closed there.
     assert!(
         row("unix sockets of `be`").contains(" ok   seccomp denies socket(AF_UNIX)"),
