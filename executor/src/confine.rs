@@ -843,8 +843,9 @@ impl Confinement {
 
     /// What a fork server of this tool runs under (`fork_server = true`):
     /// a session and a network namespace of its own (where its children get
-    /// one) and, where they get seccomp, the union of their filters
-    /// (`fork_server_seccomp`) with `no_new_privs`. It keeps the uid and
+    /// one), their rlimits but CPU time and process count, and, where they
+    /// get seccomp, the union of their filters (`fork_server_seccomp`) with
+    /// `no_new_privs`. It keeps the uid and
     /// capabilities it needs to confine its children, and so is not under
     /// Landlock (which forbids the `mount` of their private `/dev/shm`).
     pub fn fork_server(&self) -> io::Result<ChildConfine> {
@@ -858,9 +859,20 @@ impl Confinement {
         } else {
             Vec::new()
         };
+        // The children's own, but for their CPU time (the server lives
+        // for many children) and the uid-wide process count.
+        let rlimits = if self.has(Layer::Rlimits) {
+            vec![
+                (libc::RLIMIT_CORE, 0, 0),
+                (libc::RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
+            ]
+        } else {
+            Vec::new()
+        };
         Ok(ChildConfine {
             setsid: true,
             netns,
+            rlimits,
             no_new_privs: !seccomp.is_empty(),
             seccomp,
             ..ChildConfine::default()

@@ -1532,6 +1532,17 @@ async fn forked_children() {
     let status = std::fs::read_to_string(format!("/proc/{}/status", servers[0])).unwrap();
     assert!(status.contains("\nSeccomp:\t2\n"), "{status}");
     assert!(status.contains("\nNoNewPrivs:\t1\n"), "{status}");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", servers[0])).unwrap();
+    let limit = |name: &str| {
+        let line = limits.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        line[name.len()..]
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(limit("Max core file size"), "0 0", "{limits}");
+    assert_eq!(limit("Max cpu time"), "unlimited unlimited", "{limits}");
     let netns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
     assert_ne!(netns(&servers[0].to_string()), netns("self"));
     unsafe { libc::kill(servers[0], libc::SIGKILL) };
