@@ -357,6 +357,7 @@ def check_demo(stack, token):
                 "times-out fetch timeouts": total(p, "egress_timeouts_total", tool="times-out"),
                 "times-out executor kills": total(e, "executor_kills_total", tool="times-out", reason="timeout"),
                 "well-behaved ok invocations": total(e, "executor_invocations_total", tool="well-behaved", outcome="ok"),
+                "well-behaved children forked by its fork server": total(e, "executor_forked_children_total", tool="well-behaved"),
                 "well-behaved denials (none)": -total(p, "egress_denials_total", tool="well-behaved") or 1,
             }
             missing = [k for k, v in want.items() if v <= 0]

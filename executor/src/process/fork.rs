@@ -14,7 +14,7 @@
 //! the child applies it in the order `sys` applies it before `exec`, answers
 //! `ok` (or the stage that failed and its errno), and only then loads the
 //! tool. If the server is gone, children start the old way and
-//! `egress_executor_fork_server_up` says so.
+//! `executor_fork_server_up` says so.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
