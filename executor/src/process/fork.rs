@@ -16,6 +16,7 @@
 //! tool. If the server is gone, children start the old way and
 //! `executor_fork_server_up` says so.
 
+use std::fmt::Write as _;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -140,26 +141,14 @@ impl ForkServer {
 
     async fn start(&self, spawner: &Spawner) -> io::Result<Link> {
         let (mine, theirs) = channel()?;
-        let program = super::resolve_program(&self.command[0], &self.path, &self.cwd)?;
-        let cstr = |s: &str, what: &str| super::launch::cstring(s.as_bytes(), what);
         let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())?;
         let confine = self.confinement.fork_server()?;
+        let exec = super::launch::exec_args(&self.command, &self.env, &self.path, &self.cwd)?;
         let spec = ChildSpec {
-            program: super::launch::cstring(program.as_os_str().as_encoded_bytes(), "the program path")?,
-            argv: self
-                .command
-                .iter()
-                .map(|a| cstr(a, "an argument"))
-                .collect::<io::Result<_>>()?,
-            envp: self
-                .env
-                .iter()
-                .map(|(k, v)| cstr(&format!("{k}={v}"), "an environment variable"))
-                .collect::<io::Result<_>>()?,
-            cwd: Some(super::launch::cstring(
-                self.cwd.as_os_str().as_encoded_bytes(),
-                "the working directory",
-            )?),
+            program: exec.program,
+            argv: exec.argv,
+            envp: exec.envp,
+            cwd: Some(exec.cwd),
             stdin: theirs,
             stdout: super::dev_null()?,
             stderr: rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stderr(), 3)?,
@@ -361,7 +350,7 @@ fn configure(chan: &OwnedFd, spec: &ChildSpec) -> io::Result<()> {
                 raw[3] = i.jf;
                 raw[4..].copy_from_slice(&i.k.to_ne_bytes());
                 for b in raw {
-                    hex.push_str(&format!("{b:02x}"));
+                    let _ = write!(hex, "{b:02x}");
                 }
             }
             hex

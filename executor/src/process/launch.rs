@@ -96,8 +96,36 @@ pub fn resolve_program(program: &str, path: &str, cwd: &Path) -> io::Result<Path
     ))
 }
 
-pub(super) fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
+fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} contains a NUL byte")))
+}
+
+/// A command as `execve` takes it: its program found on the child's `PATH`,
+/// its arguments, its whole environment and its working directory.
+pub(super) struct ExecArgs {
+    pub program: CString,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub cwd: CString,
+}
+
+pub(super) fn exec_args(command: &[String], env: &[(String, String)], path: &str, cwd: &Path) -> io::Result<ExecArgs> {
+    let program_name = command
+        .first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
+    let program = resolve_program(program_name, path, cwd)?;
+    Ok(ExecArgs {
+        program: cstring(program.as_os_str().as_bytes(), "the program path")?,
+        argv: command
+            .iter()
+            .map(|a| cstring(a.as_bytes(), "an argument"))
+            .collect::<io::Result<_>>()?,
+        envp: env
+            .iter()
+            .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "an environment variable"))
+            .collect::<io::Result<_>>()?,
+        cwd: cstring(cwd.as_os_str().as_bytes(), "the working directory")?,
+    })
 }
 
 /// The parent's ends of a freshly started child.
@@ -130,21 +158,7 @@ pub struct Launch<'a> {
 
 /// Start a child with fds 0-4 wired and its output captured.
 pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
-    let program_name = l
-        .command
-        .first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
-    let program = resolve_program(program_name, l.path, l.cwd)?;
-    let argv = l
-        .command
-        .iter()
-        .map(|a| cstring(a.as_bytes(), "an argument"))
-        .collect::<io::Result<Vec<_>>>()?;
-    let envp = l
-        .env
-        .iter()
-        .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "an environment variable"))
-        .collect::<io::Result<Vec<_>>>()?;
+    let exec = exec_args(l.command, &l.env, l.path, l.cwd)?;
     let (ipc_in, ipc_out, ipc) = if l.plain {
         (dev_null()?, dev_null()?, None)
     } else {
@@ -161,10 +175,10 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         (dev_null()?, None)
     };
     let spec = ChildSpec {
-        program: cstring(program.as_os_str().as_bytes(), "the program path")?,
-        argv,
-        envp,
-        cwd: Some(cstring(l.cwd.as_os_str().as_bytes(), "the working directory")?),
+        program: exec.program,
+        argv: exec.argv,
+        envp: exec.envp,
+        cwd: Some(exec.cwd),
         stdin,
         stdout: out_w,
         stderr: err_w,
