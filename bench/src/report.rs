@@ -358,11 +358,22 @@ pub fn machine() -> Value {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load1 = load.split_whitespace().next().unwrap_or("?").to_owned();
+    // `bench/run.sh` runs this in a network namespace of its own when it can
+    // (no conntrack table, no host firewall rules on loopback): one whose
+    // only interface is `lo`.
+    let devs = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
+    let mut ifaces = devs.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim);
+    let network = if ifaces.all(|i| i == "lo") {
+        "network namespace of its own (lo only)"
+    } else {
+        "host's network namespace"
+    };
     json!({
         "cpus": cpus,
         "kernel": kernel.trim(),
         "loadavg_1m_at_start": load1,
-        "summary": format!("{cpus} CPUs, Linux {}, load {load1} at start", kernel.trim()),
+        "network": network,
+        "summary": format!("{cpus} CPUs, Linux {}, load {load1} at start, {network}", kernel.trim()),
     })
 }
 
