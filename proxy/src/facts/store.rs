@@ -650,6 +650,10 @@ impl Writer {
                 }
             }
         }
+        // Facts first: a run's deletion is answered only once every fact
+        // queued before it is committed (`DELETE /v1/runs/{id}` reads the
+        // run's facts when its deletion returns).
+        self.commit_facts(groups);
         if !runs.is_empty() {
             // Run records are small and never limited by the facts' budget.
             let r = self
@@ -675,6 +679,10 @@ impl Writer {
                 let _ = reply.send(r.clone());
             }
         }
+    }
+
+    /// Writes one batch's facts (folded into `groups`) and answers them.
+    fn commit_facts(&mut self, mut groups: Vec<Group>) {
         if groups.is_empty() {
             return;
         }
@@ -857,6 +865,28 @@ mod tests {
             policy: "sha256:x",
             detail: "d".into(),
         })
+    }
+
+    /// `DELETE /v1/runs/{id}` reads the run's facts once its deletion is
+    /// committed: a fact queued before the deletion (here in the same batch
+    /// of the writer, most of the time) must be readable by then.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_deletion_returns_after_the_facts_queued_before_it() {
+        use futures_util::FutureExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(&dir.path().join("f.db"), Limits::default(), StoreMetrics::default());
+        s.record(fact("warm-up", "a.example")).await.unwrap();
+        for i in 0..100 {
+            let run = format!("r{i}");
+            // Its first poll queues the fact; its answer is not awaited.
+            assert!(s.record(fact(&run, "b.example")).now_or_never().is_none());
+            s.save_run(RunWrite::Delete(run.clone())).await.unwrap();
+            assert_eq!(
+                query(&s, Some(&run), 0, 10).await.len(),
+                1,
+                "iteration {i}: the deletion returned before the fact queued ahead of it was committed"
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
