@@ -134,6 +134,14 @@ pub trait FactSink: Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Forgets a run's record (`save_run` of a deletion) and says whether
+    /// the run may have facts: `false` only when the sink knows that none
+    /// was recorded for it, so its end need not read them. Every fact
+    /// recorded before the call is readable once it returns.
+    fn forget_run(&self, id: String) -> BoxFuture<'_, Result<bool, FactError>> {
+        Box::pin(async move { self.save_run(RunWrite::Delete(id)).await.map(|()| true) })
+    }
+
     /// The run records kept by `save_run` (read once, at start).
     fn load_runs(&self) -> Result<Vec<RunRecord>, FactError> {
         Ok(vec![])

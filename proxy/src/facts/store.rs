@@ -142,13 +142,19 @@ enum Pending {
     },
     Run {
         write: RunWrite,
-        reply: oneshot::Sender<Result<(), FactError>>,
+        reply: oneshot::Sender<Result<RunWritten, FactError>>,
     },
     /// Moves the export cursor (never back).
     Cursor {
         seq: u64,
         reply: oneshot::Sender<Result<(), FactError>>,
     },
+}
+
+/// A run record written: for a deletion, whether the run may have facts.
+#[derive(Clone, Copy)]
+struct RunWritten {
+    may_have_facts: bool,
 }
 
 /// What the store knows about itself, shared by its handle and its writer.
@@ -266,6 +272,13 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// The ids of the run records in the store.
+fn run_ids(c: &Connection) -> rusqlite::Result<std::collections::HashSet<String>> {
+    let mut stmt = c.prepare("SELECT id FROM runs")?;
+    let ids = stmt.query_map([], |r| r.get(0))?.collect();
+    ids
+}
+
 fn next_seq(c: &Connection) -> rusqlite::Result<u64> {
     c.query_row("SELECT COALESCE(MAX(seq), 0) FROM facts", [], |r| r.get::<_, i64>(0))
         .map(|v| v as u64 + 1)
@@ -376,6 +389,8 @@ impl SqliteStore {
             unindexed: Vec::new(),
             indexed_at: Instant::now(),
             identity: identity.clone(),
+            runs_seen: HashMap::new(),
+            runs_before: None,
         };
         let spawned = std::thread::Builder::new()
             .name("egress-facts".into())
@@ -398,6 +413,17 @@ impl SqliteStore {
             identity,
             cell,
         }
+    }
+
+    /// Sends one run record write to the writer and waits for its commit.
+    async fn write_run(&self, write: RunWrite) -> Result<RunWritten, FactError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Pending::Run { write, reply })
+            .await
+            .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
+        rx.await
+            .map_err(|_| FactError::Unavailable("store writer stopped".into()))?
     }
 
     fn read(
@@ -512,14 +538,14 @@ impl FactSink for SqliteStore {
     }
 
     fn save_run(&self, write: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async move { self.write_run(write).await.map(|_| ()) })
+    }
+
+    fn forget_run(&self, id: String) -> BoxFuture<'_, Result<bool, FactError>> {
         Box::pin(async move {
-            let (reply, rx) = oneshot::channel();
-            self.tx
-                .send(Pending::Run { write, reply })
+            self.write_run(RunWrite::Delete(id))
                 .await
-                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
-            rx.await
-                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?
+                .map(|w| w.may_have_facts)
         })
     }
 
@@ -560,6 +586,14 @@ struct Writer {
     unindexed: Vec<(String, u64)>,
     indexed_at: Instant,
     identity: Arc<Identity>,
+    /// Runs whose record this writer made, each with whether one of its
+    /// facts was committed since: a run's end skips reading its facts when
+    /// it has none. An entry lives from the run's record to its deletion.
+    runs_seen: HashMap<String, bool>,
+    /// Runs whose record was in the store when it was opened (their facts
+    /// are unknown), or `None` if the store was not readable then (every
+    /// run's are).
+    runs_before: Option<std::collections::HashSet<String>>,
 }
 
 impl Writer {
@@ -573,6 +607,7 @@ impl Writer {
         if self.conn.is_some() {
             self.prune();
         }
+        self.runs_before = self.conn.as_ref().and_then(|c| run_ids(c).ok());
         let mut batch = Vec::with_capacity(256);
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
@@ -663,8 +698,8 @@ impl Writer {
                 tracing::error!(path = %self.path.display(), error = %e, "run records could not be written");
                 self.conn = None;
             }
-            for (_, reply) in runs {
-                let _ = reply.send(r.clone());
+            for (write, reply) in runs {
+                let _ = reply.send(r.clone().map(|()| self.note_run(&write)));
             }
         }
         if let Some(upto) = cursors.iter().map(|(s, _)| *s).max() {
@@ -705,6 +740,9 @@ impl Writer {
                 self.metrics.coalesced.inc_by(folded as u64);
                 self.measure();
                 for (fact, replies) in groups {
+                    if let Some(seen) = fact.run_id.as_ref().and_then(|r| self.runs_seen.get_mut(r)) {
+                        *seen = true;
+                    }
                     for r in replies {
                         let _ = r.send(Ok(Recorded {
                             seq: fact.seq,
@@ -722,6 +760,27 @@ impl Writer {
                     for r in replies {
                         let _ = r.send(Err(FactError::Unavailable(msg.clone())));
                     }
+                }
+            }
+        }
+    }
+
+    /// Keeps `runs_seen` in step with a committed run record write; for a
+    /// deletion, says whether the run may have facts.
+    fn note_run(&mut self, write: &RunWrite) -> RunWritten {
+        match write {
+            RunWrite::Save(rec) => {
+                if self.runs_before.as_ref().is_some_and(|b| !b.contains(&rec.id)) {
+                    self.runs_seen.entry(rec.id.clone()).or_insert(false);
+                }
+                RunWritten { may_have_facts: true }
+            }
+            RunWrite::Delete(id) => {
+                if let Some(b) = self.runs_before.as_mut() {
+                    b.remove(id);
+                }
+                RunWritten {
+                    may_have_facts: self.runs_seen.remove(id).unwrap_or(true),
                 }
             }
         }
@@ -787,7 +846,7 @@ impl Writer {
         Ok(())
     }
 
-    fn write_runs(&mut self, runs: &[(RunWrite, oneshot::Sender<Result<(), FactError>>)]) -> rusqlite::Result<()> {
+    fn write_runs(&mut self, runs: &[(RunWrite, oneshot::Sender<Result<RunWritten, FactError>>)]) -> rusqlite::Result<()> {
         if self.conn.is_none() {
             self.reopen()?;
         }
@@ -880,13 +939,71 @@ mod tests {
             let run = format!("r{i}");
             // Its first poll queues the fact; its answer is not awaited.
             assert!(s.record(fact(&run, "b.example")).now_or_never().is_none());
-            s.save_run(RunWrite::Delete(run.clone())).await.unwrap();
+            assert!(s.forget_run(run.clone()).await.unwrap(), "iteration {i}: it has a fact");
             assert_eq!(
                 query(&s, Some(&run), 0, 10).await.len(),
                 1,
                 "iteration {i}: the deletion returned before the fact queued ahead of it was committed"
             );
         }
+    }
+
+    fn record(id: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
+            tool: "t".into(),
+            owner: None,
+            labels: Default::default(),
+            active: false,
+            created_at_ms: 0,
+            expires_at_ms: u64::MAX,
+            secret_sha256: "x".into(),
+            max_slots: 1,
+            max_waiting: 1,
+            max_conns: 1,
+            placeholders: vec![],
+        }
+    }
+
+    /// A run's end skips reading its facts only when the store knows it has
+    /// none: its record was made by this store's writer and no fact of it
+    /// was committed since. A run kept from before the store was opened,
+    /// or one with a fact, is read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_known_to_have_no_facts_is_forgotten_without_a_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        s.save_run(RunWrite::Save(record("kept"))).await.unwrap();
+        s.save_run(RunWrite::Save(record("kept-with-facts"))).await.unwrap();
+        s.record(fact("kept-with-facts", "a.example")).await.unwrap();
+        drop(s);
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        for id in ["clean", "denied", "activated-then-denied"] {
+            s.save_run(RunWrite::Save(record(id))).await.unwrap();
+        }
+        s.record(fact("denied", "b.example")).await.unwrap();
+        s.save_run(RunWrite::Save(RunRecord {
+            active: true,
+            ..record("activated-then-denied")
+        }))
+        .await
+        .unwrap();
+        s.record(fact("activated-then-denied", "c.example")).await.unwrap();
+        // Re-saved after the reopen (an activation): still unknown.
+        s.save_run(RunWrite::Save(RunRecord {
+            active: true,
+            ..record("kept")
+        }))
+        .await
+        .unwrap();
+        assert!(!s.forget_run("clean".into()).await.unwrap());
+        for id in ["denied", "activated-then-denied", "kept", "kept-with-facts", "never-made"] {
+            assert!(s.forget_run(id.into()).await.unwrap(), "{id}: its facts must be read");
+        }
+        assert_eq!(query(&s, Some("kept-with-facts"), 0, 10).await.len(), 1);
+        // Forgotten: a second end of the same id is no longer known.
+        assert!(s.forget_run("clean".into()).await.unwrap());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
