@@ -243,8 +243,13 @@ pub(super) async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String
     ))]
 pub(super) async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
     let run = sh.activate_run(&id)?;
+    // Not waited for: committed with the next run write (the end of a short
+    // invocation, whose deletion it then no longer delays) or within
+    // RUN_WRITE_DELAY. A crash before then brings the run back inactive,
+    // which fails closed. An update: if the run ended meanwhile and its
+    // record is gone, it stays gone.
     sh.facts
-        .save_run(RunWrite::Save(run.record()))
+        .save_run_soon(RunWrite::Update(run.record()))
         .await
         .map_err(store_error)?;
     tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, "run activated");

@@ -116,6 +116,10 @@ pub struct FactQuery {
     pub run_id: Option<String>,
 }
 
+/// How long a run record write queued by [`FactSink::save_run_soon`] waits
+/// at most for another write to share its commit.
+pub const RUN_WRITE_DELAY: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Where denials go. `record` resolves only once the fact is stored as
 /// durably as the sink can make it; callers answer the client afterwards.
 pub trait FactSink: Send + Sync + 'static {
@@ -132,6 +136,15 @@ pub trait FactSink: Send + Sync + 'static {
     /// proxy restart. Sinks without durable storage keep nothing.
     fn save_run(&self, _w: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
         Box::pin(async { Ok(()) })
+    }
+
+    /// Queues a run record write without waiting for its commit: it is
+    /// committed with the next write that is waited for, or within
+    /// [`RUN_WRITE_DELAY`] at the latest, in the order it was queued (a
+    /// deletion queued after it still wins). Returns once it is queued.
+    /// Sinks without durable storage keep nothing.
+    fn save_run_soon(&self, w: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
+        self.save_run(w)
     }
 
     /// Forgets a run's record (`save_run` of a deletion) and says whether

@@ -144,12 +144,23 @@ enum Pending {
         write: RunWrite,
         reply: oneshot::Sender<Result<RunWritten, FactError>>,
     },
+    /// A run record write nobody waits for (`save_run_soon`): held until
+    /// a waited-for run write or a `Flush` commits it.
+    RunSoon(RunWrite),
+    /// Commits the held run record writes.
+    Flush,
     /// Moves the export cursor (never back).
     Cursor {
         seq: u64,
         reply: oneshot::Sender<Result<(), FactError>>,
     },
 }
+
+/// Where a waited-for run record write is answered.
+type RunReply = oneshot::Sender<Result<RunWritten, FactError>>;
+
+/// Run record writes held for company at most; more are committed at once.
+const MAX_HELD: usize = 256;
 
 /// A run record written: for a deletion, whether the run may have facts.
 #[derive(Clone, Copy)]
@@ -391,6 +402,7 @@ impl SqliteStore {
             identity: identity.clone(),
             runs_seen: HashMap::new(),
             runs_before: None,
+            held: Vec::new(),
         };
         let spawned = std::thread::Builder::new()
             .name("egress-facts".into())
@@ -541,6 +553,24 @@ impl FactSink for SqliteStore {
         Box::pin(async move { self.write_run(write).await.map(|_| ()) })
     }
 
+    fn save_run_soon(&self, write: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async move {
+            self.tx
+                .send(Pending::RunSoon(write))
+                .await
+                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
+            // A weak handle: a store being dropped does not wait for it.
+            let tx = self.tx.downgrade();
+            tokio::spawn(async move {
+                tokio::time::sleep(crate::facts::RUN_WRITE_DELAY).await;
+                if let Some(tx) = tx.upgrade() {
+                    let _ = tx.send(Pending::Flush).await;
+                }
+            });
+            Ok(())
+        })
+    }
+
     fn forget_run(&self, id: String) -> BoxFuture<'_, Result<bool, FactError>> {
         Box::pin(async move {
             self.write_run(RunWrite::Delete(id))
@@ -594,6 +624,8 @@ struct Writer {
     /// are unknown), or `None` if the store was not readable then (every
     /// run's are).
     runs_before: Option<std::collections::HashSet<String>>,
+    /// Run record writes queued by `save_run_soon`, not yet committed.
+    held: Vec<RunWrite>,
 }
 
 impl Writer {
@@ -622,6 +654,8 @@ impl Writer {
                 self.index();
             }
         }
+        // Closing: what is held is committed now.
+        self.commit(&mut vec![Pending::Flush]);
         self.index();
     }
 
@@ -658,13 +692,26 @@ impl Writer {
         // Fold identical denials of this batch into one fact with a count.
         let mut groups: Vec<Group> = Vec::new();
         let mut index = HashMap::new();
-        let mut runs = Vec::new();
+        // Run record writes in the order they were queued, after the held
+        // ones (older); those with a reply are waited for.
+        let mut runs: Vec<(RunWrite, Option<RunReply>)> = self.held.drain(..).map(|w| (w, None)).collect();
+        let mut waited = false;
+        let mut flush = false;
         let mut cursors = Vec::new();
         for p in batch.drain(..) {
             let (fact, reply) = match p {
                 Pending::Fact { fact, reply } => (fact, reply),
                 Pending::Run { write, reply } => {
-                    runs.push((write, reply));
+                    runs.push((write, Some(reply)));
+                    waited = true;
+                    continue;
+                }
+                Pending::RunSoon(write) => {
+                    runs.push((write, None));
+                    continue;
+                }
+                Pending::Flush => {
+                    flush = true;
                     continue;
                 }
                 Pending::Cursor { seq, reply } => {
@@ -689,7 +736,11 @@ impl Writer {
         // queued before it is committed (`DELETE /v1/runs/{id}` reads the
         // run's facts when its deletion returns).
         self.commit_facts(groups);
-        if !runs.is_empty() {
+        if !(waited || flush || runs.len() >= MAX_HELD) {
+            // Only writes nobody waits for: they wait for company (a
+            // waited-for write or the flush `save_run_soon` scheduled).
+            self.held.extend(runs.into_iter().map(|(w, _)| w));
+        } else if !runs.is_empty() {
             // Run records are small and never limited by the facts' budget.
             let r = self
                 .write_runs(&runs)
@@ -699,7 +750,10 @@ impl Writer {
                 self.conn = None;
             }
             for (write, reply) in runs {
-                let _ = reply.send(r.clone().map(|()| self.note_run(&write)));
+                let written = r.clone().map(|()| self.note_run(&write));
+                if let Some(reply) = reply {
+                    let _ = reply.send(written);
+                }
             }
         }
         if let Some(upto) = cursors.iter().map(|(s, _)| *s).max() {
@@ -769,6 +823,7 @@ impl Writer {
     /// deletion, says whether the run may have facts.
     fn note_run(&mut self, write: &RunWrite) -> RunWritten {
         match write {
+            RunWrite::Update(_) => RunWritten { may_have_facts: true },
             RunWrite::Save(rec) => {
                 if self.runs_before.as_ref().is_some_and(|b| !b.contains(&rec.id)) {
                     self.runs_seen.entry(rec.id.clone()).or_insert(false);
@@ -846,7 +901,7 @@ impl Writer {
         Ok(())
     }
 
-    fn write_runs(&mut self, runs: &[(RunWrite, oneshot::Sender<Result<RunWritten, FactError>>)]) -> rusqlite::Result<()> {
+    fn write_runs(&mut self, runs: &[(RunWrite, Option<RunReply>)]) -> rusqlite::Result<()> {
         if self.conn.is_none() {
             self.reopen()?;
         }
@@ -856,6 +911,7 @@ impl Writer {
         let tx = c.transaction()?;
         {
             let mut save = tx.prepare_cached("INSERT OR REPLACE INTO runs (id, body) VALUES (?1, ?2)")?;
+            let mut update = tx.prepare_cached("UPDATE runs SET body = ?2 WHERE id = ?1")?;
             let mut delete = tx.prepare_cached("DELETE FROM runs WHERE id = ?1")?;
             for (w, _) in runs {
                 match w {
@@ -863,6 +919,11 @@ impl Writer {
                         let body = serde_json::to_string(rec)
                             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                         save.execute(params![rec.id, body])?;
+                    }
+                    RunWrite::Update(rec) => {
+                        let body = serde_json::to_string(rec)
+                            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                        update.execute(params![rec.id, body])?;
                     }
                     RunWrite::Delete(id) => {
                         delete.execute(params![id])?;
@@ -1004,6 +1065,59 @@ mod tests {
         assert_eq!(query(&s, Some("kept-with-facts"), 0, 10).await.len(), 1);
         // Forgotten: a second end of the same id is no longer known.
         assert!(s.forget_run("clean".into()).await.unwrap());
+    }
+
+    fn active(path: &Path, id: &str) -> i64 {
+        raw(
+            path,
+            &format!("SELECT count(*) FROM runs WHERE id = '{id}' AND body LIKE '%\"active\":true%'"),
+        )
+    }
+
+    /// An activation's record write is not waited for: it is committed
+    /// within RUN_WRITE_DELAY, or with the next waited-for write, or when
+    /// the store closes, in the order the writes were queued; and it only
+    /// updates a record still kept, so it never brings back an ended run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_activation_is_committed_soon_in_order_and_never_brings_back_an_ended_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        let activated = |id: &str| {
+            RunWrite::Update(RunRecord {
+                active: true,
+                ..record(id)
+            })
+        };
+        // Within the delay.
+        s.save_run(RunWrite::Save(record("a"))).await.unwrap();
+        s.save_run_soon(activated("a")).await.unwrap();
+        let t0 = Instant::now();
+        while active(&path, "a") == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the activation was never committed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Queued before the run's end: the end wins, then and later.
+        s.save_run(RunWrite::Save(record("b"))).await.unwrap();
+        s.save_run_soon(activated("b")).await.unwrap();
+        s.forget_run("b".into()).await.unwrap();
+        assert_eq!(raw(&path, "SELECT count(*) FROM runs WHERE id = 'b'"), 0);
+        // Written after the end (it lost a race with it): not brought back.
+        s.save_run(RunWrite::Save(record("c"))).await.unwrap();
+        s.forget_run("c".into()).await.unwrap();
+        s.save_run(activated("c")).await.unwrap();
+        s.save_run_soon(activated("c")).await.unwrap();
+        // Closing commits what is held.
+        s.save_run(RunWrite::Save(record("d"))).await.unwrap();
+        s.save_run_soon(activated("d")).await.unwrap();
+        drop(s);
+        assert_eq!(active(&path, "d"), 1, "the store closed without committing a held write");
+        tokio::time::sleep(crate::facts::RUN_WRITE_DELAY * 3).await;
+        assert_eq!(raw(&path, "SELECT count(*) FROM runs WHERE id IN ('b', 'c')"), 0);
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        let mut kept: Vec<(String, bool)> = s.load_runs().unwrap().into_iter().map(|r| (r.id, r.active)).collect();
+        kept.sort();
+        assert_eq!(kept, [("a".to_owned(), true), ("d".to_owned(), true)]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

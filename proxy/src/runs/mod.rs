@@ -304,8 +304,11 @@ pub struct RunRecord {
 /// A change to a stored run.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunWrite {
-    /// Created or activated: keep (or replace) the record.
+    /// Created: keep (or replace) the record.
     Save(RunRecord),
+    /// Activated: replace the record if it is still kept, so that a write
+    /// that lost a race with the run's end cannot bring the run back.
+    Update(RunRecord),
     /// Ended: nothing of it needs to survive a restart.
     Delete(String),
 }
