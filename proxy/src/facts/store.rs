@@ -156,6 +156,10 @@ enum Pending {
     },
 }
 
+fn writer_stopped() -> FactError {
+    FactError::Unavailable("fact store writer stopped".into())
+}
+
 /// Where a waited-for run record write is answered.
 type RunReply = oneshot::Sender<Result<RunWritten, FactError>>;
 
@@ -427,15 +431,16 @@ impl SqliteStore {
         }
     }
 
-    /// Sends one run record write to the writer and waits for its commit.
-    async fn write_run(&self, write: RunWrite) -> Result<RunWritten, FactError> {
+    /// Queues `p` for the writer.
+    async fn send(&self, p: Pending) -> Result<(), FactError> {
+        self.tx.send(p).await.map_err(|_| writer_stopped())
+    }
+
+    /// Queues what `ask` makes of a reply channel and waits for the answer.
+    async fn ask<T>(&self, ask: impl FnOnce(oneshot::Sender<Result<T, FactError>>) -> Pending) -> Result<T, FactError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Pending::Run { write, reply })
-            .await
-            .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
-        rx.await
-            .map_err(|_| FactError::Unavailable("store writer stopped".into()))?
+        self.send(ask(reply)).await?;
+        rx.await.map_err(|_| writer_stopped())?
     }
 
     fn read(
@@ -496,15 +501,7 @@ impl SqliteStore {
 
 impl FactSink for SqliteStore {
     fn record(&self, fact: Fact) -> BoxFuture<'_, Result<Recorded, FactError>> {
-        Box::pin(async move {
-            let (reply, rx) = oneshot::channel();
-            self.tx
-                .send(Pending::Fact { fact, reply })
-                .await
-                .map_err(|_| FactError::Unavailable("fact writer stopped".into()))?;
-            rx.await
-                .map_err(|_| FactError::Unavailable("fact writer stopped".into()))?
-        })
+        Box::pin(self.ask(|reply| Pending::Fact { fact, reply }))
     }
 
     fn query(&self, q: FactQuery) -> BoxFuture<'_, Result<Vec<Fact>, FactError>> {
@@ -538,27 +535,16 @@ impl FactSink for SqliteStore {
     }
 
     fn set_export_cursor(&self, seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
-        Box::pin(async move {
-            let (reply, rx) = oneshot::channel();
-            self.tx
-                .send(Pending::Cursor { seq, reply })
-                .await
-                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
-            rx.await
-                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?
-        })
+        Box::pin(self.ask(move |reply| Pending::Cursor { seq, reply }))
     }
 
     fn save_run(&self, write: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
-        Box::pin(async move { self.write_run(write).await.map(|_| ()) })
+        Box::pin(async move { self.ask(|reply| Pending::Run { write, reply }).await.map(|_| ()) })
     }
 
     fn save_run_soon(&self, write: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {
         Box::pin(async move {
-            self.tx
-                .send(Pending::RunSoon(write))
-                .await
-                .map_err(|_| FactError::Unavailable("store writer stopped".into()))?;
+            self.send(Pending::RunSoon(write)).await?;
             // A weak handle: a store being dropped does not wait for it.
             let tx = self.tx.downgrade();
             tokio::spawn(async move {
@@ -573,9 +559,9 @@ impl FactSink for SqliteStore {
 
     fn forget_run(&self, id: String) -> BoxFuture<'_, Result<bool, FactError>> {
         Box::pin(async move {
-            self.write_run(RunWrite::Delete(id))
-                .await
-                .map(|w| w.may_have_facts)
+            let write = RunWrite::Delete(id);
+            let written = self.ask(|reply| Pending::Run { write, reply }).await?;
+            Ok(written.may_have_facts)
         })
     }
 
@@ -1026,6 +1012,13 @@ mod tests {
         }
     }
 
+    fn activated(id: &str) -> RunWrite {
+        RunWrite::Update(RunRecord {
+            active: true,
+            ..record(id)
+        })
+    }
+
     /// A run's end skips reading its facts only when the store knows it has
     /// none: its record was made by this store's writer and no fact of it
     /// was committed since. A run kept from before the store was opened,
@@ -1044,20 +1037,10 @@ mod tests {
             s.save_run(RunWrite::Save(record(id))).await.unwrap();
         }
         s.record(fact("denied", "b.example")).await.unwrap();
-        s.save_run(RunWrite::Save(RunRecord {
-            active: true,
-            ..record("activated-then-denied")
-        }))
-        .await
-        .unwrap();
+        s.save_run(activated("activated-then-denied")).await.unwrap();
         s.record(fact("activated-then-denied", "c.example")).await.unwrap();
-        // Re-saved after the reopen (an activation): still unknown.
-        s.save_run(RunWrite::Save(RunRecord {
-            active: true,
-            ..record("kept")
-        }))
-        .await
-        .unwrap();
+        // Activated after the reopen: still unknown.
+        s.save_run(activated("kept")).await.unwrap();
         assert!(!s.forget_run("clean".into()).await.unwrap());
         for id in ["denied", "activated-then-denied", "kept", "kept-with-facts", "never-made"] {
             assert!(s.forget_run(id.into()).await.unwrap(), "{id}: its facts must be read");
@@ -1083,12 +1066,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.db");
         let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
-        let activated = |id: &str| {
-            RunWrite::Update(RunRecord {
-                active: true,
-                ..record(id)
-            })
-        };
         // Within the delay.
         s.save_run(RunWrite::Save(record("a"))).await.unwrap();
         s.save_run_soon(activated("a")).await.unwrap();
