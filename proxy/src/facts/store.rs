@@ -1042,7 +1042,13 @@ mod tests {
         // Activated after the reopen: still unknown.
         s.save_run(activated("kept")).await.unwrap();
         assert!(!s.forget_run("clean".into()).await.unwrap());
-        for id in ["denied", "activated-then-denied", "kept", "kept-with-facts", "never-made"] {
+        for id in [
+            "denied",
+            "activated-then-denied",
+            "kept",
+            "kept-with-facts",
+            "never-made",
+        ] {
             assert!(s.forget_run(id.into()).await.unwrap(), "{id}: its facts must be read");
         }
         assert_eq!(query(&s, Some("kept-with-facts"), 0, 10).await.len(), 1);
@@ -1071,7 +1077,10 @@ mod tests {
         s.save_run_soon(activated("a")).await.unwrap();
         let t0 = Instant::now();
         while active(&path, "a") == 0 {
-            assert!(t0.elapsed() < Duration::from_secs(5), "the activation was never committed");
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the activation was never committed"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // Queued before the run's end: the end wins, then and later.
@@ -1088,7 +1097,11 @@ mod tests {
         s.save_run(RunWrite::Save(record("d"))).await.unwrap();
         s.save_run_soon(activated("d")).await.unwrap();
         drop(s);
-        assert_eq!(active(&path, "d"), 1, "the store closed without committing a held write");
+        assert_eq!(
+            active(&path, "d"),
+            1,
+            "the store closed without committing a held write"
+        );
         tokio::time::sleep(crate::facts::RUN_WRITE_DELAY * 3).await;
         assert_eq!(raw(&path, "SELECT count(*) FROM runs WHERE id IN ('b', 'c')"), 0);
         let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
