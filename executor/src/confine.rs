@@ -845,9 +845,9 @@ impl Confinement {
     /// a session and a network namespace of its own (where its children get
     /// one), their rlimits but CPU time and process count, and, where they
     /// get seccomp, the union of their filters (`fork_server_seccomp`) with
-    /// `no_new_privs`. It keeps the uid and
-    /// capabilities it needs to confine its children, and so is not under
-    /// Landlock (which forbids the `mount` of their private `/dev/shm`).
+    /// `no_new_privs`. It keeps the uid and capabilities it needs to confine
+    /// its children, and so is not under Landlock (which forbids the `mount`
+    /// of their private `/dev/shm`).
     pub fn fork_server(&self) -> io::Result<ChildConfine> {
         let netns = if self.has(Layer::Netns) {
             Some(sys::new_netns(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0))?.0)

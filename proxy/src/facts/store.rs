@@ -34,7 +34,7 @@ use crate::metrics::StoreMetrics;
 use crate::runs::{RunRecord, RunWrite};
 use futures_util::future::BoxFuture;
 use rusqlite::{params, Connection, OpenFlags};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -288,7 +288,7 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
 }
 
 /// The ids of the run records in the store.
-fn run_ids(c: &Connection) -> rusqlite::Result<std::collections::HashSet<String>> {
+fn run_ids(c: &Connection) -> rusqlite::Result<HashSet<String>> {
     let mut stmt = c.prepare("SELECT id FROM runs")?;
     let ids = stmt.query_map([], |r| r.get(0))?.collect();
     ids
@@ -609,7 +609,7 @@ struct Writer {
     /// Runs whose record was in the store when it was opened (their facts
     /// are unknown), or `None` if the store was not readable then (every
     /// run's are).
-    runs_before: Option<std::collections::HashSet<String>>,
+    runs_before: Option<HashSet<String>>,
     /// Run record writes queued by `save_run_soon`, not yet committed.
     held: Vec<RunWrite>,
 }
