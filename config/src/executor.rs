@@ -232,9 +232,10 @@ impl ProcessConfig {
 impl ProcessConfig {
     /// The settings of an ad-hoc command (`egress-executor run -- CMD`) in
     /// `cwd` under a tool's process section `base`: plain protocol, no pool,
-    /// the proxy network, and everything else (environment, clocks,
-    /// isolation, limits) from `base`, or, without one, what a process
-    /// section that sets only `command` gets (strict isolation included).
+    /// no fork server, and everything else (the network, environment,
+    /// clocks, isolation, limits) from `base`, or, without one, what a
+    /// process section that sets only `command` gets (strict isolation
+    /// included). [`ProcessConfig::not_ad_hoc`] names what is left out.
     pub fn ad_hoc(base: Option<&ProcessConfig>, command: Vec<String>, cwd: PathBuf) -> Self {
         let base = base.cloned().unwrap_or_else(|| ProcessConfig::new(Vec::new()));
         ProcessConfig {
@@ -244,10 +245,22 @@ impl ProcessConfig {
             max: 1,
             queue: 0,
             protocol: Protocol::Plain,
-            network: Network::Proxy,
             fork_server: false,
             ..base
         }
+    }
+
+    /// The settings of this section an ad-hoc command cannot have, as the
+    /// file spells them: a fork server boots the tool's runtime for
+    /// children of the tool's own command, not for another command. (The
+    /// pool and the protocol belong to the tool's runner, which an ad-hoc
+    /// command replaces, so they are not named.)
+    pub fn not_ad_hoc(&self) -> Vec<&'static str> {
+        let mut left_out = Vec::new();
+        if self.fork_server {
+            left_out.push("fork_server = true");
+        }
+        left_out
     }
 }
 
@@ -524,7 +537,8 @@ mod tests {
     }
 
     /// An ad-hoc command takes its tool's section whole but for the command,
-    /// the directory, the pool, the protocol and the network.
+    /// the directory, the pool, the protocol and the fork server; its
+    /// network is the tool's.
     #[test]
     fn an_ad_hoc_command_inherits_its_tools_settings() {
         let c = Config::parse(
@@ -543,11 +557,17 @@ mod tests {
             max: 1,
             queue: 0,
             protocol: Protocol::Plain,
-            network: Network::Proxy,
             fork_server: false,
-            ..base
+            ..base.clone()
         };
         assert_eq!(p, want);
+        assert_eq!(p.network, Network::Transparent);
+        assert!(base.not_ad_hoc().is_empty());
+        let forked = ProcessConfig {
+            fork_server: true,
+            ..base
+        };
+        assert_eq!(forked.not_ad_hoc(), ["fork_server = true"]);
         assert_eq!(
             (p.isolation, p.cpu_percent, p.env["A"].as_str()),
             (Isolation::BestEffort, Some(50), "b")

@@ -558,6 +558,12 @@ async fn run(
     if let Some(g) = binding_gate(&config, isolation) {
         g.probe().await.map_err(anyhow::Error::msg)?;
     }
+    // What the tool's section sets that an ad-hoc command cannot have,
+    // named on the status line so nobody takes it for applied.
+    let left_out = match config.tool(&tool) {
+        Some(Some(p)) => p.not_ad_hoc(),
+        _ => Vec::new(),
+    };
     let exec = Executor::new(config, token_env())?;
     subreaper(&exec);
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
@@ -594,17 +600,23 @@ async fn run(
                 }
             }
         }
-        eprint!("{}", summary(&result));
+        eprint!("{}", summary(&result, &left_out));
     }
     Ok(exit_code(&result))
 }
 
-/// The status line and the denials table printed by `run`.
-pub fn summary(r: &InvocationResult) -> String {
+/// The status line and the denials table printed by `run`; the status line
+/// ends with the tool's settings the ad-hoc command did not get.
+pub fn summary(r: &InvocationResult, left_out: &[&str]) -> String {
     let mut s = String::new();
     let run = r.run_id.as_deref().unwrap_or("-");
+    let not_applied = if left_out.is_empty() {
+        String::new()
+    } else {
+        format!(" [not applied to an ad-hoc command: {}]", left_out.join(", "))
+    };
     match &r.error {
-        None => s.push_str(&format!("run {run}: ok in {} ms\n", r.duration_ms)),
+        None => s.push_str(&format!("run {run}: ok in {} ms{not_applied}\n", r.duration_ms)),
         Some(e) => {
             let phase = match e.phase {
                 Some(p) => format!(
@@ -614,7 +626,7 @@ pub fn summary(r: &InvocationResult) -> String {
                 None => String::new(),
             };
             s.push_str(&format!(
-                "run {run}: {}{phase}: {} ({} ms)\n",
+                "run {run}: {}{phase}: {} ({} ms){not_applied}\n",
                 e.kind.as_str(),
                 e.message,
                 r.duration_ms

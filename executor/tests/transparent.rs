@@ -450,6 +450,88 @@ timeout_ms = 30000
     drop(proxy);
 }
 
+/// An ad-hoc command reaches a listed name with no proxy variables.
+const AD_HOC_PY: &str = r#"
+import os, urllib.request
+for k in list(os.environ):
+    if k.lower().endswith("_proxy"):
+        del os.environ[k]
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+with opener.open(f"http://web.test:{os.environ['WEB']}/", timeout=10) as r:
+    print(r.status, r.read().decode())
+"#;
+
+/// `egress-executor run --tool T -- CMD` gives the command its tool's
+/// network: under `network = "transparent"` a client that ignores the proxy
+/// variables resolves a listed name and reaches it (it used to run on the
+/// proxy network, where the name does not resolve). A setting an ad-hoc
+/// command cannot have (`fork_server`) is named on the status line.
+#[tokio::test]
+async fn run_gives_an_ad_hoc_command_its_tools_transparent_network() {
+    if let Some(why) = unable() {
+        eprintln!("SKIPPED run_gives_an_ad_hoc_command_its_tools_transparent_network: {why}");
+        return;
+    }
+    let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let dns = FakeDns::start().await;
+    dns.set("web.test", &["127.0.0.2"]);
+    let dir = TempDir::new("transparent-run");
+    let runner = runners_dir().join("loom_runner.py");
+    dir.write("tool.py", "def run(input, ctx):\n    return None\n");
+    let host = egress_executor::confine::host(&Default::default());
+    let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
+        "strict"
+    } else {
+        "best_effort"
+    };
+    let tools = format!(
+        r#"
+[tools.db]
+network = "transparent"
+egress = ["web.test:{web}"]
+
+[tools.db.process]
+command = ["python3", "{runner}", "tool.py"]
+protocol = "loom"
+fork_server = true
+env = {{ WEB = "{web}" }}
+isolation = "{isolation}"
+pool = {{ warm = 0, max = 1 }}
+"#,
+        web = web.addr.port(),
+        runner = runner.display(),
+    );
+    let (proxy, exec) = start_stack(&dir, dns.addr, &tools);
+    exec.shutdown();
+    let out = tokio::task::spawn_blocking({
+        let dir = dir.path().to_path_buf();
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_egress-executor"))
+                .args(["run", "--config"])
+                .arg(dir.join("egress.toml"))
+                .args(["--tool", "db", "--", "python3", "-c", AD_HOC_PY])
+                .current_dir(&dir)
+                .env("EGRESS_CONTROL_TOKEN", TOKEN)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(stdout.trim(), "200 hello from origin", "stderr: {stderr}");
+    let status = stderr.lines().find(|l| l.starts_with("run ")).unwrap_or_default();
+    assert!(
+        status.ends_with("[not applied to an ad-hoc command: fork_server = true]"),
+        "{stderr}"
+    );
+    drop(proxy);
+}
+
 /// The run's bounds on transparent connections: a tool whose clients use no
 /// proxy, each mode one invocation (`input.mode`).
 const GUARD_PY: &str = r#"
