@@ -103,6 +103,129 @@ impl Config {
     }
 }
 
+/// The arguments of `command` that its program is known to read as files
+/// (for `check`, which looks for them relative to the tool's `cwd`), as
+/// written: the script of an interpreter (`python3 tool.py`, `node
+/// tool.mjs`, `sh script.sh`), through `env`'s options and assignments, and
+/// the tool a reference runner loads (`loom_runner.py tools/weather.py`, a
+/// `file.js:function`). Everything else is text to the program (`sh -c
+/// "echo a/b"`, `python3 -c …`, `curl https://…`) and is never named.
+pub fn files_named(command: &[String]) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut rest = command;
+    // `env [-i] [-u NAME] [NAME=VALUE]… COMMAND…` runs COMMAND.
+    while let Some((prog, args)) = rest.split_first() {
+        if program_name(prog) != "env" {
+            break;
+        }
+        let mut i = 0;
+        while let Some(a) = args.get(i) {
+            match a.as_str() {
+                "-u" | "--unset" | "-C" | "--chdir" => i += 2,
+                // `-S` splits a string into arguments: text.
+                "-S" | "--split-string" => return files,
+                "--" => {
+                    i += 1;
+                    break;
+                }
+                a if a.starts_with('-') || a.contains('=') => i += 1,
+                _ => break,
+            }
+        }
+        rest = args.get(i..).unwrap_or_default();
+    }
+    let Some((prog, args)) = rest.split_first() else {
+        return files;
+    };
+    let name = program_name(prog);
+    let interpreter = Interpreter::of(name);
+    let Some(interpreter) = interpreter else {
+        return files;
+    };
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        if !a.starts_with('-') || a == "-" {
+            break;
+        }
+        if interpreter.text_options.contains(&a.as_str()) {
+            // The program is given as text (`-c`, `-e`, `-m module`).
+            return files;
+        }
+        i += if interpreter.valued_options.contains(&a.as_str()) {
+            2
+        } else {
+            1
+        };
+    }
+    let Some(script) = args.get(i).filter(|s| s.as_str() != "-") else {
+        return files;
+    };
+    files.push(script.clone());
+    // A reference runner's one argument is the tool it loads.
+    let runner = std::path::Path::new(script).file_name().and_then(|n| n.to_str());
+    if let (Some(runner), Some(target)) = (runner, args.get(i + 1)) {
+        let (file, _function) = target.rsplit_once(':').unwrap_or((target, ""));
+        let is_file = match runner {
+            // `module[:function]` or a file.
+            egress_config::executor::PYTHON_RUNNER => file.ends_with(".py") || file.contains('/'),
+            "loom_runner.js" => true,
+            _ => false,
+        };
+        if is_file && !file.is_empty() {
+            files.push(file.to_string());
+        }
+    }
+    files
+}
+
+/// The file name of a program (`/usr/bin/python3` → `python3`).
+fn program_name(prog: &str) -> &str {
+    prog.rsplit('/').next().unwrap_or(prog)
+}
+
+/// How an interpreter's command line names its script.
+struct Interpreter {
+    /// Options after which the program is text, not a file.
+    text_options: &'static [&'static str],
+    /// Options that take the next argument as their value.
+    valued_options: &'static [&'static str],
+}
+
+impl Interpreter {
+    fn of(name: &str) -> Option<Interpreter> {
+        let python = name.starts_with("python") || name.starts_with("pypy");
+        if python {
+            return Some(Interpreter {
+                text_options: &["-c", "-m"],
+                valued_options: &["-W", "-X", "--check-hash-based-pycs"],
+            });
+        }
+        match name {
+            "node" | "nodejs" => Some(Interpreter {
+                text_options: &["-e", "--eval", "-p", "--print"],
+                valued_options: &[
+                    "-r",
+                    "--require",
+                    "--import",
+                    "--loader",
+                    "--input-type",
+                    "--conditions",
+                    "-C",
+                ],
+            }),
+            "sh" | "bash" | "dash" | "zsh" | "ksh" => Some(Interpreter {
+                text_options: &["-c"],
+                valued_options: &["-o", "+o", "-O", "+O"],
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// The file's directory, absolute, so that paths relative to the file stay
 /// right for a child that starts in another working directory (`cwd`).
 fn dir_of(file: &Path) -> PathBuf {
@@ -176,6 +299,59 @@ egress = []
         assert_eq!(c.dir, here);
         assert_eq!(c.tools["t"].as_ref().unwrap().cwd, here);
         assert_eq!(c.home, here.join("var"));
+    }
+
+    /// `check` looks only for the files a program is known to read: an
+    /// interpreter's script, a reference runner's tool; never an argument
+    /// that is text to its program.
+    #[test]
+    fn files_named_are_scripts_and_runner_tools_only() {
+        let cases: &[(&[&str], &[&str])] = &[
+            (&["sh", "-c", "echo a/b"], &[]),
+            (&["/bin/bash", "-e", "-c", "cat /etc/x.py"], &[]),
+            (&["sh", "scripts/run.sh", "a/b"], &["scripts/run.sh"]),
+            (&["python3", "-c", "print('a/b.py')"], &[]),
+            (&["python3", "-m", "pkg.tool", "x/y.py"], &[]),
+            (
+                &["python3", "-u", "-W", "ignore", "tool.py", "data/in.json"],
+                &["tool.py"],
+            ),
+            (
+                &["python3", "../executor/runners/loom_runner.py", "tools/weather.py"],
+                &["../executor/runners/loom_runner.py", "tools/weather.py"],
+            ),
+            (
+                &["python3", "r/loom_runner.py", "weather:handler"],
+                &["r/loom_runner.py"],
+            ),
+            (
+                &["python3", "r/loom_runner.py", "tools/weather.py:main"],
+                &["r/loom_runner.py", "tools/weather.py"],
+            ),
+            (
+                &["node", "r/loom_runner.js", "tools/w.mjs:run"],
+                &["r/loom_runner.js", "tools/w.mjs"],
+            ),
+            (&["node", "-e", "fetch('https://a/b.js')"], &[]),
+            (
+                &["node", "--require", "x/hook.js", "tools/search.mjs"],
+                &["tools/search.mjs"],
+            ),
+            (
+                &["env", "-u", "NODE_USE_ENV_PROXY", "node", "tools/w.mjs"],
+                &["tools/w.mjs"],
+            ),
+            (&["/usr/bin/env", "A=b/c", "python3", "t.py"], &["t.py"]),
+            (&["env", "-S", "python3 t.py"], &[]),
+            (&["curl", "-sS", "https://api.example/v1/x.js"], &[]),
+            (&["./bin/tool", "conf/x.py"], &[]),
+            (&["python3"], &[]),
+            (&["env"], &[]),
+        ];
+        for (command, want) in cases {
+            let command: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+            assert_eq!(files_named(&command), *want, "{command:?}");
+        }
     }
 
     #[test]

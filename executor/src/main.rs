@@ -180,7 +180,8 @@ fn binding_gate(
 /// Problems of the file that need no running service: the whole schema
 /// (every problem, with key paths, from `egress-config`), then for every
 /// tool with a process section its command (found on its `path`) and the
-/// files its arguments name relative to its `cwd` (a runner and the tool's code).
+/// files its program is known to read, relative to its `cwd` (an
+/// interpreter's script, a runner's tool: `config::files_named`).
 fn static_problems(file: &std::path::Path) -> Vec<String> {
     let (config, error) = Config::check(file);
     let mut problems: Vec<String> = error.iter().flat_map(|e| e.lines()).collect();
@@ -200,12 +201,8 @@ fn static_problems(file: &std::path::Path) -> Vec<String> {
                 ));
             }
         }
-        for arg in &p.command[1..] {
-            // `file.py:function` names a file too.
-            let path = arg.split(':').next().unwrap_or(arg);
-            let looks_like_file =
-                [".py", ".js", ".mjs", ".cjs"].iter().any(|ext| path.ends_with(ext)) || path.contains('/');
-            if looks_like_file && !arg.starts_with('-') && !p.cwd.join(path).exists() {
+        for path in egress_executor::config::files_named(&p.command) {
+            if !p.cwd.join(&path).exists() {
                 problems.push(format!(
                     "tools.{tool}.process.command: {} does not exist (relative to cwd {})",
                     path,

@@ -188,8 +188,11 @@ async fn check_and_doctor_fail_on_what_would_break_a_tool() {
     let dir = TempDir::new("check");
     dir.write("count.py", COUNTING_PY);
     let runner = runners_dir().join("loom_runner.py");
+    // An argument that is only text to its program (a shell's `-c`) is
+    // never taken for a file, however many slashes it has.
     let good = format!(
-        "[tools.count]\negress = []\n[tools.count.process]\ncommand = [\"python3\", \"{}\", \"count.py\"]\nisolation = \"off\"\n",
+        "[tools.count]\negress = []\n[tools.count.process]\ncommand = [\"python3\", \"{}\", \"count.py\"]\nisolation = \"off\"\n\
+         [tools.shell]\negress = []\n[tools.shell.process]\ncommand = [\"sh\", \"-c\", \"echo a/b\"]\nisolation = \"off\"\n",
         runner.display()
     );
     let cfg = write_config(&dir, control.addr, false, &good);
@@ -209,7 +212,7 @@ async fn check_and_doctor_fail_on_what_would_break_a_tool() {
         assert!(text.contains(needle), "check did not report {needle}:\n{text}");
     }
     // doctor: the proxy does not know a tool this executor serves.
-    control.set_policy_tools(&["count"]);
+    control.set_policy_tools(&["count", "shell"]);
     let (_, text) = executor_bin(&["doctor"], &cfg);
     assert!(
         text.contains("tools known to the proxy") && !text.contains("not in the proxy's policy"),
