@@ -48,7 +48,7 @@ def exported_metrics():
         text = (ROOT / src).read_text()
         # registry.register("name", "help", family.clone()) and encode_descriptor("name", …)
         # registry.register("name", "help", field.clone()): the kind follows from the field's type.
-        for m in re.finditer(r'register\(\s*"([a-z_:][a-z0-9_:]*)"\s*,\s*"[^"]*"\s*,\s*([a-z_.]+)\.clone\(\)', text):
+        for m in re.finditer(r'register\(\s*"([a-z_:][a-z0-9_:]*)"\s*,\s*"(?:\\.|[^"\\])*"\s*,\s*([a-z_.]+)\.clone\(\)', text):
             # `store.bytes.clone()`: the field is the last segment of the path.
             base, field = m.group(1), m.group(2).split(".")[-1]
             names.add(base)
