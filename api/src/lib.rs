@@ -125,6 +125,14 @@ pub struct CreateRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = rules::owner_schema)]
     pub owner: Option<String>,
+    /// `true`: the run's credential is taken only on the listener that will
+    /// be handed over for it (inside its sandbox), and refused everywhere
+    /// else (`407 credential_elsewhere`) from its creation on, before the
+    /// hand-off and after a proxy restart. The executor sets it for every
+    /// child whose listener it hands over. A hand-off binds the run in any
+    /// case. Default `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<bool>,
 }
 
 /// A run's concurrency slots.
@@ -155,6 +163,10 @@ pub struct RunView {
     #[schema(value_type = Object)]
     pub labels: Map<String, Value>,
     pub owner: Option<String>,
+    /// The run's credential is taken only on the listener handed over for
+    /// it (declared at creation, or bound by the hand-off).
+    #[serde(default)]
+    pub bound: bool,
     pub slots: Slots,
     /// Idle upstream connections the run keeps for its own plain-HTTP fetches.
     pub upstream_idle: usize,

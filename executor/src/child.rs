@@ -132,7 +132,7 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     // Read before the run is created: a proxy restart after this makes the
     // child stale, never the other way round.
     let generation = shared.control.generation();
-    let run = create_run(shared, tool, run_id, deadline).await?;
+    let run = create_run(shared, tool, run_id, hands_off(shared, tool), deadline).await?;
     let scratch = shared
         .exec
         .scratch_dir
@@ -228,14 +228,24 @@ pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&s
     }
 }
 
-/// Phase 1: the child's run on the proxy, created inactive.
+/// Whether a child of `tool` gets an in-namespace listener that is handed
+/// over to the proxy (not relayed): its run is then created bound to it, so
+/// that its credential is refused everywhere else from the start (see
+/// [`proxy_path`], which hands it over).
+fn hands_off(shared: &Shared, tool: &ToolSpec) -> bool {
+    tool.confinement.has(crate::confine::Layer::Netns) && shared.exec.proxy_handoff.is_some()
+}
+
+/// Phase 1: the child's run on the proxy, created inactive (and `bound` to
+/// the listener that will be handed over for it).
 async fn create_run(
     shared: &Shared,
     tool: &ToolSpec,
     run_id: Option<&str>,
+    bound: bool,
     deadline: tokio::time::Instant,
 ) -> Result<RunCreds, InvokeError> {
-    match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id)).await {
+    match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id, bound)).await {
         Ok(Ok(run)) => Ok(run),
         // The kernel's run id names a run the proxy has (live, or ended
         // within its retention): the kernel's mistake, not the proxy's.

@@ -172,8 +172,9 @@ impl ControlClient {
         Ok(t)
     }
 
-    /// `POST /v1/runs` with `activate: false`; `run_id` if the kernel chose it.
-    pub async fn create_run(&self, tool: &str, run_id: Option<&str>) -> Result<RunCreds, ControlError> {
+    /// `POST /v1/runs` with `activate: false`; `run_id` if the kernel chose
+    /// it; `bound` for a child whose listener will be handed over.
+    pub async fn create_run(&self, tool: &str, run_id: Option<&str>, bound: bool) -> Result<RunCreds, ControlError> {
         let mut labels = Map::new();
         labels.insert("source".into(), Value::from("executor"));
         let body = CreateRun {
@@ -182,6 +183,7 @@ impl ControlClient {
             labels: Some(labels),
             activate: Some(false),
             owner: self.owner.lock().ok().and_then(|o| o.clone()),
+            bound: bound.then_some(true),
         };
         let created: CreatedRun = self.call("POST", "/v1/runs", Some(&body), "create run").await?;
         Ok(RunCreds {

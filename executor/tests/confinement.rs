@@ -148,6 +148,13 @@ fn main() {
             "handed_off_listeners_are_bound_to_their_run_and_closed_at_its_end",
             || Box::pin(handoff_protocol()),
         ),
+        ("a_confined_childs_run_is_created_bound_to_its_listener", || {
+            Box::pin(created_bound())
+        }),
+        (
+            "a_strict_childs_credential_copied_out_is_refused_outside_its_sandbox",
+            || Box::pin(copied_out()),
+        ),
         (
             "a_tool_directory_the_child_cannot_enter_is_a_clear_startup_error",
             || Box::pin(private_tool_dir()),
@@ -1968,6 +1975,163 @@ async fn started_before_the_proxy() {
     );
     assert!(child.0.try_wait().unwrap().is_none(), "the executor exited");
     drop(child);
+    proxy.shutdown().await;
+}
+
+/// The executor declares the binding when it creates the run of a child
+/// whose listener it hands over (`bound: true` at `POST /v1/runs`), so the
+/// credential is refused elsewhere from the first instant, before the
+/// hand-off; a child without a namespace (`off`) or a relayed one is not.
+async fn created_bound() {
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED a_confined_childs_run_is_created_bound_to_its_listener: {why}");
+        return;
+    }
+    let control = egress_e2e::FakeControl::start().await;
+    let plain = "command = [\"true\"]\nprotocol = \"plain\"\npool = { warm = 0, max = 1 }";
+    for (tool, keys, want) in [
+        ("strict", "", Some(json!(true))),
+        ("off", "isolation = \"off\"\n", None),
+        ("relayed", "", None),
+    ] {
+        let dir = TempDir::new("confine-declared");
+        let tools = format!("[tools.{tool}]\negress = []\n[tools.{tool}.process]\n{plain}\n{keys}");
+        let cfg = if tool == "relayed" {
+            exec_config(
+                &dir,
+                "egress.toml",
+                control.addr,
+                &format!("allow_relay = true\n{tools}"),
+            )
+        } else {
+            // With the fake hand-off socket at the default path.
+            egress_e2e::executor::write_config(&dir, control.addr, false, &tools)
+        };
+        let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+        let before = control.create_bodies().len();
+        let res = exec
+            .invoke(InvocationRequest {
+                tool: tool.into(),
+                input: json!(null),
+                run_id: None,
+                idempotency_key: None,
+                timeout_ms: None,
+            })
+            .await;
+        assert!(res.error.is_none(), "{tool}: {res:#?}");
+        let bodies = control.create_bodies();
+        assert_eq!(bodies.len(), before + 1, "{tool}");
+        assert_eq!(bodies[before].get("bound"), want.as_ref(), "{tool}: {}", bodies[before]);
+        exec.shutdown();
+    }
+}
+
+/// The reported attack on a real strict child: it copies its proxy URL out
+/// through its scratch directory while its invocation runs, and the host
+/// presents that credential on the proxy's own listener (forward, CONNECT,
+/// SOCKS5). Each is `407 credential_elsewhere` (SOCKS5: status 1), nothing
+/// reaches the origin, and the run's answer carries the facts (its kernel
+/// sees the leak). The tool may reach the origin: before the binding, the
+/// copied credential got `200` there.
+async fn copied_out() {
+    const NAME: &str = "a_strict_childs_credential_copied_out_is_refused_outside_its_sandbox";
+    if let Some(why) = unsupported() {
+        eprintln!("SKIPPED {NAME}: {why}");
+        return;
+    }
+    if python().is_none() {
+        eprintln!("SKIPPED {NAME}: no python3");
+        return;
+    }
+    const LEAK_PY: &str = r#"
+import os, time
+tmp = os.environ["TMPDIR"]
+with open(os.path.join(tmp, "cred.tmp"), "w") as f:
+    f.write(os.environ["HTTP_PROXY"])
+os.rename(os.path.join(tmp, "cred.tmp"), os.path.join(tmp, "cred"))
+for _ in range(400):
+    if os.path.exists(os.path.join(tmp, "go")):
+        break
+    time.sleep(0.05)
+print("done")
+"#;
+    let origin = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let dir = TempDir::new("confine-copied");
+    dir.write("leak.py", LEAK_PY);
+    let rule = format!("[tools.leak]\negress = [\"allowed.test:{port}\"]\n");
+    let proxy = proxy_beside(&dir, &rule).await;
+    proxy.dns.set("allowed.test", &["127.0.0.2"]);
+    let cfg = exec_config(
+        &dir,
+        "egress.toml",
+        proxy.control,
+        &format!(
+            "{rule}[tools.leak.process]\ncommand = [\"python3\", \"leak.py\"]\nprotocol = \"plain\"\n\
+             pool = {{ warm = 0, max = 1 }}\ntimeout_ms = 30000\n"
+        ),
+    );
+    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let invocation = tokio::spawn({
+        let exec = exec.clone();
+        async move {
+            exec.invoke(InvocationRequest {
+                tool: "leak".into(),
+                input: json!(null),
+                run_id: None,
+                idempotency_key: None,
+                timeout_ms: None,
+            })
+            .await
+        }
+    });
+    // What the child left in its scratch directory (observed, not ordered).
+    let scratch = dir.path().join("scratch");
+    let copied = || {
+        std::fs::read_dir(&scratch)
+            .ok()?
+            .flatten()
+            .find_map(|e| Some((e.path(), std::fs::read_to_string(e.path().join("cred")).ok()?)))
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || copied().is_some()).await,
+        "the child never wrote its proxy URL"
+    );
+    let (child_dir, url) = copied().unwrap();
+    let (id, secret) = url
+        .trim_start_matches("http://")
+        .rsplit_once('@')
+        .and_then(|(cred, _)| cred.split_once(':'))
+        .map(|(i, s)| (i.to_owned(), s.to_owned()))
+        .unwrap();
+    let auth = basic(&id, &secret);
+    let r = egress_e2e::raw::send(
+        proxy.proxy,
+        format!(
+            "GET http://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.deny_reason()),
+        (407, Some("credential_elsewhere")),
+        "{}",
+        r.text()
+    );
+    let (r, _) = egress_e2e::raw::connect(proxy.proxy, &format!("allowed.test:{port}"), Some(&auth)).await;
+    assert_eq!((r.status, r.deny_reason()), (407, Some("credential_elsewhere")));
+    let dest = egress_e2e::socks::Dest::Name("allowed.test".into(), port);
+    let socks = egress_e2e::socks::negotiate(proxy.proxy, (&id, &secret), &[2], 1, &dest).await;
+    assert!(matches!(socks, egress_e2e::socks::Outcome::Auth(1)), "{socks:?}");
+    std::fs::write(child_dir.join("go"), "").unwrap();
+    let res = invocation.await.unwrap();
+    assert!(res.ok, "{res:#?}");
+    assert_eq!(res.run_id.as_deref(), Some(id.as_str()));
+    let leaks = res.facts.iter().filter(|f| f.reason == "credential_elsewhere");
+    assert_eq!(leaks.map(|f| f.count).sum::<u64>(), 3, "{:#?}", res.facts);
+    assert_eq!(origin.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+    exec.shutdown();
     proxy.shutdown().await;
 }
 

@@ -608,7 +608,9 @@ def run(input, ctx):
 /// cuts one; `max_concurrent_fetches` makes the next connection wait for a
 /// slot; and another run's credential sent as `Proxy-Authorization` changes
 /// nothing (the namespace is the identity: the request is decided on this
-/// run's policy, and the header never reaches the origin).
+/// run's policy, and the header never reaches the origin), unless that run
+/// is bound to its own sandbox's listener: then it is refused
+/// (`credential_elsewhere`), as everywhere but there.
 #[tokio::test]
 async fn run_end_deadline_slots_and_identity_hold_on_transparent_connections() {
     if let Some(why) = unable() {
@@ -751,6 +753,61 @@ timeout_ms = 30000
     assert_eq!(r.status, 200, "{}", r.text());
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["facts"], json!([]), "the other run has no facts: {v:#}");
+
+    // A run bound to its own sandbox's listener (a strict child's): its
+    // credential is refused on this run's transparent socket too, with a
+    // fact on each run, and nothing reaches an origin.
+    let r = egress_e2e::harness::control_call(
+        control,
+        "POST",
+        "/v1/runs",
+        Some(json!({"tool": "other", "bound": true})),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let (bound, secret) = (v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
+    let hits = (
+        web.hits.load(std::sync::atomic::Ordering::SeqCst),
+        web2.hits.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    let input = json!({"mode": "credential", "credential": format!("{bound}:{secret}")});
+    let leaked = invoke("cred", input, None).await.unwrap();
+    assert!(leaked.ok, "{leaked:#?}");
+    let out = leaked.output.clone().unwrap();
+    for case in ["listed", "others"] {
+        assert_eq!(out[case]["status"], json!(407), "{case}: {out:#}");
+        assert_eq!(out[case]["reason"], json!("credential_elsewhere"), "{case}: {out:#}");
+    }
+    assert_eq!(
+        (
+            web.hits.load(std::sync::atomic::Ordering::SeqCst),
+            web2.hits.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        hits
+    );
+    // Identical denials may be folded into one fact with a count.
+    let elsewhere = |facts: &[egress_api::Fact]| {
+        facts
+            .iter()
+            .filter(|f| f.reason == "credential_elsewhere")
+            .map(|f| f.count)
+            .sum::<u64>()
+    };
+    assert_eq!(elsewhere(&leaked.facts), 2, "{:#?}", leaked.facts);
+    let r =
+        egress_e2e::harness::control_call(control, "GET", &format!("/v1/runs/{bound}/facts"), None, Some(TOKEN)).await;
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let facts: Vec<egress_api::Fact> = serde_json::from_value(v["facts"].clone()).unwrap();
+    assert!(
+        elsewhere(&facts) == 2
+            && facts
+                .iter()
+                .all(|f| f.reason == "credential_elsewhere"
+                    && f.detail.contains("a transparent socket handed over for run")),
+        "{facts:#?}"
+    );
 
     exec.shutdown();
     exec.drain(Duration::from_secs(5)).await;

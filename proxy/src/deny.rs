@@ -128,10 +128,14 @@ pub enum DenyReason {
     /// A request asking to switch to a protocol the proxy does not carry
     /// (`Upgrade` other than a WebSocket handshake: `h2c`, custom ones).
     UpgradeNotAllowed,
+    /// A valid credential of a run bound to the listener handed over for it
+    /// (its sandbox), presented anywhere else: the proxy's own listeners,
+    /// another run's listener or transparent socket.
+    CredentialElsewhere,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 18] = [
+    pub const ALL: [DenyReason; 19] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -150,6 +154,14 @@ impl DenyReason {
         DenyReason::BudgetExhausted,
         DenyReason::RateLimited,
         DenyReason::UpgradeNotAllowed,
+        DenyReason::CredentialElsewhere,
+    ];
+
+    /// The refusals of the authentication step (`407`).
+    pub const AUTHENTICATION: [DenyReason; 3] = [
+        DenyReason::AuthMissing,
+        DenyReason::AuthInvalid,
+        DenyReason::CredentialElsewhere,
     ];
 
     pub fn code(self) -> &'static str {
@@ -172,12 +184,15 @@ impl DenyReason {
             DenyReason::BudgetExhausted => "budget_exhausted",
             DenyReason::RateLimited => "rate_limited",
             DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
+            DenyReason::CredentialElsewhere => "credential_elsewhere",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
-            DenyReason::AuthMissing | DenyReason::AuthInvalid => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            DenyReason::AuthMissing | DenyReason::AuthInvalid | DenyReason::CredentialElsewhere => {
+                StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            }
             DenyReason::BadTarget | DenyReason::HostMismatch => StatusCode::BAD_REQUEST,
             DenyReason::BudgetExhausted | DenyReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::FORBIDDEN,
@@ -188,7 +203,7 @@ impl DenyReason {
     /// `X-Egress-Denial` answer).
     pub fn rule(self) -> &'static str {
         match self {
-            DenyReason::AuthMissing | DenyReason::AuthInvalid => "authentication",
+            DenyReason::AuthMissing | DenyReason::AuthInvalid | DenyReason::CredentialElsewhere => "authentication",
             DenyReason::RunNotActive | DenyReason::RunEnded => "run_state",
             DenyReason::BadTarget | DenyReason::HostMismatch => "target",
             DenyReason::IpLiteral => "ip_literals",
@@ -253,6 +268,9 @@ impl DenyReason {
             DenyReason::RateLimited => "too many requests too fast for this run; wait a moment, then retry more slowly",
             DenyReason::UpgradeNotAllowed => {
                 "only WebSocket upgrades are carried; send the request without an Upgrade header"
+            }
+            DenyReason::CredentialElsewhere => {
+                "this credential works only inside its own sandbox, on the listener handed over for its run; do not retry"
             }
         }
     }

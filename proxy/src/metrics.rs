@@ -243,7 +243,7 @@ impl Metrics {
         for kind in ["not_found", "failed"] {
             let _ = dns_failures.get_or_create(&KindLabel { kind });
         }
-        for reason in [DenyReason::AuthMissing, DenyReason::AuthInvalid] {
+        for reason in DenyReason::AUTHENTICATION {
             let _ = auth_failures.get_or_create(&ReasonLabel { reason: reason.code() });
         }
         registry.register(

@@ -416,6 +416,31 @@ async fn tls_on_both_listeners() {
         "{}",
         String::from_utf8_lossy(&tunnel.stderr)
     );
+    // A run bound to its sandbox's handed-over listener: its credential is
+    // refused on the TLS listener as on the plain one.
+    let bound = tokio::task::block_in_place(|| {
+        Command::new("curl")
+            .args(["-sS", "-m", "10", "--cacert", &cacert])
+            .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+            .args(["-H", "content-type: application/json"])
+            .args(["-d", "{\"tool\":\"web\",\"bound\":true}", &format!("{control}/v1/runs")])
+            .output()
+            .unwrap()
+    });
+    let v: Value = serde_json::from_slice(&bound.stdout).unwrap();
+    let bound_url = v["proxy_url"].as_str().unwrap().to_owned();
+    let refused = tokio::task::block_in_place(|| {
+        Command::new("curl")
+            .args(["-sS", "-m", "10", "--proxy-cacert", &cacert, "-x", &bound_url])
+            .args(["-o", "/dev/null", "-D", "-", &target])
+            .output()
+            .unwrap()
+    });
+    let head = String::from_utf8_lossy(&refused.stdout).to_ascii_lowercase();
+    assert!(
+        head.starts_with("http/1.1 407") && head.contains("x-egress-deny-reason: credential_elsewhere"),
+        "{head}"
+    );
     // Plain HTTP to a TLS listener gets nothing useful.
     let plain_to_tls = tokio::task::block_in_place(|| {
         Command::new("curl")

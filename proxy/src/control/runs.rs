@@ -35,6 +35,7 @@ pub fn run_view(sh: &Shared, run: &Run) -> RunView {
         expires_at: crate::time::rfc3339(run.expires_at),
         labels: run.labels.clone(),
         owner: run.owner.as_deref().map(str::to_owned),
+        bound: run.is_bound(),
         slots: Slots {
             max: run.max_slots,
             in_use: run.max_slots - run.slots.available_permits(),
@@ -156,7 +157,7 @@ pub(super) async fn create_run(
         .map(|c| Placeholder::new(&c.name))
         .collect::<Result<Vec<_>, _>>()
         .map_err(no_randomness)?;
-    let run = sh.runs.create(
+    let run = sh.runs.create_bound(
         NewRun {
             id,
             tool: tool.id.clone(),
@@ -169,6 +170,7 @@ pub(super) async fn create_run(
             placeholders,
         },
         secret.clone(),
+        req.bound.unwrap_or(false),
     )?;
     if let Err(e) = sh.facts.save_run(RunWrite::Save(run.record())).await {
         sh.runs.end(&run, EndReason::Ended);
@@ -179,7 +181,7 @@ pub(super) async fn create_run(
         ));
     }
     sh.run_created(&run);
-    tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), "run created");
+    tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, state = run.state().as_str(), bound = run.is_bound(), "run created");
     let proxy_url = format!("{}://{}:{}@{}", sh.proxy_scheme, run.id, secret, sh.proxy_authority);
     let env = child_env(&sh, &proxy_url, &run, tool);
     Ok((

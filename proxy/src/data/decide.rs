@@ -10,6 +10,7 @@
 //! [`fetch`]: crate::data::fetch
 //! [`intercept`]: crate::data::intercept
 
+use crate::data::auth::{AuthFailure, Presented};
 use crate::data::body::ProxyBody;
 use crate::data::inject::Injection;
 use crate::data::policy::{self, Admission, Channel, Denial, Head, Upgrade};
@@ -59,6 +60,9 @@ pub(super) struct Ask<'r> {
     /// The protocol the request asks to switch to ([`policy::upgrade_of`];
     /// `None` for tunnels and raw connections).
     pub upgrade: Upgrade,
+    /// Where the run's credential (or its sandbox's connection) was
+    /// presented: the binding rule is checked again once the run settled.
+    pub at: Presented<'r>,
 }
 
 /// One fetch's context: the shared state, the policy snapshot, the run, and
@@ -478,13 +482,30 @@ impl<'a> Fetch<'a> {
         }
     }
 
+    /// Step 1 refused: counted, then recorded and answered by its reason.
+    /// The fetch's run is the one the failure is filed under
+    /// ([`AuthFailure::claimed`]).
+    pub(super) async fn deny_credential(&self, f: &AuthFailure, raw: String) -> Answer {
+        self.sh
+            .metrics
+            .auth_failures
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: f.reason.code(),
+            })
+            .inc();
+        match f.reason {
+            DenyReason::CredentialElsewhere => self.deny_elsewhere(f.on.as_deref()).await,
+            reason => self.deny_auth(reason, f.claimed.is_some(), raw).await,
+        }
+    }
+
     /// An authentication failure. The client gets the same answer whether
     /// the credential named an existing run with a wrong secret or a run
     /// that does not exist, so no run id can be probed. The fact of a wrong
     /// secret goes to the named run's facts with a fixed text and no target,
     /// so a tool cannot write its own text into another run's facts (and a
     /// flood of them folds into counted facts).
-    pub(super) async fn deny_auth(&self, reason: DenyReason, wrong_secret: bool, raw: String) -> Answer {
+    async fn deny_auth(&self, reason: DenyReason, wrong_secret: bool, raw: String) -> Answer {
         let answer = match reason {
             DenyReason::AuthMissing => "Proxy-Authorization with the run's credential is required",
             _ => "the credential is not valid for any live run",
@@ -495,6 +516,50 @@ impl<'a> Fetch<'a> {
             (_, false) => ("the credential names no known run".to_owned(), Dest::Raw(raw)),
         };
         self.deny_with(reason, answer.to_owned(), fact_detail, dest, &[]).await
+    }
+
+    /// The valid credential of this fetch's run, which is bound to the
+    /// listener handed over for it, presented elsewhere: on the proxy's own
+    /// listeners, or on `on`'s listener or transparent socket (whose
+    /// sandbox presented it, and which gets a fact too). Only a holder of
+    /// the valid secret gets this reason. The facts carry fixed texts and
+    /// no target (the presenter is not the run's sandbox, and writes
+    /// nothing of its own into the run's facts).
+    async fn deny_elsewhere(&self, on: Option<&Run>) -> Answer {
+        let id = self.run.map(|r| &*r.id).unwrap_or("-");
+        let socket = if self.via == Via::Transparent {
+            "a transparent socket"
+        } else {
+            "the listener"
+        };
+        let place = match on {
+            Some(other) => format!("{socket} handed over for run {}", other.id),
+            None => "the proxy's own listener".to_owned(),
+        };
+        if let Some(other) = on {
+            let tm = self.sh.tool_metrics(Some(&other.tool));
+            let theirs = Fetch::new(self.sh, self.policy, Some(other), &tm, self.kind, self.started).via(self.via);
+            let detail =
+                format!("the credential of run {id}, bound to its own sandbox, was presented on {socket} of this run");
+            if let Err(e) = theirs
+                .record(DenyReason::CredentialElsewhere, detail, None, &[], Mode::Enforce)
+                .await
+            {
+                return respond::error(FetchError::FactsUnavailable, &e);
+            }
+        }
+        let answer = "this credential is taken only inside its own sandbox, on the listener handed over for its run";
+        let detail = format!(
+            "this run's credential was presented on {place}; it is taken only on the listener handed over for this run"
+        );
+        self.deny_with(
+            DenyReason::CredentialElsewhere,
+            answer.to_owned(),
+            detail,
+            Dest::Withheld,
+            &[],
+        )
+        .await
     }
 
     /// Report mode: record what enforce would have denied, then go on.

@@ -41,7 +41,7 @@ use crate::data::tunnel::{self, Client};
 use crate::data::upstream::Upstream;
 use crate::deny::{DenyReason, FetchError, Phase, Via};
 use crate::dns::DnsError;
-use crate::metrics::{Decision, KindLabel, ReasonLabel};
+use crate::metrics::{Decision, KindLabel};
 use crate::runs::slots::{self, Slot, SlotError};
 use crate::runs::Run;
 use crate::state::Shared;
@@ -90,12 +90,13 @@ pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission
     }
     // One policy snapshot decides the whole fetch and is the digest its facts carry.
     let policy = sh.policy.load_full();
-    let run = match auth::authenticate(&sh.runs, req.headers(), req.extensions().get::<auth::BoundRun>()) {
+    let at = auth::Presented::on(req.extensions().get::<auth::BoundRun>());
+    let run = match auth::authenticate(&sh.runs, req.headers(), at) {
         Ok(run) => run,
         Err(f) => {
             let raw = raw_target(req.uri());
             let json = crate::data::respond::accepts_json(req.headers());
-            return Ok(refuse_credential(&sh, &policy, f, kind, started, raw, json).await);
+            return Ok(refuse_credential(&sh, &policy, f, (kind, None), started, raw, json).await);
         }
     };
     if let Some(r) = establish(&sh, &conn, &run) {
@@ -105,12 +106,14 @@ pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission
         Kind::Connect => crate::data::target::parse_connect(req.uri()),
         Kind::Http => crate::data::target::parse_absolute(req.uri(), req.headers(), req.version()),
     };
-    Ok(serve_run(&sh, &policy, &run, req, target, &conn, kind.into(), started).await)
+    let bound = req.extensions().get::<auth::BoundRun>().cloned();
+    let at = auth::Presented::on(bound.as_ref());
+    Ok(serve_run(&sh, &policy, &run, req, target, &conn, (kind.into(), at), started).await)
 }
 
 /// Steps 2–8 for a request of `run` (authenticated by its credential, or by
 /// the transparent connection it arrived on), whose target the entrance
-/// parsed.
+/// parsed; `via` labels it, `at` is where it was presented.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn serve_run(
     sh: &Arc<Shared>,
@@ -119,7 +122,7 @@ pub(super) async fn serve_run(
     mut req: Request<Incoming>,
     target: Result<Target, TargetError>,
     conn: &admission::Conn,
-    via: Via,
+    (via, at): (Via, auth::Presented<'_>),
     started: Instant,
 ) -> Answer {
     let kind = if req.method() == Method::CONNECT {
@@ -140,6 +143,7 @@ pub(super) async fn serve_run(
             Kind::Connect => policy::Upgrade::None,
             Kind::Http => policy::upgrade_of(req.method().as_str(), req.headers()),
         },
+        at,
     };
     match fetch.decide(run, ask).await {
         Ok(prepared) if kind == Kind::Http => fetch.carry(sh, prepared, run, req, conn).await,
@@ -211,26 +215,25 @@ impl Opened {
 }
 
 /// Step 1 failed: count it, record the fact (quoting `raw`, the target as
-/// the entrance received it), answer `407`.
+/// the entrance received it) under the run it is filed under, answer `407`.
+/// `via` labels it when the entrance is not `kind`'s own (transparent).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn refuse_credential(
     sh: &Shared,
     policy: &Policy,
     f: AuthFailure,
-    kind: Kind,
+    (kind, via): (Kind, Option<Via>),
     started: Instant,
     raw: String,
     json: bool,
 ) -> Answer {
-    sh.metrics
-        .auth_failures
-        .get_or_create(&ReasonLabel {
-            reason: f.reason.code(),
-        })
-        .inc();
     let tm = sh.tool_metrics(f.claimed.as_ref().map(|r| &*r.tool));
     let mut fetch = Fetch::new(sh, policy, f.claimed.as_deref(), &tm, kind, started);
+    if let Some(via) = via {
+        fetch = fetch.via(via);
+    }
     fetch.json = json;
-    fetch.deny_auth(f.reason, f.claimed.is_some(), raw).await
+    fetch.deny_credential(&f, raw).await
 }
 
 /// The authenticated request's connection takes its place among the
@@ -275,6 +278,12 @@ impl Fetch<'_> {
     /// Steps 2–7 for an authenticated request, whatever its entrance.
     pub(super) async fn decide(&self, run: &Arc<Run>, ask: Ask<'_>) -> Result<Prepared, Answer> {
         let tool = self.check_run(run, ask.raw).await?;
+        // Again once the run settled: a run bound by its listener's hand-off
+        // while this fetch waited for the activation is refused here too.
+        if let Err(f) = auth::check_binding(&self.sh.runs, run.clone(), ask.at) {
+            let how = (self.kind, Some(self.via));
+            return Err(refuse_credential(self.sh, self.policy, f, how, self.started, (ask.raw)(), self.json).await);
+        }
         // The fetch deadline opens now that the head is authenticated.
         let deadline = self.started + tool.fetch_timeout;
         let mut target = self.canonical_target(ask.target, ask.raw).await?;

@@ -406,3 +406,63 @@ async fn the_sandbox_dns_answers_listed_names_with_synthetic_addresses_and_recor
     // Not a query: no answer.
     assert!(answer(&p.sh, &p.run, b"\x00\x01garbage").await.is_none());
 }
+
+/// A fetch authenticated on the proxy's own listener for a created run
+/// waits for the run's activation; if the run is bound to a handed-over
+/// listener meanwhile (a hand-off of a run its creator did not declare
+/// bound), the fetch is refused when it resumes (`credential_elsewhere`,
+/// with a fact on the run), and nothing is dialled.
+#[tokio::test(start_paused = true)]
+async fn a_fetch_held_for_its_activation_is_refused_if_the_run_is_bound_meanwhile() {
+    let p = Proxy::new("");
+    let w =
+        p.sh.runs
+            .create(
+                NewRun {
+                    id: "w".into(),
+                    tool: Arc::from("t"),
+                    labels: Default::default(),
+                    owner: None,
+                    activate: false,
+                    max_slots: 1,
+                    max_waiting: 1,
+                    max_conns: 8,
+                    placeholders: vec![],
+                },
+                SECRET.into(),
+            )
+            .unwrap();
+    let mut client = p.client().await;
+    let req = Request::builder()
+        .uri("http://api.test/")
+        .header("host", "api.test")
+        .header(
+            "proxy-authorization",
+            format!("Basic {}", base64_encode(&format!("w:{SECRET}"))),
+        )
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let answer = tokio::spawn(client.send_request(req));
+    // Paused time moves only once every task waits: the fetch is held.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!answer.is_finished());
+    assert!(w.bind());
+    p.sh.activate_run("w").unwrap();
+    let r = within(answer).await.unwrap().unwrap();
+    assert_eq!(
+        (r.status().as_u16(), header(&r, "x-egress-deny-reason")),
+        (407, "credential_elsewhere".to_owned())
+    );
+    assert!(p.net.dialled.lock().unwrap().is_empty());
+    let facts =
+        p.sh.facts
+            .query(crate::facts::FactQuery {
+                after: 0,
+                limit: 100,
+                run_id: Some("w".into()),
+            })
+            .await
+            .unwrap();
+    assert_eq!(facts.len(), 1, "{facts:?}");
+    assert_eq!(facts[0].reason, "credential_elsewhere");
+}

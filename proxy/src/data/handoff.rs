@@ -2,9 +2,12 @@
 //! inside a confined child's network namespace over a unix socket
 //! (`SCM_RIGHTS`), tagged with the child's run id. The proxy accepts on
 //! that listener directly (no relay) and binds every connection arriving on
-//! it to the run: another run's credential presented there is `auth_invalid`
-//! (see `auth::BoundRun`), so a leaked credential is useless outside its own
-//! sandbox. The listener is closed when the run ends.
+//! it to the run: another run's credential presented there is refused (see
+//! `auth::BoundRun`). And the run is bound to it (`Run::bind`, durable
+//! before the hand-off is answered, unless its creator declared the binding
+//! already): its credential is refused on every other listener and entrance
+//! (`credential_elsewhere`), so a leaked credential is useless outside its
+//! own sandbox. The listener is closed when the run ends.
 //!
 //! The socket is `[proxy] handoff`, else `egress-handoff.sock` beside the
 //! facts store (the executor derives the same path from the same file). It
@@ -27,6 +30,7 @@ use egress_api::handoff::{ERROR, MAGIC, OK, PROBE, TRANSPARENT};
 use egress_config::{ExecutorConfig, ProxyConfig};
 
 use crate::data::auth::BoundRun;
+use crate::runs::RunWrite;
 use crate::state::Shared;
 
 /// How long one hand-off may take.
@@ -138,9 +142,11 @@ pub async fn serve(sh: Arc<Shared>, listener: UnixListener, senders: Senders) {
                 Ok(c) if senders.may_send(c.uid()) => {
                     match tokio::time::timeout(TIMEOUT, receive(&stream)).await {
                         Ok(Ok(Message::Probe)) => Ok(()),
-                        Ok(Ok(Message::Listener(run_id, fd))) => adopt(&sh, &run_id, fd).map_err(|e| e.to_string()),
+                        Ok(Ok(Message::Listener(run_id, fd))) => {
+                            adopt(&sh, &run_id, fd).await.map_err(|e| e.to_string())
+                        }
                         Ok(Ok(Message::Transparent(run_id, fds))) => {
-                            adopt_transparent(&sh, &run_id, fds).map_err(|e| e.to_string())
+                            adopt_transparent(&sh, &run_id, fds).await.map_err(|e| e.to_string())
                         }
                         Ok(Err(e)) => Err(e.to_string()),
                         Err(_) => Err("timed out".to_string()),
@@ -219,14 +225,26 @@ fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
-/// The live run a hand-off names.
-fn live_run(sh: &Shared, run_id: &str) -> io::Result<Arc<crate::runs::Run>> {
+/// The live run a hand-off names, bound to its listener from now on: if
+/// its creator did not declare the binding (`bound` at `POST /v1/runs`),
+/// its record is rewritten before the hand-off is answered, so that a
+/// restart cannot bring it back unbound. A record that cannot be written
+/// refuses the hand-off (the run stays bound, with no listener: its
+/// credential works nowhere).
+async fn bound_run(sh: &Shared, run_id: &str) -> io::Result<Arc<crate::runs::Run>> {
     let run = sh
         .runs
         .get(run_id)
         .ok_or_else(|| invalid("no such run (or it has ended)"))?;
     if run.cancel.is_cancelled() {
         return Err(invalid("the run has ended"));
+    }
+    if run.bind() {
+        tracing::info!(target: "egress::runs", run = %run.id, "run bound to its handed-over listener (not declared at creation)");
+        sh.facts
+            .save_run(RunWrite::Update(run.record()))
+            .await
+            .map_err(|e| io::Error::other(format!("the run's binding could not be stored: {e}")))?;
     }
     Ok(run)
 }
@@ -247,9 +265,9 @@ fn tcp_listener(fd: OwnedFd) -> io::Result<tokio::net::TcpListener> {
 
 /// Checks the descriptor is a listening TCP socket, then serves it for the
 /// run until the run ends (or the proxy shuts down).
-fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
-    let run = live_run(sh, run_id)?;
+async fn adopt(sh: &Arc<Shared>, run_id: &str, fd: OwnedFd) -> io::Result<()> {
     let listener = tcp_listener(fd)?;
+    let run = bound_run(sh, run_id).await?;
     let sh2 = sh.clone();
     let bound = BoundRun(run.id.clone());
     let admission = run_admission(sh);
@@ -280,8 +298,7 @@ fn run_admission(sh: &Shared) -> Arc<crate::admission::Admission> {
 /// socket, a TCP listener), then serves them for the run until it ends:
 /// the transparent entrance on the first two, the sandbox's DNS on the
 /// others.
-fn adopt_transparent(sh: &Arc<Shared>, run_id: &str, fds: [OwnedFd; 4]) -> io::Result<()> {
-    let run = live_run(sh, run_id)?;
+async fn adopt_transparent(sh: &Arc<Shared>, run_id: &str, fds: [OwnedFd; 4]) -> io::Result<()> {
     let [t4, t6, udp, dns_tcp] = fds;
     let t4 = tcp_listener(t4)?;
     let t6 = tcp_listener(t6)?;
@@ -292,6 +309,7 @@ fn adopt_transparent(sh: &Arc<Shared>, run_id: &str, fds: [OwnedFd; 4]) -> io::R
     let udp = std::net::UdpSocket::from(udp);
     udp.set_nonblocking(true)?;
     let udp = tokio::net::UdpSocket::from_std(udp)?;
+    let run = bound_run(sh, run_id).await?;
     let admission = run_admission(sh);
     for l in [t4, t6] {
         tokio::spawn(crate::data::transparent::serve(

@@ -4,8 +4,10 @@
 //!
 //! - the one method is username/password (RFC 1929) with the run's id and
 //!   secret, checked as `Proxy-Authorization` is (a handed-over listener
-//!   takes only its own run's credential); no acceptable method, a wrong
-//!   secret or an unknown run is a fact and the connection is closed;
+//!   takes only its own run's credential, a bound run's credential is taken
+//!   only there); no acceptable method, a wrong secret, an unknown run or a
+//!   credential presented where its binding refuses it is a fact, status 1,
+//!   and the connection is closed;
 //! - the one command is `CONNECT`: `BIND` and `UDP ASSOCIATE` answer
 //!   "command not supported" and are a `method_not_allowed` fact;
 //! - a domain name goes through the same canonicalizer as every target and
@@ -168,12 +170,13 @@ async fn negotiate(
         let f = auth::AuthFailure {
             reason: DenyReason::AuthMissing,
             claimed: None,
+            on: None,
         };
         refuse_credential(
             sh,
             &policy,
             f,
-            Kind::Connect,
+            (Kind::Connect, None),
             started,
             socks_raw("no username/password method offered"),
             false,
@@ -191,9 +194,10 @@ async fn negotiate(
         Err(auth::AuthFailure {
             reason: DenyReason::AuthInvalid,
             claimed: None,
+            on: None,
         })
     } else {
-        auth::authenticate_pair(&sh.runs, &user, &secret, bound)
+        auth::authenticate_pair(&sh.runs, &user, &secret, auth::Presented::on(bound))
     };
     let run = match run {
         Ok(run) => run,
@@ -203,7 +207,7 @@ async fn negotiate(
                 sh,
                 &policy,
                 f,
-                Kind::Connect,
+                (Kind::Connect, None),
                 started,
                 socks_raw("before its request"),
                 false,
@@ -253,6 +257,7 @@ async fn negotiate(
         head: &destination,
         raw: &|| raw.clone(),
         upgrade: crate::data::policy::Upgrade::None,
+        at: auth::Presented::on(bound),
     };
     let prepared = match fetch.decide(&run, ask).await {
         Ok(p) => p,

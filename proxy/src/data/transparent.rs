@@ -13,7 +13,9 @@
 //!
 //! - plain HTTP: each request is origin-form on that host and port (`Host`
 //!   naming another is `host_mismatch`), and goes the forward path (methods,
-//!   credentials, facts);
+//!   credentials, facts); a `Proxy-Authorization` it carries grants
+//!   nothing, but another bound run's valid credential is refused
+//!   (`credential_elsewhere`, see `auth::carried`);
 //! - TLS: its server name must be the name (`host_mismatch` otherwise), and
 //!   it goes as a CONNECT would (intercepted for a credential host or an
 //!   `inspect` tool, else a spliced tunnel to the pinned address);
@@ -24,9 +26,11 @@
 //! Facts, metrics and logs label these fetches `transparent`.
 
 use crate::admission::{Admission, Conn};
+use crate::data::auth::{self, Presented};
 use crate::data::decide::{Ask, Dest, Fetch};
-use crate::data::fetch::{establish, serve_run};
+use crate::data::fetch::{establish, refuse_credential, serve_run};
 use crate::data::policy::Head;
+use crate::data::respond::{self, raw_target};
 use crate::data::sniff::{self, First};
 use crate::data::target::{self, server_name_is, Kind, Target, TargetError};
 use crate::data::tunnel::Client;
@@ -159,6 +163,7 @@ async fn relay(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, dest: Target, sni
         head: &Named(&dest),
         raw: &|| raw.clone(),
         upgrade: crate::data::policy::Upgrade::None,
+        at: Presented::RunListener(&run.id),
     };
     let Ok(prepared) = fetch.decide(run, ask).await else {
         return;
@@ -193,8 +198,14 @@ async fn http(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, dest: Target, conn
                 target::parse_transparent(&dest, req.uri(), req.headers())
             };
             let policy = sh.policy.load_full();
+            if let Err(f) = auth::carried(&sh.runs, req.headers(), &run) {
+                let (raw, json) = (raw_target(req.uri()), respond::accepts_json(req.headers()));
+                let how = (Kind::Http, Some(Via::Transparent));
+                return Ok(refuse_credential(&sh, &policy, f, how, started, raw, json).await);
+            }
+            let at = Presented::RunListener(&run.id);
             Ok::<_, std::convert::Infallible>(
-                serve_run(&sh, &policy, &run, req, target, &conn, Via::Transparent, started).await,
+                serve_run(&sh, &policy, &run, req, target, &conn, (Via::Transparent, at), started).await,
             )
         }
     });

@@ -61,8 +61,9 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 const PRUNE_CHUNK: i64 = 5000;
 
 /// The store's schema version (`PRAGMA user_version`): 0 before epochs, 2
-/// with `store_info` (the epoch) and the export cursor.
-pub const STORE_VERSION: i64 = 2;
+/// with `store_info` (the epoch) and the export cursor, 3 with `bound` in
+/// every run record.
+pub const STORE_VERSION: i64 = 3;
 
 /// The `meta` key of the export cursor: every fact up to it is in the
 /// fleet store.
@@ -263,9 +264,12 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
     Ok(c)
 }
 
-/// Brings a store of an earlier schema to [`STORE_VERSION`]: a store made
-/// before epochs (version 0) gets one, drawn now, as a new file does. Its
-/// facts keep their bodies; they are read with the store's epoch.
+/// Brings a store of an earlier schema to [`STORE_VERSION`], in one
+/// transaction: a store made before epochs (version 0) gets one, drawn now,
+/// as a new file does (its facts keep their bodies; they are read with the
+/// store's epoch); a store made before run records said whether the run is
+/// bound to its handed-over listener (below 3) gets that in every record
+/// ([`bound_before_the_field`]).
 fn migrate(c: &Connection) -> rusqlite::Result<()> {
     let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version >= STORE_VERSION {
@@ -277,14 +281,63 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
         "INSERT OR IGNORE INTO store_info (key, value) VALUES ('epoch', ?1)",
         params![uuid::Uuid::new_v4().to_string()],
     )?;
+    let bound = mark_bound(&tx)?;
     tx.pragma_update(None, "user_version", STORE_VERSION)?;
     tx.commit()?;
     if version > 0 {
-        tracing::info!(from = version, to = STORE_VERSION, "fact store migrated");
+        tracing::info!(
+            from = version,
+            to = STORE_VERSION,
+            runs_bound = bound,
+            "fact store migrated"
+        );
     } else {
-        tracing::info!(to = STORE_VERSION, "fact store given an epoch");
+        tracing::info!(to = STORE_VERSION, runs_bound = bound, "fact store given an epoch");
     }
     Ok(())
+}
+
+/// Whether a run recorded before records said so must be taken as bound:
+/// the executor's (label `source` = `executor`). The executor hands over
+/// the listener of each confined child and cannot say afterwards which
+/// children were; the proxy that held those listeners is gone (this runs
+/// at its successor's start), so a confined child's credential is of use
+/// only to a thief now. Taking every executor run as bound fails closed:
+/// the cost is the fetches of unconfined children still running across
+/// the upgrade (`credential_elsewhere`); their next invocations have new
+/// runs.
+fn bound_before_the_field(labels: &serde_json::Map<String, serde_json::Value>) -> bool {
+    labels.get("source").and_then(|v| v.as_str()) == Some("executor")
+}
+
+/// Writes `bound` into every run record without it; returns how many it
+/// made bound. An unreadable record is left as it is (it is skipped at
+/// restore, as before).
+fn mark_bound(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<usize> {
+    let rows: Vec<(String, String)> = {
+        let mut stmt = tx.prepare("SELECT id, body FROM runs")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let mut bound = 0;
+    let mut update = tx.prepare("UPDATE runs SET body = ?2 WHERE id = ?1")?;
+    for (id, body) in rows {
+        let Ok(serde_json::Value::Object(mut rec)) = serde_json::from_str::<serde_json::Value>(&body) else {
+            continue;
+        };
+        if rec.contains_key("bound") {
+            continue;
+        }
+        let is = rec
+            .get("labels")
+            .and_then(|l| l.as_object())
+            .is_some_and(bound_before_the_field);
+        bound += usize::from(is);
+        rec.insert("bound".into(), serde_json::Value::Bool(is));
+        let body = serde_json::Value::Object(rec).to_string();
+        update.execute(params![id, body])?;
+    }
+    Ok(bound)
 }
 
 /// The ids of the run records in the store.
@@ -1002,6 +1055,7 @@ mod tests {
             owner: None,
             labels: Default::default(),
             active: false,
+            bound: false,
             created_at_ms: 0,
             expires_at_ms: u64::MAX,
             secret_sha256: "x".into(),
@@ -1497,6 +1551,74 @@ mod tests {
             assert_eq!(f.epoch.as_deref(), Some(epoch.as_str()), "seq {}", f.seq);
             assert_eq!(f.cell.as_deref(), Some("cell-a"));
         }
+    }
+
+    /// A store of version 2 holds run records that do not say whether the
+    /// run is bound to its handed-over listener. Opened, every record says
+    /// so: the executor's runs bound (their listeners died with the proxy
+    /// that held them: fail closed), others not; a record that already says
+    /// it, or cannot be read, is left as it is; it happens once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_records_from_before_the_binding_are_migrated_failing_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let body = |id: &str, labels: serde_json::Value, bound: Option<bool>| {
+            let mut v = serde_json::to_value(record(id)).unwrap();
+            let o = v.as_object_mut().unwrap();
+            o.insert("labels".into(), labels);
+            match bound {
+                Some(b) => o.insert("bound".into(), b.into()),
+                None => o.remove("bound"),
+            };
+            v.to_string()
+        };
+        {
+            let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+            assert!(s.ready());
+            drop(s);
+            // Back to version 2, with records as it wrote them.
+            let c = Connection::open(&path).unwrap();
+            c.pragma_update(None, "user_version", 2).unwrap();
+            for (id, b) in [
+                ("exec", body("exec", serde_json::json!({"source": "executor"}), None)),
+                ("kernel", body("kernel", serde_json::json!({"k": "v"}), None)),
+                ("spoofed", body("spoofed", serde_json::json!({"source": 7}), None)),
+                (
+                    "kept",
+                    body("kept", serde_json::json!({"source": "executor"}), Some(false)),
+                ),
+                ("broken", "{not json".to_owned()),
+            ] {
+                c.execute("INSERT INTO runs (id, body) VALUES (?1, ?2)", params![id, b])
+                    .unwrap();
+            }
+        }
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        assert!(s.ready());
+        assert_eq!(raw(&path, "PRAGMA user_version"), STORE_VERSION);
+        let mut got: Vec<(String, bool)> = s.load_runs().unwrap().into_iter().map(|r| (r.id, r.bound)).collect();
+        got.sort();
+        let want = [("exec", true), ("kept", false), ("kernel", false), ("spoofed", false)];
+        assert_eq!(got, want.map(|(i, b)| (i.to_owned(), b)));
+        assert_eq!(raw(&path, "SELECT count(*) FROM runs WHERE body LIKE '%\"bound\"%'"), 4);
+        assert_eq!(
+            raw(
+                &path,
+                "SELECT count(*) FROM runs WHERE id = 'broken' AND body = '{not json'"
+            ),
+            1
+        );
+        // Once: a record written unbound after the migration stays so.
+        s.save_run(RunWrite::Save(RunRecord {
+            labels: serde_json::json!({"source": "executor"}).as_object().unwrap().clone(),
+            ..record("later")
+        }))
+        .await
+        .unwrap();
+        drop(s);
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        let later = s.load_runs().unwrap().into_iter().find(|r| r.id == "later").unwrap();
+        assert!(!later.bound);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

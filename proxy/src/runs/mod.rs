@@ -4,7 +4,7 @@
 //! (papaya); the map is bounded by `max_runs` live runs plus a short-lived
 //! set of tombstones so that late requests of an ended run read `run_ended`.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use subtle::ConstantTimeEq;
@@ -79,6 +79,9 @@ pub struct Run {
     /// and kept nowhere (not in memory, not in the store).
     secret_hash: [u8; 32],
     state: AtomicU8,
+    /// Whether the run's credential is taken only on the listener handed
+    /// over for it (see [`Run::bind`]). Never cleared.
+    bound: AtomicBool,
     pub labels: serde_json::Map<String, serde_json::Value>,
     /// Who created the run and holds a lease for it, if anyone.
     pub owner: Option<Arc<str>>,
@@ -159,6 +162,20 @@ impl Run {
         self.state()
     }
 
+    /// Binds the run to the listener handed over for it: from now on its
+    /// credential is refused on every other listener and entrance
+    /// (`credential_elsewhere`), also after a restart (the record keeps it).
+    /// Returns whether the run was not bound before (its record must then
+    /// be written again).
+    pub fn bind(&self) -> bool {
+        !self.bound.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether the run is bound to its own listener ([`Run::bind`]).
+    pub fn is_bound(&self) -> bool {
+        self.bound.load(Ordering::Acquire)
+    }
+
     /// Constant-time comparison of the presented secret's hash.
     pub fn secret_matches(&self, presented: &[u8]) -> bool {
         self.secret_hash.ct_eq(&sha256(presented)).into()
@@ -173,6 +190,7 @@ impl Run {
             owner: self.owner.as_deref().map(str::to_owned),
             labels: self.labels.clone(),
             active: self.state.load(Ordering::Acquire) == ACTIVE,
+            bound: self.is_bound(),
             created_at_ms: ms(self.created_at),
             expires_at_ms: ms(self.expires_at),
             secret_sha256: hex(&self.secret_hash),
@@ -290,6 +308,11 @@ pub struct RunRecord {
     pub owner: Option<String>,
     pub labels: serde_json::Map<String, serde_json::Value>,
     pub active: bool,
+    /// Bound to the listener handed over for it ([`Run::bind`]). Records of
+    /// a store older than this field get it when the store is migrated
+    /// (`facts::store`); a record without it reads as unbound.
+    #[serde(default)]
+    pub bound: bool,
     pub created_at_ms: u64,
     pub expires_at_ms: u64,
     pub secret_sha256: String,
@@ -384,6 +407,13 @@ impl Runs {
 
     /// Creates a run with a fresh secret.
     pub fn create(&self, new: NewRun, secret: String) -> Result<Arc<Run>, RunError> {
+        self.create_bound(new, secret, false)
+    }
+
+    /// Creates a run with a fresh secret, bound to the listener that will
+    /// be handed over for it if `bound` ([`Run::bind`]): its credential is
+    /// refused elsewhere from its first instant.
+    pub fn create_bound(&self, new: NewRun, secret: String, bound: bool) -> Result<Arc<Run>, RunError> {
         // Reserve a live slot first so concurrent creates cannot overshoot.
         if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_runs {
             self.live.fetch_sub(1, Ordering::AcqRel);
@@ -394,8 +424,8 @@ impl Runs {
         self.insert(
             new,
             sha256(secret.as_bytes()),
-            wall,
-            wall + self.max_run,
+            bound,
+            (wall, wall + self.max_run),
             now + self.max_run,
         )
     }
@@ -423,7 +453,9 @@ impl Runs {
             placeholders: rec.placeholders,
         };
         let created = epoch + Duration::from_millis(rec.created_at_ms);
-        self.insert(new, hash, created, expires_at, Instant::now() + left).ok()
+        // Bound whether or not its listener is ever handed over again.
+        self.insert(new, hash, rec.bound, (created, expires_at), Instant::now() + left)
+            .ok()
     }
 
     /// Inserts a run whose live place is already reserved.
@@ -431,8 +463,8 @@ impl Runs {
         &self,
         new: NewRun,
         secret_hash: [u8; 32],
-        created_at: SystemTime,
-        expires_at: SystemTime,
+        bound: bool,
+        (created_at, expires_at): (SystemTime, SystemTime),
         expires: Instant,
     ) -> Result<Arc<Run>, RunError> {
         let run = Arc::new(Run {
@@ -440,6 +472,7 @@ impl Runs {
             tool: new.tool,
             secret_hash,
             state: AtomicU8::new(if new.activate { ACTIVE } else { CREATED }),
+            bound: AtomicBool::new(bound),
             labels: new.labels,
             owner: new.owner,
             created_at,
@@ -647,6 +680,32 @@ mod tests {
         assert!(runs.get("a").is_some());
         runs.sweep(later + TOMBSTONE_RETENTION);
         assert!(runs.get("a").is_none());
+    }
+
+    /// A run bound at creation or later (its listener's hand-off) stays
+    /// bound, and its record brings it back bound after a restart, whether
+    /// or not a listener is ever handed over again.
+    #[test]
+    fn a_binding_is_kept_in_the_record_and_restored() {
+        let runs = Runs::new(10, Duration::from_secs(60));
+        let declared = runs.create_bound(new("d", false), "x".into(), true).unwrap();
+        let later = runs.create(new("l", true), "x".into()).unwrap();
+        let never = runs.create(new("n", true), "x".into()).unwrap();
+        assert!(declared.is_bound() && !later.is_bound());
+        assert!(!declared.bind(), "already bound");
+        assert!(later.bind(), "bound by the hand-off");
+        assert!(!later.bind());
+        let restarted = Runs::new(10, Duration::from_secs(60));
+        for (run, bound) in [(&declared, true), (&later, true), (&never, false)] {
+            let rec = run.record();
+            assert_eq!(rec.bound, bound, "{}", run.id);
+            let back: RunRecord = serde_json::from_str(&serde_json::to_string(&rec).unwrap()).unwrap();
+            assert_eq!(restarted.restore(back).unwrap().is_bound(), bound, "{}", run.id);
+        }
+        // A record without the field (migrated stores have it) reads unbound.
+        let mut v = serde_json::to_value(never.record()).unwrap();
+        v.as_object_mut().unwrap().remove("bound");
+        assert!(!serde_json::from_value::<RunRecord>(v).unwrap().bound);
     }
 
     #[test]
