@@ -813,12 +813,13 @@ command = ["python3", "tools/weather.py"]
             "{e}"
         );
         let e = errors(&tool(
-            "[tools.t.credentials.db]\nhosts = [\"db.internal:5432\"]\nvalue = \"Bearer ${secret}\"\nsecret = { env = \"DB_TOKEN\" }",
+            "[tools.t.credentials.db]\nhosts = [\"db.internal:5432\"]\nvalue = \"Bearer ${secret}\"\nsecret = { env = \"DB_TOKEN\" }\nplaceholder_env = \"DB_TOKEN\"",
             raw,
         ));
-        assert!(
-            e.contains("tools.t.credentials.db.hosts[0]: db.internal:5432 is relayed raw"),
-            "{e}"
+        assert_eq!(
+            e,
+            "bad.toml: tools.t.credentials.db.hosts[0]: db.internal:5432 is relayed raw (an egress entry with \
+             protocol = \"tcp\"), and a credential is written only into requests the proxy sees",
         );
     }
 

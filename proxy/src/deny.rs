@@ -128,10 +128,15 @@ pub enum DenyReason {
     /// A request asking to switch to a protocol the proxy does not carry
     /// (`Upgrade` other than a WebSocket handshake: `h2c`, custom ones).
     UpgradeNotAllowed,
+    /// A transparent connection whose first bytes are not a complete TLS
+    /// ClientHello or HTTP/1.x request head within the head read timeout
+    /// and byte bound (nothing at all, another protocol, HTTP/2 with prior
+    /// knowledge), to an entry that does not say `protocol = "tcp"`.
+    ProtocolUnknown,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 18] = [
+    pub const ALL: [DenyReason; 19] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -150,6 +155,7 @@ impl DenyReason {
         DenyReason::BudgetExhausted,
         DenyReason::RateLimited,
         DenyReason::UpgradeNotAllowed,
+        DenyReason::ProtocolUnknown,
     ];
 
     pub fn code(self) -> &'static str {
@@ -172,6 +178,7 @@ impl DenyReason {
             DenyReason::BudgetExhausted => "budget_exhausted",
             DenyReason::RateLimited => "rate_limited",
             DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
+            DenyReason::ProtocolUnknown => "protocol_unknown",
         }
     }
 
@@ -201,6 +208,7 @@ impl DenyReason {
             DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls => "credentials",
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
             DenyReason::UpgradeNotAllowed => "upgrades",
+            DenyReason::ProtocolUnknown => "protocols",
         }
     }
 
@@ -254,6 +262,9 @@ impl DenyReason {
             DenyReason::UpgradeNotAllowed => {
                 "only WebSocket upgrades are carried; send the request without an Upgrade header"
             }
+            DenyReason::ProtocolUnknown => {
+                "only TLS or HTTP/1.x is carried here, sent at once; another protocol needs an entry with protocol = \"tcp\""
+            }
         }
     }
 
@@ -267,6 +278,7 @@ impl DenyReason {
                 | DenyReason::PrivateAddress
                 | DenyReason::MethodNotAllowed
                 | DenyReason::PathNotAllowed
+                | DenyReason::ProtocolUnknown
         )
     }
 }
