@@ -47,8 +47,8 @@ pub struct Denial {
     pub fact_id: String,
     /// The decision step that denied it: `authentication`, `run_state`,
     /// `target`, `ip_literals`, `allowlist`, `methods`, `paths`,
-    /// `address_ranges`, `self_loop`, `slots`, `credentials`, `budgets` or
-    /// `upgrades`.
+    /// `address_ranges`, `self_loop`, `slots`, `credentials`, `budgets`,
+    /// `upgrades` or `protocols`.
     pub rule: String,
     /// A fixed text per reason saying what to do (and what not to).
     pub hint: String,

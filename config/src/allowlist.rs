@@ -1,10 +1,11 @@
 //! A tool's compiled egress allowlist: exact `host:port` entries, `*.suffix:port`
-//! wildcards (strict subdomains only) and exact IP-literal entries. Matching is
+//! wildcards (strict subdomains only) and exact IP-literal entries, each with
+//! what a transparent connection to it may carry (`protocol`). Matching is
 //! pure and happens before any DNS query.
 
 use crate::host::{parse_host, Host, HostError};
 use crate::requests::Requests;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -37,6 +38,48 @@ impl std::fmt::Display for Rule {
             f.write_str(" (private)")?;
         }
         Ok(())
+    }
+}
+
+/// What a transparent connection to an entry may carry (`protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EntryProtocol {
+    /// The default: TLS (its ClientHello's server name must be the entry's
+    /// name) or HTTP/1.x (each request's `Host` must be), waited for until
+    /// its first bytes are complete; anything else is refused.
+    #[default]
+    TlsOrHttp,
+    /// `protocol = "tcp"`: relayed raw at once, no byte looked at (for
+    /// protocols whose server speaks first, or that are neither TLS nor HTTP).
+    Tcp,
+}
+
+impl EntryProtocol {
+    /// As written in the config file (`None`: the default, never written).
+    pub fn as_written(self) -> Option<&'static str> {
+        match self {
+            EntryProtocol::TlsOrHttp => None,
+            EntryProtocol::Tcp => Some("tcp"),
+        }
+    }
+}
+
+/// One allowlist entry as the file gives it: where, which requests, and
+/// what a transparent connection may carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub rule: Rule,
+    pub requests: Option<Requests>,
+    pub protocol: EntryProtocol,
+}
+
+impl From<(Rule, Option<Requests>)> for Entry {
+    fn from((rule, requests): (Rule, Option<Requests>)) -> Entry {
+        Entry {
+            rule,
+            requests,
+            protocol: EntryProtocol::TlsOrHttp,
+        }
     }
 }
 
@@ -128,6 +171,18 @@ pub struct Allowlist {
     requests: Vec<Option<Arc<Requests>>>,
     /// Only when some entry has method or path rules: every entry, by key.
     restricted: Option<Box<RequestTable>>,
+    /// What each entry in `rules` lets a transparent connection carry.
+    protocols: Vec<EntryProtocol>,
+    /// Only when some entry says `protocol = "tcp"`: those entries, by key.
+    raw: Option<Box<RawTable>>,
+}
+
+/// The entries relayed raw, by what they match (ports per name).
+#[derive(Debug, Clone, Default)]
+struct RawTable {
+    exact: HashMap<String, Vec<u16>>,
+    suffixes: HashMap<String, Vec<u16>>,
+    ips: HashSet<(IpAddr, u16)>,
 }
 
 /// One entry's port and its method and path rules (`None`: any request).
@@ -173,9 +228,35 @@ impl Allowlist {
 
     /// An allowlist whose entries may restrict methods and paths.
     pub fn with_requests(entries: Vec<(Rule, Option<Requests>)>) -> Self {
-        let (rules, requests): (Vec<Rule>, Vec<Option<Arc<Requests>>>) =
-            entries.into_iter().map(|(r, q)| (r, q.map(Arc::new))).unzip();
+        Allowlist::with_entries(entries.into_iter().map(Entry::from).collect())
+    }
+
+    /// An allowlist whose entries may restrict methods and paths, and say
+    /// what a transparent connection to them may carry.
+    pub fn with_entries(entries: Vec<Entry>) -> Self {
+        let mut protocols = Vec::with_capacity(entries.len());
+        let (rules, requests): (Vec<Rule>, Vec<Option<Arc<Requests>>>) = entries
+            .into_iter()
+            .map(|e| {
+                protocols.push(e.protocol);
+                (e.rule, e.requests.map(Arc::new))
+            })
+            .unzip();
         let mut a = Allowlist::default();
+        if protocols.contains(&EntryProtocol::Tcp) {
+            let mut t = RawTable::default();
+            for (rule, _) in rules.iter().zip(&protocols).filter(|(_, p)| **p == EntryProtocol::Tcp) {
+                match rule {
+                    Rule::Exact { host, port, .. } => t.exact.entry(host.clone()).or_default().push(*port),
+                    Rule::Suffix { suffix, port, .. } => t.suffixes.entry(suffix.clone()).or_default().push(*port),
+                    Rule::Ip { ip, port, .. } => {
+                        t.ips.insert((*ip, *port));
+                    }
+                }
+            }
+            a.raw = Some(Box::new(t));
+        }
+        a.protocols = protocols;
         if requests.iter().any(Option::is_some) {
             let mut t = RequestTable::default();
             for (rule, q) in rules.iter().zip(&requests) {
@@ -212,13 +293,49 @@ impl Allowlist {
         &self.rules
     }
 
-    /// Each entry with its method and path rules, as written in `check`'s
-    /// output and the policy digest: `host:port[ (private)][ methods=…][ paths=…]`.
+    /// Each entry with its method and path rules and its protocol, as
+    /// written in `check`'s output and the policy digest:
+    /// `host:port[ (private)][ methods=…][ paths=…][ protocol=tcp]`.
     pub fn entries(&self) -> impl Iterator<Item = String> + '_ {
-        self.rules.iter().zip(&self.requests).map(|(r, q)| match q {
-            Some(q) => format!("{r}{q}"),
-            None => r.to_string(),
-        })
+        self.rules
+            .iter()
+            .zip(&self.requests)
+            .zip(&self.protocols)
+            .map(|((r, q), p)| {
+                let mut e = match q {
+                    Some(q) => format!("{r}{q}"),
+                    None => r.to_string(),
+                };
+                if let Some(p) = p.as_written() {
+                    e.push_str(" protocol=");
+                    e.push_str(p);
+                }
+                e
+            })
+    }
+
+    /// What each entry lets a transparent connection carry (same order as
+    /// [`Allowlist::rules`]).
+    pub fn protocols(&self) -> &[EntryProtocol] {
+        &self.protocols
+    }
+
+    /// Whether a transparent connection to `host` and `port` is relayed
+    /// raw at once: some entry matching them (exact, wildcard or address,
+    /// as [`Allowlist::check`] matches) says `protocol = "tcp"`. Without
+    /// such an entry in the list this is one branch.
+    pub fn relays_raw(&self, host: &Host, port: u16) -> bool {
+        let Some(t) = &self.raw else {
+            return false;
+        };
+        match host {
+            Host::Ip(ip) => t.ips.contains(&(ip.to_canonical(), port)),
+            Host::Name(name) => {
+                let on = |ports: Option<&Vec<u16>>| ports.is_some_and(|p| p.contains(&port));
+                on(t.exact.get(name.as_str()))
+                    || name.match_indices('.').any(|(i, _)| on(t.suffixes.get(&name[i + 1..])))
+            }
+        }
     }
 
     /// Whether some entry restricts methods or paths (its host's CONNECTs
@@ -444,6 +561,47 @@ mod tests {
         );
         assert_eq!(a.check(&name("[::1]"), 80), Match::Allowed { private: false });
         assert_eq!(a.check(&name("127.0.0.1"), 443), Match::IpLiteral);
+    }
+
+    #[test]
+    fn raw_entries_are_found_as_check_matches_them() {
+        let tcp = |e: &str| Entry {
+            protocol: EntryProtocol::Tcp,
+            ..Entry::from((Rule::parse_str(e).unwrap(), None))
+        };
+        let checked = |e: &str| Entry::from((Rule::parse_str(e).unwrap(), None));
+        let a = Allowlist::with_entries(vec![
+            checked("web.example:443"),
+            tcp("db.example:5432"),
+            tcp("*.pg.example:5432"),
+            tcp("10.0.0.1:22"),
+            // Entries add up: the wildcard's raw relay covers the exact
+            // name listed without it, as `private` would.
+            checked("a.pg.example:5432"),
+        ]);
+        for (host, port, raw) in [
+            ("db.example", 5432, true),
+            ("DB.example.", 5432, true),
+            ("db.example", 5433, false),
+            ("web.example", 443, false),
+            ("x.db.example", 5432, false),
+            ("a.pg.example", 5432, true),
+            ("a.b.pg.example", 5432, true),
+            ("pg.example", 5432, false),
+            ("10.0.0.1", 22, true),
+            ("[::ffff:10.0.0.1]", 22, true),
+            ("10.0.0.1", 23, false),
+            ("10.0.0.2", 22, false),
+        ] {
+            assert_eq!(a.relays_raw(&name(host), port), raw, "{host}:{port}");
+        }
+        assert!(!list(&["db.example:5432"]).relays_raw(&name("db.example"), 5432));
+        let shown: Vec<String> = a.entries().collect();
+        assert_eq!(shown[0], "web.example:443");
+        assert_eq!(shown[1], "db.example:5432 protocol=tcp");
+        assert_eq!(shown[3], "10.0.0.1:22 protocol=tcp");
+        assert_eq!(a.protocols()[2], EntryProtocol::Tcp);
+        assert_eq!(a.protocols()[4], EntryProtocol::TlsOrHttp);
     }
 
     #[test]

@@ -214,6 +214,13 @@ fn credential(
     for (at, h) in listed.unwrap_or_default() {
         match parse_authority(&h) {
             Ok((host, port)) => match allowlist.check(&host, port) {
+                Match::Allowed { .. } if allowlist.relays_raw(&host, port) => c.problems.push(
+                    at,
+                    format!(
+                        "{h} is relayed raw (an egress entry with protocol = \"tcp\"), and a credential is written \
+                         only into requests the proxy sees"
+                    ),
+                ),
                 Match::Allowed { .. } => hosts.push((host, port)),
                 _ => c.problems.push(at, format!("{h} is not allowed by the tool's egress")),
             },

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use allowlist::{Allowlist, Match, Rule, RuleError};
+pub use allowlist::{Allowlist, Entry, EntryProtocol, Match, Rule, RuleError};
 pub use binding::Binding;
 pub use credentials::{Credential, Plaintext, Secret, SecretSource, Template};
 pub use executor::{ExecutorConfig, Isolation, Network, ProcessConfig, Protocol};

@@ -3,7 +3,7 @@
 //! and `[tools.<id>.process]`), validates it and builds [`Config`], naming
 //! every problem by its key path. Only a syntax error stops the walk early.
 
-use crate::allowlist::{Allowlist, Rule, RuleError};
+use crate::allowlist::{Allowlist, Entry, EntryProtocol, Rule, RuleError};
 use crate::credentials::{self, SecretSource};
 use crate::executor;
 use crate::fleet;
@@ -371,9 +371,14 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         );
     }
     let mut rules = vec![];
+    // Where each `protocol = "tcp"` entry is, for the checks that need the rest of the tool.
+    let mut raw_at = vec![];
     for (at, v) in s.list::<toml::Value>("egress").unwrap_or_default() {
-        if let Some(rule) = egress_rule(at, v, s) {
-            rules.push(rule);
+        if let Some(entry) = egress_rule(at.clone(), v, s) {
+            if entry.protocol == EntryProtocol::Tcp {
+                raw_at.push(format!("{at}.protocol"));
+            }
+            rules.push(entry);
         }
     }
     let methods = methods(s);
@@ -408,9 +413,9 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
             ),
         }
     }
-    let allowlist = Allowlist::with_requests(rules);
+    let allowlist = Allowlist::with_entries(rules);
     let credentials = credentials::credentials(s, &allowlist, process.as_ref().map(|p| &p.env));
-    ToolPolicy {
+    let t = ToolPolicy {
         id: Arc::from(id),
         allowlist,
         credentials,
@@ -428,6 +433,42 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         secrets: SecretScan::default(),
         budgets: budgets(s),
         ask: ask(s),
+    };
+    raw_entries(&t, network, &raw_at, s);
+    t
+}
+
+/// What a `protocol = "tcp"` entry (at each of `raw_at`) needs of its tool:
+/// transparent connections, which are what it applies to; no `inspect`,
+/// which promises every connection seen; and, when the tool restricts
+/// `methods`, `CONNECT` among them, as the relay is decided as a CONNECT.
+/// (Its own method and path rules, and credentials on its hosts, are
+/// refused where they are read.)
+fn raw_entries(t: &ToolPolicy, network: Network, raw_at: &[String], s: &mut Section) {
+    let problem = if network != Network::Transparent {
+        Some(
+            "\"tcp\" says how a transparent connection is carried: it applies only to a tool with \
+             network = \"transparent\" (leave it out otherwise)"
+                .to_owned(),
+        )
+    } else if t.inspect {
+        Some(
+            "\"tcp\" relays bytes unseen, and inspect = true promises every connection of the tool \
+             intercepted: use one or the other"
+                .to_owned(),
+        )
+    } else if t.methods.as_ref().is_some_and(|m| !m.iter().any(|m| m == "CONNECT")) {
+        Some(format!(
+            "\"tcp\" relays are decided as a CONNECT, which {}.methods does not list",
+            s.path()
+        ))
+    } else {
+        None
+    };
+    if let Some(p) = problem {
+        for at in raw_at {
+            s.problems.push(at.clone(), p.clone());
+        }
     }
 }
 
@@ -476,10 +517,10 @@ fn methods(s: &mut Section) -> Option<Vec<String>> {
     })
 }
 
-/// An allowlist entry: `"host:port"` or `{ host, port, private, methods, paths }`.
-fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<(Rule, Option<Requests>)> {
-    let (parsed, requests) = match v {
-        toml::Value::String(v) => (Rule::parse_str(&v), None),
+/// An allowlist entry: `"host:port"` or `{ host, port, private, methods, paths, protocol }`.
+fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<Entry> {
+    let (parsed, requests, protocol) = match v {
+        toml::Value::String(v) => (Rule::parse_str(&v), None, EntryProtocol::TlsOrHttp),
         toml::Value::Table(_) => {
             let mut t = Section::new(at.clone(), Some(v), s.problems);
             let host: Option<String> = t.required("host", "a host name or address");
@@ -497,6 +538,29 @@ fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<(Rule, Opt
                     })
                     .collect()
             });
+            let protocol = match t.get::<String>("protocol") {
+                None => EntryProtocol::TlsOrHttp,
+                Some(p) if p == "tcp" => EntryProtocol::Tcp,
+                Some(p) => {
+                    let at = t.at("protocol");
+                    t.problems.push(
+                        at,
+                        format!(
+                            "{p:?} is not a protocol an entry names: \"tcp\" (relayed raw, nothing checked); \
+                             leave it out for TLS or HTTP, checked"
+                        ),
+                    );
+                    EntryProtocol::TlsOrHttp
+                }
+            };
+            if protocol == EntryProtocol::Tcp && (methods.is_some() || paths.is_some()) {
+                let at = t.at("protocol");
+                t.problems.push(
+                    at,
+                    "\"tcp\" relays bytes unseen, so no request on it could be held to methods or paths: \
+                     use one or the other",
+                );
+            }
             t.finish();
             let requests = (methods.is_some() || paths.is_some()).then_some(Requests { methods, paths });
             let (host, port) = (host?, port?);
@@ -504,13 +568,13 @@ fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<(Rule, Opt
                 Ok(port) => Rule::parse(&host, port, private),
                 Err(_) => Err(RuleError::BadPort),
             };
-            (rule, requests)
+            (rule, requests, protocol)
         }
         other => {
             s.problems.push(
                 at,
                 format!(
-                    r#"must be "host:port" or {{ host = "...", port = N, private = bool, methods = [...], paths = [...] }}, not {}"#,
+                    r#"must be "host:port" or {{ host = "...", port = N, private = bool, methods = [...], paths = [...], protocol = "tcp" }}, not {}"#,
                     other.type_str()
                 ),
             );
@@ -518,7 +582,11 @@ fn egress_rule(at: String, v: toml::Value, s: &mut Section) -> Option<(Rule, Opt
         }
     };
     match parsed {
-        Ok(rule) => Some((rule, requests)),
+        Ok(rule) => Some(Entry {
+            rule,
+            requests,
+            protocol,
+        }),
         Err(e) => {
             s.problems.push(at, e.to_string());
             None
@@ -693,6 +761,69 @@ command = ["python3", "tools/weather.py"]
     }
 
     #[test]
+    fn a_raw_tcp_entry_is_read_and_held_to_what_it_can_mean() {
+        let tool = |extra: &str, egress: &str| {
+            format!(
+                "[tools.t]\nnetwork = \"transparent\"\negress = [{egress}]\n{extra}\n[tools.t.process]\ncommand = [\"x\"]\n"
+            )
+        };
+        let raw = r#"{ host = "db.internal", port = 5432, private = true, protocol = "tcp" }, "web.example:443""#;
+        let c = Config::parse(&tool("", raw), "t.toml").unwrap();
+        let t = c.policy.tool("t").unwrap();
+        assert!(t.allowlist.relays_raw(&Host::Name("db.internal".into()), 5432));
+        assert!(!t.allowlist.relays_raw(&Host::Name("web.example".into()), 443));
+        assert_eq!(
+            t.allowlist.check(&Host::Name("db.internal".into()), 5432),
+            Match::Allowed { private: true }
+        );
+        // The protocol is policy: it is in the digest; a list without it
+        // keeps the digest it had.
+        let checked = Config::parse(&tool("", &raw.replace(r#", protocol = "tcp""#, "")), "t.toml").unwrap();
+        assert_ne!(c.policy.digest, checked.policy.digest);
+        let e = errors(&tool("", r#"{ host = "db.internal", port = 5432, protocol = "udp" }"#));
+        assert!(
+            e.contains("tools.t.egress[0].protocol: \"udp\" is not a protocol an entry names"),
+            "{e}"
+        );
+        // Method and path rules need the requests seen; so do inspect and
+        // credentials; a tool restricting methods must allow CONNECT; and it
+        // means something on transparent connections only.
+        let e = errors(&tool(
+            "",
+            r#"{ host = "db.internal", port = 5432, protocol = "tcp", methods = ["GET"] }"#,
+        ));
+        assert!(
+            e.contains("tools.t.egress[0].protocol: \"tcp\" relays bytes unseen"),
+            "{e}"
+        );
+        let e = errors(&tool("inspect = true", raw));
+        assert!(
+            e.contains("tools.t.egress[0].protocol:") && e.contains("inspect = true"),
+            "{e}"
+        );
+        let e = errors(&tool("methods = [\"GET\"]", raw));
+        assert!(
+            e.contains("tools.t.egress[0].protocol: \"tcp\" relays are decided as a CONNECT, which tools.t.methods does not list"),
+            "{e}"
+        );
+        assert!(Config::parse(&tool("methods = [\"GET\", \"CONNECT\"]", raw), "t.toml").is_ok());
+        let e = errors(&format!("[tools.t]\negress = [{raw}]\n"));
+        assert!(
+            e.contains("tools.t.egress[0].protocol:") && e.contains("network = \"transparent\""),
+            "{e}"
+        );
+        let e = errors(&tool(
+            "[tools.t.credentials.db]\nhosts = [\"db.internal:5432\"]\nvalue = \"Bearer ${secret}\"\nsecret = { env = \"DB_TOKEN\" }\nplaceholder_env = \"DB_TOKEN\"",
+            raw,
+        ));
+        assert_eq!(
+            e,
+            "bad.toml: tools.t.credentials.db.hosts[0]: db.internal:5432 is relayed raw (an egress entry with \
+             protocol = \"tcp\"), and a credential is written only into requests the proxy sees",
+        );
+    }
+
+    #[test]
     fn interception_settings_and_inspect() {
         let c = Config::parse_relative_to(
             "[proxy.interception]\nca_dir = \"ca\"\nupstream_ca_file = \"/etc/lab/roots.pem\"\n\
@@ -787,7 +918,7 @@ child_uid = 0
 bad.toml: proxy.dns.servers[1]: invalid type: integer `53`, expected a string
 bad.toml: proxy.max_runs: invalid type: string "many", expected u64
 bad.toml: proxy.listne: unknown key (expected one of: activation_wait_ms, allow_ranges, control, decisions, decisions_max_mb, decisions_retention_hours, decisions_sample, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
-bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool, methods = [...], paths = [...] }, not integer
+bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool, methods = [...], paths = [...], protocol = "tcp" }, not integer
 bad.toml: tools.web.egress[2]: port must be a decimal number in 1..=65535
 bad.toml: tools.web.process.pool.warm: is 3, more than pool.max = 2
 bad.toml: tools.web.process.isolation: "tight" is not one of "strict", "best_effort", "off"

@@ -1,12 +1,17 @@
 //! Transparent egress benchmark (not a test; needs root, `nft` and
 //! `python3`): the real `egress-proxy` binary and an executor here, one
 //! Python tool with `network = "transparent"` whose child measures, against
-//! the same origins on 127.0.0.2 (an echo server and a sink):
+//! the same origins on 127.0.0.2 (an echo server, a sink, an HTTP and an
+//! HTTPS origin):
 //!
-//! - connection setup (connect until one byte has come back from the
-//!   origin), N times, through the transparent path (`connect()` to the
-//!   name, redirected to the proxy) and through an explicit CONNECT tunnel
-//!   (the proxy's listener in the same namespace, the run's credential);
+//! - connection setup, N times, through the transparent path (`connect()`
+//!   to the name, redirected to the proxy): raw TCP to an entry with
+//!   `protocol = "tcp"` (connect until one byte has come back from the echo
+//!   server), plain HTTP (connect, a `GET`, until the first byte of the
+//!   answer) and TLS (connect until the handshake with the origin is done),
+//!   the last two to entries whose first bytes the proxy reads whole and
+//!   checks; and raw TCP through an explicit CONNECT tunnel (the proxy's
+//!   listener in the same namespace, the run's credential);
 //! - the proxy's CPU per connection for each (its `/proc` user+system time
 //!   over the N connections, less an invocation that opens none);
 //! - bulk raw TCP, M MiB written to the sink until it answers, through the
@@ -34,10 +39,11 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOOL_PY: &str = r#"
-import base64, json, os, socket, time
+import base64, json, os, socket, ssl, time
 from urllib.parse import urlparse, unquote
 
 DB, SINK = int(os.environ["DB"]), int(os.environ["SINK"])
+WEB, TLS = int(os.environ.get("WEB", "0")), int(os.environ.get("TLS", "0"))
 
 def via_connect(port):
     p = urlparse(os.environ["HTTP_PROXY"])
@@ -60,14 +66,33 @@ def transparent(port):
 def direct(port):
     return socket.create_connection(("127.0.0.2", port))
 
-def setup(open_, n):
+def echo_once(open_):
+    s = open_(DB)
+    s.sendall(b"x")
+    if s.recv(1) != b"x":
+        raise RuntimeError("no echo")
+    return s
+
+def http_once(_):
+    s = socket.create_connection(("web.test", WEB))
+    s.sendall(f"GET / HTTP/1.1\r\nHost: web.test:{WEB}\r\nConnection: close\r\n\r\n".encode())
+    if s.recv(1) != b"H":
+        raise RuntimeError("no answer")
+    return s
+
+TLS_CTX = None
+
+def tls_once(_):
+    global TLS_CTX
+    if TLS_CTX is None:
+        TLS_CTX = ssl.create_default_context(cafile=os.environ["ORIGIN_CA"])
+    return TLS_CTX.wrap_socket(socket.create_connection(("tls.test", TLS)), server_hostname="tls.test")
+
+def setup(open_, n, once=echo_once):
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        s = open_(DB)
-        s.sendall(b"x")
-        if s.recv(1) != b"x":
-            raise RuntimeError("no echo")
+        s = once(open_)
         out.append(time.perf_counter() - t0)
         s.close()
     return out
@@ -87,7 +112,8 @@ def bulk(open_, mib):
 def run(input, ctx):
     open_ = {"transparent": transparent, "connect": via_connect, "direct": direct}[input["path"]]
     if input["what"] == "setup":
-        return setup(open_, input["n"])
+        once = {"raw": echo_once, "http": http_once, "tls": tls_once}[input.get("kind", "raw")]
+        return setup(open_, input["n"], once)
     return bulk(open_, input["mib"])
 
 if __name__ == "__main__":
@@ -146,6 +172,13 @@ fn p50_ms(v: &Value) -> f64 {
     xs[xs.len() / 2] * 1e3
 }
 
+fn print_row(label: &str, r: &[f64]) {
+    println!(
+        "{label:>4} {:>8.3} {:>8.3} {:>8.3} {:>8.3} | {:>6.0} {:>6.0} {:>6.0} {:>6.0} | {:>8.0} {:>8.0} {:>8.0}",
+        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
+    );
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -161,9 +194,14 @@ async fn main() {
     }
     let (db, _) = egress_e2e::origin::echo_origin("127.0.0.2:0").await;
     let sink = sink("127.0.0.2:0").await;
+    let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let tls = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &["tls.test"]).await;
     let dns = FakeDns::start().await;
-    dns.set("db.test", &["127.0.0.2"]);
+    for name in ["db.test", "web.test", "tls.test"] {
+        dns.set(name, &["127.0.0.2"]);
+    }
     let dir = TempDir::new("transparent-bench");
+    let ca = tls.write_ca(dir.path());
     let tool = dir.write("bench_tool.py", TOOL_PY);
     let host = egress_executor::confine::host(&Default::default());
     let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
@@ -189,12 +227,14 @@ scratch_dir = "scratch"
 
 [tools.bench]
 network = "transparent"
-egress = ["db.test:{db}", "db.test:{sink}"]
+egress = [{{ host = "db.test", port = {db}, protocol = "tcp" }}, {{ host = "db.test", port = {sink}, protocol = "tcp" }},
+          "web.test:{web}", "tls.test:{tls}"]
 fetch_timeout_ms = 600000
 
 [tools.bench.process]
 command = ["python3", "{runner}", "bench_tool.py"]
-env = {{ DB = "{db}", SINK = "{sink}" }}
+env = {{ DB = "{db}", SINK = "{sink}", WEB = "{web}", TLS = "{tls}", ORIGIN_CA = "{ca}" }}
+read_paths = ["{ca}"]
 isolation = "{isolation}"
 pool = {{ warm = 0, max = 1 }}
 timeout_ms = 600000
@@ -202,6 +242,9 @@ timeout_ms = 600000
             dns = dns.addr,
             db = db.port(),
             sink = sink.port(),
+            web = web.addr.port(),
+            tls = tls.addr.port(),
+            ca = ca.display(),
             runner = runners_dir().join("loom_runner.py").display(),
         )
     };
@@ -252,39 +295,46 @@ timeout_ms = 600000
     };
 
     println!("isolation {isolation}; N = {n} connections, {mib} MiB bulk, {runs} runs");
+    println!("setup p50 (ms) and proxy CPU per connection (µs): transparent raw / HTTP / TLS, CONNECT raw; then MiB/s");
     println!(
-        "{:>4} {:>14} {:>14} {:>14} {:>14} {:>12} {:>12} {:>12}",
-        "run", "setup p50 tp", "setup p50 CON", "cpu/conn tp", "cpu/conn CON", "MiB/s tp", "MiB/s CON", "MiB/s direct"
+        "{:>4} {:>8} {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6} {:>6} | {:>8} {:>8} {:>8}",
+        "run", "tp raw", "tp http", "tp tls", "CON raw", "raw", "http", "tls", "CON", "tp", "CON", "direct"
     );
-    let mut rows: Vec<[f64; 7]> = vec![];
+    let mut rows: Vec<[f64; 11]> = vec![];
     for r in 1..=runs {
         let (_, base) = invoke(json!({"path": "transparent", "what": "setup", "n": 0})).await;
-        let (tp, tp_cpu) = invoke(json!({"path": "transparent", "what": "setup", "n": n})).await;
-        let (con, con_cpu) = invoke(json!({"path": "connect", "what": "setup", "n": n})).await;
         let per = |d: Duration| d.saturating_sub(base).as_secs_f64() * 1e6 / n as f64;
+        let mut setup = vec![];
+        for (path, kind) in [
+            ("transparent", "raw"),
+            ("transparent", "http"),
+            ("transparent", "tls"),
+            ("connect", "raw"),
+        ] {
+            let (times, cpu) = invoke(json!({"path": path, "what": "setup", "kind": kind, "n": n})).await;
+            setup.push((p50_ms(&times), per(cpu)));
+        }
         let (tp_bulk, _) = invoke(json!({"path": "transparent", "what": "bulk", "mib": mib})).await;
         let (con_bulk, _) = invoke(json!({"path": "connect", "what": "bulk", "mib": mib})).await;
         let direct_bulk = direct(json!({"path": "direct", "what": "bulk", "mib": mib}));
         let row = [
-            p50_ms(&tp),
-            p50_ms(&con),
-            per(tp_cpu),
-            per(con_cpu),
+            setup[0].0,
+            setup[1].0,
+            setup[2].0,
+            setup[3].0,
+            setup[0].1,
+            setup[1].1,
+            setup[2].1,
+            setup[3].1,
             mib_s(&tp_bulk),
             mib_s(&con_bulk),
             mib_s(&direct_bulk),
         ];
-        println!(
-            "{r:>4} {:>11.3} ms {:>11.3} ms {:>11.0} µs {:>11.0} µs {:>12.0} {:>12.0} {:>12.0}",
-            row[0], row[1], row[2], row[3], row[4], row[5], row[6]
-        );
+        print_row(&r.to_string(), &row);
         rows.push(row);
     }
-    let m: Vec<f64> = (0..7).map(|i| median(rows.iter().map(|r| r[i]).collect())).collect();
-    println!(
-        "{:>4} {:>11.3} ms {:>11.3} ms {:>11.0} µs {:>11.0} µs {:>12.0} {:>12.0} {:>12.0}",
-        "med", m[0], m[1], m[2], m[3], m[4], m[5], m[6]
-    );
+    let m: Vec<f64> = (0..11).map(|i| median(rows.iter().map(|r| r[i]).collect())).collect();
+    print_row("med", &m);
     exec.shutdown();
     exec.drain(Duration::from_secs(5)).await;
 }

@@ -63,6 +63,16 @@ fn start_stack(dir: &TempDir, dns: SocketAddr, tools: &str) -> (KillOnDrop, std:
 
 /// [`start_stack`], also giving the proxy's control address.
 fn start_stack_at(dir: &TempDir, dns: SocketAddr, tools: &str) -> (KillOnDrop, std::sync::Arc<Executor>, SocketAddr) {
+    start_stack_with(dir, dns, "", tools)
+}
+
+/// [`start_stack_at`] with more `[proxy]` keys (`proxy_extra`).
+fn start_stack_with(
+    dir: &TempDir,
+    dns: SocketAddr,
+    proxy_extra: &str,
+    tools: &str,
+) -> (KillOnDrop, std::sync::Arc<Executor>, SocketAddr) {
     let config = |control: &str| {
         format!(
             r#"
@@ -71,6 +81,7 @@ listen = "127.0.0.1:0"
 control = "{control}"
 facts = "var/egress-facts.db"
 allow_ranges = ["127.0.0.2/32"]
+{proxy_extra}
 
 [proxy.dns]
 servers = ["{dns}"]
@@ -147,8 +158,8 @@ def echo():
         return s.recv(100).decode()
 
 def http_to_another_host():
-    # The raw rule db.test:DB used to speak HTTP to another Host.
-    with socket.create_connection(("db.test", DB), timeout=10) as s:
+    # The rule web.test:WEB used to speak HTTP to another Host.
+    with socket.create_connection(("web.test", WEB), timeout=10) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n")
         head = s.recv(4096).decode(errors="replace").split("\r\n")
         reason = [l.split(":", 1)[1].strip() for l in head if l.lower().startswith("x-egress-deny-reason:")]
@@ -277,7 +288,7 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
         r#"
 [tools.tp]
 network = "transparent"
-egress = ["web.test:{web}", "tls.test:{tls}", "db.test:{db}"]
+egress = ["web.test:{web}", "tls.test:{tls}", {{ host = "db.test", port = {db}, protocol = "tcp" }}]
 
 [tools.tp.process]
 command = ["python3", "{runner}", "tool.py"]
@@ -349,9 +360,14 @@ timeout_ms = 30000
         "{out:#}"
     );
     assert_eq!(out["raw"], json!("\u{0}raw bytes\n"), "{out:#}");
-    // The raw rule spoken as HTTP to another host: refused (the first bytes
-    // are HTTP, so the Host must name db.test), not relayed to db.test.
+    // HTTP to another host: refused (the first bytes are HTTP, so the Host
+    // must name web.test), not relayed (the origin never sees evil.test).
     assert_eq!(out["http_to_another_host"]["reason"], json!("host_mismatch"), "{out:#}");
+    assert!(
+        !web.heads().iter().any(|h| h.contains("evil.test")),
+        "{:?}",
+        web.heads()
+    );
     assert_eq!(db_connections.load(std::sync::atomic::Ordering::SeqCst), 1, "{out:#}");
     assert_eq!(out["tls"]["status"], json!("HTTP/1.1 200 OK"), "{out:#}");
     assert_eq!(out["tls"]["body"], json!("ok from the tls origin\n"), "{out:#}");
@@ -532,6 +548,406 @@ pool = {{ warm = 0, max = 1 }}
     drop(proxy);
 }
 
+/// A tool that pauses: every client below ignores the proxy and sends its
+/// first bytes the way an attacker would, to see whether a pause, a byte at
+/// a time or a ClientHello cut into many records gets past the check of what
+/// a transparent connection carries; the same slow clients naming the right
+/// server must still work. `input` says nothing: each attempt is one entry
+/// of the answer.
+const PAUSE_PY: &str = r#"
+import os, socket, ssl, time
+
+for k in list(os.environ):
+    if k.lower().endswith("_proxy"):
+        del os.environ[k]
+
+WEB, TLS, ECHO, BANNER = (int(os.environ[k]) for k in ("WEB", "TLS", "ECHO", "BANNER"))
+CA = os.environ["ORIGIN_CA"]
+PAUSE = 0.6  # longer than any wait a sniff might give up after
+
+def attempt(f):
+    try:
+        return f()
+    except Exception as e:
+        return {"error": type(e).__name__, "text": str(e)[:200]}
+
+def connect(name, port):
+    s = socket.create_connection((name, port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+def send_paced(s, data, how, split):
+    if how == "at_once":
+        s.sendall(data)
+    elif how == "paused":
+        s.sendall(data[:split])
+        time.sleep(PAUSE)
+        s.sendall(data[split:])
+    elif how == "bytewise":
+        for i in range(len(data)):
+            s.sendall(data[i:i + 1])
+            time.sleep(0.001)
+
+def read_all(s, limit=15):
+    s.settimeout(limit)
+    data = b""
+    try:
+        while True:
+            c = s.recv(4096)
+            if not c:
+                return data, "eof"
+            data += c
+    except ConnectionResetError:
+        return data, "reset"
+    except socket.timeout:
+        return data, "still open"
+
+def http_answer(data):
+    head = data.split(b"\r\n\r\n", 1)[0].decode(errors="replace").split("\r\n")
+    reason = [l.split(":", 1)[1].strip() for l in head[1:] if l.lower().startswith("x-egress-deny-reason:")]
+    return {"status": head[0], "reason": reason[0] if reason else None,
+            "body": data.split(b"\r\n\r\n", 1)[-1].decode(errors="replace")}
+
+def records(hello, n):
+    # The same ClientHello, its handshake bytes cut into records of n bytes.
+    msg = hello[5:]
+    return b"".join(bytes([0x16, 3, 1]) + len(c).to_bytes(2, "big") + c
+                    for c in (msg[i:i + n] for i in range(0, len(msg), n)))
+
+def tls_get(server_name, how, split_records=None):
+    # A TLS client whose ClientHello is sent `how`; then a GET inside.
+    ctx = ssl.create_default_context(cafile=CA)
+    if server_name != "tls.test":
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    t = ctx.wrap_bio(inc, out, server_hostname=server_name)
+    with connect("tls.test", TLS) as s:
+        try:
+            t.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        hello = out.read()
+        if split_records:
+            hello = records(hello, split_records)
+        send_paced(s, hello, how, 5)
+        while True:
+            try:
+                t.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pending = out.read()
+                if pending:
+                    s.sendall(pending)
+                c = s.recv(16384)
+                if not c:
+                    return {"closed": "before the handshake"}
+                inc.write(c)
+        t.write(b"GET / HTTP/1.1\r\nHost: tls.test\r\nConnection: close\r\n\r\n")
+        s.sendall(out.read())
+        data = b""
+        while True:
+            try:
+                d = t.read(4096)
+                if not d:
+                    break
+                data += d
+            except ssl.SSLWantReadError:
+                pending = out.read()
+                if pending:
+                    s.sendall(pending)
+                c = s.recv(16384)
+                if not c:
+                    break
+                inc.write(c)
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break
+        return http_answer(data)
+
+def http_get(host, how):
+    req = f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+    with connect("web.test", WEB) as s:
+        send_paced(s, req, how, 1)
+        return http_answer(read_all(s)[0])
+
+def sends(name, port, data):
+    # Sends `data`, then reads until the other side is done.
+    with connect(name, port) as s:
+        if data:
+            s.sendall(data)
+        t0 = time.monotonic()
+        got, how = read_all(s)
+        return {"data": got.decode(errors="replace"), "how": how,
+                "after_ms": int((time.monotonic() - t0) * 1000)}
+
+def banner():
+    # A server that speaks first, on an entry relayed raw: its banner comes
+    # at once, and what is sent back is echoed.
+    with connect("banner.test", BANNER) as s:
+        t0 = time.monotonic()
+        s.settimeout(10)
+        first = s.recv(100)
+        after = int((time.monotonic() - t0) * 1000)
+        s.sendall(b"EHLO tool\r\n")
+        return {"banner": first.decode(), "after_ms": after, "echo": s.recv(100).decode()}
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+
+def echo_once(name, port, data):
+    with connect(name, port) as s:
+        s.sendall(data)
+        s.settimeout(10)
+        return s.recv(100).decode(errors="replace")
+
+def run(input, ctx):
+    if input.get("report"):
+        return {"other": attempt(lambda: echo_once("echo.test", ECHO, b"\x00raw bytes\n"))}
+    return {
+        # TLS naming another server: its record header, a pause, the rest;
+        # one byte at a time; its ClientHello cut into 40-byte records.
+        "tls_paused_other": attempt(lambda: tls_get("paused.other.test", "paused")),
+        "tls_bytewise_other": attempt(lambda: tls_get("bytewise.other.test", "bytewise")),
+        "tls_records_other": attempt(lambda: tls_get("records.other.test", "at_once", 40)),
+        # The same, naming the name: they work.
+        "tls_paused": attempt(lambda: tls_get("tls.test", "paused")),
+        "tls_bytewise": attempt(lambda: tls_get("tls.test", "bytewise")),
+        "tls_records": attempt(lambda: tls_get("tls.test", "at_once", 40)),
+        # `G`, a pause, `ET / HTTP/1.1` with another Host; and the same
+        # naming web.test, paused and a byte at a time.
+        "http_paused_other": attempt(lambda: http_get("evil.test", "paused")),
+        "http_paused": attempt(lambda: http_get(f"web.test:{WEB}", "paused")),
+        "http_bytewise": attempt(lambda: http_get(f"web.test:{WEB}", "bytewise")),
+        # A client that sends nothing, to an entry without protocol = "tcp".
+        "silent": attempt(lambda: sends("web.test", WEB, b"")),
+        # Bytes that are neither TLS nor HTTP, and HTTP/2 with prior knowledge.
+        "other": attempt(lambda: sends("echo.test", ECHO, b"\x00raw bytes\n")),
+        "h2_prior": attempt(lambda: sends("web.test", WEB, H2_PREFACE)),
+        "banner": attempt(banner),
+    }
+"#;
+
+/// A transparent connection is decided on its whole first bytes, however
+/// they come: a ClientHello whose record header comes first and the rest
+/// after a pause, one byte at a time, or cut into many records, naming
+/// another server, is `host_mismatch` (a fact) and never reaches the origin;
+/// so is `G`, a pause, then `ET / HTTP/1.1` with `Host: evil.test`. The same
+/// slow clients naming the name get through. A client that sends nothing is
+/// denied after `header_read_timeout_ms` (`protocol_unknown`, a fact), as
+/// are bytes that are neither TLS nor HTTP and HTTP/2 with prior knowledge,
+/// none of them relayed; a server that speaks first works behind an entry
+/// with `protocol = "tcp"`, at once. A tool in report mode has its
+/// `protocol_unknown` recorded and relayed raw.
+#[tokio::test]
+async fn a_pause_never_gets_a_transparent_connection_past_its_check() {
+    if let Some(why) = unable() {
+        eprintln!("SKIPPED a_pause_never_gets_a_transparent_connection_past_its_check: {why}");
+        return;
+    }
+    if let Err(e) = egress_executor::confine::transparent_support() {
+        panic!("transparent egress cannot be set up on this host: {e}");
+    }
+    let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let tls = egress_e2e::tls_origin::tls_origin("127.0.0.2:0", &["tls.test"]).await;
+    let (echo, echo_connections) = egress_e2e::origin::echo_origin("127.0.0.2:0").await;
+    let (banner, banner_connections) = egress_e2e::origin::banner_origin("127.0.0.2:0", b"220 banner ready\r\n").await;
+    let dns = FakeDns::start().await;
+    for name in ["web.test", "tls.test", "echo.test", "banner.test"] {
+        dns.set(name, &["127.0.0.2"]);
+    }
+    let dir = TempDir::new("transparent-pause");
+    let ca = tls.write_ca(dir.path());
+    dir.write("pause.py", PAUSE_PY);
+    let tools = format!(
+        r#"
+[tools.pause]
+network = "transparent"
+egress = ["web.test:{web}", "tls.test:{tls}", "echo.test:{echo}",
+          {{ host = "banner.test", port = {banner}, protocol = "tcp" }}]
+
+[tools.pause.process]
+command = ["python3", "{runner}", "pause.py"]
+env = {{ WEB = "{web}", TLS = "{tls}", ECHO = "{echo}", BANNER = "{banner}", ORIGIN_CA = "{ca}" }}
+read_paths = ["{ca}"]
+isolation = "{isolation}"
+pool = {{ warm = 0, max = 1 }}
+timeout_ms = 60000
+
+[tools.reported]
+network = "transparent"
+mode = "report"
+egress = ["echo.test:{echo}"]
+
+[tools.reported.process]
+command = ["python3", "{runner}", "pause.py"]
+env = {{ WEB = "{web}", TLS = "{tls}", ECHO = "{echo}", BANNER = "{banner}", ORIGIN_CA = "{ca}" }}
+read_paths = ["{ca}"]
+isolation = "{isolation}"
+pool = {{ warm = 0, max = 1 }}
+timeout_ms = 60000
+"#,
+        web = web.addr.port(),
+        tls = tls.addr.port(),
+        echo = echo.port(),
+        banner = banner.port(),
+        runner = runners_dir().join("loom_runner.py").display(),
+        ca = ca.display(),
+        isolation = isolation(),
+    );
+    // The head read timeout: well above the pauses (0.6 s), short enough
+    // for the silent client's wait.
+    let (proxy, exec, control) = start_stack_with(&dir, dns.addr, "header_read_timeout_ms = 3000", &tools);
+    let res = exec
+        .invoke(InvocationRequest {
+            tool: "pause".into(),
+            input: json!({}),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    assert!(res.ok, "{res:#?}");
+    let out: Value = res.output.clone().unwrap();
+    eprintln!("{out:#}");
+
+    // Naming another server, however the hello comes: no handshake, no
+    // answer from the origin.
+    for what in ["tls_paused_other", "tls_bytewise_other", "tls_records_other"] {
+        assert!(out[what].get("status").is_none(), "{what}: {out:#}");
+    }
+    // Naming the name, the same ways: the origin answers.
+    for what in ["tls_paused", "tls_bytewise", "tls_records"] {
+        assert_eq!(out[what]["status"], json!("HTTP/1.1 200 OK"), "{what}: {out:#}");
+        assert_eq!(out[what]["body"], json!("ok from the tls origin\n"), "{what}: {out:#}");
+    }
+    assert_eq!(
+        tls.accepted(),
+        3,
+        "only the three handshakes naming tls.test reached it"
+    );
+    // `G`, a pause, the rest naming evil.test: host_mismatch, answered.
+    assert_eq!(out["http_paused_other"]["reason"], json!("host_mismatch"), "{out:#}");
+    assert!(
+        out["http_paused_other"]["status"]
+            .as_str()
+            .is_some_and(|s| s.contains("400")),
+        "{out:#}"
+    );
+    for what in ["http_paused", "http_bytewise"] {
+        assert_eq!(out[what]["body"], json!("hello from origin"), "{what}: {out:#}");
+    }
+    assert!(
+        !web.heads().iter().any(|h| h.contains("evil.test")),
+        "{:?}",
+        web.heads()
+    );
+    assert_eq!(web.heads().len(), 2, "{:?}", web.heads());
+    // Silence to an entry that is not raw: closed after the head read
+    // timeout (3 s, from the connect), nothing sent either way.
+    let silent = &out["silent"];
+    assert_eq!(silent["data"], json!(""), "{out:#}");
+    assert!(
+        silent["how"] == json!("eof") || silent["how"] == json!("reset"),
+        "{out:#}"
+    );
+    let after = silent["after_ms"].as_u64().unwrap();
+    assert!((2_500..10_000).contains(&after), "closed after {after} ms: {out:#}");
+    // Neither TLS nor HTTP, HTTP/2 with prior knowledge: closed, never relayed.
+    for what in ["other", "h2_prior"] {
+        assert_eq!(out[what]["data"], json!(""), "{what}: {out:#}");
+        assert!(
+            out[what]["how"] == json!("eof") || out[what]["how"] == json!("reset"),
+            "{what}: {out:#}"
+        );
+    }
+    assert_eq!(echo_connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // A server that speaks first behind protocol = "tcp": its banner at
+    // once (well before the head read timeout), then a relay both ways.
+    assert_eq!(out["banner"]["banner"], json!("220 banner ready\r\n"), "{out:#}");
+    assert_eq!(out["banner"]["echo"], json!("EHLO tool\r\n"), "{out:#}");
+    assert!(out["banner"]["after_ms"].as_u64().unwrap() < 2_500, "{out:#}");
+    assert_eq!(banner_connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // Each denial is a fact of kind transparent that says what happened.
+    let fact = |reason: &str, host: &str, detail: &str| {
+        res.facts.iter().any(|f| {
+            f.reason == reason
+                && f.detail.contains(detail)
+                && f.target
+                    .as_ref()
+                    .is_some_and(|t| t.kind == "transparent" && t.host == host)
+        })
+    };
+    for sni in ["paused.other.test", "bytewise.other.test", "records.other.test"] {
+        assert!(fact("host_mismatch", "tls.test", sni), "{sni}: {:#?}", res.facts);
+    }
+    // (A request's refused target is quoted in the detail, the fact has none.)
+    assert!(
+        res.facts
+            .iter()
+            .any(|f| f.reason == "host_mismatch" && f.detail.contains("\"evil.test\"")),
+        "{:#?}",
+        res.facts
+    );
+    assert!(
+        fact("protocol_unknown", "web.test", "sent nothing within 3000 ms"),
+        "{:#?}",
+        res.facts
+    );
+    assert!(
+        fact("protocol_unknown", "echo.test", "(00 72 61 77 20 62 79 74)"),
+        "{:#?}",
+        res.facts
+    );
+    assert!(
+        fact("protocol_unknown", "web.test", "prior knowledge"),
+        "{:#?}",
+        res.facts
+    );
+    assert!(!res
+        .facts
+        .iter()
+        .any(|f| f.target.as_ref().is_some_and(|t| t.host == "banner.test")));
+    // The metric moved with them.
+    let r = egress_e2e::harness::control_call(control, "GET", "/metrics", None, Some(TOKEN)).await;
+    let metrics = r.text();
+    assert!(
+        metrics.contains("egress_denials_total{tool=\"pause\",reason=\"protocol_unknown\"} 3"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("protocol_unknown"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // Report mode records protocol_unknown and relays raw, the bytes read
+    // first.
+    let reported = exec
+        .invoke(InvocationRequest {
+            tool: "reported".into(),
+            input: json!({"report": true}),
+            run_id: None,
+            idempotency_key: None,
+            timeout_ms: None,
+        })
+        .await;
+    assert!(reported.ok, "{reported:#?}");
+    let out = reported.output.clone().unwrap();
+    assert_eq!(out["other"], json!("\u{0}raw bytes\n"), "{out:#}");
+    assert_eq!(echo_connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(
+        reported
+            .facts
+            .iter()
+            .any(|f| f.reason == "protocol_unknown" && f.mode == "report"),
+        "{:#?}",
+        reported.facts
+    );
+    exec.shutdown();
+    exec.drain(Duration::from_secs(5)).await;
+    drop(proxy);
+}
+
 /// The run's bounds on transparent connections: a tool whose clients use no
 /// proxy, each mode one invocation (`input.mode`).
 const GUARD_PY: &str = r#"
@@ -652,7 +1068,7 @@ timeout_ms = 30000
             db = db.port(),
         )
     };
-    let db_rule = format!("\"db.test:{}\"", db.port());
+    let db_rule = format!("{{ host = \"db.test\", port = {}, protocol = \"tcp\" }}", db.port());
     let tools = [
         tool("hold", &db_rule, "fetch_timeout_ms = 60000"),
         tool("short", &db_rule, "fetch_timeout_ms = 1500"),
@@ -914,13 +1330,16 @@ def psql(host):
     return {"code": p.returncode, "out": p.stdout.decode().strip(), "err": p.stderr.decode()[-300:]}
 
 def run(input, ctx):
-    return {"listed": psql("db.test"), "unlisted": psql("evil-db.test")}
+    return {"listed": psql("db.test"), "checked": psql("checked-db.test"), "unlisted": psql("evil-db.test")}
 "#;
 
 /// `psql`, an unmodified client that speaks the PostgreSQL protocol, runs
-/// `select 1` on a server allowed as `db.test:<port>` (a raw relay through
-/// the proxy); to a name the policy does not list it fails at the name, with
-/// a fact, and the upstream DNS is never asked.
+/// `select 1` on a server allowed as `db.test:<port>` with `protocol =
+/// "tcp"` (a raw relay through the proxy); to the same server listed
+/// without it (`checked-db.test`) it is refused (`protocol_unknown`: its
+/// first bytes are neither TLS nor HTTP), and to a name the policy does not
+/// list it fails at the name, with a fact, and the upstream DNS is never
+/// asked.
 #[tokio::test]
 async fn psql_reaches_a_listed_database_and_nothing_else() {
     if let Some(why) = unable() {
@@ -937,6 +1356,7 @@ async fn psql_reaches_a_listed_database_and_nothing_else() {
     let pg = start_postgres(&bin);
     let dns = FakeDns::start().await;
     dns.set("db.test", &["127.0.0.2"]);
+    dns.set("checked-db.test", &["127.0.0.2"]);
     dns.set("evil-db.test", &["127.0.0.2"]);
     let dir = TempDir::new("transparent-psql");
     dir.write("psql_tool.py", PSQL_PY);
@@ -944,7 +1364,7 @@ async fn psql_reaches_a_listed_database_and_nothing_else() {
         r#"
 [tools.pg]
 network = "transparent"
-egress = ["db.test:{port}"]
+egress = [{{ host = "db.test", port = {port}, protocol = "tcp" }}, "checked-db.test:{port}"]
 
 [tools.pg.process]
 command = ["python3", "{runner}", "psql_tool.py"]
@@ -973,6 +1393,15 @@ timeout_ms = 60000
     eprintln!("{out:#}");
     assert_eq!(out["listed"]["code"], json!(0), "{out:#}");
     assert_eq!(out["listed"]["out"], json!("1"), "{out:#}");
+    assert_ne!(out["checked"]["code"], json!(0), "{out:#}");
+    assert!(
+        res.facts.iter().any(|f| f.reason == "protocol_unknown"
+            && f.target
+                .as_ref()
+                .is_some_and(|t| t.kind == "transparent" && t.host == "checked-db.test")),
+        "{:#?}",
+        res.facts
+    );
     assert_ne!(out["unlisted"]["code"], json!(0), "{out:#}");
     assert!(
         out["unlisted"]["err"]

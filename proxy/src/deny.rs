@@ -132,10 +132,15 @@ pub enum DenyReason {
     /// (its sandbox), presented anywhere else: the proxy's own listeners,
     /// another run's listener or transparent socket.
     CredentialElsewhere,
+    /// A transparent connection whose first bytes are not a complete TLS
+    /// ClientHello or HTTP/1.x request head within the head read timeout
+    /// and byte bound (nothing at all, another protocol, HTTP/2 with prior
+    /// knowledge), to an entry that does not say `protocol = "tcp"`.
+    ProtocolUnknown,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 19] = [
+    pub const ALL: [DenyReason; 20] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -155,6 +160,7 @@ impl DenyReason {
         DenyReason::RateLimited,
         DenyReason::UpgradeNotAllowed,
         DenyReason::CredentialElsewhere,
+        DenyReason::ProtocolUnknown,
     ];
 
     /// The refusals of the authentication step (`407`).
@@ -185,6 +191,7 @@ impl DenyReason {
             DenyReason::RateLimited => "rate_limited",
             DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
             DenyReason::CredentialElsewhere => "credential_elsewhere",
+            DenyReason::ProtocolUnknown => "protocol_unknown",
         }
     }
 
@@ -216,6 +223,7 @@ impl DenyReason {
             DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls => "credentials",
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
             DenyReason::UpgradeNotAllowed => "upgrades",
+            DenyReason::ProtocolUnknown => "protocols",
         }
     }
 
@@ -272,6 +280,9 @@ impl DenyReason {
             DenyReason::CredentialElsewhere => {
                 "this credential works only inside its own sandbox, on the listener handed over for its run; do not retry"
             }
+            DenyReason::ProtocolUnknown => {
+                "only TLS or HTTP/1.x is carried here, sent at once; another protocol needs an entry with protocol = \"tcp\""
+            }
         }
     }
 
@@ -285,6 +296,7 @@ impl DenyReason {
                 | DenyReason::PrivateAddress
                 | DenyReason::MethodNotAllowed
                 | DenyReason::PathNotAllowed
+                | DenyReason::ProtocolUnknown
         )
     }
 }

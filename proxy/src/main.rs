@@ -230,13 +230,37 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                     t.max_concurrent_fetches,
                     t.allowlist.rules().len()
                 );
-                for r in t.allowlist.entries() {
-                    let restricted = if r.contains(" methods=") || r.contains(" paths=") {
-                        "  (method and path rules: CONNECTs there are intercepted)"
+                let transparent = t
+                    .process
+                    .as_ref()
+                    .is_some_and(|p| p.network == egress_config::Network::Transparent);
+                if transparent {
+                    let _ = writeln!(
+                        out,
+                        "    network transparent: a connection's first bytes are waited for up to {} ms \
+                         (proxy.header_read_timeout_ms) and must be TLS or HTTP/1.x, else it is denied \
+                         (protocol_unknown); entries with protocol=tcp are relayed raw at once",
+                        c.proxy.header_read_timeout.as_millis()
+                    );
+                }
+                for (r, protocol) in t.allowlist.entries().zip(t.allowlist.protocols()) {
+                    let mut notes = vec![];
+                    if r.contains(" methods=") || r.contains(" paths=") {
+                        notes.push("method and path rules: CONNECTs there are intercepted");
+                    }
+                    if transparent {
+                        notes.push(match protocol {
+                            egress_config::EntryProtocol::Tcp => "transparent: relayed raw, nothing checked",
+                            egress_config::EntryProtocol::TlsOrHttp => {
+                                "transparent: checked (TLS server name or HTTP Host)"
+                            }
+                        });
+                    }
+                    if notes.is_empty() {
+                        let _ = writeln!(out, "    {r}");
                     } else {
-                        ""
-                    };
-                    let _ = writeln!(out, "    {r}{restricted}");
+                        let _ = writeln!(out, "    {r}  ({})", notes.join("; "));
+                    }
                 }
                 if t.inspect {
                     let _ = writeln!(out, "    inspect: every CONNECT is intercepted");

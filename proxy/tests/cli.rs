@@ -26,6 +26,30 @@ fn check_prints_a_summary_or_every_error() {
         stdout.contains("tool weather") && stdout.contains("*.tiles.example:443") && stdout.contains("sha256:"),
         "{stdout}"
     );
+    // A transparent tool: each entry says whether its connections are
+    // checked or relayed raw, and how long first bytes are waited for.
+    let transparent = dir.path().join("transparent.toml");
+    std::fs::write(
+        &transparent,
+        "[proxy]\nheader_read_timeout_ms = 2500\n[tools.db]\nnetwork = \"transparent\"\n\
+         egress = [\"api.example:443\", { host = \"db.internal\", port = 5432, private = true, protocol = \"tcp\" }]\n\
+         [tools.db.process]\ncommand = [\"x\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["check", "--config"])
+        .arg(&transparent)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for line in [
+        "    network transparent: a connection's first bytes are waited for up to 2500 ms",
+        "    api.example:443  (transparent: checked (TLS server name or HTTP Host))\n",
+        "    db.internal:5432 (private) protocol=tcp  (transparent: relayed raw, nothing checked)\n",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing:\n{stdout}");
+    }
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[proxy]\nlisten = \"nope\"\nbogus = 1\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))

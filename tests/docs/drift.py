@@ -41,8 +41,9 @@ def arms(text, enum, fn):
     if not body:
         raise SystemExit(f"drift: no `{enum}::{fn}` match in proxy/src/deny.rs")
     out, default = {}, None
-    for m in re.finditer(r"((?:%s::\w+\s*\|?\s*)+|_)\s*=>\s*([^,{]+?)\s*,\n" % enum, body.group(1) + "\n"):
-        value = m.group(2).strip().strip('"')
+    arm = r"((?:%s::\w+\s*\|?\s*)+|_)\s*=>\s*(?:\{\s*([^{}]+?)\s*\}|([^,{]+?)\s*,\n)" % enum
+    for m in re.finditer(arm, body.group(1) + "\n"):
+        value = (m.group(2) or m.group(3)).strip().strip('"')
         if m.group(1) == "_":
             default = value
         for v in re.findall(r"%s::(\w+)" % enum, m.group(1)):

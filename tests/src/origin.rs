@@ -262,6 +262,30 @@ pub async fn echo_origin(addr: &str) -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, n)
 }
 
+/// A TCP server that speaks first (as SMTP, SSH or MySQL servers do): it
+/// writes `banner` on each connection, then echoes what it reads; counts
+/// connections.
+pub async fn banner_origin(addr: &str, banner: &'static [u8]) -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    let n2 = n.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { return };
+            n2.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if s.write_all(banner).await.is_err() {
+                    return;
+                }
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    (addr, n)
+}
+
 /// A listener that accepts and counts connections, then closes them.
 pub struct Canary {
     pub addr: SocketAddr,

@@ -386,6 +386,50 @@ async fn the_server_name_and_host_must_be_the_tunnel_s_host() {
     );
 }
 
+/// The interception entrance reads the whole ClientHello before it checks
+/// its server name, as the transparent one does: a hello naming another
+/// server, sent as its record header, a pause, then one byte at a time, is
+/// `host_mismatch` all the same, and nothing reaches the origin.
+#[tokio::test]
+async fn a_paused_client_hello_inside_interception_is_checked_whole() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let w = world("", "").await;
+    let (run, _) = w.run_full().await;
+    let api = format!("api.example:{}", w.api.addr.port());
+    let (resp, mut stream) = w.p.connect(&run, &api).await;
+    assert_eq!(resp.status, 200);
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("paused.example").unwrap();
+    let mut hello = vec![];
+    rustls::ClientConnection::new(Arc::new(config), name)
+        .unwrap()
+        .write_tls(&mut hello)
+        .unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream.write_all(&hello[..5]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for b in &hello[5..] {
+        stream.write_all(std::slice::from_ref(b)).await.unwrap();
+    }
+    // No ServerHello: the proxy closes the tunnel.
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    let facts = w.p.facts_with_reason("host_mismatch").await;
+    assert!(
+        facts.iter().any(|f| f["detail"]
+            .as_str()
+            .unwrap()
+            .contains("TLS server name \"paused.example\"")),
+        "{facts:?}"
+    );
+    assert!(w.api.heads().is_empty(), "{:?}", w.api.heads());
+}
+
 /// A TLS client over `stream` (a tunnel) trusting `ca_pem` only, naming
 /// `sni`, that sends one `GET /` with `Host: host` and reads the answer.
 async fn tls_client(ca_pem: &str, sni: &str, host: &str, stream: tokio::net::TcpStream) -> std::io::Result<String> {

@@ -31,6 +31,7 @@ use crate::data::decide;
 use crate::data::finish::Finish;
 use crate::data::forward::strip_hop_by_hop;
 use crate::data::inject;
+use crate::data::prefixed::Prefixed;
 use crate::data::respond;
 use crate::data::scrub::{self, Scrubbed};
 use crate::data::streams::{self, Held, Hold, StreamSlot};
@@ -143,8 +144,8 @@ pub async fn run(s: Session) {
             let io = Metered::client(TokioIo::new(client), &meter);
             bounds.watch(origin.serve(io, upstream), &meter, &origin.finish).await;
         }
-        Client::Tcp(client) => {
-            let io = Metered::client(client, &meter);
+        Client::Tcp(client, early) => {
+            let io = Metered::client(Prefixed::new(early, client), &meter);
             bounds.watch(origin.serve(io, upstream), &meter, &origin.finish).await;
         }
     }

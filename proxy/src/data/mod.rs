@@ -26,6 +26,7 @@ pub(crate) mod inject;
 pub(crate) mod intercept;
 pub(crate) mod nameserver;
 pub(crate) mod policy;
+pub(crate) mod prefixed;
 pub(crate) mod respond;
 pub(crate) mod scrub;
 pub(crate) mod sniff;

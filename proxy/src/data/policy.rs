@@ -332,6 +332,30 @@ pub fn tool_methods(tool: &ToolPolicy, target: &Target, method: &str, private: b
     Admission::Allow { private }
 }
 
+/// Whether a transparent connection to `target` is relayed raw at once,
+/// without a byte looked at: an entry matching it says `protocol = "tcp"`.
+/// Otherwise its first bytes are waited for, and only TLS (its server name
+/// checked) or HTTP/1.x (each request's `Host` checked) goes on.
+pub fn relays_raw(tool: &ToolPolicy, target: &Target) -> bool {
+    tool.allowlist.relays_raw(&target.host, target.port)
+}
+
+/// A transparent connection to `target` whose first bytes are no TLS or
+/// HTTP/1.x the proxy can check (`what` says what it did instead), where no
+/// entry relays raw: `protocol_unknown`. Report mode records it and lets
+/// it through as a raw relay.
+pub fn unknown_protocol(tool: &ToolPolicy, target: &Target, what: &dyn std::fmt::Display) -> Admission {
+    let denial = Denial {
+        reason: DenyReason::ProtocolUnknown,
+        detail: format!(
+            "the connection to {target} {what}: tool {} carries only TLS or HTTP/1.x there \
+             (an entry with protocol = \"tcp\" relays another protocol raw)",
+            tool.id
+        ),
+    };
+    gate(tool, denial, false)
+}
+
 /// Step 4 for a name the sandbox's DNS is asked (transparent egress): a
 /// name some rule of the tool lists, on any port, is answered (the port is
 /// decided when the child connects); any other is `not_allowlisted`, and no

@@ -486,3 +486,51 @@ fn websocket_messages_carry_placeholders_in_text_only_and_secrets_to_their_hosts
     // Another tool's secret, even in text.
     assert_eq!(check(&api, true, LAB_SECRET), Err(DenyReason::CredentialMisuse));
 }
+
+#[test]
+fn a_transparent_connection_is_relayed_raw_only_where_an_entry_says_tcp() {
+    let text = |mode: &str| {
+        format!(
+            r#"
+[tools.t]
+network = "transparent"
+mode = "{mode}"
+egress = ["web.example:443", {{ host = "db.example", port = 5432, protocol = "tcp" }}, {{ host = "*.pg.example", port = 5432, protocol = "tcp" }}]
+[tools.t.process]
+command = ["x"]
+"#
+        )
+    };
+    let c = Config::parse(&text("enforce"), "test").unwrap();
+    let t = c.policy.tool("t").unwrap();
+    for (host, port, raw) in [
+        ("db.example", 5432, true),
+        ("a.pg.example", 5432, true),
+        ("db.example", 443, false),
+        ("web.example", 443, false),
+        ("evil.example", 5432, false),
+        ("10.0.0.1", 5432, false),
+    ] {
+        assert_eq!(relays_raw(t, &target(Kind::Connect, host, port)), raw, "{host}:{port}");
+    }
+    // Anything else is protocol_unknown, saying what the connection did;
+    // report mode records it and lets it through.
+    let web = target(Kind::Connect, "web.example", 443);
+    match unknown_protocol(t, &web, &"sent nothing within 10 ms") {
+        Admission::Deny(d) => {
+            assert_eq!(d.reason, DenyReason::ProtocolUnknown);
+            assert!(
+                d.detail
+                    .starts_with("the connection to web.example:443 sent nothing within 10 ms: tool t"),
+                "{}",
+                d.detail
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let c = Config::parse(&text("report"), "test").unwrap();
+    assert!(matches!(
+        unknown_protocol(c.policy.tool("t").unwrap(), &web, &"x"),
+        Admission::Report { denial, .. } if denial.reason == DenyReason::ProtocolUnknown
+    ));
+}

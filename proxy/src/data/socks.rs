@@ -268,7 +268,7 @@ async fn negotiate(
         Err(a) => return answer(s, reply_code(&a)).await,
     };
     answer(s, rep::OK).await?;
-    opened.start(Client::Tcp(stream));
+    opened.start(Client::Tcp(stream, bytes::Bytes::new()));
     Ok(())
 }
 

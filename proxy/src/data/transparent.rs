@@ -7,9 +7,12 @@
 //! The connection's original destination (`SO_ORIGINAL_DST`) is where the
 //! child was going: a synthetic address its DNS was given for a name
 //! (`runs::names`) stands for that name; any other address is an IP
-//! literal, denied unless the tool lists it. Then its first bytes
-//! ([`sniff`]) say what it carries, and the same decisions as every
-//! entrance's apply:
+//! literal, denied unless the tool lists it. A destination an entry relays
+//! raw (`protocol = "tcp"`, [`policy::relays_raw`]) goes as a CONNECT would,
+//! at once, no byte looked at. For any other, its first bytes are read
+//! until they are whole ([`sniff`]: a ClientHello, a request head), within
+//! `header_read_timeout_ms`, and the same decisions as every entrance's
+//! apply:
 //!
 //! - plain HTTP: each request is origin-form on that host and port (`Host`
 //!   naming another is `host_mismatch`), and goes the forward path (methods,
@@ -19,25 +22,30 @@
 //! - TLS: its server name must be the name (`host_mismatch` otherwise), and
 //!   it goes as a CONNECT would (intercepted for a credential host or an
 //!   `inspect` tool, else a spliced tunnel to the pinned address);
-//! - anything else (or nothing yet, when the server speaks first): a raw
-//!   relay to the pinned address, as a CONNECT (a tool that restricts
-//!   `methods` must list `CONNECT`).
+//! - anything else — other bytes, nothing within the timeout (a server that
+//!   speaks first), the client closing first, HTTP/2 with prior knowledge —
+//!   is `protocol_unknown` ([`policy::unknown_protocol`]), a fact, and the
+//!   connection is closed; nothing was sent anywhere. (Report mode records
+//!   it and relays raw.)
 //!
-//! Facts, metrics and logs label these fetches `transparent`.
+//! The bytes read go first to the origin (or the HTTP server). Facts,
+//! metrics and logs label these fetches `transparent`.
 
 use crate::admission::{Admission, Conn};
 use crate::data::auth::{self, Presented};
 use crate::data::decide::{Ask, Dest, Fetch};
 use crate::data::fetch::{establish, refuse_credential, serve_run};
-use crate::data::policy::Head;
+use crate::data::policy::{self, Head};
+use crate::data::prefixed::Prefixed;
 use crate::data::respond::{self, raw_target};
-use crate::data::sniff::{self, First};
+use crate::data::sniff::{self, First, Sniffed, Unknown};
 use crate::data::target::{self, server_name_is, Kind, Target, TargetError};
 use crate::data::tunnel::Client;
 use crate::deny::{DenyReason, Via};
 use crate::listener::serve_one;
 use crate::runs::{names, Run};
 use crate::state::Shared;
+use bytes::Bytes;
 use egress_config::Host;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
@@ -46,10 +54,6 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// How long a connection's first bytes are waited for before it counts as
-/// one whose server speaks first (a raw relay).
-const SNIFF_WAIT: Duration = Duration::from_millis(300);
 
 /// Serves a run's transparent listener until the run ends.
 pub async fn serve(sh: Arc<Shared>, run: Arc<Run>, l: TcpListener, admission: Arc<Admission>) {
@@ -121,7 +125,7 @@ impl Head for Named<'_> {
     }
 }
 
-async fn one(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, conn: &Arc<Conn>) {
+async fn one(sh: &Arc<Shared>, run: &Arc<Run>, mut s: TcpStream, conn: &Arc<Conn>) {
     if establish(sh, conn, run).is_some() {
         return;
     }
@@ -131,30 +135,106 @@ async fn one(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, conn: &Arc<Conn>) {
     };
     let started = Instant::now();
     let dest = destination(run, dest);
-    match sniff::sniff(&s, SNIFF_WAIT).await {
-        Ok(First::Http) => http(sh, run, s, dest, conn).await,
-        Ok(First::Tls { sni }) => relay(sh, run, s, dest, sni, started).await,
-        Ok(First::Other) => relay(sh, run, s, dest, None, started).await,
+    let raw = sh
+        .policy
+        .load()
+        .tool(&run.tool)
+        .is_some_and(|t| policy::relays_raw(t, &dest));
+    if raw {
+        return relay(sh, run, s, Bytes::new(), dest, Carried::Raw, started).await;
+    }
+    let (wait, max_head) = (sh.cfg.header_read_timeout, sh.cfg.max_header_bytes);
+    match sniff::sniff(&mut s, started, wait, max_head).await {
+        Ok(Sniffed {
+            first: First::Http,
+            bytes,
+        }) => http(sh, run, Prefixed::new(bytes, s), dest, conn).await,
+        Ok(Sniffed {
+            first: First::Tls { sni },
+            bytes,
+        }) => relay(sh, run, s, bytes, dest, Carried::Tls { sni }, started).await,
+        Ok(Sniffed {
+            first: First::Unknown(why),
+            bytes,
+        }) => unknown(sh, run, s, bytes, dest, why, started).await,
         Err(_) => {}
     }
 }
 
-/// TLS or anything else: decided as a CONNECT to the destination, then
-/// carried (the bytes peeked at are still in the socket).
-async fn relay(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, dest: Target, sni: Option<String>, started: Instant) {
+/// Neither TLS nor HTTP the proxy can check: `protocol_unknown`, after the
+/// run's own state (an ended run's connection is `run_ended`). Report mode
+/// records it and relays raw.
+async fn unknown(
+    sh: &Arc<Shared>,
+    run: &Arc<Run>,
+    s: TcpStream,
+    early: Bytes,
+    dest: Target,
+    why: Unknown,
+    started: Instant,
+) {
     let policy = sh.policy.load_full();
     let tm = sh.tool_metrics(Some(&run.tool));
     let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Connect, started).via(Via::Transparent);
-    if let Some(sni) = sni.filter(|n| !server_name_is(&dest.host, n)) {
-        let detail = format!(
-            "TLS server name {:?} is not the name {} the connection goes to",
-            sni.escape_debug().to_string(),
-            dest.host
-        );
-        let _ = fetch
-            .deny(DenyReason::HostMismatch, detail, Dest::Target(&dest), &[])
-            .await;
+    let raw = dest.to_string();
+    let Ok(tool) = fetch.check_run(run, &|| raw.clone()).await else {
         return;
+    };
+    match policy::unknown_protocol(&tool, &dest, &why) {
+        policy::Admission::Report { denial, .. } => {
+            relay(sh, run, s, early, dest, Carried::Reported(denial), started).await;
+        }
+        policy::Admission::Deny(d) => {
+            let _ = fetch.deny(d.reason, d.detail, Dest::Target(&dest), &[]).await;
+        }
+        policy::Admission::Allow { .. } => {}
+    }
+}
+
+/// What a connection relayed as a CONNECT was found to carry.
+enum Carried {
+    /// A ClientHello, with its server name if it names one.
+    Tls { sni: Option<String> },
+    /// Nothing looked at: its entry says `protocol = "tcp"`.
+    Raw,
+    /// Neither TLS nor HTTP, let through by report mode: this denial is
+    /// recorded first.
+    Reported(policy::Denial),
+}
+
+/// A connection decided as a CONNECT to the destination, then carried, the
+/// bytes read already (`early`) first: TLS, once its server name is the
+/// destination's; raw.
+async fn relay(
+    sh: &Arc<Shared>,
+    run: &Arc<Run>,
+    s: TcpStream,
+    early: Bytes,
+    dest: Target,
+    carried: Carried,
+    started: Instant,
+) {
+    let policy = sh.policy.load_full();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Connect, started).via(Via::Transparent);
+    match carried {
+        Carried::Tls { sni: Some(sni) } if !server_name_is(&dest.host, &sni) => {
+            let detail = format!(
+                "TLS server name {:?} is not the name {} the connection goes to",
+                sni.escape_debug().to_string(),
+                dest.host
+            );
+            let _ = fetch
+                .deny(DenyReason::HostMismatch, detail, Dest::Target(&dest), &[])
+                .await;
+            return;
+        }
+        Carried::Reported(denial) => {
+            if fetch.report(&denial, &dest, &[]).await.is_err() {
+                return;
+            }
+        }
+        Carried::Tls { .. } | Carried::Raw => {}
     }
     let raw = dest.to_string();
     let ask = Ask {
@@ -169,13 +249,13 @@ async fn relay(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, dest: Target, sni
         return;
     };
     if let Ok(opened) = fetch.open_tunnel(prepared, sh, run).await {
-        opened.start(Client::Tcp(s));
+        opened.start(Client::Tcp(s, early));
     }
 }
 
-/// Plain HTTP: an HTTP/1.1 server on the connection, each request decided
-/// on the destination's host and port.
-async fn http(sh: &Arc<Shared>, run: &Arc<Run>, s: TcpStream, dest: Target, conn: &Arc<Conn>) {
+/// Plain HTTP: an HTTP/1.1 server on the connection (its first head read
+/// already), each request decided on the destination's host and port.
+async fn http(sh: &Arc<Shared>, run: &Arc<Run>, s: Prefixed<TcpStream>, dest: Target, conn: &Arc<Conn>) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -10,6 +10,7 @@
 //! deadline and run-end cut behave the same on both paths.
 
 use crate::data::finish::Finish;
+use crate::data::prefixed::Prefixed;
 use crate::deny::Phase;
 use crate::runs::budget::ByteBudget;
 use crate::runs::slots::Slot;
@@ -155,10 +156,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Metered<T> {
 
 /// The tool's side of a tunnel: a CONNECT's connection, upgraded once the
 /// `200` is out, or a connection an entrance holds itself (SOCKS5, after
-/// its success reply).
+/// its success reply; a transparent connection) with the bytes it read
+/// from it already (a transparent connection's ClientHello), which go
+/// first.
 pub enum Client {
     Upgrade(OnUpgrade),
-    Tcp(TcpStream),
+    Tcp(TcpStream, Bytes),
 }
 
 pub struct Tunnel {
@@ -195,10 +198,10 @@ pub async fn run(t: Tunnel) {
         budget: budget_cut.as_ref(),
     };
     match client {
-        Client::Tcp(client) if splice_enabled() => {
-            spliced(&client, &upstream, Bytes::new(), &meter, &bounds, &finish).await;
+        Client::Tcp(client, early) if splice_enabled() => {
+            spliced(&client, &upstream, early, &meter, &bounds, &finish).await;
         }
-        Client::Tcp(client) => copied(client, upstream, &meter, &bounds, &finish).await,
+        Client::Tcp(client, early) => copied(Prefixed::new(early, client), upstream, &meter, &bounds, &finish).await,
         Client::Upgrade(upgrade) => {
             let Some(client) = upgraded(upgrade, deadline, &cancel, &finish).await else {
                 return;
