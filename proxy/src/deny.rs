@@ -128,10 +128,14 @@ pub enum DenyReason {
     /// A request asking to switch to a protocol the proxy does not carry
     /// (`Upgrade` other than a WebSocket handshake: `h2c`, custom ones).
     UpgradeNotAllowed,
+    /// A credential host's answer the proxy cannot scrub of the secret (a
+    /// coding it cannot read, a framing that disagrees with itself, a body
+    /// where none may be): not passed on, `502`.
+    Unscrubbable,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 18] = [
+    pub const ALL: [DenyReason; 19] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -150,6 +154,7 @@ impl DenyReason {
         DenyReason::BudgetExhausted,
         DenyReason::RateLimited,
         DenyReason::UpgradeNotAllowed,
+        DenyReason::Unscrubbable,
     ];
 
     pub fn code(self) -> &'static str {
@@ -172,6 +177,7 @@ impl DenyReason {
             DenyReason::BudgetExhausted => "budget_exhausted",
             DenyReason::RateLimited => "rate_limited",
             DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
+            DenyReason::Unscrubbable => "unscrubbable",
         }
     }
 
@@ -180,6 +186,8 @@ impl DenyReason {
             DenyReason::AuthMissing | DenyReason::AuthInvalid => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             DenyReason::BadTarget | DenyReason::HostMismatch => StatusCode::BAD_REQUEST,
             DenyReason::BudgetExhausted | DenyReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            // The origin's answer is what is refused, not the request.
+            DenyReason::Unscrubbable => StatusCode::BAD_GATEWAY,
             _ => StatusCode::FORBIDDEN,
         }
     }
@@ -198,7 +206,9 @@ impl DenyReason {
             DenyReason::ConcurrencyLimit => "slots",
             DenyReason::MethodNotAllowed => "methods",
             DenyReason::PathNotAllowed => "paths",
-            DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls => "credentials",
+            DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls | DenyReason::Unscrubbable => {
+                "credentials"
+            }
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
             DenyReason::UpgradeNotAllowed => "upgrades",
         }
@@ -254,6 +264,9 @@ impl DenyReason {
             DenyReason::UpgradeNotAllowed => {
                 "only WebSocket upgrades are carried; send the request without an Upgrade header"
             }
+            DenyReason::Unscrubbable => {
+                "the credential host answered in a form the proxy cannot scrub (compressed or mis-framed); nothing of it was passed on"
+            }
         }
     }
 
@@ -298,16 +311,13 @@ pub enum FetchError {
     ConnectionLimit,
     /// The run already holds `max_connections_per_run` connections.
     RunConnectionLimit,
-    /// A credential host answered with a body the proxy cannot scrub of the
-    /// secret (compressed although `identity` was asked for): not passed on.
-    Unscrubbable,
 }
 
 impl FetchError {
     /// The errors `egress_fetch_errors_total` counts; the others have metrics
     /// of their own (`egress_fact_write_failures_total`,
     /// `egress_connections_closed_total`) or are a shutdown.
-    pub const COUNTED: [FetchError; 8] = [
+    pub const COUNTED: [FetchError; 7] = [
         FetchError::DnsNotFound,
         FetchError::DnsFailed,
         FetchError::ConnectFailed,
@@ -315,7 +325,6 @@ impl FetchError {
         FetchError::UpstreamFailed,
         FetchError::UpstreamTls,
         FetchError::RunEnded,
-        FetchError::Unscrubbable,
     ];
 
     pub fn code(self) -> &'static str {
@@ -331,7 +340,6 @@ impl FetchError {
             FetchError::ShuttingDown => "shutting_down",
             FetchError::ConnectionLimit => "connection_limit",
             FetchError::RunConnectionLimit => "run_connection_limit",
-            FetchError::Unscrubbable => "unscrubbable",
         }
     }
 
@@ -358,7 +366,8 @@ mod tests {
         for r in DenyReason::ALL {
             assert!(seen.insert(r.code()));
             assert!(r.code().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
-            assert!(r.status().is_client_error());
+            let server = r == DenyReason::Unscrubbable;
+            assert!(r.status().is_client_error() != server, "{r:?}");
             assert!(r.rule().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
             assert!(r.hint().is_ascii() && r.hint().len() < 160, "{}", r.hint());
         }
