@@ -137,10 +137,14 @@ pub enum DenyReason {
     /// and byte bound (nothing at all, another protocol, HTTP/2 with prior
     /// knowledge), to an entry that does not say `protocol = "tcp"`.
     ProtocolUnknown,
+    /// A credential host's answer the proxy cannot scrub of the secret (a
+    /// coding it cannot read, a framing that disagrees with itself, a body
+    /// where none may be): not passed on, `502`.
+    Unscrubbable,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 20] = [
+    pub const ALL: [DenyReason; 21] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -161,6 +165,7 @@ impl DenyReason {
         DenyReason::UpgradeNotAllowed,
         DenyReason::CredentialElsewhere,
         DenyReason::ProtocolUnknown,
+        DenyReason::Unscrubbable,
     ];
 
     /// The refusals of the authentication step (`407`).
@@ -192,6 +197,7 @@ impl DenyReason {
             DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
             DenyReason::CredentialElsewhere => "credential_elsewhere",
             DenyReason::ProtocolUnknown => "protocol_unknown",
+            DenyReason::Unscrubbable => "unscrubbable",
         }
     }
 
@@ -202,6 +208,8 @@ impl DenyReason {
             }
             DenyReason::BadTarget | DenyReason::HostMismatch => StatusCode::BAD_REQUEST,
             DenyReason::BudgetExhausted | DenyReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            // The origin's answer is what is refused, not the request.
+            DenyReason::Unscrubbable => StatusCode::BAD_GATEWAY,
             _ => StatusCode::FORBIDDEN,
         }
     }
@@ -220,7 +228,9 @@ impl DenyReason {
             DenyReason::ConcurrencyLimit => "slots",
             DenyReason::MethodNotAllowed => "methods",
             DenyReason::PathNotAllowed => "paths",
-            DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls => "credentials",
+            DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls | DenyReason::Unscrubbable => {
+                "credentials"
+            }
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
             DenyReason::UpgradeNotAllowed => "upgrades",
             DenyReason::ProtocolUnknown => "protocols",
@@ -283,6 +293,9 @@ impl DenyReason {
             DenyReason::ProtocolUnknown => {
                 "only TLS or HTTP/1.x is carried here, sent at once; another protocol needs an entry with protocol = \"tcp\""
             }
+            DenyReason::Unscrubbable => {
+                "the credential host answered in a form the proxy cannot scrub (compressed or mis-framed); nothing of it was passed on"
+            }
         }
     }
 
@@ -328,16 +341,13 @@ pub enum FetchError {
     ConnectionLimit,
     /// The run already holds `max_connections_per_run` connections.
     RunConnectionLimit,
-    /// A credential host answered with a body the proxy cannot scrub of the
-    /// secret (compressed although `identity` was asked for): not passed on.
-    Unscrubbable,
 }
 
 impl FetchError {
     /// The errors `egress_fetch_errors_total` counts; the others have metrics
     /// of their own (`egress_fact_write_failures_total`,
     /// `egress_connections_closed_total`) or are a shutdown.
-    pub const COUNTED: [FetchError; 8] = [
+    pub const COUNTED: [FetchError; 7] = [
         FetchError::DnsNotFound,
         FetchError::DnsFailed,
         FetchError::ConnectFailed,
@@ -345,7 +355,6 @@ impl FetchError {
         FetchError::UpstreamFailed,
         FetchError::UpstreamTls,
         FetchError::RunEnded,
-        FetchError::Unscrubbable,
     ];
 
     pub fn code(self) -> &'static str {
@@ -361,7 +370,6 @@ impl FetchError {
             FetchError::ShuttingDown => "shutting_down",
             FetchError::ConnectionLimit => "connection_limit",
             FetchError::RunConnectionLimit => "run_connection_limit",
-            FetchError::Unscrubbable => "unscrubbable",
         }
     }
 
@@ -388,7 +396,8 @@ mod tests {
         for r in DenyReason::ALL {
             assert!(seen.insert(r.code()));
             assert!(r.code().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
-            assert!(r.status().is_client_error());
+            let server = r == DenyReason::Unscrubbable;
+            assert!(r.status().is_client_error() != server, "{r:?}");
             assert!(r.rule().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
             assert!(r.hint().is_ascii() && r.hint().len() < 160, "{}", r.hint());
         }

@@ -1,7 +1,9 @@
 //! Shared test support for Loom Egress: a fake DNS server on loopback with a
 //! query log, loopback origins (HTTP, TCP echo, connection-counting canary,
-//! black hole), a proxy harness that starts a real proxy on `127.0.0.1:0`,
-//! a raw HTTP/1.1 client and a SOCKS5 one, counting unix-socket canaries,
+//! black hole, and one that answers exactly the bytes or HTTP/2 frames a
+//! test gives), a proxy harness that starts a real proxy on `127.0.0.1:0`,
+//! a raw HTTP/1.1 client and a SOCKS5 one, a tool's side of an
+//! intercepted tunnel (HTTP/1.1 or HTTP/2 inside), counting unix-socket canaries,
 //! and a helper that re-runs a test inside a network namespace holding only
 //! `lo`, the `websockets` origin of the WebSocket tests, a throwaway PostgreSQL and a
 //! fleet's network of namespaces on two bridges; for the executor's tests, a fake control API speaking the real wire
@@ -17,12 +19,14 @@ pub mod fake_handoff;
 pub mod fleet_net;
 pub mod h2_origin;
 pub mod harness;
+pub mod inside;
 pub mod netns;
 pub mod openapi;
 pub mod origin;
 pub mod postgres;
 pub mod process;
 pub mod raw;
+pub mod raw_origin;
 pub mod socks;
 pub mod tls_origin;
 pub mod unix_canary;

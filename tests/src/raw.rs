@@ -68,6 +68,25 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// One whole response already read (to the connection's end): status,
+/// headers, and the body as framed (de-chunked when chunked and whole, cut
+/// at `Content-Length`, else every byte after the head); `None` without a
+/// head.
+pub fn parse(bytes: &[u8]) -> Option<RawResponse> {
+    let end = head_end(bytes)?;
+    let (status, headers) = parse_head(&bytes[..end]);
+    let rest = &bytes[end..];
+    let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let body = if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        dechunk(rest).unwrap_or_else(|| rest.to_vec())
+    } else if let Some(cl) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        rest[..cl.min(rest.len())].to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Some(RawResponse { status, headers, body })
+}
+
 /// Reads one response from `s`; for a response to CONNECT (`head_only`), stops after the head.
 pub async fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<RawResponse> {
     let mut buf = Vec::with_capacity(4096);

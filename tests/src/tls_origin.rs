@@ -58,8 +58,9 @@ impl TlsOrigin {
     }
 }
 
-/// Starts an HTTPS origin on `addr` whose certificate names `names`.
-pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
+/// A TLS server configuration for `names` under a test CA of its own,
+/// offering `alpn`; and that CA, PEM (what the proxy is to trust).
+pub fn test_server_config(names: &[&str], alpn: &[&[u8]]) -> (rustls::ServerConfig, String) {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -69,7 +70,7 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
     let key = KeyPair::generate().unwrap();
     let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     let leaf = CertificateParams::new(names).unwrap().signed_by(&key, &issuer).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
@@ -78,6 +79,13 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
             rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
         )
         .unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    (config, ca_cert.pem())
+}
+
+/// Starts an HTTPS origin on `addr` whose certificate names `names`.
+pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
+    let (config, ca_pem) = test_server_config(names, &[]);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let l = TcpListener::bind(addr).await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -117,7 +125,7 @@ pub async fn tls_origin(addr: &str, names: &[&str]) -> TlsOrigin {
     });
     TlsOrigin {
         addr,
-        ca_pem: ca_cert.pem(),
+        ca_pem,
         heads,
         conns,
     }

@@ -695,7 +695,9 @@ async fn what_the_origin_echoes_inside_tls_comes_back_with_the_placeholder() {
     let r = curl(&env, &w.api_url("/gzip"), &["-H", "Accept-Encoding: gzip"]).await;
     assert_eq!(status(&r), "502", "{}", r.stdout);
     assert!(
-        r.stderr.to_ascii_lowercase().contains("x-egress-error: unscrubbable"),
+        r.stderr
+            .to_ascii_lowercase()
+            .contains("x-egress-deny-reason: unscrubbable"),
         "{}",
         r.stderr
     );

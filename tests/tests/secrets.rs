@@ -6,7 +6,9 @@
 //!   tool the placeholder, never the secret: heads, bodies (however they
 //!   are split) and trailers are scrubbed, counted in
 //!   `egress_credential_scrubs_total` and the run's view. A body in a
-//!   content coding the proxy cannot read is refused (`502 unscrubbable`).
+//!   content coding the proxy cannot read is refused (`502 unscrubbable`,
+//!   a fact; every other way of framing or coding an answer, and every
+//!   entrance, in `reflections.rs`).
 //! - The real value of any credential of the policy, in any form, on a
 //!   request to any host but its own is `credential_misuse`.
 //! - A plain-HTTP request to a credential host is `credential_requires_tls`
@@ -200,13 +202,16 @@ async fn a_body_the_proxy_cannot_scrub_is_refused_and_the_origin_is_asked_for_id
     let (run, _) = s.run("w").await;
     let r = s.p.get(&run, &s.api("/gzip"), "Accept-Encoding: gzip\r\n").await;
     assert_eq!(r.status, 502, "{}", r.text());
-    assert_eq!(r.header("x-egress-error"), Some("unscrubbable"));
+    assert_eq!(r.deny_reason(), Some("unscrubbable"));
     assert!(!r.text().contains(SECRET), "{}", r.text());
     let m = s.p.metrics().await;
     assert_eq!(
-        sample(&m, "egress_fetch_errors_total{tool=\"w\",reason=\"unscrubbable\"}"),
+        sample(&m, "egress_denials_total{tool=\"w\",reason=\"unscrubbable\"}"),
         1.0
     );
+    let facts = s.p.facts_with_reason("unscrubbable").await;
+    assert_eq!(facts.len(), 1, "{facts:?}");
+    assert_eq!(Some(facts[0]["id"].as_str().unwrap()), r.header("x-egress-fact-id"));
     // Whatever the client asks, the origin is asked for the whole body in identity.
     s.p.get(
         &run,

@@ -2,7 +2,8 @@
 //! is answered: the run still active and its tool configured (step 2), one
 //! canonical target (3), allowlist and methods before any DNS (4), and the
 //! credentials (4: placeholders and real secrets only to their hosts, only
-//! over verified TLS). The forward and CONNECT entrance ([`fetch`]) and
+//! over verified TLS), and the refusal of a credential host's answer the
+//! scrubber cannot read. The forward and CONNECT entrance ([`fetch`]) and
 //! the requests inside an intercepted CONNECT ([`intercept`]) both call
 //! these steps; the steps call the pure policy functions ([`policy`]) and
 //! never an entrance.
@@ -438,8 +439,23 @@ impl<'a> Fetch<'a> {
         resolved: &[IpAddr],
     ) -> Answer {
         let km = self.tm.kind(self.via);
-        self.tm.denial(reason);
         km.request(Decision::Denied);
+        let answer = self.refuse(reason, answer, detail, dest, resolved).await;
+        km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
+        answer
+    }
+
+    /// Counts the denial, records its fact, logs it and builds its answer
+    /// (the request itself counted by the caller).
+    async fn refuse(
+        &self,
+        reason: DenyReason,
+        answer: String,
+        detail: String,
+        dest: Dest<'_>,
+        resolved: &[IpAddr],
+    ) -> Answer {
+        self.tm.denial(reason);
         let (target, quoted, detail) = match dest {
             Dest::Target(t) => (Some(t), Some(t.to_string()), detail),
             Dest::Raw(r) => {
@@ -452,7 +468,6 @@ impl<'a> Fetch<'a> {
         let recorded = self
             .record(reason, detail.clone(), target, resolved, Mode::Enforce)
             .await;
-        km.duration(Outcome::Denied, self.started.elapsed().as_secs_f64());
         tracing::info!(
             target: "egress::fetch",
             run = self.run.map(|r| &*r.id).unwrap_or("-"),
@@ -703,6 +718,28 @@ pub async fn deny_inside(sh: &Shared, run: &Run, target: &Target, reason: DenyRe
     let tm = sh.tool_metrics(Some(&run.tool));
     let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
     fetch.deny(reason, detail, Dest::Target(target), &[]).await
+}
+
+/// A credential host's answer that the scrubber cannot read
+/// ([`relayed`](crate::data::relayed)), to a request of `run` to `target`
+/// that came in `via` (`json`: it accepts `application/json`): an
+/// `unscrubbable` fact, then the `502` that stands for the answer, of which
+/// nothing is passed on. The request went out and was counted then; this
+/// counts the denial.
+pub async fn refuse_answer(sh: &Shared, run: &Run, target: &Target, via: Via, json: bool, detail: String) -> Answer {
+    let policy = sh.policy.load_full();
+    let tm = sh.tool_metrics(Some(&run.tool));
+    let mut fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now()).via(via);
+    fetch.json = json;
+    fetch
+        .refuse(
+            DenyReason::Unscrubbable,
+            detail.clone(),
+            detail,
+            Dest::Target(target),
+            &[],
+        )
+        .await
 }
 
 /// An intercepted CONNECT whose TLS names another server (SNI) than the

@@ -2,12 +2,14 @@
 //! pinned connection (fresh or this run's pooled one), without hop-by-hop
 //! headers (RFC 9110 §7.6.1), with `Host` set to the canonical target and
 //! the tool's credentials for this host written in (`inject`), and their
-//! response scrubbed of them (`scrub`). The
+//! response scrubbed of them (`scrub`), or refused when what it relays is
+//! not what the scrubber reads (`relayed`: an `unscrubbable` fact). The
 //! request body streams upstream while the response comes back; the
 //! exchange (slot, accounting) lasts until both are finished, and a watchdog
 //! bounds both directions by the deadline and the run's end.
 
 use crate::data::body::{self, Exchange, Guarded, ProxyBody, Upload};
+use crate::data::decide;
 use crate::data::inject::{self, Injection};
 use crate::data::respond;
 use crate::data::scrub;
@@ -15,7 +17,7 @@ use crate::data::target::Target;
 use crate::data::tunnel::{self, Meter};
 use crate::data::upstream::{self, Upstream};
 use crate::data::websocket;
-use crate::deny::{FetchError, Phase};
+use crate::deny::{DenyReason, FetchError, Phase};
 use crate::runs::pool::UpBody;
 use crate::runs::Run;
 use crate::state::Shared;
@@ -107,6 +109,7 @@ pub async fn forward(
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let method = parts.method.clone();
+    let json = respond::accepts_json(&parts.headers);
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if websocket {
@@ -197,24 +200,27 @@ pub async fn forward(
             target,
             deadline,
             credentials,
+            json,
         };
-        return switch(sh, run, resp, conn, exchange, ws);
+        return switch(sh, run, resp, conn, exchange, ws).await;
     }
-    let (mut parts, body) = resp.into_parts();
+    let (mut parts, mut body) = resp.into_parts();
     fx.set_status(parts.status.as_u16());
+    // Scrubbed (or refused) on the head as received: its framing headers
+    // say what the body relays.
+    let injected = credentials.as_ref().map(|c| &c.tool);
+    let scrub = match scrub::response(sh, injected, run, &method, &mut parts, &mut body, Some(deadline)).await {
+        Ok(s) => s,
+        Err(e) => {
+            fx.failed(DenyReason::Unscrubbable.code());
+            return decide::refuse_answer(sh, run, target, fx.kind, json, format!("{target}: {e}")).await;
+        }
+    };
     strip_hop_by_hop(&mut parts.headers);
     fx.add_down(body::head_len(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
         &parts.headers,
     ));
-    let scrub = match scrub::response(sh, credentials.as_ref().map(|c| &c.tool), run, &method, &mut parts) {
-        Ok(s) => s,
-        Err(e) => {
-            fx.failed(FetchError::Unscrubbable.code());
-            sh.count_error(&run.tool, FetchError::Unscrubbable);
-            return respond::error(FetchError::Unscrubbable, &format!("{target}: {e}"));
-        }
-    };
     exchange.attach(conn);
     Response::from_parts(parts, ProxyBody::stream(Guarded { inner: body, exchange }, scrub))
 }
@@ -226,14 +232,18 @@ struct WebSocket<'a> {
     target: &'a Target,
     deadline: Instant,
     credentials: Option<Injection>,
+    /// The handshake accepts `application/json` (a refusal's answer).
+    json: bool,
 }
 
 /// The origin switched protocols for a WebSocket handshake: its `101` goes
 /// to the tool with its headers as they came (scrubbed of the secret), and
 /// a task joins both connections once upgraded, holding the exchange (the
 /// slot) and bounded like a tunnel (deadline, idle timeout, run end,
-/// shutdown), its bytes counted in the fetch.
-fn switch(
+/// shutdown), its bytes counted in the fetch. A `101` whose frames the
+/// proxy could not read (an extension it did not offer, when it reads
+/// them) is refused like an unreadable answer.
+async fn switch(
     sh: &Arc<Shared>,
     run: &Arc<Run>,
     mut resp: Response<Incoming>,
@@ -244,20 +254,24 @@ fn switch(
     let fx = &exchange.finish;
     fx.set_status(resp.status().as_u16());
     let origin = hyper::upgrade::on(&mut resp);
-    let (mut parts, _) = resp.into_parts();
+    let (mut parts, mut body) = resp.into_parts();
     let rewrite = websocket::rewrites(ws.credentials.as_ref());
+    let injected = ws.credentials.as_ref().map(|c| &c.tool);
     let scrubbed = scrub::response(
         sh,
-        ws.credentials.as_ref().map(|c| &c.tool),
+        injected,
         run,
         &http::Method::GET,
         &mut parts,
+        &mut body,
+        Some(ws.deadline),
     )
+    .await
     .and_then(|_| websocket::check_accepted(rewrite, &parts.headers));
     if let Err(e) = scrubbed {
-        fx.failed(FetchError::UpstreamFailed.code());
-        sh.count_error(&run.tool, FetchError::UpstreamFailed);
-        return respond::error(FetchError::UpstreamFailed, &format!("{}: {e}", ws.target));
+        fx.failed(DenyReason::Unscrubbable.code());
+        let detail = format!("{}: {e}", ws.target);
+        return decide::refuse_answer(sh, run, ws.target, fx.kind, ws.json, detail).await;
     }
     fx.add_down(body::head_len(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,

@@ -15,7 +15,10 @@
 //! origin picked it by ALPN (every stream on one connection), else over
 //! HTTP/1.1 (one connection per request in flight, dialled again when the
 //! origin closed it; a WebSocket handshake always on HTTP/1.1). Its
-//! response comes back scrubbed of them ([`scrub`]), with its trailers.
+//! response comes back scrubbed of them ([`scrub`]), with its trailers, or
+//! refused when what it relays is not what the scrubber reads
+//! ([`relayed`](crate::data::relayed): an `unscrubbable` fact, the same on
+//! every stream and whichever protocol the origin speaks).
 //! An HTTP/2 stream also holds one of the run's slots and has its own
 //! deadline, like any fetch. Bytes are counted
 //! as the tool's TLS bytes; the idle timeout, the fetch deadline, the run's
@@ -39,7 +42,7 @@ use crate::data::target::{server_name_is, Target};
 use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::upstream;
 use crate::data::websocket;
-use crate::deny::{DenyReason, FetchError};
+use crate::deny::{DenyReason, FetchError, Via};
 use crate::runs::pool::{Conn, Dialled, H2Conn, UpBody};
 use crate::runs::slots::{self, Slot, SlotError};
 use crate::runs::Run;
@@ -299,6 +302,7 @@ impl Origin {
         let client_upgrade = inside.websocket.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let method = parts.method.clone();
+        let json = respond::accepts_json(&parts.headers);
         let mut headers = parts.headers;
         // `TE: trailers` is the one TE an HTTP/2 request carries (gRPC
         // requires it); it goes on to an HTTP/2 origin.
@@ -339,28 +343,25 @@ impl Origin {
         };
         match sent {
             Ok(resp) if client_upgrade.is_some() && resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                Ok(self.switch(resp, client_upgrade, inside))
+                Ok(self.switch(resp, client_upgrade, inside, json).await)
             }
             Ok(resp) => {
-                let (mut parts, body) = resp.into_parts();
+                let (mut parts, mut body) = resp.into_parts();
+                // Scrubbed (or refused) on the head as received: its
+                // framing headers say what the body relays.
+                let injected = inside.credentials.as_ref().map(|c| &c.tool);
+                let until = hold.as_ref().map(|h| h.deadline);
+                let scrub =
+                    match scrub::response(&self.sh, injected, &self.run, &method, &mut parts, &mut body, until).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let detail = format!("{}: {e}", self.target);
+                            let r = decide::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
+                            return Ok(r.await.map(Either::Right));
+                        }
+                    };
                 strip_hop_by_hop(&mut parts.headers);
                 parts.version = if stream { Version::HTTP_2 } else { Version::HTTP_11 };
-                let scrub = match scrub::response(
-                    &self.sh,
-                    inside.credentials.as_ref().map(|c| &c.tool),
-                    &self.run,
-                    &method,
-                    &mut parts,
-                ) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        self.sh.count_error(&self.run.tool, FetchError::Unscrubbable);
-                        return Ok(
-                            respond::error(FetchError::Unscrubbable, &format!("{}: {e}", self.target))
-                                .map(Either::Right),
-                        );
-                    }
-                };
                 tracing::info!(
                     target: "egress::fetch",
                     run = %self.run.id,
@@ -416,15 +417,18 @@ impl Origin {
 
     /// The origin switched protocols for a WebSocket handshake: its `101`
     /// goes to the tool with its headers as they came (scrubbed of the
-    /// secret); [`Origin::serve`] joins both sides once upgraded.
-    fn switch(
+    /// secret); [`Origin::serve`] joins both sides once upgraded. A `101`
+    /// whose frames the proxy could not read (an extension it did not
+    /// offer, when it reads them) is refused like an unreadable answer.
+    async fn switch(
         &self,
         mut resp: Response<Incoming>,
         client: Option<hyper::upgrade::OnUpgrade>,
         inside: decide::Inside,
+        json: bool,
     ) -> Answer {
         let origin = hyper::upgrade::on(&mut resp);
-        let (mut parts, _) = resp.into_parts();
+        let (mut parts, mut body) = resp.into_parts();
         let injected = inside.credentials.as_ref();
         let rewrite = websocket::rewrites(injected);
         let checked = scrub::response(
@@ -433,11 +437,19 @@ impl Origin {
             &self.run,
             &http::Method::GET,
             &mut parts,
+            &mut body,
+            None,
         )
+        .await
         .and_then(|_| websocket::check_accepted(rewrite, &parts.headers));
-        let (Some(client), Ok(_)) = (client, &checked) else {
+        if let Err(e) = checked {
+            let detail = format!("{}: {e}", self.target);
+            let r = decide::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
+            return r.await.map(Either::Right);
+        }
+        let Some(client) = client else {
             self.sh.count_error(&self.run.tool, FetchError::UpstreamFailed);
-            let e = checked.err().unwrap_or_default();
+            let e = "the tool's side of the upgrade is gone";
             return respond::error(FetchError::UpstreamFailed, &format!("{}: {e}", self.target)).map(Either::Right);
         };
         tracing::info!(

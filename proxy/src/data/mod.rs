@@ -6,7 +6,8 @@
 //! the steps use: [`auth`] (the run credential), [`target`] (the canonical
 //! target), [`upstream`] (dial the vetted addresses, HTTP/1.1 handshake),
 //! [`forward`] (plain HTTP) with [`inject`] (credentials written into the
-//! request) and [`scrub`] (secrets taken out of the response), [`tunnel`]
+//! request) and [`scrub`] (secrets taken out of the response, which
+//! [`relayed`] says it can read), [`tunnel`]
 //! (CONNECT), [`intercept`] (a CONNECT whose TLS the proxy terminates, with
 //! `ca` leaves; HTTP/2 inside it within the bounds of [`streams`]), [`websocket`] (a WebSocket after its handshake, on
 //! either, with the frame codec [`wsframe`] when frames are rewritten),
@@ -27,6 +28,7 @@ pub(crate) mod intercept;
 pub(crate) mod nameserver;
 pub(crate) mod policy;
 pub(crate) mod prefixed;
+pub(crate) mod relayed;
 pub(crate) mod respond;
 pub(crate) mod scrub;
 pub(crate) mod sniff;

@@ -1,30 +1,36 @@
 //! Responses from a credential's hosts, scrubbed of its secret, so a tool
 //! never reads back what the proxy wrote for it (an echoing endpoint, TRACE,
 //! an error page quoting the key, a redirect copying the query). Every form
-//! of the real value (the tool's `SecretScan`: as is, percent-encoded,
-//! JSON-escaped, a `Basic` value decoded) is replaced with the run's
+//! of the real value (the tool's `SecretScan`: each character as is,
+//! percent-encoded, JSON-escaped or an HTML reference, a `Basic` value
+//! decoded) is replaced with the run's
 //! placeholder in the head (reason phrase, header names and values, so
 //! `Location` and `Set-Cookie` too), the body and its trailers.
 //!
 //! Bodies are scrubbed as a stream: only the bytes at the end of a chunk
 //! that could begin a secret wait for the next chunk (fewer than the
 //! longest form), so streams such as SSE stay live. The request asks for
-//! `identity` and no byte range ([`ask_scrubbable`]); a body in any other
-//! content coding is refused ([`Scrub::check`]), never passed unscrubbed.
+//! `identity` and no byte range ([`ask_scrubbable`]); a response whose
+//! relayed bytes are anything else ([`relayed`]: another coding, a framing
+//! that disagrees with itself, a body where none may be) is refused,
+//! never passed unscrubbed.
 
+use crate::data::relayed::{relayed, Relay, Unreadable};
 use crate::metrics::ToolCredential;
 use crate::runs::Run;
 use crate::state::Shared;
 use bytes::Bytes;
 use egress_config::ToolPolicy;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, StatusCode};
+use http::Method;
+use http_body_util::BodyExt as _;
 use hyper::body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::time::Instant;
 
 /// What replaces a secret whose credential the run holds no placeholder
 /// for (a run made before the credential was configured).
@@ -83,39 +89,17 @@ impl Scrub {
         })
     }
 
-    /// Whether the body of this response can be scrubbed: `Err` with why
-    /// when it comes in a content coding (other than `identity`) and may
-    /// have bytes.
-    pub fn check(method: &Method, status: StatusCode, headers: &HeaderMap) -> Result<(), String> {
-        if !may_have_body(method, status, headers) {
-            return Ok(());
-        }
-        let coded = headers
-            .get_all(header::CONTENT_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
-        match coded {
-            None => Ok(()),
-            Some(c) => Err(format!(
-                "the credential host answered in content coding {:?}, which the proxy cannot scrub of the secret (it asked for identity)",
-                String::from_utf8_lossy(c)
-            )),
-        }
-    }
-
     /// Scrubs a response head: the reason phrase, every header name and
-    /// value. A body that may change length loses its `Content-Length`
-    /// (it goes chunked).
-    pub fn head(&mut self, method: &Method, parts: &mut http::response::Parts) {
+    /// value. A body that is relayed ([`Relay::Body`]) may change length:
+    /// it loses its `Content-Length` (it goes chunked).
+    pub fn head(&mut self, relay: Relay, parts: &mut http::response::Parts) {
         if let Some(r) = parts.extensions.get::<hyper::ext::ReasonPhrase>() {
             // Counted, then dropped: the status's own phrase is written.
             if self.replace_all(r.as_bytes()).is_some() {
                 parts.extensions.remove::<hyper::ext::ReasonPhrase>();
             }
         }
-        if may_have_body(method, parts.status, &parts.headers) {
+        if relay == Relay::Body {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
         self.headers(&mut parts.headers);
@@ -227,34 +211,68 @@ impl Scrub {
 }
 
 /// The scrubber of a response to a request that carried credentials of
-/// `injected`, the tool (none for other requests), with its head already
-/// scrubbed; `Err` when its body cannot be scrubbed and must not be passed
-/// on.
-pub fn response(
+/// `injected`, the tool (none for other requests), with its head (as
+/// received: before hop-by-hop headers are removed) scrubbed, once
+/// [`relayed`] says what of it goes to the tool; `Err` when that is not
+/// what the scrubber reads, and nothing of the response may be passed on.
+/// A response that may have no body but did not end with its head (an
+/// HTTP/2 origin's 204 without `END_STREAM`) has its frames read here, at
+/// most until `until`: a byte refuses it, trailers are kept for the tool.
+pub async fn response<B>(
     sh: &Shared,
     injected: Option<&Arc<ToolPolicy>>,
     run: &Arc<Run>,
     method: &Method,
     parts: &mut http::response::Parts,
-) -> Result<Option<Scrub>, String> {
+    body: &mut B,
+    until: Option<Instant>,
+) -> Result<Option<Scrub>, Unreadable>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
     let Some(mut scrub) = injected.and_then(|tool| Scrub::new(tool, run, &sh.metrics.credential_scrubs)) else {
         return Ok(None);
     };
-    Scrub::check(method, parts.status, &parts.headers)?;
-    scrub.head(method, parts);
+    let relay = relayed(method, parts.status, &parts.headers, body.is_end_stream())?;
+    if relay == Relay::MustBeEmpty {
+        let mut trailers = drain_empty(body, until).await.map_err(|()| {
+            Unreadable::BodyWhereNone(format!(
+                "a {} answer to {method} with body bytes",
+                parts.status.as_u16()
+            ))
+        })?;
+        if let Some(t) = trailers.as_mut() {
+            scrub.headers(t);
+        }
+        scrub.trailers = trailers;
+        scrub.done = true;
+    }
+    scrub.head(relay, parts);
     Ok(Some(scrub))
 }
 
-/// Whether a response to `method` with this status and head can carry
-/// body bytes (RFC 9110 §6.4.1).
-fn may_have_body(method: &Method, status: StatusCode, headers: &HeaderMap) -> bool {
-    !(*method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-        || headers
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() == b"0"))
+/// Reads a body that may carry no byte to its end, at most until `until`:
+/// its trailers, if any; `Err` at its first byte. A body that fails or
+/// outlasts `until` ends there (nothing more of it is relayed).
+async fn drain_empty<B>(body: &mut B, until: Option<Instant>) -> Result<Option<HeaderMap>, ()>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return Ok(None) };
+            match frame.into_data() {
+                Ok(d) if d.is_empty() => {}
+                Ok(_) => return Err(()),
+                Err(f) => return Ok(f.into_trailers().ok()),
+            }
+        }
+        Ok(None)
+    };
+    match until {
+        Some(t) => tokio::time::timeout_at(t, read).await.unwrap_or(Ok(None)),
+        None => read.await,
+    }
 }
 
 /// A response body, scrubbed when it comes from a credential's host (the

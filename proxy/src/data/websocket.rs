@@ -24,6 +24,7 @@ use crate::data::decide;
 use crate::data::finish::Finish;
 use crate::data::inject::{self, Injection};
 use crate::data::policy::{self, Denial};
+use crate::data::relayed::Unreadable;
 use crate::data::scrub::Scrub;
 use crate::data::target::Target;
 use crate::data::wsframe::{self, FrameError, Item, Messages};
@@ -62,12 +63,16 @@ pub fn rewrites(inj: Option<&Injection>) -> bool {
 }
 
 /// A `101` whose frames the proxy is to read but which negotiated an
-/// extension anyway (none was offered): `Err` with why.
-pub fn check_accepted(rewrite: bool, h: &HeaderMap) -> Result<(), String> {
-    if rewrite && h.contains_key(header::SEC_WEBSOCKET_EXTENSIONS) {
-        return Err("the origin accepted a WebSocket extension the proxy did not offer (rewrite_websocket)".into());
+/// extension anyway (none was offered; `permessage-deflate` would compress
+/// the messages): `Err`, a coding the scrubber cannot read.
+pub fn check_accepted(rewrite: bool, h: &HeaderMap) -> Result<(), Unreadable> {
+    match h.get(header::SEC_WEBSOCKET_EXTENSIONS).filter(|_| rewrite) {
+        Some(v) => Err(Unreadable::Coding {
+            header: "sec-websocket-extensions",
+            coding: String::from_utf8_lossy(v.as_bytes()).chars().take(64).collect(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// What a connection whose frames are read needs: the policy it was
