@@ -320,7 +320,7 @@ impl Origin {
         if let Some(inj) = &inside.credentials {
             inject::write(inj, &self.run, &mut headers, &mut pq);
         }
-        let mut up = Request::new(body.boxed_unsync());
+        let mut up = Request::new(body.map_err(Into::into).boxed_unsync());
         *up.method_mut() = parts.method;
         *up.version_mut() = Version::HTTP_11;
         *up.headers_mut() = headers;
