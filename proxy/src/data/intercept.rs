@@ -320,13 +320,23 @@ impl Origin {
         if let Some(inj) = &inside.credentials {
             inject::write(inj, &self.run, &mut headers, &mut pq);
         }
-        let mut up = Request::new(body.map_err(Into::into).boxed_unsync());
+        // A stream's slot and deadline are held by both its directions:
+        // the request body on its way to the origin, and the response.
+        let deadline = hold.as_ref().map(|h| h.deadline);
+        let (up_half, down_half) = match hold {
+            Some(h) => {
+                let (u, d) = h.split();
+                (Some(u), Some(d))
+            }
+            None => (None, None),
+        };
+        let mut up = Request::new(Held::new(body, up_half).boxed_unsync());
         *up.method_mut() = parts.method;
         *up.version_mut() = Version::HTTP_11;
         *up.headers_mut() = headers;
         *up.uri_mut() = http::Uri::from(pq);
-        let sent = match &hold {
-            Some(h) => tokio::time::timeout_at(h.deadline, self.send(up, inside.websocket, stream, te_trailers))
+        let sent = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.send(up, inside.websocket, stream, te_trailers))
                 .await
                 .unwrap_or_else(|_| {
                     Err((
@@ -374,7 +384,7 @@ impl Origin {
                 );
                 Ok(Response::from_parts(
                     parts,
-                    Either::Left(Held::new(Scrubbed::new(body, scrub), hold)),
+                    Either::Left(Held::new(Scrubbed::new(body, scrub), down_half)),
                 ))
             }
             Err((e, detail)) => {
