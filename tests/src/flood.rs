@@ -40,6 +40,8 @@ pub struct Counts {
     pub received: AtomicU64,
     /// Requests (or raw connections) seen.
     pub requests: AtomicUsize,
+    /// Raw and WebSocket connections still being read.
+    pub open: AtomicUsize,
     /// Uploads (`POST /early`, `POST /up`) still being read.
     pub uploads_open: AtomicUsize,
     /// The most uploads read at once.
@@ -60,6 +62,19 @@ pub struct FloodOrigin {
 impl FloodOrigin {
     pub fn received(&self) -> u64 {
         self.counts.received.load(Ordering::SeqCst)
+    }
+
+    /// The bytes received, once every connection and upload the origin was
+    /// reading has ended (waits at most 10 s).
+    pub async fn received_in_the_end(&self) -> u64 {
+        let c = &self.counts;
+        for _ in 0..1000 {
+            if c.open.load(Ordering::SeqCst) == 0 && c.uploads_open.load(Ordering::SeqCst) == 0 {
+                return self.received();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the origin is still reading: the proxy did not close its side");
     }
 
     /// Waits (at most 10 s) until `done` uploads ended whole and `cut`
@@ -125,6 +140,7 @@ pub async fn raw_flood(addr: &str) -> FloodOrigin {
 
 /// Counts what `s` brings while pouring into it.
 async fn flood_both<S: AsyncRead + AsyncWrite>(s: S, counts: Arc<Counts>) {
+    counts.open.fetch_add(1, Ordering::SeqCst);
     let (mut r, w) = tokio::io::split(s);
     let read = async {
         let mut buf = vec![0u8; CHUNK];
@@ -142,6 +158,7 @@ async fn flood_both<S: AsyncRead + AsyncWrite>(s: S, counts: Arc<Counts>) {
         _ = read => {}
         _ = pour(w) => {}
     }
+    counts.open.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// How [`http_flood`] speaks.

@@ -275,7 +275,7 @@ async fn no_byte_crosses_the_budget_through_blind_tunnels_or_socks5() {
             }
         })
         .await;
-        spent_exactly(&p, &run, got + origin.received(), entrance).await;
+        spent_exactly(&p, &run, got + origin.received_in_the_end().await, entrance).await;
     }
 }
 
@@ -328,7 +328,13 @@ async fn no_byte_crosses_the_budget_through_plain_downloads_and_uploads() {
             }
         })
         .await;
-        spent_exactly(&p, &run, got + origin.received(), &format!("{method} {path}")).await;
+        spent_exactly(
+            &p,
+            &run,
+            got + origin.received_in_the_end().await,
+            &format!("{method} {path}"),
+        )
+        .await;
     }
 }
 
@@ -383,7 +389,7 @@ async fn no_byte_crosses_the_budget_through_forward_websockets() {
         }
     })
     .await;
-    spent_exactly(&p, &run, got + origin.received(), "websocket").await;
+    spent_exactly(&p, &run, got + origin.received_in_the_end().await, "websocket").await;
 }
 
 /// An `inspect` tool's world: every CONNECT to the HTTPS flood origin
@@ -473,7 +479,7 @@ async fn no_byte_crosses_the_budget_inside_interception_on_http1_and_websockets(
             }
         })
         .await;
-        spent_exactly(&p, &run, got + origin.received(), case).await;
+        spent_exactly(&p, &run, got + origin.received_in_the_end().await, case).await;
     }
 }
 
@@ -517,7 +523,7 @@ async fn no_byte_crosses_the_budget_on_http2_streams_inside_interception() {
             .expect("a stream outlived the cut")
             .unwrap();
     }
-    spent_exactly(&p, &run, got + origin.received(), "h2 streams").await;
+    spent_exactly(&p, &run, got + origin.received_in_the_end().await, "h2 streams").await;
 }
 
 #[tokio::test]
