@@ -417,6 +417,17 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_budget_the_config_takes_fits_the_count() {
+        // `max_bytes_per_run` is at most 1 PiB (config/src/schema.rs).
+        let s = Spent::default();
+        let max = 1u64 << 50;
+        assert!(max < COUNT);
+        assert_eq!(s.reserve(u64::MAX, max), Take::Granted(max));
+        assert!(s.settle(max, max, max));
+        assert_eq!(s.used().1, max);
+    }
+
+    #[test]
     fn a_head_goes_whole_or_not_at_all() {
         let s = Spent::default();
         assert_eq!(s.take_exact(70, 100), Some(false));
