@@ -8,7 +8,8 @@
 //! HTTPS straight, through a blind tunnel and intercepted (`intercept.rs`); the
 //! `leafs` figure, what each leaf certificate an `inspect` tool makes the
 //! proxy cache costs in memory (`leafs.rs`); the `scrub` figure, the cost of
-//! scrubbing credential hosts' responses (`scrub.rs`). `bench/run.sh`
+//! scrubbing credential hosts' responses (`scrub.rs`); the `bulk` figure
+//! also measures what a byte budget costs (`budget.rs`). `bench/run.sh`
 //! installs the peers, builds and runs this; see
 //! `docs/performance.md` for what each figure means.
 //!
@@ -21,6 +22,7 @@
 //! per operation, see `callgrind.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark program: fail loudly
 
+mod budget;
 mod callgrind;
 mod dispatch;
 mod intercept;
@@ -539,6 +541,7 @@ async fn plain_figures(
                 Err(e) => skip(skipped, format!("bulk via {}: {e}", path.name)),
             }
         }
+        budget_cost(bench, &egress_path, &egress, &origin, results, skipped).await;
     }
 
     if a.wants("denials") {
@@ -585,6 +588,56 @@ async fn plain_figures(
     drop(daemons);
     drop(egress);
     drop(origin);
+}
+
+/// What a byte budget costs on bulk (`budget.rs`): egress-proxy's bulk
+/// downloads, through a tunnel and in plain HTTP, for a run without a
+/// budget and one with a budget it never reaches, interleaved.
+async fn budget_cost(
+    bench: &Bench,
+    plain: &Path,
+    egress: &peers::Egress,
+    origin: &peers::Origin,
+    results: &mut Map<String, Value>,
+    skipped: &mut Vec<String>,
+) {
+    let (b, p) = (&bench.b, &bench.p);
+    let (run_id, secret) = egress_e2e::harness::create_run_at(egress.control, "budgeted").await;
+    let authority = format!("origin.test:{}", origin.addr.port());
+    let budgeted = Path {
+        name: "budget".into(),
+        proxy: Some(ProxyTarget {
+            authority: authority.clone(),
+            auth: Some(egress_e2e::harness::basic(&run_id, &secret)),
+        }),
+        ..plain.clone()
+    };
+    eprintln!(
+        "byte budget cost: bulk {} MiB x {}, without and with a budget, interleaved",
+        p.bulk_bytes >> 20,
+        p.bulk_reps
+    );
+    match budget::cost(b, plain, &budgeted, &authority, &origin.bulk, p.bulk_bytes, p.bulk_reps).await {
+        Ok([tunnel, http]) => {
+            for (way, figures) in [("tunnel", tunnel), ("http", http)] {
+                for (name, f) in ["no-budget", "budget"].iter().zip(figures) {
+                    eprintln!(
+                        "  {way:<6} {name:<9} {:>7.0} MiB/s  cpu {:?} s/GiB  {:?} instructions/MiB",
+                        f.mib_per_s, f.cpu_s_per_gib, f.instructions_per_mib
+                    );
+                    put(results, name, &format!("budget_{way}_mib_per_s"), Some(f.mib_per_s));
+                    put(results, name, &format!("budget_{way}_cpu_s_per_gib"), f.cpu_s_per_gib);
+                    put(
+                        results,
+                        name,
+                        &format!("budget_{way}_instructions_per_mib"),
+                        f.instructions_per_mib,
+                    );
+                }
+            }
+        }
+        Err(e) => skip(skipped, format!("byte budget cost: {e}")),
+    }
 }
 
 /// The cost of scrubbing (`scrub.rs`): keep-alive and bulk through one

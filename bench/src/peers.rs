@@ -246,6 +246,10 @@ pub struct Egress {
 /// `origin.test:<port>` (resolved by the fake DNS at `dns`) and the tool
 /// `web` allowed nothing (for denials). Limits are raised so that 10,000 idle
 /// tunnels of one run fit; security stays on: every request authenticates.
+/// The byte budget of the `budgeted` tool (the most the config takes,
+/// 1 PiB): every carrier asks it, no benchmark reaches it.
+pub const BUDGET_NEVER_REACHED: u64 = 1 << 50;
+
 pub fn egress_proxy(
     l: &Launcher,
     program: &Path,
@@ -259,6 +263,12 @@ egress = [\"origin.test:{origin_port}\"]
 fetch_timeout_ms = 3600000
 max_concurrent_fetches = 65536
 max_queued_fetches = 65536
+[tools.budgeted]
+egress = [\"origin.test:{origin_port}\"]
+fetch_timeout_ms = 3600000
+max_concurrent_fetches = 65536
+max_queued_fetches = 65536
+max_bytes_per_run = {BUDGET_NEVER_REACHED}
 [tools.web]
 egress = []
 "

@@ -182,6 +182,7 @@ pub fn markdown(doc: &Value) -> String {
     out += &intercept_table(doc);
     out += &leafs_table(doc);
     out += &scrub_table(doc);
+    out += &budget_table(doc);
     out += &dispatch_table(doc);
     out += &sustained_table(doc);
     out += "\nRates: higher is better; latency, CPU and RSS: lower is better. CPU is the proxy process's user+system time over the window divided by the operations in it.\n";
@@ -258,6 +259,47 @@ fn scrub_table(doc: &Value) -> String {
         p["bulk_reps"],
         p["window_s"],
         p["warm_s"]
+    )
+}
+
+/// The byte budget table (`budget.rs`, part of the bulk figure): one
+/// egress-proxy, a run without a budget and one with a budget never
+/// reached; or nothing when it did not run.
+fn budget_table(doc: &Value) -> String {
+    let (r, p) = (&doc["results"], &doc["params"]);
+    let mut rows = String::new();
+    for (label, key) in [
+        ("CONNECT bulk download: MiB/s (median)", "budget_tunnel_mib_per_s"),
+        ("CONNECT bulk: proxy CPU s/GiB", "budget_tunnel_cpu_s_per_gib"),
+        (
+            "CONNECT bulk: proxy instructions/MiB (callgrind)",
+            "budget_tunnel_instructions_per_mib",
+        ),
+        ("plain-HTTP download: MiB/s (median)", "budget_http_mib_per_s"),
+        ("plain-HTTP download: proxy CPU s/GiB", "budget_http_cpu_s_per_gib"),
+        (
+            "plain-HTTP download: proxy instructions/MiB (callgrind)",
+            "budget_http_instructions_per_mib",
+        ),
+    ] {
+        let (none, with) = (r["no-budget"][key].as_f64(), r["budget"][key].as_f64());
+        if none.is_none() && with.is_none() {
+            continue;
+        }
+        let cell = |v: Option<f64>| v.map(fmt).unwrap_or_else(|| "—".into());
+        rows += &format!("| {label} | {} | {} |", cell(none), cell(with));
+        rows += &match (with, none) {
+            (Some(a), Some(b)) if b > 0.0 => format!(" {:.3}× |\n", a / b),
+            _ => " — |\n".into(),
+        };
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\n### Byte budget cost (one egress-proxy: a run without `max_bytes_per_run`, one with a budget it never reaches)\n\nbulk {} MiB x {}, the two runs' downloads interleaved.\n\n| figure | no budget | budget | budget ÷ no budget |\n|---|---|---|---|\n{rows}",
+        p["bulk_bytes"].as_u64().unwrap_or(0) >> 20,
+        p["bulk_reps"]
     )
 }
 

@@ -2,6 +2,11 @@
 //! moves them socket → pipe → socket with `splice(2)`, so they never enter
 //! user space and no user buffer is held. Used by the proxy's CONNECT
 //! tunnels and by the executor's relay of a confined child's connections.
+//!
+//! A direction may be held to an [`Allowance`]: before each read it asks
+//! how many bytes it may take, and asks `splice` for no more (its `len`
+//! argument), so a byte budget is kept to the byte, not counted after a
+//! pipe-full went through.
 #![forbid(unsafe_code)]
 
 use rustix::pipe::{PipeFlags, SpliceFlags};
@@ -70,9 +75,57 @@ fn grow(w: &OwnedFd) -> (usize, Option<Grant>) {
     }
 }
 
+/// What one direction may move, asked before every read from its source.
+pub trait Allowance {
+    /// Before a read of up to `want` bytes (at least one): how many may be
+    /// read now.
+    fn take(&self, want: usize) -> Take;
+    /// After the read that [`Allowance::take`] granted `granted` for:
+    /// `read` bytes were taken from the source (and will be written to the
+    /// destination), the rest is given back. Called once per grant.
+    fn settle(&self, granted: usize, read: usize);
+}
+
+/// An [`Allowance`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Read at most this many bytes (at least one).
+    Granted(usize),
+    /// Nothing now, but maybe in a moment: ask again after yielding.
+    Later,
+    /// Nothing more, ever: the direction ends with an error.
+    Spent,
+}
+
+/// No limit: every read may fill the pipe; `moved` is told what each read took.
+pub struct Unlimited<F>(pub F);
+
+impl<F: Fn(usize)> Allowance for Unlimited<F> {
+    fn take(&self, want: usize) -> Take {
+        Take::Granted(want)
+    }
+    fn settle(&self, _granted: usize, read: usize) {
+        if read > 0 {
+            (self.0)(read);
+        }
+    }
+}
+
 /// Moves bytes from `src` to `dst` through a pipe of its own until `src`
 /// reaches EOF, then half-closes `dst` (the other direction goes on).
-/// `moved` is told every chunk taken from `src`. The pipe is drained before
+/// `moved` is told every chunk taken from `src`. See [`one_way_within`].
+pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) -> io::Result<()> {
+    one_way_within(src, dst, &Unlimited(moved)).await
+}
+
+/// The error of a direction whose [`Allowance`] is spent.
+fn spent() -> io::Error {
+    io::Error::other("the allowance of this direction is spent")
+}
+
+/// [`one_way`] held to `allow`: each read from `src` asks it first and
+/// takes no more than it grants; [`Take::Later`] yields and asks again;
+/// [`Take::Spent`] ends the direction with an error. The pipe is drained before
 /// `src` is read again, so a full pipe never stalls a read and a would-block
 /// always means the socket it names has no data or no room. The pipe is made
 /// when `src` first has something to read, so an idle direction holds no
@@ -87,7 +140,7 @@ fn grow(w: &OwnedFd) -> (usize, Option<Grant>) {
 /// read from it, and that waker would keep the finished task's memory (the
 /// whole connection state, ~7 KiB in the proxy) allocated for as long as the
 /// relay idles.
-pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) -> io::Result<()> {
+pub async fn one_way_within(src: &TcpStream, dst: &TcpStream, allow: &impl Allowance) -> io::Result<()> {
     // Declared before the pipe, so that it is given back after the pipe closes.
     let mut _grant = None;
     let mut pipe = None;
@@ -101,9 +154,19 @@ pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) ->
                 pipe = Some(rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)?);
             }
             let Some((_, pipe_w)) = &pipe else { continue };
-            match src.try_io(Interest::READABLE, || {
-                rustix::pipe::splice(src, None, pipe_w, None, capacity, flags).map_err(io::Error::from)
-            }) {
+            let granted = match allow.take(capacity) {
+                Take::Granted(g) => g.clamp(1, capacity),
+                Take::Later => {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                Take::Spent => return Err(spent()),
+            };
+            let read = src.try_io(Interest::READABLE, || {
+                rustix::pipe::splice(src, None, pipe_w, None, granted, flags).map_err(io::Error::from)
+            });
+            allow.settle(granted, *read.as_ref().unwrap_or(&0));
+            match read {
                 Ok(n) if !tried && n >= CHUNK / 2 => {
                     tried = true;
                     (capacity, _grant) = grow(pipe_w);
@@ -120,7 +183,6 @@ pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) ->
                 Err(e) => Err(e.into()),
             };
         }
-        moved(n);
         let Some((pipe_r, _)) = &pipe else { continue };
         let mut left = n;
         while left > 0 {
@@ -139,7 +201,17 @@ pub async fn one_way(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) ->
 
 /// Both directions until both reached EOF, or the first error.
 pub async fn both_ways(a: &TcpStream, b: &TcpStream, a_to_b: impl Fn(usize), b_to_a: impl Fn(usize)) -> io::Result<()> {
-    tokio::try_join!(one_way(a, b, a_to_b), one_way(b, a, b_to_a)).map(|_| ())
+    both_ways_within(a, b, &Unlimited(a_to_b), &Unlimited(b_to_a)).await
+}
+
+/// [`both_ways`], each direction held to its [`Allowance`].
+pub async fn both_ways_within(
+    a: &TcpStream,
+    b: &TcpStream,
+    a_to_b: &impl Allowance,
+    b_to_a: &impl Allowance,
+) -> io::Result<()> {
+    tokio::try_join!(one_way_within(a, b, a_to_b), one_way_within(b, a, b_to_a)).map(|_| ())
 }
 
 #[cfg(test)]
@@ -246,6 +318,74 @@ mod tests {
             (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed)),
             (data.len(), 4)
         );
+    }
+
+    /// An allowance of `left` bytes that records the largest read asked for
+    /// beyond what it granted (there must be none).
+    struct Budget {
+        left: AtomicUsize,
+        over: AtomicUsize,
+        asked: AtomicUsize,
+    }
+
+    impl Allowance for Budget {
+        fn take(&self, want: usize) -> Take {
+            self.asked.store(0, Ordering::Relaxed);
+            match self.left.load(Ordering::Relaxed).min(want) {
+                0 => Take::Spent,
+                g => {
+                    self.left.fetch_sub(g, Ordering::Relaxed);
+                    self.asked.store(g, Ordering::Relaxed);
+                    Take::Granted(g)
+                }
+            }
+        }
+        fn settle(&self, granted: usize, read: usize) {
+            assert_eq!(granted, self.asked.load(Ordering::Relaxed), "settled another grant");
+            self.over.fetch_max(read.saturating_sub(granted), Ordering::Relaxed);
+            self.left.fetch_add(granted - read.min(granted), Ordering::Relaxed);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_direction_moves_no_byte_past_its_allowance() {
+        let _one = SERIAL.lock().await;
+        let (mut client, a) = pair().await;
+        let (b, mut server) = pair().await;
+        let budget = Budget {
+            left: AtomicUsize::new(100_003),
+            over: AtomicUsize::new(0),
+            asked: AtomicUsize::new(0),
+        };
+        let allowance = &budget;
+        let data = vec![3u8; 64 * 1024];
+        let peers = async {
+            // The writer writes until the relay's side is gone; the reader
+            // counts what crossed until it closes.
+            let w = async { while client.write_all(&data).await.is_ok() {} };
+            let r = async {
+                let mut got = 0usize;
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match server.read(&mut buf).await {
+                        Ok(0) | Err(_) => return got,
+                        Ok(n) => got += n,
+                    }
+                }
+            };
+            tokio::join!(w, r).1
+        };
+        // The relay's side closes when it stops, so the reader sees the end.
+        let both = async move {
+            let r = one_way_within(&a, &b, allowance).await;
+            drop((a, b));
+            r
+        };
+        let (r, got) = tokio::join!(both, peers);
+        assert!(r.is_err(), "a spent allowance ends the direction");
+        assert_eq!(got, 100_003, "exactly the allowance crossed");
+        assert_eq!(budget.over.load(Ordering::Relaxed), 0);
+        assert_eq!(budget.left.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]

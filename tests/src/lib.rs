@@ -4,6 +4,8 @@
 //! test gives), a proxy harness that starts a real proxy on `127.0.0.1:0`,
 //! a raw HTTP/1.1 client and a SOCKS5 one, a tool's side of an
 //! intercepted tunnel (HTTP/1.1 or HTTP/2 inside), counting unix-socket canaries,
+//! a fast origin (and the tool's TLS and HTTP/2 clients) for byte-budget
+//! and slot tests,
 //! and a helper that re-runs a test inside a network namespace holding only
 //! `lo`, the `websockets` origin of the WebSocket tests, a throwaway PostgreSQL and a
 //! fleet's network of namespaces on two bridges; for the executor's tests, a fake control API speaking the real wire
@@ -17,6 +19,7 @@ pub mod executor;
 pub mod fake_control;
 pub mod fake_handoff;
 pub mod fleet_net;
+pub mod flood;
 pub mod h2_origin;
 pub mod harness;
 pub mod inside;

@@ -566,3 +566,95 @@ async fn a_refused_upload_gets_its_answer_not_a_reset() {
     }
     assert!(w.api.heads().is_empty());
 }
+
+/// An upload whose response ended early still holds its stream's slot:
+/// with `max_concurrent_fetches = 2` and no queue, two streams answered at
+/// once by an origin that keeps reading their request bodies leave no slot
+/// for a third (`concurrency_limit`), until one of the uploads ends; the
+/// origin never reads more than two uploads at once. Through an origin on
+/// HTTP/2 and through the bridge to an HTTP/1.1-only one. No python: the
+/// tool is hyper's HTTP/2 client on the tunnel.
+#[tokio::test]
+async fn an_upload_holds_its_streams_slot_after_the_response_ended() {
+    use egress_e2e::flood::{self, http_flood, Speaks};
+    for (name, h2) in [("h2.test", true), ("old.test", false)] {
+        let origin = http_flood("127.0.0.2:0", Speaks::Https { name, h2 }).await;
+        let port = origin.addr.port();
+        let dir = tempfile::tempdir().unwrap();
+        let roots = dir.path().join("roots.pem");
+        std::fs::write(&roots, origin.ca_pem.as_deref().unwrap()).unwrap();
+        let p = TestProxy::start_with(
+            &format!("[proxy.interception]\nupstream_ca_file = \"{}\"", roots.display()),
+            &format!(
+                "[tools.s]\negress = [\"{name}:{port}\"]\ninspect = true\nmax_concurrent_fetches = 2\nmax_queued_fetches = 0\nfetch_timeout_ms = 20000\n"
+            ),
+            None,
+        )
+        .await;
+        p.dns.set(name, &["127.0.0.2"]);
+        let run = p.run("s").await;
+        let (_, ca) = p.control("GET", "/v1/ca", None).await;
+        // The CONNECT holds one of the two slots (its streams use it in turn).
+        let (r, s) = egress_e2e::raw::connect(p.proxy, &format!("{name}:{port}"), Some(&run.auth())).await;
+        assert_eq!(r.status, 200);
+        let tls = flood::tls_inside(s, ca["pem"].as_str().unwrap(), name, true)
+            .await
+            .unwrap();
+        let sender = flood::h2_client(tls).await;
+        let post = |body| {
+            let mut sender = sender.clone();
+            let req = http::Request::builder()
+                .method("POST")
+                .uri(format!("https://{name}:{port}/early"))
+                .body(body)
+                .unwrap();
+            async move { sender.send_request(req).await.unwrap() }
+        };
+        // Two uploads, each answered at once and read on by the origin.
+        let mut uploads = vec![];
+        for _ in 0..2 {
+            let (tx, body) = flood::channel_body();
+            tx.send(bytes::Bytes::from_static(b"first part")).await.unwrap();
+            let resp = post(body).await;
+            assert_eq!(resp.status(), 200);
+            assert_eq!(flood::drain_body(resp.into_body()).await, 5, "the early answer, whole");
+            uploads.push(tx);
+        }
+        // Both responses are over, both uploads still stream: no slot left.
+        let (tx, body) = flood::channel_body();
+        tx.send(bytes::Bytes::from_static(b"third")).await.unwrap();
+        let third = post(body).await;
+        assert_eq!(
+            (
+                third.status().as_u16(),
+                third
+                    .headers()
+                    .get("x-egress-deny-reason")
+                    .map(|v| v.to_str().unwrap().to_owned())
+            ),
+            (403, Some("concurrency_limit".to_owned())),
+            "{name}: a third stream got a slot while two uploads were still open"
+        );
+        drop(tx);
+        // One upload ends: its slot comes back, and a new stream takes it.
+        uploads.pop();
+        origin.wait_uploads(1, 0).await;
+        let (tx, body) = flood::channel_body();
+        tx.send(bytes::Bytes::from_static(b"fourth")).await.unwrap();
+        let fourth = post(body).await;
+        assert_eq!(
+            fourth.status(),
+            200,
+            "{name}: the ended upload's slot was not given back"
+        );
+        drop(tx);
+        drop(uploads);
+        origin.wait_uploads(3, 0).await;
+        assert_eq!(
+            origin.counts.uploads_peak.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "{name}: more uploads than slots reached the origin at once"
+        );
+        assert_eq!(p.facts_with_reason("concurrency_limit").await.len(), 1);
+    }
+}

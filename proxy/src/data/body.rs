@@ -3,13 +3,16 @@
 //! hold the fetch's [`Exchange`], which holds the concurrency slot and the
 //! fetch's [`Finish`], so the slot is released and the fetch is accounted
 //! only when *both* directions are finished or cut. Each half counts its
-//! bytes. A [`watchdog`] task bounds the whole exchange by the fetch deadline
+//! bytes, and with a run byte budget passes no more of a frame than the
+//! budget grants ([`let_pass`]): the rest waits for the next poll, and a
+//! spent budget ends the body with [`BytesSpent`]. A [`watchdog`] task bounds the whole exchange by the fetch deadline
 //! and the run's end whatever the peers' reading patterns: it cuts the
 //! upstream connection and the client connection, which drops both halves.
 
 use crate::data::finish::Finish;
 use crate::data::scrub::{Scrub, Scrubbed};
 use crate::deny::Phase;
+use crate::runs::budget::{ByteBudget, BytesSpent, Grant};
 use crate::runs::pool::Conn;
 use crate::runs::slots::Slot;
 use crate::runs::Run;
@@ -18,7 +21,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -184,10 +187,46 @@ pub async fn watchdog(
     client_cut.cancel();
 }
 
-/// The request body on its way upstream: counts bytes and marks the upload
-/// half of the exchange finished at its end.
+/// What of `data` the fetch's byte budget lets pass now: all of it (no
+/// budget, or enough left), the part that fits (the rest is kept in `rest`
+/// for the next poll), nothing yet (kept whole in `rest`: other carriers
+/// hold what is left for a moment), or nothing ever.
+pub fn let_pass(
+    budget: Option<&ByteBudget>,
+    data: Bytes,
+    rest: &mut Option<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Bytes, BytesSpent>> {
+    let Some(b) = budget.filter(|_| !data.is_empty()) else {
+        return Poll::Ready(Ok(data));
+    };
+    match b.grant(data.len()) {
+        Grant::Granted(r) => {
+            let n = r.len();
+            r.used(n);
+            if n < data.len() {
+                *rest = Some(data.slice(n..));
+                Poll::Ready(Ok(data.slice(..n)))
+            } else {
+                Poll::Ready(Ok(data))
+            }
+        }
+        Grant::Later => {
+            *rest = Some(data);
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+        Grant::Spent => Poll::Ready(Err(BytesSpent)),
+    }
+}
+
+/// The request body on its way upstream: counts bytes, passes no more than
+/// the byte budget grants, and marks the upload half of the exchange
+/// finished at its end.
 pub struct Upload {
     inner: Incoming,
+    /// What the byte budget held back of the last frame.
+    rest: Option<Bytes>,
     exchange: Arc<Exchange>,
 }
 
@@ -196,35 +235,60 @@ impl Upload {
         if inner.is_end_stream() {
             exchange.upload_done();
         }
-        Upload { inner, exchange }
+        Upload {
+            inner,
+            rest: None,
+            exchange,
+        }
     }
 }
 
 impl Body for Upload {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_frame(cx);
-        match &r {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(d) = frame.data_ref() {
-                    this.exchange.finish.add_up(d.len() as u64);
+        let fx = &this.exchange.finish;
+        let data = match this.rest.take() {
+            Some(d) => d,
+            None => match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(d) => d,
+                    Err(trailers) => {
+                        if this.inner.is_end_stream() {
+                            this.exchange.upload_done();
+                        }
+                        return Poll::Ready(Some(Ok(trailers)));
+                    }
+                },
+                None => {
+                    this.exchange.upload_done();
+                    return Poll::Ready(None);
                 }
-                if this.inner.is_end_stream() {
+                Some(Err(e)) => {
+                    fx.severed("client_gone");
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            },
+        };
+        match ready!(let_pass(fx.budget.as_deref(), data, &mut this.rest, cx)) {
+            Ok(d) => {
+                fx.add_up(d.len() as u64);
+                if this.rest.is_none() && this.inner.is_end_stream() {
                     this.exchange.upload_done();
                 }
+                Poll::Ready(Some(Ok(Frame::data(d))))
             }
-            Poll::Ready(None) => this.exchange.upload_done(),
-            Poll::Ready(Some(Err(_))) => this.exchange.finish.severed("client_gone"),
-            Poll::Pending => {}
+            Err(e) => {
+                fx.severed("budget_exhausted");
+                Poll::Ready(Some(Err(e.into())))
+            }
         }
-        r
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -232,38 +296,73 @@ impl Body for Upload {
     }
 }
 
-/// An upstream response body on its way to the client.
+/// An upstream response body on its way to the client: counts bytes,
+/// passes no more than the byte budget grants, and marks the response half
+/// of the exchange finished at its end.
 pub struct Guarded {
     pub inner: Incoming,
+    /// What the byte budget held back of the last frame.
+    pub rest: Option<Bytes>,
     pub exchange: Arc<Exchange>,
+}
+
+impl Guarded {
+    pub fn new(inner: Incoming, exchange: Arc<Exchange>) -> Guarded {
+        Guarded {
+            inner,
+            rest: None,
+            exchange,
+        }
+    }
 }
 
 impl Body for Guarded {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let g = self.get_mut();
-        let r = Pin::new(&mut g.inner).poll_frame(cx);
-        match &r {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(d) = frame.data_ref() {
-                    g.exchange.finish.add_down(d.len() as u64);
+        let fx = &g.exchange.finish;
+        let data = match g.rest.take() {
+            Some(d) => d,
+            None => match ready!(Pin::new(&mut g.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(d) => d,
+                    Err(trailers) => {
+                        // hyper stops polling once the body says it has ended.
+                        if g.inner.is_end_stream() {
+                            g.exchange.response_done();
+                        }
+                        return Poll::Ready(Some(Ok(trailers)));
+                    }
+                },
+                None => {
+                    g.exchange.response_done();
+                    return Poll::Ready(None);
                 }
-                // hyper stops polling once the body says it has ended.
-                if g.inner.is_end_stream() {
+                Some(Err(e)) => {
+                    fx.failed("upstream_failed");
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            },
+        };
+        match ready!(let_pass(fx.budget.as_deref(), data, &mut g.rest, cx)) {
+            Ok(d) => {
+                fx.add_down(d.len() as u64);
+                if g.rest.is_none() && g.inner.is_end_stream() {
                     g.exchange.response_done();
                 }
+                Poll::Ready(Some(Ok(Frame::data(d))))
             }
-            Poll::Ready(Some(Err(_))) => g.exchange.finish.failed("upstream_failed"),
-            Poll::Ready(None) => g.exchange.response_done(),
-            Poll::Pending => {}
+            Err(e) => {
+                fx.severed("budget_exhausted");
+                Poll::Ready(Some(Err(e.into())))
+            }
         }
-        r
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -278,7 +377,7 @@ impl Body for ProxyBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Stream(s) => Pin::new(s).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
+            ProxyBody::Stream(s) => Pin::new(s).poll_frame(cx),
         }
     }
 

@@ -365,6 +365,55 @@ impl<'a> Fetch<'a> {
         Arc::new(ByteBudget::new(limit, run.clone(), Box::new(on_cut)))
     }
 
+    /// A head of a fetch already allowed (`what`: its `request`, or the
+    /// origin's `response`) that does not fit what `run` has left of its
+    /// `max_bytes_per_run`: it is not sent, and the fetch is answered
+    /// `429 budget_exhausted` with its fact first. The run's other fetches
+    /// go on with what is left. Counted as a denial of the budget (the
+    /// fetch itself was counted when it was allowed).
+    pub(super) async fn deny_head(&self, run: &Run, target: &Target, what: &str, n: u64) -> Answer {
+        let reason = DenyReason::BudgetExhausted;
+        self.tm.denial(reason);
+        let (_, used) = run.spent.used();
+        let limit = self
+            .policy
+            .tool(&run.tool)
+            .and_then(|t| t.budgets.bytes)
+            .unwrap_or(used);
+        let detail = format!(
+            "the {what} head ({n} bytes) to {target} does not fit the {} bytes run {} has left of its {limit} (max_bytes_per_run of tool {})",
+            limit.saturating_sub(used),
+            run.id,
+            run.tool
+        );
+        tracing::info!(
+            target: "egress::fetch",
+            run = %run.id,
+            tool = %run.tool,
+            kind = self.via.as_str(),
+            dest = %target,
+            decision = "denied",
+            reason = reason.code(),
+            detail = %detail,
+            "fetch cut by its byte budget"
+        );
+        let detail = crate::facts::bounded(detail);
+        match self
+            .record(reason, detail.clone(), Some(target), &[], Mode::Enforce)
+            .await
+        {
+            Ok(recorded) => respond::denied(respond::Denied {
+                reason,
+                detail: &detail,
+                fact_id: &recorded.id,
+                target: Some(&target.to_string()),
+                tool: Some(&run.tool),
+                json: self.json,
+            }),
+            Err(e) => respond::error(FetchError::FactsUnavailable, &e),
+        }
+    }
+
     /// Step 4, credentials ([`policy::credentials`]): a placeholder of the
     /// run, or the real value of any credential, anywhere in the head to a
     /// host that is not its credential's is denied, and so is a credential

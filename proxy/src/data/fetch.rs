@@ -401,7 +401,7 @@ impl Fetch<'_> {
             credentials,
             websocket,
         };
-        forward::forward(sh, run, req, &target, x).await
+        forward::forward(self, sh, run, req, &target, x).await
     }
 
     /// Step 8 for a tunnel (CONNECT, or any entrance that relays bytes):

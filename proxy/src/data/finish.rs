@@ -83,20 +83,31 @@ impl Finish {
         self.budget.as_ref().map(|b| b.exhausted().clone())
     }
 
-    /// Bytes sent towards the origin (request heads and bodies, tunnel bytes).
+    /// Body bytes sent towards the origin (already granted by the byte budget).
     pub fn add_up(&self, n: u64) {
         self.up.fetch_add(n, Ordering::Relaxed);
-        if let Some(b) = &self.budget {
-            b.moved(n as usize);
-        }
     }
 
-    /// Bytes sent towards the client (response heads and bodies, tunnel bytes).
+    /// Body bytes sent towards the client (already granted by the byte budget).
     pub fn add_down(&self, n: u64) {
         self.down.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A message head of `n` bytes about to go towards the origin (`up`) or
+    /// the client: taken whole from the byte budget and counted, or `false`
+    /// (nothing taken) when it does not fit what the run has left.
+    pub fn head(&self, n: u64, up: bool) -> bool {
         if let Some(b) = &self.budget {
-            b.moved(n as usize);
+            if !b.take_head(n as usize) {
+                return false;
+            }
         }
+        if up {
+            self.add_up(n);
+        } else {
+            self.add_down(n);
+        }
+        true
     }
 
     /// Marks the fetch as open upstream (gauge up until drop).

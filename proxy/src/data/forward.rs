@@ -9,7 +9,7 @@
 //! bounds both directions by the deadline and the run's end.
 
 use crate::data::body::{self, Exchange, Guarded, ProxyBody, Upload};
-use crate::data::decide;
+use crate::data::decide::{self, Fetch};
 use crate::data::inject::{self, Injection};
 use crate::data::respond;
 use crate::data::scrub;
@@ -89,8 +89,11 @@ pub struct Exchanging {
 }
 
 /// Sends `req` to `target` and answers with the origin's response (or the
-/// error that stopped it).
-pub async fn forward(
+/// error that stopped it). A head that does not fit what the run has left
+/// of its byte budget is not sent: `fetch` answers it
+/// ([`Fetch::deny_head`]).
+pub(super) async fn forward(
+    fetch: &Fetch<'_>,
     sh: &Arc<Shared>,
     run: &Arc<Run>,
     mut req: Request<Incoming>,
@@ -125,10 +128,11 @@ pub async fn forward(
     if let Some(inj) = &credentials {
         inject::write(inj, run, &mut headers, &mut pq);
     }
-    exchange.finish.add_up(body::head_len(
-        parts.method.as_str().len() + pq.as_str().len() + 10,
-        &headers,
-    ));
+    let head = body::head_len(parts.method.as_str().len() + pq.as_str().len() + 10, &headers);
+    if !exchange.finish.head(head, true) {
+        exchange.finish.severed("budget_exhausted");
+        return fetch.deny_head(run, target, "request", head).await;
+    }
     let upload: UpBody = Upload::new(body, exchange.clone()).boxed_unsync();
     let mut up = Request::new(upload);
     *up.method_mut() = parts.method;
@@ -202,7 +206,7 @@ pub async fn forward(
             credentials,
             json,
         };
-        return switch(sh, run, resp, conn, exchange, ws).await;
+        return switch(fetch, sh, run, resp, conn, exchange, ws).await;
     }
     let (mut parts, mut body) = resp.into_parts();
     fx.set_status(parts.status.as_u16());
@@ -217,12 +221,16 @@ pub async fn forward(
         }
     };
     strip_hop_by_hop(&mut parts.headers);
-    fx.add_down(body::head_len(
+    let head = body::head_len(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
         &parts.headers,
-    ));
+    );
+    if !fx.head(head, false) {
+        fx.severed("budget_exhausted");
+        return fetch.deny_head(run, target, "response", head).await;
+    }
     exchange.attach(conn);
-    Response::from_parts(parts, ProxyBody::stream(Guarded { inner: body, exchange }, scrub))
+    Response::from_parts(parts, ProxyBody::stream(Guarded::new(body, exchange), scrub))
 }
 
 /// A WebSocket handshake's side, for [`switch`].
@@ -240,10 +248,12 @@ struct WebSocket<'a> {
 /// to the tool with its headers as they came (scrubbed of the secret), and
 /// a task joins both connections once upgraded, holding the exchange (the
 /// slot) and bounded like a tunnel (deadline, idle timeout, run end,
-/// shutdown), its bytes counted in the fetch. A `101` whose frames the
-/// proxy could not read (an extension it did not offer, when it reads
-/// them) is refused like an unreadable answer.
+/// shutdown), its bytes counted in the fetch (and held to the run's byte
+/// budget, as a tunnel's). A `101` whose frames the proxy could not read
+/// (an extension it did not offer, when it reads them) is refused like an
+/// unreadable answer.
 async fn switch(
+    fetch: &Fetch<'_>,
     sh: &Arc<Shared>,
     run: &Arc<Run>,
     mut resp: Response<Incoming>,
@@ -273,10 +283,14 @@ async fn switch(
         let detail = format!("{}: {e}", ws.target);
         return decide::refuse_answer(sh, run, ws.target, fx.kind, ws.json, detail).await;
     }
-    fx.add_down(body::head_len(
+    let head = body::head_len(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
         &parts.headers,
-    ));
+    );
+    if !fx.head(head, false) {
+        fx.severed("budget_exhausted");
+        return fetch.deny_head(run, ws.target, "response", head).await;
+    }
     exchange.take_over();
     let rewrite = websocket::Rewrite::new(sh, run, ws.target, ws.credentials.as_ref());
     let (sh2, run2, client, deadline) = (sh.clone(), run.clone(), ws.client, ws.deadline);
@@ -307,8 +321,8 @@ async fn switch(
             shutdown: &sh.hard_stop,
             budget: budget_cut.as_ref(),
         };
-        let client = tunnel::Metered::side(TokioIo::new(client), &meter, true);
-        let upstream = tunnel::Metered::side(TokioIo::new(upstream), &meter, false);
+        let client = tunnel::Metered::side(TokioIo::new(client), &meter, false);
+        let upstream = tunnel::Metered::side(TokioIo::new(upstream), &meter, true);
         bounds
             .watch(websocket::relay(client, upstream, rewrite, fx), &meter, fx)
             .await;

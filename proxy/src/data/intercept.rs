@@ -325,13 +325,23 @@ impl Origin {
         if let Some(inj) = &inside.credentials {
             inject::write(inj, &self.run, &mut headers, &mut pq);
         }
-        let mut up = Request::new(body.boxed_unsync());
+        // A stream's slot and deadline are held by both its directions:
+        // the request body on its way to the origin, and the response.
+        let deadline = hold.as_ref().map(|h| h.deadline);
+        let (up_half, down_half) = match hold {
+            Some(h) => {
+                let (u, d) = h.split();
+                (Some(u), Some(d))
+            }
+            None => (None, None),
+        };
+        let mut up = Request::new(Held::new(body, up_half).boxed_unsync());
         *up.method_mut() = parts.method;
         *up.version_mut() = Version::HTTP_11;
         *up.headers_mut() = headers;
         *up.uri_mut() = http::Uri::from(pq);
-        let sent = match &hold {
-            Some(h) => tokio::time::timeout_at(h.deadline, self.send(up, inside.websocket, stream, te_trailers))
+        let sent = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.send(up, inside.websocket, stream, te_trailers))
                 .await
                 .unwrap_or_else(|_| {
                     Err((
@@ -350,16 +360,18 @@ impl Origin {
                 // Scrubbed (or refused) on the head as received: its
                 // framing headers say what the body relays.
                 let injected = inside.credentials.as_ref().map(|c| &c.tool);
-                let until = hold.as_ref().map(|h| h.deadline);
-                let scrub =
-                    match scrub::response(&self.sh, injected, &self.run, &method, &mut parts, &mut body, until).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            let detail = format!("{}: {e}", self.target);
-                            let r = decide::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
-                            return Ok(r.await.map(Either::Right));
-                        }
-                    };
+                let scrub = match scrub::response(
+                    &self.sh, injected, &self.run, &method, &mut parts, &mut body, deadline,
+                )
+                .await
+                {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let detail = format!("{}: {e}", self.target);
+                        let r = decide::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
+                        return Ok(r.await.map(Either::Right));
+                    }
+                };
                 strip_hop_by_hop(&mut parts.headers);
                 parts.version = if stream { Version::HTTP_2 } else { Version::HTTP_11 };
                 tracing::info!(
@@ -376,7 +388,7 @@ impl Origin {
                 );
                 Ok(Response::from_parts(
                     parts,
-                    Either::Left(Held::new(Scrubbed::new(body, scrub), hold)),
+                    Either::Left(Held::new(Scrubbed::new(body, scrub), down_half)),
                 ))
             }
             Err((e, detail)) => {

@@ -3,8 +3,13 @@
 //! header lists against HPACK bombs and CONTINUATION floods (§6.10),
 //! flow-control windows (§5.2), and resets against the rapid-reset class),
 //! what each stream holds while it is open (one of the run's slots and its
-//! own deadline, [`StreamSlot`] and [`Held`]), and the executor that
-//! keeps every stream's task inside its session.
+//! own deadline, [`StreamSlot`], [`Hold`] and [`Held`]), and the executor
+//! that keeps every stream's task inside its session.
+//!
+//! A stream holds its slot until *both* its directions have ended: the
+//! request body sent on to the origin and the response sent to the tool
+//! (an upload still streaming after an early answer keeps it), and each
+//! direction fails at the stream's deadline, so neither outlives it.
 //!
 //! Each stream is one request: the session hands it to the same function
 //! as an HTTP/1.1 request inside interception (`intercept::Origin::exchange`),
@@ -15,6 +20,7 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
@@ -117,30 +123,50 @@ pub enum StreamSlot {
     Run(#[allow(dead_code)] Slot),
 }
 
-/// What a stream's response holds until its last byte: its slot, and its
-/// deadline (past it, the body fails and the stream is reset).
+/// What a stream holds while either of its directions is open: its slot,
+/// and its deadline (past it, a direction still open fails and the stream
+/// is reset).
 pub struct Hold {
     pub slot: StreamSlot,
     pub deadline: Instant,
 }
 
-/// A response body; with a [`Hold`] (a stream), bounded by its deadline
-/// and holding its slot until the body ends or is dropped.
-pub struct Held<B> {
-    inner: B,
-    hold: Option<(Pin<Box<Sleep>>, StreamSlot)>,
-}
-
-impl<B> Held<B> {
-    pub fn new(inner: B, hold: Option<Hold>) -> Held<B> {
-        Held {
-            inner,
-            hold: hold.map(|h| (Box::pin(tokio::time::sleep_until(h.deadline)), h.slot)),
-        }
+impl Hold {
+    /// The two halves of the hold: one for the request body on its way to
+    /// the origin, one for the response on its way to the tool. The slot
+    /// is given back when both have ended (or failed, or were dropped).
+    pub fn split(self) -> (Half, Half) {
+        let slot = Arc::new(self.slot);
+        let half = |slot| Half {
+            _slot: slot,
+            deadline: Box::pin(tokio::time::sleep_until(self.deadline)),
+        };
+        (half(slot.clone()), half(slot))
     }
 }
 
-/// The stream's deadline passed while its response was still coming.
+/// One direction's share of a stream's [`Hold`].
+pub struct Half {
+    /// Given back when the last half is gone.
+    _slot: Arc<StreamSlot>,
+    deadline: Pin<Box<Sleep>>,
+}
+
+/// A body of one direction of a stream; with a [`Half`], bounded by the
+/// stream's deadline and holding its share of the slot until the body ends,
+/// fails or is dropped.
+pub struct Held<B> {
+    inner: B,
+    hold: Option<Half>,
+}
+
+impl<B> Held<B> {
+    pub fn new(inner: B, hold: Option<Half>) -> Held<B> {
+        Held { inner, hold }
+    }
+}
+
+/// The stream's deadline passed while one of its directions was still open.
 #[derive(Debug, thiserror::Error)]
 #[error("the stream's fetch deadline expired")]
 pub struct StreamTimeout;
@@ -157,8 +183,8 @@ where
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        if let Some((sleep, _)) = &mut this.hold {
-            if sleep.as_mut().poll(cx).is_ready() {
+        if let Some(h) = &mut this.hold {
+            if h.deadline.as_mut().poll(cx).is_ready() {
                 this.hold = None;
                 return Poll::Ready(Some(Err(Box::new(StreamTimeout))));
             }
@@ -168,7 +194,17 @@ where
                 this.hold = None;
                 Poll::Ready(None)
             }
-            Poll::Ready(Some(r)) => Poll::Ready(Some(r.map_err(Into::into))),
+            Poll::Ready(Some(Ok(frame))) => {
+                // hyper stops polling once a body says it has ended.
+                if this.inner.is_end_stream() {
+                    this.hold = None;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.hold = None;
+                Poll::Ready(Some(Err(e.into())))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -201,29 +237,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_stream_body_fails_at_its_deadline_and_gives_its_slot_back() {
+    async fn both_directions_fail_at_the_deadline_and_give_the_slot_back() {
         let own = Arc::new(tokio::sync::Semaphore::new(1));
         let slot = StreamSlot::Session(own.clone().try_acquire_owned().unwrap());
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let mut body = Held::new(Endless, Some(Hold { slot, deadline }));
-        assert_eq!(own.available_permits(), 0, "held while the body runs");
+        let (up, down) = Hold { slot, deadline }.split();
+        let (mut upload, mut body) = (Held::new(Endless, Some(up)), Held::new(Endless, Some(down)));
+        assert_eq!(own.available_permits(), 0, "held while the bodies run");
         let err = body.frame().await.unwrap().unwrap_err();
         assert!(err.is::<StreamTimeout>(), "{err}");
         assert!(Instant::now() >= deadline);
+        assert_eq!(own.available_permits(), 0, "the upload still holds it");
+        let err = upload.frame().await.unwrap().unwrap_err();
+        assert!(err.is::<StreamTimeout>(), "{err}");
         assert_eq!(own.available_permits(), 1, "given back at the deadline");
     }
 
     #[tokio::test]
-    async fn a_body_without_a_hold_is_passed_through_and_frees_its_slot_at_the_end() {
+    async fn the_slot_is_given_back_when_both_directions_ended() {
         let own = Arc::new(tokio::sync::Semaphore::new(1));
         let slot = StreamSlot::Session(own.clone().try_acquire_owned().unwrap());
-        let inner = http_body_util::Full::new(Bytes::from_static(b"ok"));
         let far = Instant::now() + std::time::Duration::from_secs(60);
-        let mut held = Held::new(inner, Some(Hold { slot, deadline: far }));
+        let (up, down) = Hold { slot, deadline: far }.split();
+        let mut upload = Held::new(http_body_util::Full::new(Bytes::from_static(b"up")), Some(up));
+        let mut held = Held::new(http_body_util::Full::new(Bytes::from_static(b"ok")), Some(down));
         let data = held.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&data[..], b"ok");
         assert!(held.frame().await.is_none());
-        assert_eq!(own.available_permits(), 1, "given back at the body's end");
+        assert_eq!(own.available_permits(), 0, "an upload still open keeps the slot");
+        assert_eq!(&upload.frame().await.unwrap().unwrap().into_data().unwrap()[..], b"up");
+        assert_eq!(own.available_permits(), 1, "given back at the upload's end");
         let mut plain = Held::new(http_body_util::Full::new(Bytes::from_static(b"x")), None);
         assert_eq!(&plain.frame().await.unwrap().unwrap().into_data().unwrap()[..], b"x");
     }

@@ -8,11 +8,17 @@
 //! (64 KiB of kernel buffer, no user buffer at all). Otherwise (a TLS data
 //! listener) a buffered copy does the same job. Counting, idle timeout,
 //! deadline and run-end cut behave the same on both paths.
+//!
+//! With a run byte budget ([`ByteBudget`]) every carrier here asks it
+//! before it moves bytes and moves no more than it grants: a splice asks
+//! for at most the grant, a [`Metered`] read or write is cut to it. A
+//! carrier whose run has spent its budget ends with [`BytesSpent`], and
+//! the tunnel's outcome is `budget_exhausted`.
 
 use crate::data::finish::Finish;
 use crate::data::prefixed::Prefixed;
 use crate::deny::Phase;
-use crate::runs::budget::ByteBudget;
+use crate::runs::budget::{ByteBudget, BytesSpent, Take};
 use crate::runs::slots::Slot;
 use bytes::Bytes;
 use hyper::upgrade::OnUpgrade;
@@ -38,7 +44,7 @@ fn splice_enabled() -> bool {
 
 /// Byte counters and the time of the last activity, shared by both
 /// directions; and the fetch's share of its run's byte budget, if any
-/// (counted as the bytes move).
+/// (asked before the bytes move).
 pub(super) struct Meter {
     pub up: AtomicU64,
     pub down: AtomicU64,
@@ -65,12 +71,14 @@ impl Meter {
         counter.fetch_add(n as u64, Ordering::Relaxed);
         self.last
             .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        if let Some(b) = &self.budget {
-            b.moved(n);
-        }
     }
 
-    /// Hands the totals to `finish` (already counted on the byte budget).
+    /// One direction of the meter, for a splice.
+    fn direction(&self, up: bool) -> Direction<'_> {
+        Direction { meter: self, up }
+    }
+
+    /// Hands the totals to `finish` (already taken from the byte budget).
     pub fn close(&self, finish: &Finish) {
         finish.add_metered(self.up.load(Ordering::Relaxed), self.down.load(Ordering::Relaxed));
     }
@@ -80,43 +88,16 @@ impl Meter {
     }
 }
 
-/// Counts bytes read (and, with `writes`, bytes written) and notes the
-/// time of the last activity (copy path, an intercepted client, a
-/// WebSocket). Owns its share of the meter, so a metered stream can be
-/// handed to hyper (an upgrade needs a `'static` connection).
-pub(super) struct Metered<T> {
-    pub io: T,
-    pub meter: Arc<Meter>,
-    /// Reads count as bytes up (the tool's side) or down (the origin's).
-    pub reads_up: bool,
-    /// Writes count too, the other way.
-    pub writes: bool,
+/// One direction of a [`Meter`] as the splice crate's allowance: each read
+/// of a splice asks the byte budget first.
+struct Direction<'a> {
+    meter: &'a Meter,
+    up: bool,
 }
 
-impl<T> Metered<T> {
-    /// The tool's side of an intercepted session: reads count up, writes down.
-    pub fn client(io: T, meter: &Arc<Meter>) -> Metered<T> {
-        Metered {
-            io,
-            meter: meter.clone(),
-            reads_up: true,
-            writes: true,
-        }
-    }
-
-    /// One side of a relay, counting what is read from it only: up from
-    /// the tool (`reads_up`), down from the origin.
-    pub fn side(io: T, meter: &Arc<Meter>, reads_up: bool) -> Metered<T> {
-        Metered {
-            io,
-            meter: meter.clone(),
-            reads_up,
-            writes: false,
-        }
-    }
-
-    fn counter(&self, read: bool) -> &AtomicU64 {
-        if read == self.reads_up {
+impl Direction<'_> {
+    fn counter(&self) -> &AtomicU64 {
+        if self.up {
             &self.meter.up
         } else {
             &self.meter.down
@@ -124,13 +105,139 @@ impl<T> Metered<T> {
     }
 }
 
+impl egress_splice::Allowance for Direction<'_> {
+    fn take(&self, want: usize) -> egress_splice::Take {
+        let Some(b) = &self.meter.budget else {
+            return egress_splice::Take::Granted(want);
+        };
+        match b.reserve(want) {
+            Take::Granted(g) => egress_splice::Take::Granted(g as usize),
+            Take::Later => egress_splice::Take::Later,
+            Take::Spent => egress_splice::Take::Spent,
+        }
+    }
+
+    fn settle(&self, granted: usize, read: usize) {
+        if let Some(b) = &self.meter.budget {
+            b.settle(granted, read);
+        }
+        if read > 0 {
+            self.meter.moved(self.counter(), read);
+        }
+    }
+}
+
+/// Which way the bytes a [`Metered`] stream counts go.
+#[derive(Clone, Copy)]
+pub(super) enum Way {
+    /// Towards the origin.
+    Up,
+    /// Towards the tool.
+    Down,
+}
+
+/// Counts the bytes read from a stream, or written to it, or both, and
+/// notes the time of the last activity (copy path, an intercepted client, a
+/// WebSocket); with a byte budget, each counted read or write is cut to
+/// what the budget grants first, and fails with [`BytesSpent`] once it is
+/// spent. Owns its share of the meter, so a metered stream can be handed to
+/// hyper (an upgrade needs a `'static` connection).
+pub(super) struct Metered<T> {
+    pub io: T,
+    pub meter: Arc<Meter>,
+    /// Reads count, this way.
+    reads: Option<Way>,
+    /// Writes count, this way.
+    writes: Option<Way>,
+}
+
+impl<T> Metered<T> {
+    /// The tool's side of an intercepted session: its TLS bytes, reads
+    /// counting up and writes down.
+    pub fn client(io: T, meter: &Arc<Meter>) -> Metered<T> {
+        Metered {
+            io,
+            meter: meter.clone(),
+            reads: Some(Way::Up),
+            writes: Some(Way::Down),
+        }
+    }
+
+    /// One side of a relay, counting what is written to it: down to the
+    /// tool's side, up to the origin's (`origin`).
+    pub fn side(io: T, meter: &Arc<Meter>, origin: bool) -> Metered<T> {
+        Metered {
+            io,
+            meter: meter.clone(),
+            reads: None,
+            writes: Some(if origin { Way::Up } else { Way::Down }),
+        }
+    }
+}
+
+impl Meter {
+    fn counter(&self, way: Way) -> &AtomicU64 {
+        match way {
+            Way::Up => &self.up,
+            Way::Down => &self.down,
+        }
+    }
+}
+
+/// What a counted read or write may move: `Ok(None)` without a budget (as
+/// much as asked), `Ok(Some(granted))`, `Pending` while other carriers
+/// hold what is left, or the budget spent.
+fn granted(budget: Option<&ByteBudget>, want: usize, cx: &mut Context<'_>) -> Poll<io::Result<Option<usize>>> {
+    let Some(b) = budget else {
+        return Poll::Ready(Ok(None));
+    };
+    match b.reserve(want) {
+        Take::Granted(g) => Poll::Ready(Ok(Some(g as usize))),
+        Take::Later => {
+            // Another carrier's grant is settled within its own poll:
+            // ask again on the next turn.
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+        Take::Spent => Poll::Ready(Err(BytesSpent.into())),
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for Metered<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.io).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
+        let this = &mut *self;
+        let Some(way) = this.reads else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        let want = buf.remaining();
+        if want == 0 {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        }
+        let budget = this.meter.budget.as_deref();
+        let grant = match granted(budget, want, cx) {
+            Poll::Ready(Ok(g)) => g,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let (r, n) = match grant {
+            Some(g) if g < want => {
+                let mut part = ReadBuf::new(buf.initialize_unfilled_to(g));
+                let r = Pin::new(&mut this.io).poll_read(cx, &mut part);
+                let n = part.filled().len();
+                buf.advance(n);
+                (r, n)
+            }
+            _ => {
+                let before = buf.filled().len();
+                let r = Pin::new(&mut this.io).poll_read(cx, buf);
+                (r, buf.filled().len() - before)
+            }
+        };
+        if let (Some(b), Some(g)) = (budget, grant) {
+            b.settle(g, n);
+        }
         if n > 0 {
-            self.meter.moved(self.counter(true), n);
+            this.meter.moved(this.meter.counter(way), n);
         }
         r
     }
@@ -138,11 +245,26 @@ impl<T: AsyncRead + Unpin> AsyncRead for Metered<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Metered<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let (true, Poll::Ready(Ok(n))) = (self.writes, &r) {
-            if *n > 0 {
-                self.meter.moved(self.counter(false), *n);
-            }
+        let this = &mut *self;
+        let Some(way) = this.writes.filter(|_| !buf.is_empty()) else {
+            return Pin::new(&mut this.io).poll_write(cx, buf);
+        };
+        let budget = this.meter.budget.as_deref();
+        let grant = match granted(budget, buf.len(), cx) {
+            Poll::Ready(Ok(g)) => g,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let r = Pin::new(&mut this.io).poll_write(cx, &buf[..grant.unwrap_or(buf.len())]);
+        let n = match &r {
+            Poll::Ready(Ok(n)) => *n,
+            _ => 0,
+        };
+        if let (Some(b), Some(g)) = (budget, grant) {
+            b.settle(g, n);
+        }
+        if n > 0 {
+            this.meter.moved(this.meter.counter(way), n);
         }
         r
     }
@@ -235,19 +357,13 @@ async fn spliced(
     bounds: &Bounds<'_>,
     finish: &Finish,
 ) {
+    let (up, down) = (meter.direction(true), meter.direction(false));
     let relay = async {
         if !early.is_empty() {
-            write_all(upstream, &early).await?;
-            meter.moved(&meter.up, early.len());
+            write_all(upstream, &early, &up).await?;
         }
         drop(early);
-        egress_splice::both_ways(
-            client,
-            upstream,
-            |n| meter.moved(&meter.up, n),
-            |n| meter.moved(&meter.down, n),
-        )
-        .await
+        egress_splice::both_ways_within(client, upstream, &up, &down).await
     };
     bounds.watch(relay, meter, finish).await;
 }
@@ -259,8 +375,8 @@ where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut a = Metered::side(client, meter, true);
-    let mut b = Metered::side(upstream, meter, false);
+    let mut a = Metered::side(client, meter, false);
+    let mut b = Metered::side(upstream, meter, true);
     let copy = async {
         tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 16 * 1024, 16 * 1024)
             .await
@@ -309,6 +425,11 @@ impl Bounds<'_> {
                 r = &mut relay => {
                     match r {
                         Ok(()) => finish.complete(),
+                        // A carrier stopped by the spent budget (its cut
+                        // may not have been seen here yet).
+                        Err(_) if self.budget.is_some_and(|b| b.is_cancelled()) => {
+                            finish.severed("budget_exhausted");
+                        }
                         Err(_) => finish.failed("io_error"),
                     }
                     return;
@@ -338,11 +459,23 @@ pub(super) async fn spent(budget: Option<&CancellationToken>) {
     }
 }
 
-/// Writes `buf` to a socket shared with another task (`&TcpStream`).
-async fn write_all(s: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+/// Writes `buf` to a socket shared with another task (`&TcpStream`), each
+/// write no more than `way` grants.
+async fn write_all(s: &TcpStream, mut buf: &[u8], way: &Direction<'_>) -> io::Result<()> {
+    use egress_splice::Allowance as _;
     while !buf.is_empty() {
         s.writable().await?;
-        match s.try_write(buf) {
+        let granted = match way.take(buf.len()) {
+            egress_splice::Take::Granted(g) => g.min(buf.len()),
+            egress_splice::Take::Later => {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            egress_splice::Take::Spent => return Err(BytesSpent.into()),
+        };
+        let wrote = s.try_write(&buf[..granted]);
+        way.settle(granted, *wrote.as_ref().unwrap_or(&0));
+        match wrote {
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),

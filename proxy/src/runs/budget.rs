@@ -3,9 +3,16 @@
 //! of the run, on every entrance and across concurrent tunnels, without a
 //! lock. The rate is a generic cell rate algorithm (a token bucket kept as
 //! one "theoretical arrival time"), advanced by compare-and-swap.
+//!
+//! The byte budget is spent by reservation: a carrier asks for what it is
+//! about to move ([`ByteBudget::grant`]: at most what the run has left,
+//! taken in one compare-and-swap), moves no more than it was granted, and
+//! gives back what it did not move. So the run's fetches together never
+//! move a byte past the budget, however many there are and however fast
+//! their peers are.
 
 use egress_config::Budgets;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -20,16 +27,53 @@ pub enum Exceeded {
     Rate { per_second: u32, burst: u32 },
 }
 
+/// The error a carrier ends with when the run's byte budget is spent.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the run moved its max_bytes_per_run")]
+pub struct BytesSpent;
+
+impl From<BytesSpent> for std::io::Error {
+    fn from(e: BytesSpent) -> std::io::Error {
+        std::io::Error::other(e)
+    }
+}
+
+/// The run's byte count and the grants in flight on it share one word, so
+/// that a grant, a settlement and "is the budget spent for good?" are each
+/// one atomic step: the low [`COUNT_BITS`] bits count bytes (moved, or
+/// granted to a carrier moving them now), the bits above count grants not
+/// yet settled. A grant lives for one read or write (no await inside it),
+/// so there are never more in flight than threads.
+const COUNT_BITS: u32 = 52;
+const COUNT: u64 = (1 << COUNT_BITS) - 1;
+const HOLDER: u64 = 1 << COUNT_BITS;
+
+/// What a carrier may move now ([`Spent::reserve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// This many bytes (at least one, at most what was asked for).
+    Granted(u64),
+    /// Nothing left now, but other carriers hold grants they may give back
+    /// in a moment: ask again (after yielding).
+    Later,
+    /// The budget is spent: the carrier ends ([`BytesSpent`]).
+    Spent,
+}
+
 /// A run's spending.
 #[derive(Debug)]
 pub struct Spent {
     requests: AtomicU64,
+    /// Bytes and grants in flight ([`COUNT_BITS`]).
     bytes: AtomicU64,
     /// The rate's theoretical arrival time of the next request, in
     /// nanoseconds since `epoch`.
     tat: AtomicU64,
     epoch: Instant,
-    /// Fires when the byte budget is crossed: every open tunnel and body of
+    /// Set by the first to find the byte budget reached: that fetch
+    /// records the cut's fact.
+    cut: AtomicBool,
+    /// Fires when the byte budget is reached: every open tunnel and body of
     /// the run selects on it.
     pub bytes_out: CancellationToken,
 }
@@ -41,6 +85,7 @@ impl Default for Spent {
             bytes: AtomicU64::new(0),
             tat: AtomicU64::new(0),
             epoch: Instant::now(),
+            cut: AtomicBool::new(false),
             bytes_out: CancellationToken::new(),
         }
     }
@@ -51,7 +96,7 @@ impl Spent {
     /// (and then takes nothing).
     pub fn take_request(&self, limits: &Budgets) -> Result<(), Exceeded> {
         if let Some(max) = limits.bytes {
-            if self.bytes.load(Ordering::Relaxed) >= max {
+            if self.bytes.load(Ordering::Relaxed) & COUNT >= max {
                 return Err(Exceeded::Bytes(max));
             }
         }
@@ -89,36 +134,127 @@ impl Spent {
         Ok(())
     }
 
-    /// Adds `n` moved bytes; returns whether this crossed `limit` (and fires
-    /// [`Spent::bytes_out`] then).
-    pub fn moved(&self, n: u64, limit: Option<u64>) -> bool {
-        let before = self.bytes.fetch_add(n, Ordering::Relaxed);
-        match limit {
-            Some(max) if before < max && before + n >= max => {
-                self.bytes_out.cancel();
-                true
+    /// Grants up to `want` bytes of `limit` (one compare-and-swap); a
+    /// [`Take::Granted`] must be settled ([`Spent::settle`]) once the bytes
+    /// moved. [`Take::Spent`] also notes the budget reached ([`Spent::reached`]).
+    pub fn reserve(&self, want: u64, limit: u64) -> Take {
+        let want = want.max(1);
+        let mut word = self.bytes.load(Ordering::Relaxed);
+        loop {
+            let count = word & COUNT;
+            if count >= limit {
+                if word >= HOLDER {
+                    return Take::Later;
+                }
+                self.reached();
+                return Take::Spent;
             }
-            _ => false,
+            let granted = want.min(limit - count);
+            match self
+                .bytes
+                .compare_exchange_weak(word, word + granted + HOLDER, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Take::Granted(granted),
+                Err(seen) => word = seen,
+            }
         }
     }
 
-    /// Requests taken and bytes moved so far.
+    /// Of `granted` bytes, `used` moved: the rest goes back. Returns whether
+    /// the run has now reached `limit` with no grant in flight (the budget
+    /// is spent for good), which fires [`Spent::bytes_out`].
+    pub fn settle(&self, granted: u64, used: u64, limit: u64) -> bool {
+        let back = granted - used.min(granted) + HOLDER;
+        let word = self.bytes.fetch_sub(back, Ordering::AcqRel) - back;
+        let spent = word < HOLDER && word & COUNT >= limit;
+        if spent {
+            self.reached();
+        }
+        spent
+    }
+
+    /// Takes exactly `n` bytes of `limit` (a message head, which goes whole
+    /// or not at all): `None` when fewer are left (nothing taken), else
+    /// whether this reached the limit for good (as [`Spent::settle`]).
+    pub fn take_exact(&self, n: u64, limit: u64) -> Option<bool> {
+        let took = self.bytes.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |word| {
+            (word & COUNT).checked_add(n).filter(|c| *c <= limit).map(|_| word + n)
+        });
+        let now = took.ok()? + n;
+        let spent = now < HOLDER && now & COUNT >= limit;
+        if spent {
+            self.reached();
+        }
+        Some(spent)
+    }
+
+    /// The budget is reached: fires [`Spent::bytes_out`] (every open fetch
+    /// of the run is cut).
+    fn reached(&self) {
+        self.bytes_out.cancel();
+    }
+
+    /// Whether this caller is the first to report the cut (and records its
+    /// fact).
+    pub fn first_to_cut(&self) -> bool {
+        !self.cut.swap(true, Ordering::AcqRel)
+    }
+
+    /// Requests taken and bytes moved so far (grants in flight included).
     pub fn used(&self) -> (u64, u64) {
         (
             self.requests.load(Ordering::Relaxed),
-            self.bytes.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed) & COUNT,
         )
     }
 }
 
-/// A fetch's share of its run's `max_bytes_per_run`: every byte it moves is
-/// counted on the run at once (so concurrent tunnels share one count), and
-/// the fetch whose bytes cross the limit runs `on_cut` (the fact) and fires
-/// [`Spent::bytes_out`], which cuts every open fetch of the run.
+/// A fetch's share of its run's `max_bytes_per_run`. Every carrier of the
+/// fetch asks it before it moves bytes ([`ByteBudget::grant`]); grants come
+/// out of the run's one count, so concurrent fetches share it. When the run
+/// reaches the limit, [`Spent::bytes_out`] fires, which cuts every open
+/// fetch of the run, and the fetch that saw it first runs `on_cut` (the
+/// `budget_exhausted` fact).
 pub struct ByteBudget {
     pub limit: u64,
     run: std::sync::Arc<super::Run>,
     on_cut: Box<dyn Fn() + Send + Sync>,
+}
+
+/// Bytes a carrier may move now, given back (what was not used) when
+/// dropped or settled with [`Reservation::used`].
+pub enum Grant<'a> {
+    Granted(Reservation<'a>),
+    Later,
+    Spent,
+}
+
+/// A grant of [`Reservation::len`] bytes in flight.
+pub struct Reservation<'a> {
+    budget: &'a ByteBudget,
+    granted: u64,
+    settled: bool,
+}
+
+impl Reservation<'_> {
+    /// The bytes granted (at least one).
+    pub fn len(&self) -> usize {
+        self.granted as usize
+    }
+
+    /// `n` of the granted bytes moved; the rest goes back.
+    pub fn used(mut self, n: usize) {
+        self.settled = true;
+        self.budget.settle(self.granted as usize, n);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.budget.settle(self.granted as usize, 0);
+        }
+    }
 }
 
 impl ByteBudget {
@@ -126,14 +262,59 @@ impl ByteBudget {
         ByteBudget { limit, run, on_cut }
     }
 
-    /// Counts `n` bytes moved.
-    pub fn moved(&self, n: usize) {
-        if self.run.spent.moved(n as u64, Some(self.limit)) {
+    /// Up to `want` (at least one) bytes to move now.
+    pub fn grant(&self, want: usize) -> Grant<'_> {
+        match self.reserve(want) {
+            Take::Granted(granted) => Grant::Granted(Reservation {
+                budget: self,
+                granted,
+                settled: false,
+            }),
+            Take::Later => Grant::Later,
+            Take::Spent => Grant::Spent,
+        }
+    }
+
+    /// [`ByteBudget::grant`] for a carrier that settles by hand (the
+    /// splice crate's [`egress_splice::Allowance`]): every
+    /// [`Take::Granted`] must be followed by one [`ByteBudget::settle`].
+    pub fn reserve(&self, want: usize) -> Take {
+        let take = self.run.spent.reserve(want as u64, self.limit);
+        if take == Take::Spent {
+            self.cut();
+        }
+        take
+    }
+
+    /// Of `granted` bytes, `used` moved; the rest goes back.
+    pub fn settle(&self, granted: usize, used: usize) {
+        if self.run.spent.settle(granted as u64, used as u64, self.limit) {
+            self.cut();
+        }
+    }
+
+    /// Takes a message head of `n` bytes whole, or says it does not fit
+    /// what the run has left (and takes nothing).
+    pub fn take_head(&self, n: usize) -> bool {
+        match self.run.spent.take_exact(n as u64, self.limit) {
+            Some(spent) => {
+                if spent {
+                    self.cut();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The run reached its budget: the first fetch to see it records the fact.
+    fn cut(&self) {
+        if self.run.spent.first_to_cut() {
             (self.on_cut)();
         }
     }
 
-    /// Fires once the run's bytes crossed the limit.
+    /// Fires once the run's bytes reached the limit.
     pub fn exhausted(&self) -> &CancellationToken {
         &self.run.spent.bytes_out
     }
@@ -208,18 +389,96 @@ mod tests {
     }
 
     #[test]
-    fn the_byte_budget_fires_once_when_crossed() {
+    fn grants_never_pass_the_limit_and_what_is_not_moved_goes_back() {
         let s = Spent::default();
-        assert!(!s.moved(60, Some(100)));
+        assert_eq!(s.reserve(60, 100), Take::Granted(60));
+        assert!(!s.settle(60, 60, 100));
+        // 40 left: a grant of 64 KiB is cut to them.
+        assert_eq!(s.reserve(64 * 1024, 100), Take::Granted(40));
+        // While that grant is in flight the budget looks spent, but is not
+        // for good: the others are told to ask again.
+        assert_eq!(s.reserve(1, 100), Take::Later);
         assert!(!s.bytes_out.is_cancelled());
-        assert!(s.moved(40, Some(100)));
+        // Only 10 of the 40 moved: 30 come back.
+        assert!(!s.settle(40, 10, 100));
+        assert_eq!(s.used().1, 70);
+        assert_eq!(s.reserve(30, 100), Take::Granted(30));
+        assert!(!s.bytes_out.is_cancelled());
+        assert!(s.settle(30, 30, 100), "the last byte spends the budget");
         assert!(s.bytes_out.is_cancelled());
-        assert!(!s.moved(10, Some(100)));
+        assert_eq!(s.reserve(1, 100), Take::Spent);
+        assert_eq!(s.used().1, 100);
         let limits = Budgets {
             requests: None,
             bytes: Some(100),
             rate: None,
         };
         assert_eq!(s.take_request(&limits), Err(Exceeded::Bytes(100)));
+    }
+
+    #[test]
+    fn the_largest_budget_the_config_takes_fits_the_count() {
+        // `max_bytes_per_run` is at most 1 PiB (config/src/schema.rs).
+        let s = Spent::default();
+        let max = 1u64 << 50;
+        assert!(max < COUNT);
+        assert_eq!(s.reserve(u64::MAX, max), Take::Granted(max));
+        assert!(s.settle(max, max, max));
+        assert_eq!(s.used().1, max);
+    }
+
+    #[test]
+    fn a_head_goes_whole_or_not_at_all() {
+        let s = Spent::default();
+        assert_eq!(s.take_exact(70, 100), Some(false));
+        assert_eq!(s.take_exact(31, 100), None, "31 do not fit in 30");
+        assert_eq!(s.used().1, 70);
+        assert!(!s.bytes_out.is_cancelled());
+        assert_eq!(s.take_exact(30, 100), Some(true));
+        assert!(s.bytes_out.is_cancelled());
+    }
+
+    #[test]
+    fn concurrent_carriers_move_exactly_the_budget_together() {
+        // Eight threads ask for chunks of every size and move a part of
+        // each grant: together they move the budget to the byte, never
+        // more, and the budget is reported reached once.
+        const LIMIT: u64 = 1_000_003;
+        for round in 0..20u64 {
+            let s = std::sync::Arc::new(Spent::default());
+            let reached = std::sync::Arc::new(AtomicU64::new(0));
+            let moved = std::sync::Arc::new(AtomicU64::new(0));
+            let threads: Vec<_> = (0..8u64)
+                .map(|t| {
+                    let (s, reached, moved) = (s.clone(), reached.clone(), moved.clone());
+                    std::thread::spawn(move || {
+                        let mut x = round * 31 + t * 7 + 1;
+                        loop {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                            let want = (x >> 33) % 70_000 + 1;
+                            match s.reserve(want, LIMIT) {
+                                Take::Granted(g) => {
+                                    assert!(g <= want);
+                                    let used = if x % 3 == 0 { g / 2 } else { g };
+                                    moved.fetch_add(used, Ordering::Relaxed);
+                                    if s.settle(g, used, LIMIT) {
+                                        reached.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                }
+                                Take::Later => std::thread::yield_now(),
+                                Take::Spent => return,
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(moved.load(Ordering::Relaxed), LIMIT, "round {round}");
+            assert_eq!(s.used().1, LIMIT);
+            assert!(s.bytes_out.is_cancelled());
+            assert_eq!(reached.load(Ordering::Relaxed), 1, "reached once for good");
+        }
     }
 }

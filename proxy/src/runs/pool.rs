@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The request body type of upstream connections (the data plane's upload,
 /// boxed so that the pool does not depend on it).
-pub type UpBody = UnsyncBoxBody<Bytes, hyper::Error>;
+pub type UpBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// How long an idle upstream connection is kept for reuse.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
