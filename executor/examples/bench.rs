@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use axum::extract::Path;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use egress_executor::child::{self, Shared, ToolSpec};
 use egress_executor::confine::Confinement;
+use egress_executor::pool::child::{self, Shared, ToolSpec};
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::{json, Value};
 
@@ -143,7 +143,7 @@ isolation = "off"
     // Cold start spawn→ready, one child at a time, no pool involved.
     let shared = Arc::new(Shared::new(
         egress_executor::process::Spawner::start().unwrap_or_else(|e| panic!("{e}")),
-        egress_executor::control::ControlClient::new(control, &cfg.home, Some("t".into())),
+        egress_executor::proxy::control::ControlClient::new(control, &cfg.home, Some("t".into())),
         egress_executor::metrics::Metrics::new(),
         cfg.executor.clone(),
     ));

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use egress_e2e::harness::TestProxy;
 use egress_e2e::origin::http_origin;
-use egress_executor::child::{self, Shared, ToolSpec};
 use egress_executor::confine::{Confinement, Layer};
+use egress_executor::pool::child::{self, Shared, ToolSpec};
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::json;
 
@@ -33,7 +33,7 @@ fn median_p99(mut v: Vec<Duration>) -> (f64, f64) {
 fn shared(cfg: &Config) -> Arc<Shared> {
     Arc::new(Shared::new(
         egress_executor::process::Spawner::start().unwrap_or_else(|e| panic!("{e}")),
-        egress_executor::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
+        egress_executor::proxy::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
         egress_executor::metrics::Metrics::new(),
         cfg.executor.clone(),
     ))

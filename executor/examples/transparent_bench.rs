@@ -188,7 +188,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 async fn main() {
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(d).max(1);
     let (n, mib, runs) = (arg(1, 300), arg(2, 256), arg(3, 3));
-    if let Err(e) = egress_executor::transparent::nft() {
+    if let Err(e) = egress_executor::confine::transparent::nft() {
         eprintln!("transparent egress unavailable: {e}");
         std::process::exit(2);
     }

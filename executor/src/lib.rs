@@ -4,30 +4,21 @@
 //! See `docs/executor.md` for the lifecycle and `docs/protocol.md` for the wire.
 
 pub mod api;
-pub mod binding;
-pub mod child;
 pub mod config;
 pub mod confine;
-pub mod control;
 pub mod error;
-pub mod executor;
-pub mod handoff;
+pub mod invoke;
 pub mod kill;
 pub mod metrics;
 pub mod pool;
 pub mod process;
-pub mod protections;
-pub mod protocol;
-pub mod reaper;
-pub mod relay;
-pub mod retained;
+pub mod proxy;
 mod sys;
-pub mod transparent;
 
 /// The Rust tool SDK, re-exported under its former path.
 pub use egress_tool as tool;
 
 pub use config::Config;
 pub use error::{ErrorKind, InvocationResult, InvokeError, Phase};
-pub use executor::{Answer, Executor, InvocationRequest};
+pub use invoke::{Answer, Executor, InvocationRequest};
 pub use sys::release_large_allocations;

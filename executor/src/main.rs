@@ -138,7 +138,7 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
     tokio::spawn(async move {
         e.take_ownership(st.clone()).await;
         if let Some(g) = gate.filter(|_| !st.is_cancelled()) {
-            if let Err(why) = g.wait(egress_executor::binding::WAIT).await {
+            if let Err(why) = g.wait(egress_executor::proxy::binding::WAIT).await {
                 let _ = r.set(why);
                 st.cancel();
                 return;
@@ -172,9 +172,9 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
 fn binding_gate(
     config: &Config,
     isolations: impl IntoIterator<Item = egress_executor::config::Isolation>,
-) -> Option<egress_executor::binding::Gate> {
+) -> Option<egress_executor::proxy::binding::Gate> {
     let host = egress_executor::confine::host(&config.executor);
-    egress_executor::binding::Gate::new(config, &host, isolations)
+    egress_executor::proxy::binding::Gate::new(config, &host, isolations)
 }
 
 /// Problems of the file that need no running service: the whole schema
@@ -371,7 +371,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     }
     println!();
     println!("{:<32} {:<4} GIVEN BY (or what stands in)", "PROTECTION", "");
-    for v in egress_executor::protections::verdicts(&host.features()) {
+    for v in egress_executor::confine::doctor::verdicts(&host.features()) {
         let (state, by) = match (v.native, v.stand_in) {
             (Some(n), _) => ("yes", n.to_string()),
             (None, Some(s)) => ("yes", format!("{s} stands in")),
@@ -423,7 +423,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
                     // Reported, not required: `best_effort` and `off` are choices.
                     let state = if closed { "ok" } else { "OPEN" };
                     println!("{:<28} {state:<4} {unix}", format!("unix sockets of `{tool}`"));
-                    if let Some(server) = egress_executor::child::ToolSpec::new(tool, p.clone(), c).fork {
+                    if let Some(server) = egress_executor::pool::child::ToolSpec::new(tool, p.clone(), c).fork {
                         match server.check(&spawner).await {
                             Ok(how) => line(&format!("fork server of `{tool}`"), true, how),
                             Err(why) => line(
@@ -448,7 +448,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             problems.join("; ")
         },
     );
-    let control = egress_executor::control::ControlClient::new(config.control, &config.home, token_env());
+    let control = egress_executor::proxy::control::ControlClient::new(config.control, &config.home, token_env());
     match control.probe().await {
         Ok(()) => line(
             "proxy control API",

@@ -560,7 +560,7 @@ async fn layer_alone(layers: &'static [Layer], fails: &'static [&'static str], s
 
 /// One invocation on a child confined by `layers` only (no pool).
 async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egress_executor::InvocationResult {
-    use egress_executor::child::{self, Request, Shared, ToolSpec};
+    use egress_executor::pool::child::{self, Request, Shared, ToolSpec};
     let cfg = Config::load(cfg).unwrap();
     let host = egress_executor::confine::host(&cfg.executor);
     let process = cfg.tools["evil"].clone().unwrap();
@@ -570,7 +570,7 @@ async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egr
     let spec = std::sync::Arc::new(ToolSpec::new("evil", process, confinement));
     let shared = std::sync::Arc::new(Shared::new(
         egress_executor::process::Spawner::start().unwrap(),
-        egress_executor::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
+        egress_executor::proxy::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
         egress_executor::metrics::Metrics::new(),
         cfg.executor.clone(),
     ));
@@ -2197,17 +2197,19 @@ async fn handoff_protocol() {
 
     // Unknown run, and a socket that is not listening: refused.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let e = egress_executor::handoff::send(&sock, "no-such-run", &l)
+    let e = egress_executor::proxy::handoff::send(&sock, "no-such-run", &l)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("no such run"), "{e}");
     let not_listening = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let fake = std::net::TcpListener::from(std::os::fd::OwnedFd::from(not_listening));
-    let e = egress_executor::handoff::send(&sock, &run.id, &fake).await.unwrap_err();
+    let e = egress_executor::proxy::handoff::send(&sock, &run.id, &fake)
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("not a listening socket"), "{e}");
 
     let addr = l.local_addr().unwrap();
-    egress_executor::handoff::send(&sock, &run.id, &l).await.unwrap();
+    egress_executor::proxy::handoff::send(&sock, &run.id, &l).await.unwrap();
     drop(l); // the proxy holds the only copy now
     let port = origin.addr.port();
     let get = |id: String, secret: String| async move {

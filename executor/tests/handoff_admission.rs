@@ -43,8 +43,8 @@ async fn handed_off_listeners_bind_their_run_and_keep_their_own_pending_connecti
     let la = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let lb = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let (addr_a, addr_b) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
-    egress_executor::handoff::send(&sock, &a.id, &la).await.unwrap();
-    egress_executor::handoff::send(&sock, &b.id, &lb).await.unwrap();
+    egress_executor::proxy::handoff::send(&sock, &a.id, &la).await.unwrap();
+    egress_executor::proxy::handoff::send(&sock, &b.id, &lb).await.unwrap();
     drop((la, lb));
 
     // Run B's credential is refused on run A's listener (B is bound to its
@@ -98,7 +98,7 @@ async fn another_user_cannot_send_even_through_a_socket_opened_to_all() {
     )
     .await;
     // Root (the executor) is answered.
-    egress_executor::handoff::probe(&sock).await.unwrap();
+    egress_executor::proxy::handoff::probe(&sock).await.unwrap();
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
     let script = "import socket, sys\n\
                   s = socket.socket(socket.AF_UNIX)\n\

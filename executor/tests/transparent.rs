@@ -44,7 +44,7 @@ fn unable() -> Option<String> {
     if !is_root() {
         return Some("needs root (network namespaces, nftables)".into());
     }
-    if let Err(e) = egress_executor::transparent::nft() {
+    if let Err(e) = egress_executor::confine::transparent::nft() {
         return Some(e);
     }
     if python().is_none() {

@@ -1,6 +1,6 @@
 //! The child protocol's messages: newline-delimited JSON, one object per
 //! line, on fds 3 (the child reads) and 4 (the child writes). Both sides use
-//! these types: the executor (`egress_executor::protocol`, which adds its
+//! these types: the executor (`egress_executor::pool::protocol`, which adds its
 //! bounded reader) and tools (`crate::Channel`). The rules (order, caps, what
 //! is a violation) are in `docs/protocol.md`.
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use tokio::io::unix::AsyncFd;
 
-use crate::reaper::Reaper;
+use crate::process::reaper::Reaper;
 use crate::sys::{self, Started};
 
 /// How a child ended.

@@ -40,7 +40,7 @@ pub fn dev_null() -> io::Result<OwnedFd> {
 }
 
 /// The executor's own variables: the proxy's `env` may not set them.
-const OWN_ENV: [&str; 4] = [crate::protocol::IPC_FDS_VAR, "TMPDIR", "PATH", "LANG"];
+const OWN_ENV: [&str; 4] = [crate::pool::protocol::IPC_FDS_VAR, "TMPDIR", "PATH", "LANG"];
 
 /// The whole environment of a child: nothing is inherited from the executor.
 /// `egress` is what the proxy gave the run (proxy variables, credential
@@ -58,8 +58,8 @@ pub fn child_env(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     env.push((
-        crate::protocol::IPC_FDS_VAR.into(),
-        crate::protocol::IPC_FDS_VALUE.into(),
+        crate::pool::protocol::IPC_FDS_VAR.into(),
+        crate::pool::protocol::IPC_FDS_VALUE.into(),
     ));
     env.push(("TMPDIR".into(), tmpdir.display().to_string()));
     env.push(("PATH".into(), path.to_string()));

@@ -8,6 +8,7 @@ mod capture;
 mod fork;
 mod handle;
 mod launch;
+pub mod reaper;
 mod spawner;
 
 pub use capture::{Capture, Captured};

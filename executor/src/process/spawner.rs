@@ -11,7 +11,7 @@ use rustix::process::{Signal, WaitId, WaitIdOptions};
 
 use super::fork::{ForkFailure, Link};
 use super::Process;
-use crate::reaper::Reaper;
+use crate::process::reaper::Reaper;
 use crate::sys::{self, ChildSpec, Started};
 
 /// A child to create, through a fork server's link or by the spawner itself.

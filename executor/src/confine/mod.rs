@@ -6,6 +6,9 @@
 //! directories, rlimits and an unprivileged uid/gid. The child applies them
 //! with raw system calls (`sys::ChildConfine`); nothing here runs in the child.
 
+pub mod doctor;
+pub mod transparent;
+
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -161,9 +164,9 @@ impl HostSupport {
     }
 
     /// The features the protections of a child rest on
-    /// ([`crate::protections::verdicts`]).
-    pub fn features(&self) -> crate::protections::Features {
-        crate::protections::Features {
+    /// ([`crate::confine::doctor::verdicts`]).
+    pub fn features(&self) -> crate::confine::doctor::Features {
+        crate::confine::doctor::Features {
             landlock_abi: if self.available(Layer::Landlock) {
                 self.landlock_abi
             } else {
@@ -443,7 +446,7 @@ pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
     let mut out = Vec::new();
     out.push((
         "landlock rights".to_string(),
-        crate::protections::landlock_rights(host.landlock_abi),
+        crate::confine::doctor::landlock_rights(host.landlock_abi),
     ));
     out.push((
         "seccomp".to_string(),
@@ -572,10 +575,10 @@ pub fn transparent_support() -> Result<String, String> {
     static SUPPORT: OnceLock<Result<String, String>> = OnceLock::new();
     SUPPORT
         .get_or_init(|| {
-            let nft = crate::transparent::nft()?;
+            let nft = crate::confine::transparent::nft()?;
             let t0 = std::time::Instant::now();
             let made = sys::new_netns_with(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), move || {
-                crate::transparent::set_up(&nft)
+                crate::confine::transparent::set_up(&nft)
             });
             match made {
                 Ok(_) => Ok(format!(
@@ -695,7 +698,7 @@ impl Confinement {
             // Every layer is there; a protection can still be missing when
             // the kernel lacks the feature meant for it and nothing stands in
             // (e.g. Landlock ABI < 6 without a PID namespace: signals).
-            for v in crate::protections::verdicts(&host.features()) {
+            for v in crate::confine::doctor::verdicts(&host.features()) {
                 if v.missing() {
                     missing.push(format!(
                         "{}: this kernel's Landlock ABI {} lacks it and no other layer stands in (see docs/executor.md, Hosts)",
@@ -1064,8 +1067,8 @@ pub fn new_namespace(transparent: bool) -> io::Result<Namespace> {
             transparent: None,
         });
     }
-    let nft = crate::transparent::nft().map_err(io::Error::other)?;
-    let (ns, listener, sockets) = sys::new_netns_with(CHILD_PROXY, move || crate::transparent::set_up(&nft))?;
+    let nft = crate::confine::transparent::nft().map_err(io::Error::other)?;
+    let (ns, listener, sockets) = sys::new_netns_with(CHILD_PROXY, move || crate::confine::transparent::set_up(&nft))?;
     Ok(Namespace {
         ns,
         listener,

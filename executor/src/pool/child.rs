@@ -15,12 +15,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ExecutorSection, ProcessConfig, Protocol};
 use crate::confine::{CgroupDirs, Confinement, Prepared};
-use crate::control::{ControlClient, ControlError, RunCreds};
 use crate::error::{ErrorKind, InvocationResult, InvokeError, Phase};
 use crate::kill::KillReason;
 use crate::metrics::Metrics;
+use crate::pool::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
 use crate::process::{self, Capture, ForkServer, Launch, Process, Spawner};
-use crate::protocol::{self, ChildMsg, LineReader, ParentMsg, Read};
+use crate::proxy::control::{ControlClient, ControlError, RunCreds};
 use egress_api::Fact;
 
 /// How long to wait for output pipes to close after the tree was killed.
@@ -249,7 +249,7 @@ async fn create_run(
         Ok(Ok(run)) => Ok(run),
         // The kernel's run id names a run the proxy has (live, or ended
         // within its retention): the kernel's mistake, not the proxy's.
-        Ok(Err(crate::control::ControlError::Rejected { status: 409, code, .. }))
+        Ok(Err(crate::proxy::control::ControlError::Rejected { status: 409, code, .. }))
             if code == "run_exists" && run_id.is_some() =>
         {
             Err(InvokeError::new(
@@ -335,7 +335,10 @@ fn proxy_path(shared: &Shared, run: &RunCreds, listener: Option<std::net::TcpLis
     };
     let relay = match listener {
         None => None,
-        Some(l) => match (crate::confine::proxy_addr(&run.proxy_url), crate::relay::Relay::new(l)) {
+        Some(l) => match (
+            crate::confine::proxy_addr(&run.proxy_url),
+            crate::proxy::relay::Relay::new(l),
+        ) {
             (Some(upstream), Ok(r)) => Some(r.start(upstream)),
             (None, _) => {
                 return Err(format!(
@@ -411,9 +414,9 @@ async fn launch(
     );
     let handing = async {
         let Some(h) = &handoff else { return Ok(()) };
-        crate::handoff::send(&h.socket, &run.run_id, &h.listener).await?;
+        crate::proxy::handoff::send(&h.socket, &run.run_id, &h.listener).await?;
         match &h.transparent {
-            Some(fds) => crate::handoff::send_transparent(&h.socket, &run.run_id, fds).await,
+            Some(fds) => crate::proxy::handoff::send_transparent(&h.socket, &run.run_id, fds).await,
             None => Ok(()),
         }
     };
@@ -583,8 +586,8 @@ impl Warm {
     async fn count_dropped_udp(&self, ns: std::os::fd::OwnedFd) {
         use std::os::fd::AsFd as _;
         let read = tokio::task::spawn_blocking(move || {
-            let nft = crate::transparent::nft().map_err(std::io::Error::other)?;
-            crate::transparent::udp_dropped(&nft, ns.as_fd())
+            let nft = crate::confine::transparent::nft().map_err(std::io::Error::other)?;
+            crate::confine::transparent::udp_dropped(&nft, ns.as_fd())
         })
         .await;
         match read {

@@ -135,7 +135,7 @@ impl Gate {
 
     /// The checks, then the proxy's answer to a probe on the socket.
     pub async fn probe(&self) -> Result<(), String> {
-        crate::handoff::probe(&self.socket)
+        crate::proxy::handoff::probe(&self.socket)
             .await
             .map_err(|e| self.refusal(&e.to_string()))
     }

@@ -53,7 +53,7 @@ async fn exchange(path: &Path, msg: &str, fds: &[BorrowedFd<'_>]) -> io::Result<
 }
 
 async fn exchange_inner(path: &Path, msg: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    crate::binding::vet(path).map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
+    crate::proxy::binding::vet(path).map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
     let mut stream = UnixStream::connect(path)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;

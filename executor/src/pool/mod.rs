@@ -3,6 +3,9 @@
 //! children to waiting invocations in FIFO order (bounded queue, then
 //! `busy`), refills in the background with backoff after failures.
 
+pub mod child;
+pub mod protocol;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -11,9 +14,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::child::{self, Request, Shared, ToolSpec, Warm};
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
 use crate::kill::KillReason;
+use child::{Request, Shared, ToolSpec, Warm};
 
 /// A ready child as the pool holds it: the way to its task. Once handed to
 /// an invocation it carries the busy count.

@@ -151,7 +151,7 @@ fn run_nft(nft: &Path, args: &[&str], input: &str) -> io::Result<String> {
     use std::io::Write as _;
     // Listed as the executor's own helper while it runs: the subreaper's
     // sweep kills every other child it did not spawn.
-    let out = crate::reaper::helper(
+    let out = crate::process::reaper::helper(
         || {
             Command::new(nft)
                 .args(args)

@@ -2,6 +2,8 @@
 //! registry of in-flight invocations (for abort), and ad-hoc single runs.
 //! `serve` and `run` are thin layers over this.
 
+pub mod retained;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -11,15 +13,15 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::child::{self, Request, Shared, ToolSpec};
 use crate::config::{Config, ProcessConfig};
 use crate::confine::Confinement;
-use crate::control::ControlClient;
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
+use crate::invoke::retained::{Kept, Retained};
 use crate::metrics::Metrics;
+use crate::pool::child::{self, Request, Shared, ToolSpec};
 use crate::pool::Pool;
 use crate::process::Spawner;
-use crate::retained::{Kept, Retained};
+use crate::proxy::control::ControlClient;
 
 /// Why the executor cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -433,7 +435,7 @@ impl Executor {
             let r = async {
                 let ended = control.release_owner(&name).await?;
                 control.renew_lease(&name, lease).await?;
-                Ok::<u64, crate::control::ControlError>(ended)
+                Ok::<u64, crate::proxy::control::ControlError>(ended)
             }
             .await;
             match r {
@@ -443,7 +445,7 @@ impl Executor {
                     }
                     break;
                 }
-                Err(crate::control::ControlError::Rejected { status: 404 | 405, .. }) => {
+                Err(crate::proxy::control::ControlError::Rejected { status: 404 | 405, .. }) => {
                     tracing::warn!("the proxy has no owner leases (an older version): this executor's runs are not leased, and a crash leaves them until max_run_ms");
                     return;
                 }
