@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::extract::Path;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use egress_executor::confine::Confinement;
+use egress_executor::confine::plan::Confinement;
 use egress_executor::pool::child::{self, Shared, ToolSpec};
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use egress_e2e::harness::TestProxy;
 use egress_e2e::origin::http_origin;
-use egress_executor::confine::{Confinement, Layer};
+use egress_executor::confine::{plan::Confinement, Layer};
 use egress_executor::pool::child::{self, Shared, ToolSpec};
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::json;

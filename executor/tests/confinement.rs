@@ -30,7 +30,7 @@ use egress_e2e::harness::{basic, TestProxy};
 use egress_e2e::origin::{canary, http_origin};
 use egress_e2e::unix_canary::UnixCanary;
 use egress_e2e::FakeDns;
-use egress_executor::confine::{Confinement, Layer};
+use egress_executor::confine::{plan::Confinement, Layer};
 use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
 use serde_json::{json, Value};
 
@@ -1139,7 +1139,10 @@ async fn cpu_cap() {
         capped_ms < 400,
         "{capped_ms} ms of CPU in 1.5 s under cpu_percent = 5\n{out}"
     );
-    if matches!(host.cgroup, Some(egress_executor::confine::CgroupHost::V1 { .. })) {
+    if matches!(
+        host.cgroup,
+        Some(egress_executor::confine::cgroup::CgroupHost::V1 { .. })
+    ) {
         // v1: no cpu cgroup without the key (v2: one cgroup, without cpu.max).
         assert!(!free.contains("loom-egress"), "{free_out}");
     }

@@ -241,7 +241,7 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
     }
     // nft is there, so the kernel must take the rules (a failure here is
     // the setup's, not the host's, unless the kernel lacks nf_tables).
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
@@ -615,7 +615,7 @@ async fn run_end_deadline_slots_and_identity_hold_on_transparent_connections() {
         eprintln!("SKIPPED run_end_deadline_slots_and_identity_hold_on_transparent_connections: {why}");
         return;
     }
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
@@ -874,7 +874,7 @@ async fn psql_reaches_a_listed_database_and_nothing_else() {
         eprintln!("SKIPPED psql_reaches_a_listed_database_and_nothing_else: PostgreSQL 15 is not installed (apt-get install postgresql)");
         return;
     };
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let pg = start_postgres(&bin);
@@ -1018,7 +1018,7 @@ async fn a_go_client_reaches_a_listed_name_and_nothing_else() {
         }
     };
     eprintln!("go client built in {:?}", started.elapsed());
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;

@@ -1,10 +1,21 @@
-//! Layer by kernel feature: what each protection a confined child relies on
-//! is given by on this kernel, which layer stands in when the one meant for
-//! it is missing (an older Landlock ABI), and which protections are missing
-//! outright. A pure function of the probed features (`verdicts`), so the
-//! mapping documented in `docs/executor.md` (Hosts) is tested as a table;
-//! `strict` refuses to start only when a protection is missing, not when a
-//! feature is.
+//! What `doctor` reports of confinement beyond the layers. Layer by kernel
+//! feature: what each protection a confined child relies on is given by on
+//! this kernel, which layer stands in when the one meant for it is missing
+//! (an older Landlock ABI), and which protections are missing outright. A
+//! pure function of the probed features (`verdicts`), so the mapping
+//! documented in `docs/executor.md` (Hosts) is tested as a table; `strict`
+//! refuses to start only when a protection is missing, not when a feature
+//! is. Also the kernel's details (`kernel_report`) and the cgroup of
+//! `doctor`'s probe child (`cgroup_probe`).
+
+use std::io;
+use std::path::Path;
+
+use crate::confine::cgroup::v2::{kill_file_supported, EXECUTOR_LEAF};
+use crate::confine::cgroup::{self, CgroupHost};
+use crate::confine::plan::Prepared;
+use crate::confine::{HostSupport, Layer};
+use crate::sys;
 
 /// What the kernel and the executor's privileges give (probed by `confine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -190,6 +201,101 @@ pub fn verdicts(f: &Features) -> Vec<Verdict> {
             }
         })
         .collect()
+}
+
+/// What the kernel gives beyond the layers, for `doctor`: Landlock rights,
+/// seccomp, user namespaces, the PID namespace, the cgroup version and
+/// controllers and how children join their cgroup.
+pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    out.push(("landlock rights".to_string(), landlock_rights(host.landlock_abi)));
+    out.push((
+        "seccomp".to_string(),
+        if host.available(Layer::Seccomp) {
+            "filter mode (SECCOMP_SET_MODE_FILTER), x32 and foreign arches guarded".into()
+        } else {
+            "absent".into()
+        },
+    ));
+    let read = |f: &str| std::fs::read_to_string(f).ok().map(|s| s.trim().to_string());
+    let max_userns = read("/proc/sys/user/max_user_namespaces").unwrap_or_else(|| "?".into());
+    let unpriv = read("/proc/sys/kernel/unprivileged_userns_clone")
+        .map(|v| format!(", unprivileged_userns_clone {v}"))
+        .unwrap_or_default();
+    out.push((
+        "user namespaces".to_string(),
+        format!(
+            "max_user_namespaces {max_userns}{unpriv}; children cannot create one (seccomp denies unshare and namespace flags of clone; clone3 fails with ENOSYS)"
+        ),
+    ));
+    out.push((
+        "PID namespace per child".to_string(),
+        if host.pid_namespace {
+            "yes: signals and process visibility confined to the child's tree".into()
+        } else {
+            "no ([executor] pid_namespace = false, or not permitted)".into()
+        },
+    ));
+    let root = Path::new("/sys/fs/cgroup");
+    let version = if root.join("cgroup.controllers").exists() {
+        "v2 (unified)"
+    } else if root.join("unified/cgroup.controllers").exists() {
+        "v1 + v2 (hybrid)"
+    } else if root.join("memory").exists() || root.join("pids").exists() {
+        "v1"
+    } else {
+        "none"
+    };
+    let detail = match &host.cgroup {
+        Some(CgroupHost::V1 { memory, pids, cpu }) => format!(
+            "{version}; per-child cgroups under {} and {}{}; children join by writing cgroup.procs before exec",
+            memory.display(),
+            pids.display(),
+            cpu.as_ref().map_or_else(
+                || " (no writable cpu hierarchy: no cpu_percent)".into(),
+                |c| format!(" and {}", c.display())
+            )
+        ),
+        Some(CgroupHost::V2 { dir, cpu }) => {
+            let controllers = read(&format!("{}/cgroup.controllers", dir.display())).unwrap_or_default();
+            let kill = if dir.join(format!("{EXECUTOR_LEAF}/cgroup.kill")).exists()
+                || root.join("cgroup.kill").exists()
+                || kill_file_supported(dir)
+            {
+                "cgroup.kill kills each tree at once"
+            } else {
+                "no cgroup.kill (kernel < 5.14): process-group and PID-namespace kills"
+            };
+            format!(
+                "{version}; delegated subtree {} (controllers: {controllers}); executor in {EXECUTOR_LEAF}; {kill}; {}; {}",
+                dir.display(),
+                sys::clone_into_cgroup_report(),
+                if *cpu {
+                    "cpu delegated (cpu_percent)"
+                } else {
+                    "cpu not delegated: no cpu_percent"
+                }
+            )
+        }
+        None => format!("{version}; no cgroup layer"),
+    };
+    out.push(("cgroup".to_string(), detail));
+    out
+}
+
+/// A cgroup for `doctor`'s probe child (so it can say how children join
+/// theirs): `None` without a cgroup layer.
+pub fn cgroup_probe(host: &HostSupport) -> Option<io::Result<Prepared>> {
+    let h = host.cgroup.as_ref()?;
+    Some(
+        cgroup::make(h, "doctor-probe", 64, 16, None).map(|(dirs, procs, dir_fd)| {
+            let mut p = Prepared::default();
+            p.child.cgroup_procs = procs;
+            p.child.cgroup_dir = dir_fd;
+            p.cgroup = Some(dirs);
+            p
+        }),
+    )
 }
 
 #[cfg(test)]

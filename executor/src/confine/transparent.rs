@@ -26,6 +26,9 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use crate::sys;
 
 /// Port of the in-namespace listeners every redirected TCP connection ends on.
 pub const PORT: u16 = 3127;
@@ -56,6 +59,29 @@ pub const RULESET: &str = "table inet loom {
   }
 }
 ";
+
+/// Whether transparent egress works on this host (probed once, when a
+/// transparent tool or `doctor` first asks): `nft` is there, and a
+/// namespace gets its routes, rules and sockets. `Ok` says what it costs.
+pub fn support() -> Result<String, String> {
+    static SUPPORT: OnceLock<Result<String, String>> = OnceLock::new();
+    SUPPORT
+        .get_or_init(|| {
+            let nft = nft()?;
+            let t0 = std::time::Instant::now();
+            let made = sys::new_netns_with(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), move || {
+                set_up(&nft)
+            });
+            match made {
+                Ok(_) => Ok(format!(
+                    "nftables redirect in each child's namespace (set up in {:.1} ms here, kept ready in the background)",
+                    t0.elapsed().as_secs_f64() * 1e3
+                )),
+                Err(e) => Err(format!("cannot set up a transparent namespace: {e}")),
+            }
+        })
+        .clone()
+}
 
 /// Where `nft` is looked for (the executor's own `PATH` is not trusted to
 /// name it, and may be empty under a service manager).

@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProcessConfig};
-use crate::confine::Confinement;
+use crate::confine::plan::Confinement;
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
 use crate::invoke::retained::{Kept, Retained};
 use crate::metrics::Metrics;
@@ -27,7 +27,7 @@ use crate::proxy::control::ControlClient;
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
-    Confinement(#[from] crate::confine::Unavailable),
+    Confinement(#[from] crate::confine::plan::Unavailable),
     #[error("cannot start the spawner thread: {0}")]
     Spawner(std::io::Error),
     #[error("the fleet's idempotency store: {0}")]

@@ -14,7 +14,8 @@ use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ExecutorSection, ProcessConfig, Protocol};
-use crate::confine::{CgroupDirs, Confinement, Prepared};
+use crate::confine::cgroup::CgroupDirs;
+use crate::confine::plan::{Confinement, Prepared};
 use crate::error::{ErrorKind, InvocationResult, InvokeError, Phase};
 use crate::kill::KillReason;
 use crate::metrics::Metrics;
@@ -282,7 +283,7 @@ impl Abandon<'_> {
 fn prepare(tool: &ToolSpec, run: &RunCreds, scratch: &std::path::Path) -> Result<Prepared, String> {
     let p = &tool.process;
     let program = process::resolve_program(&p.command[0], &p.path, &p.cwd).ok();
-    let mut files = crate::confine::command_files(&p.command, program.as_deref(), &p.cwd);
+    let mut files = crate::confine::landlock::command_files(&p.command, program.as_deref(), &p.cwd);
     // The CA files the proxy's env points the child's TLS clients at.
     files.extend(
         egress_api::CA_ENV
@@ -291,7 +292,7 @@ fn prepare(tool: &ToolSpec, run: &RunCreds, scratch: &std::path::Path) -> Result
             .map(std::path::PathBuf::from)
             .filter(|p| p.is_absolute()),
     );
-    let port = crate::confine::proxy_port(&run.proxy_url).unwrap_or(0);
+    let port = crate::proxy::url::port(&run.proxy_url).unwrap_or(0);
     tool.confinement
         .prepare(&tool.id, scratch, &files, port)
         .map_err(|e| format!("cannot prepare the confinement of `{}`: {e}", tool.id))
@@ -326,7 +327,7 @@ fn proxy_path(shared: &Shared, run: &RunCreds, listener: Option<std::net::TcpLis
     let relay = match listener {
         None => None,
         Some(l) => match (
-            crate::confine::proxy_addr(&run.proxy_url),
+            crate::proxy::url::addr(&run.proxy_url),
             crate::proxy::relay::Relay::new(l),
         ) {
             (Some(upstream), Ok(r)) => Some(r.start(upstream)),
@@ -340,7 +341,7 @@ fn proxy_path(shared: &Shared, run: &RunCreds, listener: Option<std::net::TcpLis
         },
     };
     let child_proxy_url = if relay.is_some() || handoff.is_some() {
-        crate::confine::child_proxy_url(&run.proxy_url)
+        crate::proxy::url::for_child(&run.proxy_url)
     } else {
         run.proxy_url.clone()
     };

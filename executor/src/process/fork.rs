@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 
 use super::{Process, Spawner};
 use crate::config::ProcessConfig;
-use crate::confine::Confinement;
+use crate::confine::plan::Confinement;
 use crate::sys::{ChildSpec, Started};
 
 /// How long the server may take to answer a fork, and a child to apply its

@@ -9,3 +9,4 @@ pub mod control;
 pub mod handoff;
 pub mod relay;
 pub mod socket;
+pub mod url;
