@@ -15,7 +15,7 @@ use axum::extract::Path;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use egress_executor::confine::plan::Confinement;
-use egress_executor::pool::child::{self, Shared, ToolSpec};
+use egress_executor::pool::child::{Shared, ToolSpec, Warm};
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::{json, Value};
 
@@ -158,7 +158,7 @@ isolation = "off"
         let mut v = Vec::new();
         for _ in 0..count.max(10) {
             let t0 = Instant::now();
-            let w = child::start(&shared, &spec, None)
+            let w = Warm::start(&shared, &spec, None)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             v.push(t0.elapsed());

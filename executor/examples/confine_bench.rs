@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use egress_e2e::harness::TestProxy;
 use egress_e2e::origin::http_origin;
 use egress_executor::confine::{plan::Confinement, Layer};
-use egress_executor::pool::child::{self, Shared, ToolSpec};
+use egress_executor::pool::child::{Shared, ToolSpec, Warm};
 use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::json;
 
@@ -45,7 +45,7 @@ async fn cold_starts(sh: &Arc<Shared>, cfg: &Config, tool: &str, c: Confinement,
     let mut v = Vec::new();
     for _ in 0..n {
         let t0 = Instant::now();
-        let w = child::start(sh, &spec, None).await.unwrap_or_else(|e| panic!("{e}"));
+        let w = Warm::start(sh, &spec, None).await.unwrap_or_else(|e| panic!("{e}"));
         v.push(t0.elapsed());
         w.discard(egress_executor::kill::KillReason::Done).await;
     }

@@ -553,7 +553,7 @@ async fn layer_alone(layers: &'static [Layer], fails: &'static [&'static str], s
 
 /// One invocation on a child confined by `layers` only (no pool).
 async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egress_executor::InvocationResult {
-    use egress_executor::pool::child::{self, Request, Shared, ToolSpec};
+    use egress_executor::pool::child::{Request, Shared, ToolSpec, Warm};
     let cfg = Config::load(cfg).unwrap();
     let host = egress_executor::confine::host(&cfg.executor);
     let process = cfg.tools["evil"].clone().unwrap();
@@ -567,7 +567,7 @@ async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egr
         egress_executor::metrics::Metrics::new(),
         cfg.executor.clone(),
     ));
-    let warm = child::start(&shared, &spec, None).await.unwrap();
+    let warm = Warm::start(&shared, &spec, None).await.unwrap();
     let (result, teardown) = warm
         .dispatch(Request {
             input,

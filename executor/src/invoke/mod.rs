@@ -18,7 +18,7 @@ use crate::confine::plan::Confinement;
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
 use crate::invoke::retained::{Kept, Retained};
 use crate::metrics::Metrics;
-use crate::pool::child::{self, Request, Shared, ToolSpec};
+use crate::pool::child::{Request, Shared, ToolSpec, Warm};
 use crate::pool::Pool;
 use crate::process::Spawner;
 use crate::proxy::control::ControlClient;
@@ -981,7 +981,7 @@ impl Executor {
         };
         let spec = Arc::new(ToolSpec::new(tool, p, confinement));
         let t0 = Instant::now();
-        let mut result = match child::start(&self.shared, &spec, None).await {
+        let mut result = match Warm::start(&self.shared, &spec, None).await {
             Ok(warm) => {
                 let (result, teardown) = warm
                     .dispatch(Request {

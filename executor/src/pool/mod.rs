@@ -4,7 +4,9 @@
 //! `busy`), refills in the background with backoff after failures.
 
 pub mod child;
+pub mod converse;
 pub mod protocol;
+pub mod start;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -458,7 +460,7 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
         Some((r, tx)) => (Some(r), Some(tx)),
         None => (None, None),
     };
-    let mut warm: Warm = match child::start(&pool.shared, &pool.tool, run_id.as_deref()).await {
+    let mut warm: Warm = match Warm::start(&pool.shared, &pool.tool, run_id.as_deref()).await {
         Ok(w) => w,
         Err(e) => {
             pool.on_start_failed(e, dedicated_tx);
