@@ -20,5 +20,6 @@ pub use egress_tool as tool;
 
 pub use config::Config;
 pub use error::{ErrorKind, InvocationResult, InvokeError, Phase};
-pub use invoke::{Answer, Executor, InvocationRequest};
+pub use invoke::dispatch::{Answer, InvocationRequest};
+pub use invoke::Executor;
 pub use sys::release_large_allocations;
