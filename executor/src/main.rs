@@ -327,7 +327,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     let host = egress_executor::confine::host(&config.executor);
     // A probe child in a cgroup of its own, so the report below can say how
     // children join theirs (clone3 CLONE_INTO_CGROUP or cgroup.procs).
-    if let Some(prepared) = egress_executor::confine::doctor::cgroup_probe(&host) {
+    if let Some(prepared) = egress_executor::confine::plan::cgroup_probe(&host) {
         match prepared {
             Ok(mut prep) => {
                 let cg = prep.cgroup.take();

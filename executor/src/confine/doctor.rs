@@ -5,15 +5,12 @@
 //! pure function of the probed features (`verdicts`), so the mapping
 //! documented in `docs/executor.md` (Hosts) is tested as a table; `strict`
 //! refuses to start only when a protection is missing, not when a feature
-//! is. Also the kernel's details (`kernel_report`) and the cgroup of
-//! `doctor`'s probe child (`cgroup_probe`).
+//! is. Also the kernel's details beyond the layers (`kernel_report`).
 
-use std::io;
 use std::path::Path;
 
 use crate::confine::cgroup::v2::{kill_file_supported, EXECUTOR_LEAF};
-use crate::confine::cgroup::{self, CgroupHost};
-use crate::confine::plan::Prepared;
+use crate::confine::cgroup::CgroupHost;
 use crate::confine::{HostSupport, Layer};
 use crate::sys;
 
@@ -281,21 +278,6 @@ pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
     };
     out.push(("cgroup".to_string(), detail));
     out
-}
-
-/// A cgroup for `doctor`'s probe child (so it can say how children join
-/// theirs): `None` without a cgroup layer.
-pub fn cgroup_probe(host: &HostSupport) -> Option<io::Result<Prepared>> {
-    let h = host.cgroup.as_ref()?;
-    Some(
-        cgroup::make(h, "doctor-probe", 64, 16, None).map(|(dirs, procs, dir_fd)| {
-            let mut p = Prepared::default();
-            p.child.cgroup_procs = procs;
-            p.child.cgroup_dir = dir_fd;
-            p.cgroup = Some(dirs);
-            p
-        }),
-    )
 }
 
 #[cfg(test)]

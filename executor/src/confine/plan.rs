@@ -1,8 +1,9 @@
 //! The per-tool confinement plan (`isolation = "strict" | "best_effort" |
 //! "off"`): which layers a tool's children get on this host (`strict`
 //! refuses naming what is missing), and one child's preparation in the
-//! parent before clone, each mechanism from its own file. The child applies
-//! it with raw system calls (`sys::ChildConfine`); nothing here runs in it.
+//! parent before clone, each mechanism from its own file (and the cgroup of
+//! `doctor`'s probe child). The child applies it with raw system calls
+//! (`sys::ChildConfine`); nothing here runs in it.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -397,6 +398,21 @@ pub struct Prepared {
     pub transparent_ns: Option<OwnedFd>,
     /// The child's cgroup directories (removed after the child is reaped).
     pub cgroup: Option<CgroupDirs>,
+}
+
+/// A cgroup for `doctor`'s probe child (so it can say how children join
+/// theirs): `None` without a cgroup layer.
+pub fn cgroup_probe(host: &HostSupport) -> Option<io::Result<Prepared>> {
+    let h = host.cgroup.as_ref()?;
+    Some(
+        cgroup::make(h, "doctor-probe", 64, 16, None).map(|(dirs, procs, dir_fd)| {
+            let mut p = Prepared::default();
+            p.child.cgroup_procs = procs;
+            p.child.cgroup_dir = dir_fd;
+            p.cgroup = Some(dirs);
+            p
+        }),
+    )
 }
 
 #[cfg(test)]

@@ -21,12 +21,13 @@
 //! decides every redirected connection as its other entrances do. The
 //! namespace is the fence: nothing here decides anything.
 
+use std::collections::HashSet;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::sys;
 
@@ -171,13 +172,46 @@ fn apply(nft: &Path, rules: &str) -> io::Result<()> {
     run_nft(nft, &["-f", "-"], rules).map(drop)
 }
 
+/// Pids of the executor's own short-lived helper processes (`nft` setting up a
+/// transparent namespace), which the reaper's sweep (`process::reaper`)
+/// leaves alone. Held across their
+/// spawn, so a sweep never sees one that is not listed yet.
+static HELPERS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
+
+/// Runs `spawn` (which starts one helper process and returns it) with the
+/// helper list locked, and lists the helper's pid until `wait` is done.
+pub fn helper<C, T>(
+    spawn: impl FnOnce() -> std::io::Result<C>,
+    pid: impl Fn(&C) -> u32,
+    wait: impl FnOnce(C) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let child = {
+        let mut helpers = HELPERS.lock().unwrap_or_else(|p| p.into_inner());
+        let child = spawn()?;
+        helpers.get_or_insert_with(HashSet::new).insert(pid(&child) as i32);
+        child
+    };
+    let id = pid(&child) as i32;
+    let out = wait(child);
+    if let Some(h) = HELPERS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        h.remove(&id);
+    }
+    out
+}
+
+/// The helper list, locked: held by the reaper's sweep across its scan, so
+/// no helper is spawned meanwhile unlisted.
+pub fn helpers() -> MutexGuard<'static, Option<HashSet<i32>>> {
+    HELPERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Runs `nft <args>` with `input` on its stdin in the calling thread's
 /// namespace; its stdout, or why it failed.
 fn run_nft(nft: &Path, args: &[&str], input: &str) -> io::Result<String> {
     use std::io::Write as _;
     // Listed as the executor's own helper while it runs: the subreaper's
     // sweep kills every other child it did not spawn.
-    let out = crate::process::reaper::helper(
+    let out = helper(
         || {
             Command::new(nft)
                 .args(args)
@@ -288,6 +322,26 @@ fn routes() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A helper is listed (so a sweep passes it by) from before its spawn
+    /// returns until it has been waited for.
+    #[test]
+    fn a_helper_is_listed_while_it_runs() {
+        let listed = |pid: i32| HELPERS.lock().unwrap().as_ref().is_some_and(|h| h.contains(&pid));
+        let mut seen = 0;
+        let status = helper(
+            || std::process::Command::new("true").spawn(),
+            |c| c.id(),
+            |mut c| {
+                seen = c.id() as i32;
+                assert!(listed(seen));
+                c.wait()
+            },
+        )
+        .unwrap();
+        assert!(status.success());
+        assert!(!listed(seen));
+    }
 
     #[test]
     fn the_route_message_is_well_formed() {
