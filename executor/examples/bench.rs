@@ -53,6 +53,9 @@ async fn main() {
             .cloned()
             .unwrap_or_else(|| panic!("usage: bench RUST_ECHO_BIN [N]")),
     );
+    // The tool runs in the config's directory: a relative path (run.sh's
+    // `target/release/...`) must not be resolved there.
+    let rust_tool = std::fs::canonicalize(&rust_tool).unwrap_or_else(|e| panic!("{}: {e}", rust_tool.display()));
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(200);
     let runner = python_runner();
     const ECHO_PY: &str = "def run(input, ctx):\n    return input\n";
