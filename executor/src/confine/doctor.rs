@@ -1,11 +1,8 @@
-//! What `doctor` reports of confinement beyond the layers. Layer by kernel
-//! feature: what each protection a confined child relies on is given by on
-//! this kernel, which layer stands in when the one meant for it is missing
-//! (an older Landlock ABI), and which protections are missing outright. A
-//! pure function of the probed features (`verdicts`), so the mapping
-//! documented in `docs/executor.md` (Hosts) is tested as a table; `strict`
-//! refuses to start only when a protection is missing, not when a feature
-//! is. Also the kernel's details beyond the layers (`kernel_report`).
+//! What `doctor` reports of confinement beyond the layers: which layer gives
+//! each protection a confined child relies on on this kernel, or stands in
+//! for it (`verdicts`, a pure function of the probed features, tested as the
+//! table `docs/executor.md` shows), and the kernel's details
+//! (`kernel_report`).
 
 use std::path::Path;
 
@@ -140,7 +137,10 @@ pub fn landlock_rights(abi: i32) -> String {
     s
 }
 
-/// Every protection's verdict on a host with `f`.
+/// Every protection's verdict on a host with `f`: given by the layer meant
+/// for it, by a stand-in when this kernel lacks that layer's feature (an
+/// older Landlock ABI), or missing outright. `strict` refuses to start only
+/// when a protection is missing, not when a feature is.
 pub fn verdicts(f: &Features) -> Vec<Verdict> {
     let ll = |min: i32, what: &'static str| (f.landlock_abi >= min).then_some(what);
     Protection::ALL

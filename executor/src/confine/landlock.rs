@@ -1,9 +1,8 @@
 //! Landlock, the filesystem and TCP fence of a confined child: what the
-//! kernel's ABI gives, the paths every child may read (system libraries,
-//! certificates; a transparent tool's resolver files too), the files its
-//! command names, and the ruleset made for one child in the parent: read
-//! only there, write only its scratch directory, TCP connect only to the
-//! proxy's port (left to the namespace for a transparent tool).
+//! kernel's ABI gives, the paths every child may read, the files its command
+//! names, and one child's ruleset made in the parent: read only there, write
+//! only its scratch directory, TCP connect only to the proxy's port (left to
+//! the namespace for a transparent tool).
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -1,9 +1,8 @@
-//! Confinement of tool children, one mechanism per file: `netns` (only `lo`,
-//! the proxy listener the only exit), `transparent` (its nftables redirect),
-//! `landlock`, `shm` (a private `/dev/shm`), `seccomp`, `ids`, `rlimits` and
-//! `cgroup` (v1 and v2). `plan` decides per tool which a child gets and
-//! prepares them in the parent; `doctor` maps them to protections. This
-//! module is what the host provides, layer by layer (probed once).
+//! Confinement of tool children, one mechanism per file (`netns`,
+//! `transparent`, `landlock`, `shm`, `seccomp`, `ids`, `rlimits`, `cgroup`);
+//! `plan` decides per tool which a child gets and prepares them in the
+//! parent, `doctor` maps them to protections. This module is what the host
+//! provides, layer by layer (probed once).
 
 pub mod cgroup;
 pub mod doctor;

@@ -1,9 +1,8 @@
 //! The per-tool confinement plan (`isolation = "strict" | "best_effort" |
 //! "off"`): which layers a tool's children get on this host (`strict`
 //! refuses naming what is missing), and one child's preparation in the
-//! parent before clone, each mechanism from its own file (and the cgroup of
-//! `doctor`'s probe child). The child applies it with raw system calls
-//! (`sys::ChildConfine`); nothing here runs in it.
+//! parent before clone, each mechanism from its own file. The child applies
+//! it with raw system calls (`sys::ChildConfine`); nothing here runs in it.
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -1,25 +1,8 @@
 //! Transparent egress, the executor's side (`network = "transparent"`): the
-//! child's network namespace is made so that an unmodified client reaches
-//! the proxy without knowing it. Inside the namespace, on the thread that
-//! created it (`sys::new_netns_with`):
-//!
-//! - routes `default dev lo` (IPv4 with source `127.0.0.1`, IPv6 with `::1`),
-//!   so a connect to any address is routed at all (rtnetlink, [`routes`]);
-//! - the nftables table [`RULESET`] (applied by `nft -f -`, spawned from that
-//!   thread, so it runs in the namespace): DNS to any server (UDP and TCP
-//!   port 53) is redirected to `127.0.0.1:53`, every other TCP connect to a
-//!   non-loopback address to port 3127 (`SO_ORIGINAL_DST` keeps where it was
-//!   going), and every other packet to a non-loopback address is dropped
-//!   (UDP first, in the named counter [`UDP_DROPPED`]: QUIC, DNS over other
-//!   ports, anything; read by [`udp_dropped`] once the child is gone);
-//! - the four sockets of `egress_api::handoff::TRANSPARENT`, handed to the
-//!   proxy for the run beside the proxy listener. The DNS pair is bound on
-//!   `[::]:53` accepting IPv4 too, so a `resolv.conf` that names only IPv6
-//!   nameservers resolves as well as one naming IPv4 ones.
-//!
-//! The proxy answers DNS with synthetic addresses for listed names only and
-//! decides every redirected connection as its other entrances do. The
-//! namespace is the fence: nothing here decides anything.
+//! child's network namespace made so that an unmodified client reaches the
+//! proxy without knowing it (routes, an nftables redirect, four sockets
+//! handed to the proxy; see `set_up`). The proxy decides; the namespace is
+//! the fence, and nothing here decides anything.
 
 use std::collections::HashSet;
 use std::io;
@@ -104,7 +87,22 @@ pub fn nft() -> Result<PathBuf, String> {
 
 /// Sets up the calling thread's (new, empty) network namespace for
 /// transparent egress and returns its four sockets, in the hand-off's order.
-/// Only on a thread that is inside the namespace and exits after.
+/// Only on a thread that is inside the namespace and exits after
+/// (`sys::new_netns_with`):
+///
+/// - routes `default dev lo` (IPv4 with source `127.0.0.1`, IPv6 with `::1`),
+///   so a connect to any address is routed at all (rtnetlink, [`routes`]);
+/// - the nftables table [`RULESET`] (applied by `nft -f -`, spawned from that
+///   thread, so it runs in the namespace): DNS to any server (UDP and TCP
+///   port 53) is redirected to `127.0.0.1:53`, every other TCP connect to a
+///   non-loopback address to port 3127 (`SO_ORIGINAL_DST` keeps where it was
+///   going), and every other packet to a non-loopback address is dropped
+///   (UDP first, in the named counter [`UDP_DROPPED`]: QUIC, DNS over other
+///   ports, anything; read by [`udp_dropped`] once the child is gone);
+/// - the four sockets of `egress_api::handoff::TRANSPARENT`, handed to the
+///   proxy for the run beside the proxy listener. The DNS pair is bound on
+///   `[::]:53` accepting IPv4 too, so a `resolv.conf` that names only IPv6
+///   nameservers resolves as well as one naming IPv4 ones.
 pub fn set_up(nft: &Path) -> io::Result<[OwnedFd; 4]> {
     routes()?;
     apply(nft, RULESET)?;
@@ -174,8 +172,8 @@ fn apply(nft: &Path, rules: &str) -> io::Result<()> {
 
 /// Pids of the executor's own short-lived helper processes (`nft` setting up a
 /// transparent namespace), which the reaper's sweep (`process::reaper`)
-/// leaves alone. Held across their
-/// spawn, so a sweep never sees one that is not listed yet.
+/// leaves alone. Held across their spawn, so a sweep never sees one that is
+/// not listed yet.
 static HELPERS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
 
 /// Runs `spawn` (which starts one helper process and returns it) with the

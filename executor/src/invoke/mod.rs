@@ -1,9 +1,8 @@
 //! The executor as a whole, where an invocation enters: one pool per tool
-//! with a process section, started and stopped here. Its stages by file:
-//! `dispatch` (a request to its pool, the abort registry, ad-hoc runs),
-//! `idempotency` (keys, here and claimed across a fleet), `journal` (what
-//! `GET /v1/invocations` lists), `retained` (the answers both keep, bounded in
-//! bytes) and `owner` (the owner lease over this executor's runs).
+//! with a process section, started and stopped here. Its stages: `dispatch`
+//! (a request to its pool, abort, ad-hoc runs), `idempotency` (keys, here and
+//! fleet-wide), `journal` (what `GET /v1/invocations` lists), `retained` (the
+//! answers both keep, bounded in bytes), `owner` (the lease over its runs).
 
 pub mod dispatch;
 pub mod idempotency;

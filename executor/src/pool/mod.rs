@@ -1,7 +1,8 @@
-//! Per-tool pools of single-use warm children. Keeps `pool.warm` children
-//! ready ahead of demand, never more than `pool.max` alive, hands ready
-//! children to waiting invocations in FIFO order (bounded queue, then
-//! `busy`), refills in the background with backoff after failures.
+//! Per-tool pools of single-use warm children: `pool.warm` ready ahead of
+//! demand, never more than `pool.max` alive, handed to waiting invocations in
+//! FIFO order (bounded queue, then `busy`), refilled in the background with
+//! backoff after failures. One child's life: `child`, `start`, `converse`,
+//! and the child protocol it speaks, `protocol`.
 
 pub mod child;
 pub mod converse;

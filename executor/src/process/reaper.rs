@@ -1,9 +1,8 @@
 //! Catching descendants that escaped their process group. With
 //! `PR_SET_CHILD_SUBREAPER` set on the executor, an orphaned descendant of a
-//! child is re-parented to the executor instead of to init; any child of the
-//! executor that the spawner did not create is such an escapee, and a sweep
-//! SIGKILLs and reaps it. Only the binary enables this (a library host may
-//! have children of its own).
+//! child is re-parented to the executor; any child the spawner did not create
+//! is such an escapee, and a sweep SIGKILLs and reaps it. Only the binary
+//! enables this (a library host may have children of its own).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,9 +1,8 @@
 //! cgroup v2: the delegated subtree children's cgroups are made in (the
-//! executor's own, systemd `Delegate=yes` or a container's, or
-//! `[executor] cgroup_root`), made ready once (the executor's processes
-//! moved into a leaf of their own, memory and pids enabled for children,
-//! cpu on first use), and each child's limits in `memory.max`,
-//! `memory.swap.max`, `pids.max` and `cpu.max`.
+//! executor's own, or `[executor] cgroup_root`), made ready once (the
+//! executor's processes moved into a leaf of their own, memory and pids
+//! enabled for children, cpu on first use), and each child's limits in
+//! `memory.max`, `memory.swap.max`, `pids.max` and `cpu.max`.
 
 use std::io;
 use std::path::{Path, PathBuf};
