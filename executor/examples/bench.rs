@@ -1,61 +1,21 @@
 //! Executor benchmark (not a test): cold start of a trivial Python and Rust
 //! tool, warm dispatch round trip of an echo tool, and throughput of
-//! sequential and 8-way concurrent invocations with pool refill. Uses an
-//! in-process stand-in for the proxy's control API on 127.0.0.1:0 so the
-//! numbers are the executor's own. Tools run unconfined (`isolation = "off"`):
+//! sequential and 8-way concurrent invocations with pool refill. Uses the
+//! test support's in-process stand-in for the proxy's control API
+//! (`FakeControl`, on 127.0.0.1:0) so the numbers are the executor's own. Tools run unconfined (`isolation = "off"`):
 //! confinement costs are measured by `confine_bench`. Run through
 //! `executor/bench/run.sh`.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::Path;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use egress_executor::confine::Confinement;
-use egress_executor::pool::child::{self, Shared, ToolSpec};
+use egress_e2e::executor::{executor, invocation, python_runner, shared, write_config, TempDir};
+use egress_e2e::fake_control::FakeControl;
+use egress_executor::confine::plan::Confinement;
+use egress_executor::pool::child::{ToolSpec, Warm};
 use egress_executor::{Config, Executor, InvocationRequest};
-use serde_json::{json, Value};
-
-static NEXT: AtomicU64 = AtomicU64::new(1);
-
-async fn fake_control() -> std::net::SocketAddr {
-    let app = Router::new()
-        .route(
-            "/v1/runs",
-            post(|Json(_b): Json<Value>| async {
-                let id = format!("run-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-                (
-                    axum::http::StatusCode::CREATED,
-                    Json(
-                        json!({"run_id": id, "secret": "s", "proxy_url": format!("http://{id}:s@127.0.0.1:9"),
-                        "state": "created", "tool": "t", "expires_at": ""}),
-                    ),
-                )
-            }),
-        )
-        .route(
-            "/v1/runs/{id}/activate",
-            post(|Path(id): Path<String>| async move { Json(json!({"run_id": id, "state": "active"})) }),
-        )
-        .route(
-            "/v1/runs/{id}",
-            axum::routing::delete(
-                |Path(id): Path<String>| async move { Json(json!({"run_id": id, "state": "ended"})) },
-            ),
-        )
-        .route("/v1/runs/{id}/facts", get(|| async { Json(json!({"facts": []})) }));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("bind: {e}"));
-    let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
-    addr
-}
+use serde_json::json;
 
 fn stats(name: &str, mut v: Vec<Duration>) -> String {
     v.sort();
@@ -74,13 +34,6 @@ fn stats(name: &str, mut v: Vec<Duration>) -> String {
     line
 }
 
-fn config(dir: &std::path::Path, control: std::net::SocketAddr, tools: &str) -> Config {
-    let text = format!("[proxy]\ncontrol = \"{control}\"\n[executor]\nscratch_dir = \"scratch\"\n{tools}");
-    let path = dir.join("bench.toml");
-    std::fs::write(&path, text).unwrap_or_else(|e| panic!("write: {e}"));
-    Config::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
-
 async fn wait_ready(exec: &Executor, tool: &str, n: usize) {
     let pool = exec.pool(tool).unwrap_or_else(|| panic!("no pool"));
     while pool.counts().0 < n {
@@ -89,13 +42,7 @@ async fn wait_ready(exec: &Executor, tool: &str, n: usize) {
 }
 
 fn req(tool: &str, i: u64) -> InvocationRequest {
-    InvocationRequest {
-        tool: tool.into(),
-        input: json!({"i": i}),
-        run_id: None,
-        idempotency_key: None,
-        timeout_ms: None,
-    }
+    invocation(tool, json!({"i": i}))
 }
 
 #[tokio::main]
@@ -106,12 +53,15 @@ async fn main() {
             .cloned()
             .unwrap_or_else(|| panic!("usage: bench RUST_ECHO_BIN [N]")),
     );
+    // The tool runs in the config's directory: a relative path (run.sh's
+    // `target/release/...`) must not be resolved there.
+    let rust_tool = std::fs::canonicalize(&rust_tool).unwrap_or_else(|e| panic!("{}: {e}", rust_tool.display()));
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(200);
-    let runner = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("runners/loom_runner.py");
-    let dir = std::env::temp_dir().join(format!("loom-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.join("echo.py"), "def run(input, ctx):\n    return input\n").unwrap_or_else(|e| panic!("{e}"));
-    let control = fake_control().await;
+    let runner = python_runner();
+    const ECHO_PY: &str = "def run(input, ctx):\n    return input\n";
+    let dir = TempDir::new("bench");
+    dir.write("echo.py", ECHO_PY);
+    let control = FakeControl::start().await;
     let tools = format!(
         r#"
 [tools.py.process]
@@ -134,19 +84,15 @@ isolation = "off"
         runner = runner.display(),
         rust = rust_tool.display()
     );
-    let cfg = config(&dir, control, &tools);
-    let exec = Executor::new(cfg.clone(), Some("t".into())).unwrap_or_else(|e| panic!("{e}"));
+    let cfg_path = write_config(&dir, control.addr, true, &tools);
+    let cfg = Config::load(&cfg_path).unwrap_or_else(|e| panic!("{e}"));
+    let exec = executor(&cfg_path);
     let mut out = Vec::new();
     out.push("| measurement | n | median ms | p99 ms | max ms |".to_string());
     out.push("|---|---|---|---|---|".to_string());
 
     // Cold start spawn→ready, one child at a time, no pool involved.
-    let shared = Arc::new(Shared::new(
-        egress_executor::process::Spawner::start().unwrap_or_else(|e| panic!("{e}")),
-        egress_executor::proxy::control::ControlClient::new(control, &cfg.home, Some("t".into())),
-        egress_executor::metrics::Metrics::new(),
-        cfg.executor.clone(),
-    ));
+    let shared = shared(&cfg);
     for (name, tool, count) in [
         ("cold start, Python tool (spawn→ready)", "py", n / 4),
         ("cold start, Rust tool (spawn→ready)", "rs", n),
@@ -158,7 +104,7 @@ isolation = "off"
         let mut v = Vec::new();
         for _ in 0..count.max(10) {
             let t0 = Instant::now();
-            let w = child::start(&shared, &spec, None)
+            let w = Warm::start(&shared, &spec, None)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             v.push(t0.elapsed());
@@ -224,13 +170,9 @@ isolation = "off"
         tput.push(line);
     }
     // The same Rust echo without PID namespaces (process-group mode).
-    let pg_cfg = {
-        let text = std::fs::read_to_string(dir.join("bench.toml")).unwrap_or_default();
-        let text = text.replace("[executor]\n", "[executor]\npid_namespace = false\n");
-        std::fs::write(dir.join("bench-pg.toml"), text).unwrap_or_else(|e| panic!("{e}"));
-        Config::load(&dir.join("bench-pg.toml")).unwrap_or_else(|e| panic!("{e}"))
-    };
-    let pg = Executor::new(pg_cfg, Some("t".into())).unwrap_or_else(|e| panic!("{e}"));
+    let pg_dir = TempDir::new("bench-pg");
+    pg_dir.write("echo.py", ECHO_PY);
+    let pg = executor(&write_config(&pg_dir, control.addr, false, &tools));
     pg.warm_up();
     let mut v = Vec::new();
     for i in 0..n as u64 {
@@ -271,5 +213,4 @@ isolation = "off"
         tput.join("\n")
     );
     exec.shutdown();
-    let _ = std::fs::remove_dir_all(&dir);
 }

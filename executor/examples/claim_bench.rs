@@ -18,17 +18,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_e2e::executor::{runners_dir, write_config, TempDir};
+use egress_e2e::executor::{beside_fake_control, invocation, python_runner, TempDir};
 use egress_e2e::fake_control::FakeControl;
-use egress_e2e::harness::{percentile_ms, TOKEN};
+use egress_e2e::harness::percentile_ms;
 use egress_e2e::postgres::Postgres;
-use egress_executor::{Config, Executor, InvocationRequest};
+use egress_executor::{Executor, InvocationRequest};
 use serde_json::json;
 
 const DSN_ENV: &str = "EGRESS_CLAIM_BENCH_DSN";
 
 async fn executor(tag: &str, fleet: Option<&str>) -> (FakeControl, TempDir, Arc<Executor>) {
-    let control = FakeControl::start().await;
     let dir = TempDir::new(tag);
     dir.write("fast.py", "def run(input, ctx):\n    return {'n': input}\n");
     let cell = fleet
@@ -37,21 +36,17 @@ async fn executor(tag: &str, fleet: Option<&str>) -> (FakeControl, TempDir, Arc<
     let tools = format!(
         "{cell}[tools.fast]\negress = []\n[tools.fast.process]\ncommand = [\"python3\", \"{}\", \"fast.py\"]\n\
          pool = {{ warm = 2, max = 4 }}\nisolation = \"off\"\n",
-        runners_dir().join("loom_runner.py").display()
+        python_runner().display()
     );
-    let cfg = write_config(&dir, control.addr, false, &tools);
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.to_string())).unwrap();
+    let (control, exec) = beside_fake_control(&dir, false, &tools).await;
     exec.warm_up();
     (control, dir, exec)
 }
 
 fn request(n: usize, key: Option<String>) -> InvocationRequest {
     InvocationRequest {
-        tool: "fast".into(),
-        input: json!(n),
-        run_id: None,
         idempotency_key: key,
-        timeout_ms: None,
+        ..invocation("fast", json!(n))
     }
 }
 

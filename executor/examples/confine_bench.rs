@@ -5,15 +5,16 @@
 //! the relay fallback, and no confinement. A real proxy runs in-process on
 //! loopback. Run through `executor/bench/confine.sh`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use egress_e2e::executor::{invocation, python_runner, shared};
 use egress_e2e::harness::TestProxy;
 use egress_e2e::origin::http_origin;
-use egress_executor::confine::{Confinement, Layer};
-use egress_executor::pool::child::{self, Shared, ToolSpec};
-use egress_executor::{Config, Executor, InvocationRequest};
+use egress_executor::confine::{plan::Confinement, Layer};
+use egress_executor::pool::child::{Shared, ToolSpec, Warm};
+use egress_executor::{Config, Executor};
 use serde_json::json;
 
 const TOKEN: &str = egress_e2e::harness::TOKEN;
@@ -30,36 +31,17 @@ fn median_p99(mut v: Vec<Duration>) -> (f64, f64) {
     )
 }
 
-fn shared(cfg: &Config) -> Arc<Shared> {
-    Arc::new(Shared::new(
-        egress_executor::process::Spawner::start().unwrap_or_else(|e| panic!("{e}")),
-        egress_executor::proxy::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
-        egress_executor::metrics::Metrics::new(),
-        cfg.executor.clone(),
-    ))
-}
-
 async fn cold_starts(sh: &Arc<Shared>, cfg: &Config, tool: &str, c: Confinement, n: usize) -> Vec<Duration> {
     let process = cfg.tools[tool].clone().unwrap_or_else(|| panic!("no {tool}"));
     let spec = Arc::new(ToolSpec::new(tool, process, c));
     let mut v = Vec::new();
     for _ in 0..n {
         let t0 = Instant::now();
-        let w = child::start(sh, &spec, None).await.unwrap_or_else(|e| panic!("{e}"));
+        let w = Warm::start(sh, &spec, None).await.unwrap_or_else(|e| panic!("{e}"));
         v.push(t0.elapsed());
         w.discard(egress_executor::kill::KillReason::Done).await;
     }
     v
-}
-
-fn req(tool: &str, input: serde_json::Value) -> InvocationRequest {
-    InvocationRequest {
-        tool: tool.into(),
-        input,
-        run_id: None,
-        idempotency_key: None,
-        timeout_ms: None,
-    }
 }
 
 #[tokio::main]
@@ -71,7 +53,7 @@ async fn main() {
     );
     let echo = std::fs::canonicalize(&echo).unwrap_or_else(|e| panic!("{}: {e}", echo.display()));
     let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(50);
-    let runner = Path::new(env!("CARGO_MANIFEST_DIR")).join("runners/loom_runner.py");
+    let runner = python_runner();
     let origin = http_origin("127.0.0.2:0").await;
     let port = origin.addr.port();
     let dir = std::env::temp_dir().join(format!("loom-confine-bench-{}", std::process::id()));
@@ -187,7 +169,7 @@ async fn main() {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             let t0 = Instant::now();
-            let r = exec.invoke(req("rs", json!(i))).await;
+            let r = exec.invoke(invocation("rs", json!(i))).await;
             v.push(t0.elapsed());
             assert!(r.ok, "{r:?}");
         }
@@ -210,7 +192,7 @@ async fn main() {
             let t0 = Instant::now();
             // Plain tools run from spawn; the input line (sent once the run is
             // active) is the go signal.
-            let r = exec.invoke(req("dl", json!(1))).await;
+            let r = exec.invoke(invocation("dl", json!(1))).await;
             let secs = t0.elapsed().as_secs_f64();
             assert!(r.ok, "{r:?}");
             let got = r.output.as_ref().and_then(|o| o["stdout"].as_str()).unwrap_or("");

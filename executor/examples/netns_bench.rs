@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use egress_executor::confine::new_namespace;
+use egress_executor::confine::netns::new_namespace;
 
 fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     v.sort();

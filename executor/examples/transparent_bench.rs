@@ -25,16 +25,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use egress_e2e::executor::{runners_dir, TempDir};
-use egress_e2e::harness::TOKEN;
-use egress_e2e::process::{spawn_reporting, KillOnDrop};
+use egress_e2e::executor::{invocation, python_runner, strongest_isolation, TempDir};
+use egress_e2e::stack::{proxy_bin, start_stack_with, Stack};
 use egress_e2e::FakeDns;
-use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -121,15 +117,6 @@ if __name__ == "__main__":
     print(json.dumps(run(json.loads(sys.argv[1]), None)))
 "#;
 
-fn proxy_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("EGRESS_PROXY_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/examples/transparent_bench
-    exe.parent().unwrap().parent().unwrap().join("egress-proxy")
-}
-
 /// The proxy's user+system CPU time so far (`/proc/<pid>/stat`, in the
 /// kernel's USER_HZ = 100 ticks).
 fn cpu(pid: u32) -> Duration {
@@ -203,28 +190,9 @@ async fn main() {
     let dir = TempDir::new("transparent-bench");
     let ca = tls.write_ca(dir.path());
     let tool = dir.write("bench_tool.py", TOOL_PY);
-    let host = egress_executor::confine::host(&Default::default());
-    let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
-        "strict"
-    } else {
-        "best_effort"
-    };
-    let config = |control: &str| {
-        format!(
-            r#"
-[proxy]
-listen = "127.0.0.1:0"
-control = "{control}"
-facts = "var/egress-facts.db"
-allow_ranges = ["127.0.0.2/32"]
-
-[proxy.dns]
-servers = ["{dns}"]
-
-[executor]
-listen = "127.0.0.1:0"
-scratch_dir = "scratch"
-
+    let isolation = strongest_isolation();
+    let tools = format!(
+        r#"
 [tools.bench]
 network = "transparent"
 egress = [{{ host = "db.test", port = {db}, protocol = "tcp" }}, {{ host = "db.test", port = {sink}, protocol = "tcp" }},
@@ -239,41 +207,24 @@ isolation = "{isolation}"
 pool = {{ warm = 0, max = 1 }}
 timeout_ms = 600000
 "#,
-            dns = dns.addr,
-            db = db.port(),
-            sink = sink.port(),
-            web = web.addr.port(),
-            tls = tls.addr.port(),
-            ca = ca.display(),
-            runner = runners_dir().join("loom_runner.py").display(),
-        )
-    };
-    let mut cmd = Command::new(proxy_bin());
-    cmd.args(["serve", "--log-format", "json", "--config"])
-        .arg(dir.write("proxy.toml", &config("127.0.0.1:0")))
-        .env("EGRESS_CONTROL_TOKEN", TOKEN)
-        .env("RUST_LOG", "warn");
-    let (child, control) = spawn_reporting(&mut cmd, "control");
-    let pid = child.id();
-    let _proxy = KillOnDrop(child);
-    let exec: Arc<Executor> = Executor::new(
-        Config::load(&dir.write("egress.toml", &config(&control.to_string()))).unwrap(),
-        Some(TOKEN.into()),
-    )
-    .unwrap();
+        db = db.port(),
+        sink = sink.port(),
+        web = web.addr.port(),
+        tls = tls.addr.port(),
+        ca = ca.display(),
+        runner = python_runner().display(),
+    );
+    let bin = proxy_bin().unwrap_or_else(|| panic!("build it first: cargo build --release -p egress-proxy"));
+    let stack = start_stack_with(&bin, &dir, dns.addr, "", &tools, &[("RUST_LOG", "warn")]);
+    let pid = stack.proxy.0.id();
+    let Stack {
+        proxy: _proxy, exec, ..
+    } = stack;
     let invoke = |input: Value| {
         let exec = exec.clone();
         async move {
             let t0 = cpu(pid);
-            let res = exec
-                .invoke(InvocationRequest {
-                    tool: "bench".into(),
-                    input,
-                    run_id: None,
-                    idempotency_key: None,
-                    timeout_ms: None,
-                })
-                .await;
+            let res = exec.invoke(invocation("bench", input)).await;
             assert!(res.ok, "{res:#?}");
             (res.output.unwrap(), cpu(pid) - t0)
         }

@@ -17,7 +17,9 @@ use utoipa::OpenApi as _;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::{ErrorKind, InvocationResult, InvokeError};
-use crate::invoke::{Executor, InvocationRequest};
+use crate::invoke::dispatch::InvocationRequest;
+use crate::invoke::journal::{Found, InvocationSummary, JOURNAL_MAX};
+use crate::invoke::Executor;
 
 /// The router, ready for `axum::serve`. `/v1` needs the same bearer token as
 /// the proxy's control API: tools share the host's loopback unless confined,
@@ -118,7 +120,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// `GET /v1/invocations` answer.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct InvocationList {
-    pub invocations: Vec<crate::invoke::InvocationSummary>,
+    pub invocations: Vec<InvocationSummary>,
     /// The `after` of the next page; `null` on the last one.
     pub next: Option<String>,
 }
@@ -245,7 +247,7 @@ async fn list_invocations(
     ))]
 async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
     match exec.invocation(&id) {
-        Some(crate::invoke::Found::Done(kept)) => {
+        Some(Found::Done(kept)) => {
             // The kept JSON as it is, not parsed again.
             let result = kept.answer_json();
             let mut body = Vec::with_capacity(result.len() + 32);
@@ -254,13 +256,13 @@ async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String
             body.push(b'}');
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
-        Some(crate::invoke::Found::Running(s)) => Json(json!({"state": "running", "invocation": s})).into_response(),
+        Some(Found::Running(s)) => Json(json!({"state": "running", "invocation": s})).into_response(),
         None => api_error(
             StatusCode::NOT_FOUND,
             "not_found",
             format!(
                 "no invocation `{id}` running or among the last {} finished",
-                crate::invoke::JOURNAL_MAX
+                JOURNAL_MAX
             ),
         ),
     }

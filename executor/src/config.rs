@@ -1,10 +1,8 @@
 //! The executor's view of the shared config file. `egress-config` reads and
-//! validates the whole file (every problem at once, named by key path) and
-//! owns every type and default; this module picks what the executor uses:
-//! the proxy's control address, facts path and run lifetime, the binding of
-//! confined children (the hand-off socket both services derive from the
-//! file), `[executor]` and each tool's `[tools.<id>.process]`, with relative
-//! paths resolved against the file's directory made absolute.
+//! validates the whole file and owns every type and default; this module
+//! picks what the executor uses (the proxy's control address, facts path and
+//! run lifetime, the binding of confined children, `[executor]` and each
+//! tool's process section), relative paths made absolute.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -1,7 +1,8 @@
 //! Loom Egress executor: runs tools as single-use warm children bound to
-//! proxy runs, speaks the child protocol, enforces the cold-start and timeout
-//! clocks, and guarantees that a killed child leaves no process behind.
-//! See `docs/executor.md` for the lifecycle and `docs/protocol.md` for the wire.
+//! proxy runs. One room per stage, imports one way (`tests/arch/imports.py`
+//! checks it): `api` → `invoke` → `pool` → `process` / `proxy` → `confine` →
+//! the leaves every stage shares, `metrics` → `kill` → `error`, `config`, and
+//! `sys` (all the `unsafe`). `docs/architecture.md` draws it.
 
 pub mod api;
 pub mod config;
@@ -20,5 +21,6 @@ pub use egress_tool as tool;
 
 pub use config::Config;
 pub use error::{ErrorKind, InvocationResult, InvokeError, Phase};
-pub use invoke::{Answer, Executor, InvocationRequest};
+pub use invoke::dispatch::{Answer, InvocationRequest};
+pub use invoke::Executor;
 pub use sys::release_large_allocations;

@@ -279,7 +279,7 @@ fn true_probe(pid_namespace: bool) -> egress_executor::process::Launch<'static> 
 
 async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     let file = config.clone();
-    use egress_executor::confine::{Confinement, Layer};
+    use egress_executor::confine::{plan::Confinement, Layer};
     use egress_executor::process::{launch, Spawner};
     let config = Config::load(&config)?;
     let mut failed = false;
@@ -327,7 +327,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
     let host = egress_executor::confine::host(&config.executor);
     // A probe child in a cgroup of its own, so the report below can say how
     // children join theirs (clone3 CLONE_INTO_CGROUP or cgroup.procs).
-    if let Some(prepared) = egress_executor::confine::cgroup_probe(&host) {
+    if let Some(prepared) = egress_executor::confine::plan::cgroup_probe(&host) {
         match prepared {
             Ok(mut prep) => {
                 let cg = prep.cgroup.take();
@@ -380,7 +380,7 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
         println!("{:<32} {state:<4} {by}", v.protection.name());
     }
     println!();
-    for (what, detail) in egress_executor::confine::kernel_report(&host) {
+    for (what, detail) in egress_executor::confine::doctor::kernel_report(&host) {
         println!("{what:<32} {detail}");
     }
     if let Some(line) = cold_start_line(&spawner, &config, &host).await {
@@ -708,7 +708,7 @@ async fn cold_start_line(
     config: &Config,
     host: &egress_executor::confine::HostSupport,
 ) -> Option<String> {
-    use egress_executor::confine::Confinement;
+    use egress_executor::confine::plan::Confinement;
     use egress_executor::process::{launch, Launch};
     let p = egress_executor::config::ProcessConfig::ad_hoc(None, vec!["true".into()], "/".into());
     let strict = Confinement::for_tool("doctor-cold-start", &p, &config.executor, host).ok()?;
@@ -728,7 +728,7 @@ async fn cold_start_line(
             } else {
                 Default::default()
             };
-            let egress_executor::confine::Prepared {
+            let egress_executor::confine::plan::Prepared {
                 child,
                 listener,
                 cgroup,

@@ -4,50 +4,25 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
 use egress_e2e::harness::TOKEN;
-use egress_e2e::process::{rss_bytes, socket_activated, spawn_reporting, KillOnDrop};
+use egress_e2e::process::{rss_bytes, socket_activated, KillOnDrop};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-executor");
-
-/// Start `serve` and return it with the address it listens on (read from its log).
-fn serve(config: &std::path::Path) -> (Child, SocketAddr) {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--config"])
-        .arg(config)
-        .env("EGRESS_CONTROL_TOKEN", TOKEN)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1");
-    spawn_reporting(&mut cmd, "addr")
-}
 
 fn echo_config(dir: &TempDir, control: SocketAddr, marker: &str) -> std::path::PathBuf {
     dir.write(
         "echo.py",
         "def run(input, ctx):\n    ctx.emit({'seen': input})\n    return {'echo': input}\n",
     );
-    let runner = runners_dir().join("loom_runner.py");
-    write_config(
-        dir,
-        control,
-        true,
-        &format!(
-            r#"
-[tools.echo]
-egress = []
-[tools.echo.process]
-command = ["python3", "{}", "echo.py"]
-env = {{ LOOM_TEST_MARK = "{marker}" }}
-pool = {{ warm = 1, max = 1, queue = 0 }}
-"#,
-            runner.display()
-        ),
-    )
+    let process = format!("env = {{ LOOM_TEST_MARK = \"{marker}\" }}\npool = {{ warm = 1, max = 1, queue = 0 }}\n");
+    write_config(dir, control, true, &python_tool("echo", "echo.py", &process))
 }
 
 #[tokio::test]
@@ -59,7 +34,7 @@ async fn serve_answers_invocations_metrics_and_health() {
     let dir = TempDir::new("serve");
     let marker = uuid::Uuid::new_v4().simple().to_string();
     let cfg = echo_config(&dir, control.addr, &marker);
-    let (mut child, addr) = serve(&cfg);
+    let (mut child, addr) = serve(Path::new(BIN), &cfg, &[]);
 
     let (status, body) = http(addr, "GET", "/healthz", None).await;
     assert_eq!((status, body.as_str()), (200, "ok\n"));
@@ -147,7 +122,7 @@ def run(input, ctx):
     return 1
 "#,
     );
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     let cfg = write_config(
         &dir,
         control.addr,
@@ -164,7 +139,7 @@ pool = {{ warm = 2, max = 2 }}
             runner.display()
         ),
     );
-    let (mut child, _addr) = serve(&cfg);
+    let (mut child, _addr) = serve(Path::new(BIN), &cfg, &[]);
     let needle = format!("LOOM_TEST_MARK={marker}");
     // Two warm children, each with two descendants.
     assert!(
@@ -279,7 +254,7 @@ async fn serve_aborts_an_invocation_over_http() {
     let control = FakeControl::start().await;
     let dir = TempDir::new("httpabort");
     dir.write("slow.py", "import time\ndef run(input, ctx):\n    time.sleep(300)\n");
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     let cfg = write_config(
         &dir,
         control.addr,
@@ -289,7 +264,7 @@ async fn serve_aborts_an_invocation_over_http() {
             runner.display()
         ),
     );
-    let (mut child, addr) = serve(&cfg);
+    let (mut child, addr) = serve(Path::new(BIN), &cfg, &[]);
     let activated = control.activated.clone();
     let notified = activated.notified();
     let call = tokio::spawn(async move {
@@ -399,7 +374,7 @@ async fn sigterm_ends_warm_runs_and_leaves_no_child() {
     let dir = TempDir::new("sigterm");
     let marker = uuid::Uuid::new_v4().simple().to_string();
     let cfg = echo_config(&dir, control.addr, &marker);
-    let (mut child, _addr) = serve(&cfg);
+    let (mut child, _addr) = serve(Path::new(BIN), &cfg, &[]);
     let needle = format!("LOOM_TEST_MARK={marker}");
     assert!(eventually(Duration::from_secs(30), || marked_processes(&needle).len() == 1).await);
     Command::new("kill")
@@ -462,10 +437,10 @@ pool = {{ warm = 2, max = 2, queue = 4 }}
             control = control.addr,
             line = 16 * MB,
             run = 24 * MB,
-            runner = runners_dir().join("loom_runner.py").display(),
+            runner = python_runner().display(),
         ),
     );
-    let (child, addr) = serve(&cfg);
+    let (child, addr) = serve(Path::new(BIN), &cfg, &[]);
     let pid = child.id();
     // Killed even when an assertion fails (it may hold gigabytes then).
     let _child = KillOnDrop(child);

@@ -30,8 +30,8 @@ use egress_e2e::harness::{basic, TestProxy};
 use egress_e2e::origin::{canary, http_origin};
 use egress_e2e::unix_canary::UnixCanary;
 use egress_e2e::FakeDns;
-use egress_executor::confine::{Confinement, Layer};
-use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
+use egress_executor::confine::{plan::Confinement, Layer};
+use egress_executor::{Config, ErrorKind, InvocationRequest};
 use serde_json::{json, Value};
 
 type TestFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
@@ -560,7 +560,7 @@ async fn layer_alone(layers: &'static [Layer], fails: &'static [&'static str], s
 
 /// One invocation on a child confined by `layers` only (no pool).
 async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egress_executor::InvocationResult {
-    use egress_executor::pool::child::{self, Request, Shared, ToolSpec};
+    use egress_executor::pool::child::{Request, ToolSpec, Warm};
     let cfg = Config::load(cfg).unwrap();
     let host = egress_executor::confine::host(&cfg.executor);
     let process = cfg.tools["evil"].clone().unwrap();
@@ -568,13 +568,8 @@ async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egr
         .unwrap()
         .only(layers);
     let spec = std::sync::Arc::new(ToolSpec::new("evil", process, confinement));
-    let shared = std::sync::Arc::new(Shared::new(
-        egress_executor::process::Spawner::start().unwrap(),
-        egress_executor::proxy::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
-        egress_executor::metrics::Metrics::new(),
-        cfg.executor.clone(),
-    ));
-    let warm = child::start(&shared, &spec, None).await.unwrap();
+    let shared = shared(&cfg);
+    let warm = Warm::start(&shared, &spec, None).await.unwrap();
     let (result, teardown) = warm
         .dispatch(Request {
             input,
@@ -674,7 +669,7 @@ egress = ["denied.test:80", "127.0.0.2:{port}"]
         Fixture::Rust => format!("[\"{}\"]", me.display()),
         Fixture::Python | Fixture::PythonForked => format!(
             "[\"python3\", \"{}\", \"{}\"]",
-            runners_dir().join("loom_runner.py").display(),
+            python_runner().display(),
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/fixtures/malicious_tool.py")
                 .display()
@@ -716,7 +711,7 @@ fork_server = {forked}
         let mode = std::fs::metadata(&handoff).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the hand-off socket must be private to the proxy");
     }
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let exec = executor(&cfg);
     // The executor's own API, as a target.
     let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api_addr = api.local_addr().unwrap();
@@ -749,16 +744,7 @@ fork_server = {forked}
         "memory_mb": 3 * MEMORY_MB,
     });
     let res = match only {
-        None => {
-            exec.invoke(InvocationRequest {
-                tool: "evil".into(),
-                input,
-                run_id: None,
-                idempotency_key: None,
-                timeout_ms: None,
-            })
-            .await
-        }
+        None => exec.invoke(invocation("evil", input)).await,
         Some((layers, _, _)) => one_layer_invocation(&cfg, layers, input).await,
     };
     let e = res
@@ -1146,7 +1132,10 @@ async fn cpu_cap() {
         capped_ms < 400,
         "{capped_ms} ms of CPU in 1.5 s under cpu_percent = 5\n{out}"
     );
-    if matches!(host.cgroup, Some(egress_executor::confine::CgroupHost::V1 { .. })) {
+    if matches!(
+        host.cgroup,
+        Some(egress_executor::confine::cgroup::CgroupHost::V1 { .. })
+    ) {
         // v1: no cpu cgroup without the key (v2: one cgroup, without cpu.max).
         assert!(!free.contains("loom-egress"), "{free_out}");
     }
@@ -1226,16 +1215,10 @@ async fn runners_fetch() {
             js = runners.join("loom_runner.js").display(),
         ),
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let exec = executor(&cfg);
     let direct = proxy.proxy.to_string();
     let input = json!({"allowed": format!("http://127.0.0.2:{port}/"), "direct": direct});
-    let invoke = |tool: &str| InvocationRequest {
-        tool: tool.into(),
-        input: input.clone(),
-        run_id: None,
-        idempotency_key: None,
-        timeout_ms: None,
-    };
+    let invoke = |tool: &str| invocation(tool, input.clone());
     if python().is_some() {
         let res = exec.invoke(invoke("py")).await;
         let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
@@ -1362,14 +1345,8 @@ async fn runtime_pipes() {
             js = runners.join("loom_runner.js").display(),
         ),
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
-    let invoke = |tool: &str| InvocationRequest {
-        tool: tool.into(),
-        input: json!(null),
-        run_id: None,
-        idempotency_key: None,
-        timeout_ms: None,
-    };
+    let exec = executor(&cfg);
+    let invoke = |tool: &str| invocation(tool, json!(null));
     if python().is_some() {
         let res = exec.invoke(invoke("py")).await;
         let out = res.output.clone().unwrap_or_else(|| panic!("{res:#?}"));
@@ -1417,7 +1394,7 @@ async fn forked_children() {
     let proxy = proxy_beside(&dir, tools).await;
     let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/forked_probe.py");
     dir.write("pipes.py", PIPES_PY);
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     let marker = format!("LOOM_FORKED_{}", uuid::Uuid::new_v4().simple());
     let cfg = exec_config(
         &dir,
@@ -1434,7 +1411,7 @@ async fn forked_children() {
             p = probe.display(),
         ),
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let exec = executor(&cfg);
     let invoke = |tool: &str, input: Value| {
         let exec = exec.clone();
         let tool = tool.to_string();
@@ -1632,7 +1609,7 @@ async fn unprivileged() {
              [tools.st]\negress = []\n[tools.st.process]\ncommand = [\"true\"]\n\
              [tools.fs]\negress = []\n[tools.fs.process]\ncommand = [\"python3\", \"{}\", \"probe.py\"]\n\
              isolation = \"best_effort\"\nfork_server = true\n",
-            runners_dir().join("loom_runner.py").display()
+            python_runner().display()
         ),
     );
     // `run` builds every tool's plan: the best-effort tool alone in its own file.
@@ -1929,13 +1906,7 @@ async fn started_before_the_proxy() {
         "listen = \"127.0.0.1:0\"\n[tools.t]\negress = []\n[tools.t.process]\n\
          command = [\"python3\", \"stolen.py\"]\nprotocol = \"plain\"\npool = { warm = 1, max = 2 }\n",
     );
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_egress-executor"));
-    cmd.args(["serve", "--config"])
-        .arg(&cfg)
-        .env("EGRESS_CONTROL_TOKEN", TOKEN)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1");
-    let (child, api) = egress_e2e::process::spawn_reporting(&mut cmd, "addr");
+    let (child, api) = serve(Path::new(env!("CARGO_BIN_EXE_egress-executor")), &cfg, &[]);
     let mut child = egress_e2e::process::KillOnDrop(child);
     let (status, _) = http(api, "GET", "/healthz", None).await;
     assert_eq!(status, 200);
@@ -2007,7 +1978,7 @@ async fn created_bound() {
             // With the fake hand-off socket at the default path.
             egress_e2e::executor::write_config(&dir, control.addr, false, &tools)
         };
-        let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+        let exec = executor(&cfg);
         let before = control.create_bodies().len();
         let res = exec
             .invoke(InvocationRequest {
@@ -2071,7 +2042,7 @@ print("done")
              pool = {{ warm = 0, max = 1 }}\ntimeout_ms = 30000\n"
         ),
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let exec = executor(&cfg);
     let invocation = tokio::spawn({
         let exec = exec.clone();
         async move {
@@ -2154,16 +2125,8 @@ async fn failed_handoff() {
             dir.path().join("no-such.sock").display()
         ),
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "t".into(),
-            input: json!(null),
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
+    let exec = executor(&cfg);
+    let res = exec.invoke(invocation("t", json!(null))).await;
     let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
     assert_eq!(e.kind, ErrorKind::Startup, "{e:?}");
     assert!(
@@ -2270,22 +2233,14 @@ async fn private_tool_dir() {
              pool = {{ warm = 0, max = 1 }}\nfork_server = true\n",
             proxy.control,
             scratch.path().display(),
-            r = runners_dir().join("loom_runner.py").display(),
+            r = python_runner().display(),
         ),
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let exec = executor(&cfg);
     // Exec'd, and forked by its fork server (whose child fails the same
     // step, after its uid change, and says so).
     for tool in ["t", "f"] {
-        let res = exec
-            .invoke(InvocationRequest {
-                tool: tool.into(),
-                input: json!(1),
-                run_id: None,
-                idempotency_key: None,
-                timeout_ms: None,
-            })
-            .await;
+        let res = exec.invoke(invocation(tool, json!(1))).await;
         let e = res.error.clone().unwrap_or_else(|| panic!("{res:#?}"));
         assert_eq!(
             (e.kind, e.phase),

@@ -15,7 +15,7 @@ use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
 use egress_e2e::harness::TOKEN;
 use egress_e2e::postgres::Postgres;
-use egress_e2e::process::{free_addr, spawn_reporting, KillOnDrop};
+use egress_e2e::process::{free_addr, KillOnDrop};
 use serde_json::{json, Value};
 
 const DSN_ENV: &str = "EGRESS_FLEET_TEST_DSN";
@@ -30,6 +30,10 @@ def run(input, ctx):
 "#;
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-executor");
+
+/// The counting tool's process: unconfined, up to 4 children, none warm.
+const COUNT_PROCESS: &str =
+    "cold_start_ms = 20000\ntimeout_ms = 20000\npool = { warm = 0, max = 4 }\nisolation = \"off\"\n";
 
 struct Cell {
     _control: FakeControl,
@@ -56,16 +60,8 @@ advertise_executor = "http://{addr}"
 sink = "postgres"
 dsn_env = "{DSN_ENV}"
 
-[tools.count]
-egress = []
-[tools.count.process]
-command = ["python3", "{}", "count.py"]
-cold_start_ms = 20000
-timeout_ms = 20000
-pool = {{ warm = 0, max = 4 }}
-isolation = "off"
-"#,
-            runners_dir().join("loom_runner.py").display()
+{}"#,
+            python_tool("count", "count.py", COUNT_PROCESS)
         );
         let cfg = write_config(&dir, control.addr, false, &tools);
         let text = std::fs::read_to_string(&cfg).unwrap();
@@ -74,14 +70,7 @@ isolation = "off"
             text.replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\"")),
         )
         .unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--config"])
-            .arg(&cfg)
-            .env("EGRESS_CONTROL_TOKEN", TOKEN)
-            .env(DSN_ENV, dsn)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
-        let (child, reported) = spawn_reporting(&mut cmd, "addr");
+        let (child, reported) = serve(Path::new(BIN), &cfg, &[(DSN_ENV, dsn)]);
         assert_eq!(reported, addr);
         Cell {
             _control: control,

@@ -148,7 +148,7 @@ async fn create(control: SocketAddr, body: Value) -> (String, String) {
 async fn hand_over(sock: &std::path::Path, run: &str) -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    egress_executor::handoff::send(sock, run, &l).await.unwrap();
+    egress_executor::proxy::handoff::send(sock, run, &l).await.unwrap();
     addr
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
 use egress_e2e::harness::TOKEN;
-use egress_executor::{Config, ErrorKind, Executor, InvocationRequest};
+use egress_executor::{ErrorKind, Executor, InvocationRequest};
 use serde_json::{json, Value};
 
 const COUNTING_PY: &str = r#"
@@ -32,35 +32,21 @@ def run(input, ctx):
 "#;
 
 async fn setup(tag: &str) -> (FakeControl, TempDir, Arc<Executor>) {
-    let control = FakeControl::start().await;
     let dir = TempDir::new(tag);
     dir.write("count.py", COUNTING_PY);
-    let runner = runners_dir().join("loom_runner.py");
-    let tools = format!(
-        r#"
-[tools.count]
-egress = []
-[tools.count.process]
-command = ["python3", "{}", "count.py"]
-cold_start_ms = 20000
-timeout_ms = 20000
-pool = {{ warm = 0, max = 4 }}
-isolation = "off"
-"#,
-        runner.display()
+    let tools = python_tool(
+        "count",
+        "count.py",
+        "cold_start_ms = 20000\ntimeout_ms = 20000\npool = { warm = 0, max = 4 }\nisolation = \"off\"\n",
     );
-    let cfg = write_config(&dir, control.addr, false, &tools);
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.to_string())).unwrap();
+    let (control, exec) = beside_fake_control(&dir, false, &tools).await;
     (control, dir, exec)
 }
 
 fn req(input: Value, key: &str) -> InvocationRequest {
     InvocationRequest {
-        tool: "count".into(),
-        input,
-        run_id: None,
         idempotency_key: Some(key.into()),
-        timeout_ms: None,
+        ..invocation("count", input)
     }
 }
 
@@ -187,7 +173,7 @@ async fn check_and_doctor_fail_on_what_would_break_a_tool() {
     let control = FakeControl::start().await;
     let dir = TempDir::new("check");
     dir.write("count.py", COUNTING_PY);
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     // An argument that is only text to its program (a shell's `-c`) is
     // never taken for a file, however many slashes it has.
     let good = format!(

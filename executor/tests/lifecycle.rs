@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
-use egress_e2e::harness::TOKEN;
-use egress_executor::{Config, ErrorKind, Executor, InvocationRequest, Phase};
-use serde_json::{json, Value};
+use egress_executor::{ErrorKind, Executor, Phase};
+use serde_json::json;
 
 struct Env {
     control: FakeControl,
@@ -22,30 +21,16 @@ struct Env {
 /// A fake control API, a temp dir holding `files`, and an executor whose
 /// config has the given tool sections.
 async fn setup(tag: &str, pid_namespace: bool, tools: &str, files: &[(&str, &str)]) -> Env {
-    let control = FakeControl::start().await;
     let dir = TempDir::new(tag);
     for (name, body) in files {
         dir.write(name, body);
     }
-    let runner = runners_dir().join("loom_runner.py");
-    let tools = tools.replace("@RUNNER@", &runner.display().to_string());
-    let cfg = write_config(&dir, control.addr, pid_namespace, &tools);
-    let config = Config::load(&cfg).unwrap();
-    let exec = Executor::new(config, Some(TOKEN.to_string())).unwrap();
+    let tools = tools.replace("@RUNNER@", &python_runner().display().to_string());
+    let (control, exec) = beside_fake_control(&dir, pid_namespace, &tools).await;
     Env {
         control,
         _dir: dir,
         exec,
-    }
-}
-
-fn req(tool: &str, input: Value) -> InvocationRequest {
-    InvocationRequest {
-        tool: tool.into(),
-        input,
-        run_id: None,
-        idempotency_key: None,
-        timeout_ms: None,
     }
 }
 
@@ -93,7 +78,7 @@ async fn python_tool_round_trip_with_emits_env_and_run_lifecycle() {
         json!({"type": "EGRESS_DENIED", "seq": 1, "reason": "not_allowlisted",
         "target": {"kind": "connect", "host": "evil.example", "port": 443}}),
     ]);
-    let mut r = req("echo", json!({"q": "weather"}));
+    let mut r = invocation("echo", json!({"q": "weather"}));
     r.idempotency_key = Some("key-1".into());
     let res = env.exec.invoke(r).await;
     assert!(res.ok, "{res:?}");
@@ -199,8 +184,8 @@ async fn warm_children_are_single_use_and_refilled() {
     );
     let created_before = env.control.create_bodies().len();
     assert_eq!(created_before, 2);
-    let a = env.exec.invoke(req("echo", json!(1))).await;
-    let b = env.exec.invoke(req("echo", json!(2))).await;
+    let a = env.exec.invoke(invocation("echo", json!(1))).await;
+    let b = env.exec.invoke(invocation("echo", json!(2))).await;
     assert!(a.ok && b.ok, "{a:?} {b:?}");
     assert_ne!(a.run_id, b.run_id);
     // Each child served exactly one invocation: its module loaded once.
@@ -253,7 +238,7 @@ pool = {{ warm = 0, max = 2 }}
 /// visible in /proc, optionally abort; return the result.
 async fn run_hostile(env: &Env, marker: &str, abort: bool) -> egress_executor::InvocationResult {
     let exec = env.exec.clone();
-    let mut r = req("hostile", json!(null));
+    let mut r = invocation("hostile", json!(null));
     r.idempotency_key = Some(format!("abort-{marker}"));
     let task = tokio::spawn(async move { exec.invoke(r).await });
     let m = marker.to_string();
@@ -353,7 +338,7 @@ pool = {{ warm = 0, max = 1 }}
     );
     let env = setup("pgroup", false, &tools, &[("forker.py", FORKER_PY)]).await;
     let exec = env.exec.clone();
-    let task = tokio::spawn(async move { exec.invoke(req("forker", json!(null))).await });
+    let task = tokio::spawn(async move { exec.invoke(invocation("forker", json!(null))).await });
     let needle = format!("LOOM_TEST_MARK={marker}");
     assert!(eventually(Duration::from_secs(20), || marked_processes(&needle).len() >= 3).await);
     let res = task.await.unwrap();
@@ -390,7 +375,7 @@ pool = {{ warm = 0, max = 1 }}
 "#
     );
     let env = setup("daemon", false, &tools, &[("daemon.py", tool)]).await;
-    let res = env.exec.invoke(req("daemon", json!(null))).await;
+    let res = env.exec.invoke(invocation("daemon", json!(null))).await;
     assert!(res.ok, "{res:?}");
     assert_eq!(res.output, Some(json!("done")));
     // Documented weakness of process-group mode: the daemon survives. Clean up.
@@ -419,7 +404,7 @@ pool = {{ warm = 0, max = 1, queue = 0 }}
 async fn run_misbehaving(name: &str, body: &str, timeout_ms: u64) -> egress_executor::InvocationResult {
     let (tools, file, body) = misbehaving(name, body, timeout_ms);
     let env = setup(name, true, &tools, &[(&file, &body)]).await;
-    let res = env.exec.invoke(req(name, json!(null))).await;
+    let res = env.exec.invoke(invocation(name, json!(null))).await;
     // Whatever happened, the run was ended on the proxy.
     if let Some(id) = &res.run_id {
         assert_eq!(env.control.run_state(id).as_deref(), Some("ended"));
@@ -510,7 +495,7 @@ pool = { warm = 0, max = 1 }
         &[],
     )
     .await;
-    let res = env.exec.invoke(req("ghost", json!(null))).await;
+    let res = env.exec.invoke(invocation("ghost", json!(null))).await;
     let e = res.error.unwrap();
     assert_eq!((e.kind, e.phase), (ErrorKind::Startup, Some(Phase::Spawn)), "{e:?}");
     assert!(e.message.contains("not found"), "{e:?}");
@@ -536,7 +521,7 @@ pool = { warm = 0, max = 1 }
         &[],
     )
     .await;
-    let res = env.exec.invoke(req("mute", json!(null))).await;
+    let res = env.exec.invoke(invocation("mute", json!(null))).await;
     let e = res.error.unwrap();
     assert_eq!((e.kind, e.phase), (ErrorKind::Startup, Some(Phase::Spawn)), "{e:?}");
     assert!(e.message.contains("no `booted`"), "{e:?}");
@@ -549,7 +534,7 @@ async fn excess_invocations_are_busy() {
     let (tools, file, body) = misbehaving("slow", body, 60_000);
     let env = setup("busy", true, &tools, &[(&file, &body)]).await;
     let exec = env.exec.clone();
-    let mut first = req("slow", json!(null));
+    let mut first = invocation("slow", json!(null));
     first.idempotency_key = Some("first".into());
     let task = tokio::spawn(async move { exec.invoke(first).await });
     // Once the first invocation's run is active, the only slot is taken.
@@ -559,7 +544,7 @@ async fn excess_invocations_are_busy() {
     if pool.counts().2 == 0 {
         wait.await;
     }
-    let second = env.exec.invoke(req("slow", json!(null))).await;
+    let second = env.exec.invoke(invocation("slow", json!(null))).await;
     let e = second.error.unwrap();
     assert_eq!(e.kind, ErrorKind::Busy, "{e:?}");
     assert_eq!(e.kind.http_status(), 503);
@@ -585,7 +570,9 @@ async fn queued_invocation_gets_the_next_child() {
     let mut tasks = Vec::new();
     for i in 0..3 {
         let exec = env.exec.clone();
-        tasks.push(tokio::spawn(async move { exec.invoke(req("echo", json!(i))).await }));
+        tasks.push(tokio::spawn(
+            async move { exec.invoke(invocation("echo", json!(i))).await },
+        ));
     }
     let mut runs = Vec::new();
     for t in tasks {
@@ -608,7 +595,7 @@ async fn kernel_run_id_gets_a_dedicated_child() {
         &[("echo.py", ECHO_PY)],
     )
     .await;
-    let mut r = req("echo", json!("x"));
+    let mut r = invocation("echo", json!("x"));
     r.run_id = Some("kernel-run-7".into());
     let res = env.exec.invoke(r).await;
     assert!(res.ok, "{res:?}");
@@ -641,11 +628,11 @@ pool = { warm = 0, max = 1 }
     )
     .await;
     env.exec.warm_up();
-    let res = env.exec.invoke(req("plain", json!({"a": 1}))).await;
+    let res = env.exec.invoke(invocation("plain", json!({"a": 1}))).await;
     assert!(res.ok, "{res:?}");
     assert_eq!(res.output.unwrap()["stdout"], json!("got {\"a\":1}\n"));
     assert_eq!(res.exit.as_deref(), Some("exit code 0"));
-    let res = env.exec.invoke(req("failing", json!(null))).await;
+    let res = env.exec.invoke(invocation("failing", json!(null))).await;
     let e = res.error.clone().unwrap();
     assert_eq!(e.kind, ErrorKind::ToolError, "{res:?}");
     assert_eq!(e.message, "exited with exit code 3");
@@ -656,7 +643,7 @@ pool = { warm = 0, max = 1 }
 #[tokio::test]
 async fn unknown_tool_is_404() {
     let env = setup("unknown", true, "", &[]).await;
-    let res = env.exec.invoke(req("nope", json!(null))).await;
+    let res = env.exec.invoke(invocation("nope", json!(null))).await;
     let e = res.error.unwrap();
     assert_eq!(e.kind, ErrorKind::UnknownTool);
     assert_eq!(e.kind.http_status(), 404);
@@ -676,8 +663,8 @@ async fn proxy_down_is_a_proxy_error() {
         true,
         "[tools.t]\negress = []\n[tools.t.process]\ncommand = [\"true\"]\npool = { warm = 0, max = 1 }\n",
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
-    let res = exec.invoke(req("t", json!(null))).await;
+    let exec = executor(&cfg);
+    let res = exec.invoke(invocation("t", json!(null))).await;
     let e = res.error.unwrap();
     assert_eq!(e.kind, ErrorKind::Proxy, "{e:?}");
     assert!(e.message.contains("unreachable"), "{e:?}");
@@ -716,7 +703,7 @@ async fn warm_child_that_dies_is_replaced_and_never_handed_out() {
         .await
     );
     // The replacement serves the invocation.
-    let res = env.exec.invoke(req("echo", json!("after"))).await;
+    let res = env.exec.invoke(invocation("echo", json!("after"))).await;
     assert!(res.ok, "{res:?}");
     assert!(!marked_processes(&needle).contains(&victims[0]));
 }
@@ -727,7 +714,7 @@ async fn idle_warm_children_are_recycled_before_their_run_expires() {
     let control = FakeControl::start().await;
     let dir = TempDir::new("recycle");
     dir.write("echo.py", ECHO_PY);
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     let cfg = write_config(
         &dir,
         control.addr,
@@ -739,7 +726,7 @@ async fn idle_warm_children_are_recycled_before_their_run_expires() {
         .unwrap()
         .replace("[proxy]\n", "[proxy]\nmax_run_ms = 2000\n");
     std::fs::write(&cfg, text).unwrap();
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let exec = executor(&cfg);
     exec.warm_up();
     let e2 = exec.clone();
     assert!(
@@ -749,7 +736,7 @@ async fn idle_warm_children_are_recycled_before_their_run_expires() {
             .contains("executor_kills_total{tool=\"echo\",reason=\"recycled\"}"))
         .await
     );
-    let res = exec.invoke(req("echo", json!(1))).await;
+    let res = exec.invoke(invocation("echo", json!(1))).await;
     assert!(res.ok, "{res:?}");
 }
 
@@ -773,7 +760,7 @@ pool = {{ warm = 0, max = 1, queue = 0 }}
     let exec = env.exec.clone();
     let activated = env.control.activated.notified();
     // Like an HTTP client that disconnects: the invocation future is dropped.
-    let task = tokio::spawn(async move { exec.invoke(req("slow", json!("wait"))).await });
+    let task = tokio::spawn(async move { exec.invoke(invocation("slow", json!("wait"))).await });
     activated.await;
     task.abort();
     let pool = env.exec.pool("slow").unwrap().clone();
@@ -792,7 +779,7 @@ pool = {{ warm = 0, max = 1, queue = 0 }}
         "{m}"
     );
     // The single slot is free again.
-    let res = env.exec.invoke(req("slow", json!("now"))).await;
+    let res = env.exec.invoke(invocation("slow", json!("now"))).await;
     assert_eq!(res.output, Some(json!("quick")), "{res:?}");
 }
 
@@ -818,7 +805,7 @@ pool = { warm = 0, max = 1 }
     .await;
     // Process-group mode with a daemon that keeps fd 4 open: the exit itself
     // must end the start, not the cold-start clock.
-    let res = env.exec.invoke(req("quitter", json!(null))).await;
+    let res = env.exec.invoke(invocation("quitter", json!(null))).await;
     let e = res.error.unwrap();
     assert_eq!((e.kind, e.phase), (ErrorKind::Startup, Some(Phase::Load)), "{e:?}");
     assert!(e.message.contains("exit code 3"), "{e:?}");
@@ -850,7 +837,7 @@ async fn a_refused_activation_is_retried_on_a_fresh_child_and_an_unknown_one_is_
     let activations = |c: &FakeControl| c.calls().iter().filter(|c| c.starts_with("activate")).count();
 
     env.control.refuse_activations(409, 1);
-    let res = env.exec.invoke(req("slow", json!("again"))).await;
+    let res = env.exec.invoke(invocation("slow", json!("again"))).await;
     assert_eq!(res.output, Some(json!("again")), "{res:?}");
     assert_eq!(activations(&env.control), 2, "{:?}", env.control.calls());
     let m = env.exec.metrics().encode();
@@ -860,7 +847,7 @@ async fn a_refused_activation_is_retried_on_a_fresh_child_and_an_unknown_one_is_
     );
 
     env.control.refuse_activations(503, 1);
-    let res = env.exec.invoke(req("slow", json!("once"))).await;
+    let res = env.exec.invoke(invocation("slow", json!("once"))).await;
     let e = res.error.expect("the invocation fails");
     assert_eq!(e.kind, ErrorKind::Proxy, "{e:?}");
     assert!(e.message.contains("activating the run"), "{e:?}");

@@ -7,28 +7,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use egress_e2e::credentials::{api_credential, write_secret};
 use egress_e2e::executor::*;
-use egress_e2e::harness::TOKEN;
-use egress_e2e::process::{spawn_reporting, KillOnDrop};
-use egress_executor::{Config, Executor, InvocationRequest};
+use egress_e2e::stack::{proxy_bin, start_stack, Stack};
+use egress_executor::InvocationRequest;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// The proxy binary: `EGRESS_PROXY_BIN`, else beside this test's target dir
-/// (`cargo build -p egress-proxy` puts it there).
-fn proxy_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("EGRESS_PROXY_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    let p = exe.parent()?.parent()?.join("egress-proxy");
-    p.exists().then_some(p)
-}
 
 /// A one-response HTTP origin on 127.0.0.2:0.
 async fn origin() -> SocketAddr {
@@ -57,50 +43,6 @@ async fn origin() -> SocketAddr {
         }
     });
     addr
-}
-
-/// Start the proxy with `config` (ports 0) and read its control address
-/// from its JSON log.
-fn start_proxy(bin: &PathBuf, config: &std::path::Path) -> (KillOnDrop, SocketAddr) {
-    let mut cmd = Command::new(bin);
-    cmd.args(["serve", "--log-format", "json", "--config"])
-        .arg(config)
-        .env("EGRESS_CONTROL_TOKEN", TOKEN);
-    let (child, control) = spawn_reporting(&mut cmd, "control");
-    (KillOnDrop(child), control)
-}
-
-/// The proxy (from its binary) and an executor in this process, sharing
-/// one config: `tools` under a `[proxy]` whose only DNS server is
-/// `dns_addr` and which allows 127.0.0.2, and an `[executor]` section.
-fn start_stack(
-    bin: &PathBuf,
-    dir: &TempDir,
-    dns_addr: SocketAddr,
-    tools: &str,
-) -> (KillOnDrop, std::sync::Arc<Executor>) {
-    let config = |control: &str| {
-        format!(
-            r#"
-[proxy]
-listen = "127.0.0.1:0"
-control = "{control}"
-facts = "var/egress-facts.db"
-allow_ranges = ["127.0.0.2/32"]
-
-[proxy.dns]
-servers = ["{dns_addr}"]
-
-[executor]
-listen = "127.0.0.1:0"
-scratch_dir = "scratch"
-{tools}"#
-        )
-    };
-    let (proxy, control) = start_proxy(bin, &dir.write("proxy.toml", &config("127.0.0.1:0")));
-    let exec_cfg = dir.write("egress.toml", &config(&control.to_string()));
-    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
-    (proxy, exec)
 }
 
 const FETCH_PY: &str = r#"
@@ -140,7 +82,7 @@ async fn python_tool_fetches_through_the_real_proxy() {
     // A closed loopback port as the only DNS server: nothing may resolve.
     let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let dns_addr = dns.local_addr().unwrap();
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     let tools = format!(
         r#"
 [tools.fetcher]
@@ -155,18 +97,15 @@ timeout_ms = 20000
         port = origin.port(),
         runner = runner.display()
     );
-    let (proxy, exec) = start_stack(&bin, &dir, dns_addr, &tools);
+    let Stack { proxy, exec, .. } = start_stack(&bin, &dir, dns_addr, &tools);
     exec.warm_up();
     let pool = exec.pool("fetcher").unwrap().clone();
     assert!(eventually(Duration::from_secs(30), || pool.counts().0 == 1).await);
 
     let res = exec
         .invoke(InvocationRequest {
-            tool: "fetcher".into(),
-            input: json!(null),
-            run_id: None,
             idempotency_key: Some("e2e-1".into()),
-            timeout_ms: None,
+            ..invocation("fetcher", json!(null))
         })
         .await;
     assert!(res.ok, "{res:#?}");
@@ -225,7 +164,7 @@ async fn a_childs_environment_holds_the_placeholder_never_the_secret() {
     write_secret(&dir.path().join("api.token"), SECRET, 0o600);
     let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let dns_addr = dns.local_addr().unwrap();
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     let tools = format!(
         r#"
 [tools.envdump]
@@ -241,14 +180,11 @@ timeout_ms = 20000
         runner = runner.display(),
         credential = api_credential("envdump", "127.0.0.2:8080", "{ file = \"api.token\" }")
     );
-    let (proxy, exec) = start_stack(&bin, &dir, dns_addr, &tools);
+    let Stack { proxy, exec, .. } = start_stack(&bin, &dir, dns_addr, &tools);
     let res = exec
         .invoke(InvocationRequest {
-            tool: "envdump".into(),
-            input: json!(null),
-            run_id: None,
             idempotency_key: Some("e2e-cred-1".into()),
-            timeout_ms: None,
+            ..invocation("envdump", json!(null))
         })
         .await;
     assert!(res.ok, "{res:#?}");
@@ -330,16 +266,8 @@ timeout_ms = 20000
         runner = runner_path.display(),
         script = script.0
     );
-    let (proxy, exec) = start_stack(&bin, &dir, dns.addr, &tools);
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "httpsfetch".into(),
-            input: json!(null),
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
+    let Stack { proxy, exec, .. } = start_stack(&bin, &dir, dns.addr, &tools);
+    let res = exec.invoke(invocation("httpsfetch", json!(null))).await;
     assert!(res.ok, "{res:#?}");
     let out = res.output.clone().unwrap();
     assert_eq!(out["status"], 200, "{out}");

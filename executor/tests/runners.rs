@@ -4,27 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_e2e::executor::*;
-use egress_e2e::fake_control::FakeControl;
-use egress_e2e::harness::TOKEN;
-use egress_executor::{Config, ErrorKind, Executor, InvocationRequest, Phase};
+use egress_executor::{ErrorKind, Phase};
 use serde_json::json;
-
-fn req(tool: &str, input: serde_json::Value) -> InvocationRequest {
-    InvocationRequest {
-        tool: tool.into(),
-        input,
-        run_id: None,
-        idempotency_key: None,
-        timeout_ms: None,
-    }
-}
-
-async fn executor(dir: &TempDir, tools: &str) -> (FakeControl, std::sync::Arc<Executor>) {
-    let control = FakeControl::start().await;
-    let cfg = write_config(dir, control.addr, true, tools);
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
-    (control, exec)
-}
 
 #[tokio::test]
 async fn node_tool_through_the_js_runner() {
@@ -83,8 +64,8 @@ command = ["node", "{runner}", "broken.js"]
 pool = {{ warm = 0, max = 1 }}
 "#
     );
-    let (_control, exec) = executor(&dir, &tools).await;
-    let res = exec.invoke(req("weather", json!({"city": "Oslo"}))).await;
+    let (_control, exec) = beside_fake_control(&dir, true, &tools).await;
+    let res = exec.invoke(invocation("weather", json!({"city": "Oslo"}))).await;
     assert!(res.ok, "{res:?}");
     let out = res.output.unwrap();
     assert_eq!(out["city"], json!("Oslo"));
@@ -93,21 +74,21 @@ pool = {{ warm = 0, max = 1 }}
     assert_eq!(res.emits, vec![json!({"step": "lookup", "city": "Oslo"})]);
     assert_eq!(res.stdout, "looking up Oslo\n");
 
-    let res = exec.invoke(req("fails", json!(null))).await;
+    let res = exec.invoke(invocation("fails", json!(null))).await;
     let e = res.error.unwrap();
     assert_eq!(e.kind, ErrorKind::ToolError);
     assert_eq!(e.message, "RangeError: city unknown");
     assert!(e.stderr_tail.contains("RangeError"), "{e:?}");
 
     // The runner sends its result only after the tool's output is written.
-    let res = exec.invoke(req("loud", json!(null))).await;
+    let res = exec.invoke(invocation("loud", json!(null))).await;
     assert_eq!(res.output, Some(json!("done")), "{res:?}");
     assert_eq!(res.stdout.len(), 512 * 1024);
 
-    let res = exec.invoke(req("esm", json!(7))).await;
+    let res = exec.invoke(invocation("esm", json!(7))).await;
     assert_eq!(res.output, Some(json!({"esm": 7})), "{res:?}");
 
-    let res = exec.invoke(req("broken", json!(null))).await;
+    let res = exec.invoke(invocation("broken", json!(null))).await;
     let e = res.error.unwrap();
     assert_eq!((e.kind, e.phase), (ErrorKind::Startup, Some(Phase::Load)), "{e:?}");
     assert!(e.message.contains("cannot load model"), "{e:?}");
@@ -133,8 +114,9 @@ loom_runner.main(run)
 "#
         ),
     );
-    let (_control, exec) = executor(
+    let (_control, exec) = beside_fake_control(
         &dir,
+        true,
         // Confined by default: the runner's directory must be declared.
         &format!(
             "[tools.lib]\negress = []\n[tools.lib.process]\ncommand = [\"python3\", \"main.py\"]\n\
@@ -142,7 +124,7 @@ loom_runner.main(run)
         ),
     )
     .await;
-    let res = exec.invoke(req("lib", json!(21))).await;
+    let res = exec.invoke(invocation("lib", json!(21))).await;
     assert!(res.ok, "{res:?}");
     assert_eq!(res.output.unwrap(), json!({"doubled": 42}));
 }

@@ -6,8 +6,7 @@
 
 use egress_e2e::executor::*;
 use egress_e2e::fake_control::FakeControl;
-use egress_e2e::harness::TOKEN;
-use egress_executor::{Config, Executor, InvocationRequest};
+use egress_executor::InvocationRequest;
 use serde_json::json;
 
 fn main() {
@@ -45,14 +44,11 @@ async fn test() {
             me.display()
         ),
     );
-    let exec = Executor::new(Config::load(&cfg).unwrap(), Some(TOKEN.into())).unwrap();
+    let exec = executor(&cfg);
     exec.warm_up();
     let req = |input, key: &str| InvocationRequest {
-        tool: "recho".into(),
-        input,
-        run_id: None,
         idempotency_key: Some(key.into()),
-        timeout_ms: None,
+        ..invocation("recho", input)
     };
     let res = exec.invoke(req(json!([1, 2, 3]), "idem")).await;
     assert!(res.ok, "{res:?}");

@@ -15,26 +15,17 @@
 //! namespaces.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use egress_e2e::executor::*;
 use egress_e2e::harness::TOKEN;
-use egress_e2e::process::{spawn_reporting, KillOnDrop};
+use egress_e2e::postgres::Postgres;
+use egress_e2e::stack::{proxy_bin, start_stack, start_stack_with, Stack};
 use egress_e2e::FakeDns;
-use egress_executor::{Config, Executor, InvocationRequest};
+use egress_executor::InvocationRequest;
 use serde_json::{json, Value};
-
-fn proxy_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("EGRESS_PROXY_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    let p = exe.parent()?.parent()?.join("egress-proxy");
-    p.exists().then_some(p)
-}
 
 /// Why this host cannot run these tests, if it cannot.
 fn unable() -> Option<String> {
@@ -51,55 +42,6 @@ fn unable() -> Option<String> {
         return Some("no python3".into());
     }
     None
-}
-
-/// The proxy (from its binary) and an executor here, one config: `tools`
-/// under a `[proxy]` whose only DNS server is `dns` and which allows
-/// 127.0.0.2.
-fn start_stack(dir: &TempDir, dns: SocketAddr, tools: &str) -> (KillOnDrop, std::sync::Arc<Executor>) {
-    let (proxy, exec, _) = start_stack_at(dir, dns, tools);
-    (proxy, exec)
-}
-
-/// [`start_stack`], also giving the proxy's control address.
-fn start_stack_at(dir: &TempDir, dns: SocketAddr, tools: &str) -> (KillOnDrop, std::sync::Arc<Executor>, SocketAddr) {
-    start_stack_with(dir, dns, "", tools)
-}
-
-/// [`start_stack_at`] with more `[proxy]` keys (`proxy_extra`).
-fn start_stack_with(
-    dir: &TempDir,
-    dns: SocketAddr,
-    proxy_extra: &str,
-    tools: &str,
-) -> (KillOnDrop, std::sync::Arc<Executor>, SocketAddr) {
-    let config = |control: &str| {
-        format!(
-            r#"
-[proxy]
-listen = "127.0.0.1:0"
-control = "{control}"
-facts = "var/egress-facts.db"
-allow_ranges = ["127.0.0.2/32"]
-{proxy_extra}
-
-[proxy.dns]
-servers = ["{dns}"]
-
-[executor]
-listen = "127.0.0.1:0"
-scratch_dir = "scratch"
-{tools}"#
-        )
-    };
-    let mut cmd = Command::new(proxy_bin().unwrap());
-    cmd.args(["serve", "--log-format", "json", "--config"])
-        .arg(dir.write("proxy.toml", &config("127.0.0.1:0")))
-        .env("EGRESS_CONTROL_TOKEN", TOKEN);
-    let (child, control) = spawn_reporting(&mut cmd, "control");
-    let exec_cfg = dir.write("egress.toml", &config(&control.to_string()));
-    let exec = Executor::new(Config::load(&exec_cfg).unwrap(), Some(TOKEN.into())).unwrap();
-    (KillOnDrop(child), exec, control)
 }
 
 /// The tool: every client below ignores the proxy (the variables are
@@ -252,7 +194,7 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
     }
     // nft is there, so the kernel must take the rules (a failure here is
     // the setup's, not the host's, unless the kernel lacks nf_tables).
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
@@ -267,7 +209,7 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
     let ca = tls.write_ca(dir.path());
     dir.write("tool.py", TOOL_PY);
     dir.write("proxy_tool.py", PROXY_TOOL_PY);
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     let env = format!(
         "env = {{ WEB = \"{}\", TLS = \"{}\", DB = \"{}\", ORIGIN_CA = \"{}\" }}",
         web.addr.port(),
@@ -275,15 +217,7 @@ async fn unmodified_clients_reach_allowed_names_and_nothing_else() {
         db.port(),
         ca.display()
     );
-    // Strict where the host has every layer (it refuses to start
-    // otherwise); best_effort keeps what the host has.
-    let host = egress_executor::confine::host(&Default::default());
-    let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
-        "strict"
-    } else {
-        eprintln!("not every confinement layer here: the tools run best_effort");
-        "best_effort"
-    };
+    let isolation = strongest_isolation();
     let tools = format!(
         r#"
 [tools.tp]
@@ -314,17 +248,9 @@ timeout_ms = 30000
         runner = runner.display(),
         ca = ca.display(),
     );
-    let (proxy, exec) = start_stack(&dir, dns.addr, &tools);
+    let Stack { proxy, exec, .. } = start_stack(&proxy_bin().unwrap(), &dir, dns.addr, &tools);
     let input = json!({"curl": which("curl").is_some(), "node": node().is_some()});
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "tp".into(),
-            input,
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
+    let res = exec.invoke(invocation("tp", input)).await;
     assert!(res.ok, "{res:#?}");
     let out: Value = res.output.clone().unwrap();
     eprintln!("{out:#}");
@@ -438,15 +364,7 @@ timeout_ms = 30000
     assert!(!asked.iter().any(|q| q.contains("evil.test")), "{asked:?}");
 
     // A `network = "proxy"` tool: no name resolves, no connect leaves.
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "plain".into(),
-            input: json!({}),
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
+    let res = exec.invoke(invocation("plain", json!({}))).await;
     assert!(res.ok, "{res:#?}");
     let out = res.output.clone().unwrap();
     eprintln!("{out:#}");
@@ -492,14 +410,9 @@ async fn run_gives_an_ad_hoc_command_its_tools_transparent_network() {
     let dns = FakeDns::start().await;
     dns.set("web.test", &["127.0.0.2"]);
     let dir = TempDir::new("transparent-run");
-    let runner = runners_dir().join("loom_runner.py");
+    let runner = python_runner();
     dir.write("tool.py", "def run(input, ctx):\n    return None\n");
-    let host = egress_executor::confine::host(&Default::default());
-    let isolation = if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
-        "strict"
-    } else {
-        "best_effort"
-    };
+    let isolation = strongest_isolation();
     let tools = format!(
         r#"
 [tools.db]
@@ -517,7 +430,7 @@ pool = {{ warm = 0, max = 1 }}
         web = web.addr.port(),
         runner = runner.display(),
     );
-    let (proxy, exec) = start_stack(&dir, dns.addr, &tools);
+    let Stack { proxy, exec, .. } = start_stack(&proxy_bin().unwrap(), &dir, dns.addr, &tools);
     exec.shutdown();
     let out = tokio::task::spawn_blocking({
         let dir = dir.path().to_path_buf();
@@ -743,7 +656,7 @@ async fn a_pause_never_gets_a_transparent_connection_past_its_check() {
         eprintln!("SKIPPED a_pause_never_gets_a_transparent_connection_past_its_check: {why}");
         return;
     }
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
@@ -791,11 +704,18 @@ timeout_ms = 60000
         banner = banner.port(),
         runner = runners_dir().join("loom_runner.py").display(),
         ca = ca.display(),
-        isolation = isolation(),
+        isolation = strongest_isolation(),
     );
     // The head read timeout: well above the pauses (0.6 s), short enough
     // for the silent client's wait.
-    let (proxy, exec, control) = start_stack_with(&dir, dns.addr, "header_read_timeout_ms = 3000", &tools);
+    let Stack { proxy, exec, control } = start_stack_with(
+        &proxy_bin().unwrap(),
+        &dir,
+        dns.addr,
+        "header_read_timeout_ms = 3000",
+        &tools,
+        &[],
+    );
     let res = exec
         .invoke(InvocationRequest {
             tool: "pause".into(),
@@ -1033,7 +953,7 @@ async fn run_end_deadline_slots_and_identity_hold_on_transparent_connections() {
         eprintln!("SKIPPED run_end_deadline_slots_and_identity_hold_on_transparent_connections: {why}");
         return;
     }
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
@@ -1045,8 +965,8 @@ async fn run_end_deadline_slots_and_identity_hold_on_transparent_connections() {
     }
     let dir = TempDir::new("transparent-guards");
     dir.write("guard.py", GUARD_PY);
-    let runner = runners_dir().join("loom_runner.py");
-    let isolation = isolation();
+    let runner = python_runner();
+    let isolation = strongest_isolation();
     let tool = |id: &str, egress: &str, limits: &str| {
         format!(
             r#"
@@ -1078,15 +998,12 @@ timeout_ms = 30000
         format!("\n[tools.other]\negress = [\"web.test:{}\"]\n", web2.addr.port()),
     ]
     .concat();
-    let (proxy, exec, control) = start_stack_at(&dir, dns.addr, &tools);
+    let Stack { proxy, exec, control } = start_stack(&proxy_bin().unwrap(), &dir, dns.addr, &tools);
     let invoke = |tool: &str, input: Value, run_id: Option<&str>| {
         let exec = exec.clone();
         let req = InvocationRequest {
-            tool: tool.into(),
-            input,
             run_id: run_id.map(Into::into),
-            idempotency_key: None,
-            timeout_ms: None,
+            ..invocation(tool, input)
         };
         tokio::spawn(async move { exec.invoke(req).await })
     };
@@ -1230,93 +1147,6 @@ timeout_ms = 30000
     drop(proxy);
 }
 
-/// `strict` where the host has every confinement layer (it refuses to
-/// start otherwise); `best_effort` keeps what the host has.
-fn isolation() -> &'static str {
-    let host = egress_executor::confine::host(&Default::default());
-    if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
-        "strict"
-    } else {
-        eprintln!("not every confinement layer here: the tools run best_effort");
-        "best_effort"
-    }
-}
-
-/// Where PostgreSQL 15's programs are, if installed.
-fn postgres_bin() -> Option<PathBuf> {
-    let d = PathBuf::from("/usr/lib/postgresql/15/bin");
-    ["initdb", "postgres", "psql"]
-        .iter()
-        .all(|p| d.join(p).exists())
-        .then_some(d)
-}
-
-/// A PostgreSQL server (as the `postgres` user, trust auth) on
-/// `127.0.0.2:port`, its data in a fresh directory; stopped and removed on
-/// drop.
-struct Postgres {
-    port: u16,
-    dir: PathBuf,
-    _server: KillOnDrop,
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start_postgres(bin: &std::path::Path) -> Postgres {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("loom-egress-pg-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let chown = Command::new("chown")
-        .args(["-R", "postgres:postgres"])
-        .arg(&dir)
-        .status()
-        .unwrap();
-    assert!(chown.success(), "chown {}", dir.display());
-    let as_postgres = |prog: &str| {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(bin.join(prog));
-        c
-    };
-    let init = as_postgres("initdb")
-        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-        .arg(dir.join("data"))
-        .output()
-        .unwrap();
-    assert!(
-        init.status.success(),
-        "initdb: {}",
-        String::from_utf8_lossy(&init.stderr)
-    );
-    let port = egress_e2e::origin::port_free_on(&["127.0.0.2"]);
-    let server = as_postgres("postgres")
-        .arg("-D")
-        .arg(dir.join("data"))
-        .args(["-h", "127.0.0.2", "-p", &port.to_string(), "-k"])
-        .arg(&dir)
-        .args(["-c", "fsync=off"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = KillOnDrop(server);
-    let up = (0..100).any(|_| {
-        std::thread::sleep(Duration::from_millis(100));
-        std::net::TcpStream::connect(("127.0.0.2", port)).is_ok()
-    });
-    assert!(up, "postgres did not start on 127.0.0.2:{port}");
-    Postgres {
-        port,
-        dir,
-        _server: server,
-    }
-}
-
 /// `psql` (no proxy support at all) as the tool's client.
 const PSQL_PY: &str = r#"
 import os, subprocess
@@ -1346,14 +1176,14 @@ async fn psql_reaches_a_listed_database_and_nothing_else() {
         eprintln!("SKIPPED psql_reaches_a_listed_database_and_nothing_else: {why}");
         return;
     }
-    let Some(bin) = postgres_bin() else {
-        eprintln!("SKIPPED psql_reaches_a_listed_database_and_nothing_else: PostgreSQL 15 is not installed (apt-get install postgresql)");
-        return;
-    };
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
-    let pg = start_postgres(&bin);
+    // On 127.0.0.2, an address the stack's proxy may dial.
+    let Some(pg) = Postgres::start_in(None, "127.0.0.2") else {
+        eprintln!("SKIPPED psql_reaches_a_listed_database_and_nothing_else: no PostgreSQL here (see above)");
+        return;
+    };
     let dns = FakeDns::start().await;
     dns.set("db.test", &["127.0.0.2"]);
     dns.set("checked-db.test", &["127.0.0.2"]);
@@ -1374,20 +1204,12 @@ pool = {{ warm = 0, max = 1 }}
 timeout_ms = 60000
 "#,
         port = pg.port,
-        runner = runners_dir().join("loom_runner.py").display(),
-        psql = bin.join("psql").display(),
-        isolation = isolation(),
+        runner = python_runner().display(),
+        psql = Postgres::psql_program().display(),
+        isolation = strongest_isolation(),
     );
-    let (proxy, exec) = start_stack(&dir, dns.addr, &tools);
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "pg".into(),
-            input: json!({}),
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
+    let Stack { proxy, exec, .. } = start_stack(&proxy_bin().unwrap(), &dir, dns.addr, &tools);
+    let res = exec.invoke(invocation("pg", json!({}))).await;
     assert!(res.ok, "{res:#?}");
     let out = res.output.clone().unwrap();
     eprintln!("{out:#}");
@@ -1504,7 +1326,7 @@ async fn a_go_client_reaches_a_listed_name_and_nothing_else() {
         }
     };
     eprintln!("go client built in {:?}", started.elapsed());
-    if let Err(e) = egress_executor::confine::transparent_support() {
+    if let Err(e) = egress_executor::confine::transparent::support() {
         panic!("transparent egress cannot be set up on this host: {e}");
     }
     let web = egress_e2e::origin::http_origin("127.0.0.2:0").await;
@@ -1526,18 +1348,10 @@ pool = {{ warm = 0, max = 1 }}
 timeout_ms = 60000
 "#,
         bin = bin.display(),
-        isolation = isolation(),
+        isolation = strongest_isolation(),
     );
-    let (proxy, exec) = start_stack(&dir, dns.addr, &tools);
-    let res = exec
-        .invoke(InvocationRequest {
-            tool: "go".into(),
-            input: json!({}),
-            run_id: None,
-            idempotency_key: None,
-            timeout_ms: None,
-        })
-        .await;
+    let Stack { proxy, exec, .. } = start_stack(&proxy_bin().unwrap(), &dir, dns.addr, &tools);
+    let res = exec.invoke(invocation("go", json!({}))).await;
     assert!(res.ok, "{res:#?}");
     let out = res.output.clone().unwrap();
     eprintln!("{out:#}");

@@ -26,7 +26,7 @@ fn a_transparent_raw_relay_moves_no_byte_past_the_budget() {
     if !egress_e2e::netns::isolated("a_transparent_raw_relay_moves_no_byte_past_the_budget") {
         return;
     }
-    let nft = match egress_executor::transparent::nft() {
+    let nft = match egress_executor::confine::transparent::nft() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("SKIPPED: {e}");
@@ -64,7 +64,7 @@ async fn relay_within_the_budget(nft: std::path::PathBuf) {
         std::net::UdpSocket::bind("127.0.0.1:0").unwrap().into(),
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().into(),
     ];
-    egress_executor::handoff::send_transparent(&handoff, &run.id, &fds)
+    egress_executor::proxy::handoff::send_transparent(&handoff, &run.id, &fds)
         .await
         .unwrap();
     drop(fds);

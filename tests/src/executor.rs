@@ -1,14 +1,21 @@
-//! Support for the executor's integration tests: scratch directories, an
-//! executor config pointing at a control API, `/proc` scans for processes
-//! carrying a marker variable, a minimal client of the executor's API, and
-//! where the runners and interpreters are. The fake control API is
-//! [`crate::fake_control`], the fake hand-off socket [`crate::fake_handoff`].
+//! Support for the executor's integration tests and benchmarks: scratch
+//! directories, an executor config pointing at a control API and the
+//! executor made from it, invocations, the parts every child shares, the
+//! `serve` binary, `/proc` scans for marked processes, a minimal client of
+//! the executor's API, and where the runners and interpreters are. The fake
+//! control API is [`crate::fake_control`], the fake hand-off socket
+//! [`crate::fake_handoff`], the real proxy beside an executor [`crate::stack`].
 
+use crate::fake_control::FakeControl;
 use crate::fake_handoff::FakeHandoff;
 use crate::harness::TOKEN;
+use egress_executor::pool::child::Shared;
+use egress_executor::{Config, Executor, InvocationRequest};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -52,6 +59,21 @@ pub fn runners_dir() -> PathBuf {
     crate::process::repo_root().join("executor/runners")
 }
 
+/// The Python reference runner (`executor/runners/loom_runner.py`).
+pub fn python_runner() -> PathBuf {
+    runners_dir().join("loom_runner.py")
+}
+
+/// A `[tools.<id>]` section with no egress whose child runs `script` (a
+/// file in the config's directory) through the Python runner, its process
+/// section ending with `process` (more keys, each on a line).
+pub fn python_tool(id: &str, script: &str, process: &str) -> String {
+    format!(
+        "\n[tools.{id}]\negress = []\n[tools.{id}.process]\ncommand = [\"python3\", \"{}\", \"{script}\"]\n{process}",
+        python_runner().display()
+    )
+}
+
 /// A config file with `[proxy] control` pointing at `control` and the given
 /// tool sections appended; scratch inside `dir`. Like a real proxy beside
 /// the facts store, a [`FakeHandoff`] serves the default hand-off socket
@@ -76,6 +98,69 @@ stderr_cap_bytes = 4096
 "#
     );
     dir.write("egress.toml", &body)
+}
+
+/// The executor of the config file `cfg`, with the test control token.
+pub fn executor(cfg: &Path) -> Arc<Executor> {
+    Executor::new(Config::load(cfg).unwrap(), Some(TOKEN.into())).unwrap()
+}
+
+/// An executor beside a fresh [`FakeControl`]: `tools` in a config that
+/// [`write_config`] writes in `dir`.
+pub async fn beside_fake_control(dir: &TempDir, pid_namespace: bool, tools: &str) -> (FakeControl, Arc<Executor>) {
+    let control = FakeControl::start().await;
+    let cfg = write_config(dir, control.addr, pid_namespace, tools);
+    (control, executor(&cfg))
+}
+
+/// An invocation of `tool` with `input`, nothing else set.
+pub fn invocation(tool: &str, input: Value) -> InvocationRequest {
+    InvocationRequest {
+        tool: tool.into(),
+        input,
+        run_id: None,
+        idempotency_key: None,
+        timeout_ms: None,
+    }
+}
+
+/// What every child of `cfg` shares, for a test or benchmark that starts
+/// children without pools: the spawner thread, a control client with the
+/// test token, fresh metrics.
+pub fn shared(cfg: &Config) -> Arc<Shared> {
+    Arc::new(Shared::new(
+        egress_executor::process::Spawner::start().unwrap(),
+        egress_executor::proxy::control::ControlClient::new(cfg.control, &cfg.home, Some(TOKEN.into())),
+        egress_executor::metrics::Metrics::new(),
+        cfg.executor.clone(),
+    ))
+}
+
+/// `strict` where the host has every confinement layer (it refuses to start
+/// otherwise), else `best_effort`, which keeps what the host has (said on
+/// stderr).
+pub fn strongest_isolation() -> &'static str {
+    let host = egress_executor::confine::host(&Default::default());
+    if egress_executor::confine::Layer::ALL.iter().all(|l| host.available(*l)) {
+        "strict"
+    } else {
+        eprintln!("not every confinement layer here: the tools run best_effort");
+        "best_effort"
+    }
+}
+
+/// `egress-executor serve` (the binary at `bin`) on `cfg`, with the test
+/// control token and `env`, and the address its API listens on, read from
+/// its log.
+pub fn serve(bin: &Path, cfg: &Path, env: &[(&str, &str)]) -> (Child, SocketAddr) {
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--config"])
+        .arg(cfg)
+        .env("EGRESS_CONTROL_TOKEN", TOKEN)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied());
+    crate::process::spawn_reporting(&mut cmd, "addr")
 }
 
 /// Live (non-zombie) processes whose environment contains `marker`.

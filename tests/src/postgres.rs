@@ -1,5 +1,5 @@
-//! A throwaway PostgreSQL 15 for the fleet tests: `initdb` in a temp dir as
-//! the `postgres` user, the server on a loopback port of the OS's choice
+//! A throwaway PostgreSQL 15 for the fleet tests and transparent egress's
+//! `psql` client: `initdb` in a temp dir as the `postgres` user, the server on a loopback port of the OS's choice
 //! (unix socket in the same dir), queried with `psql`. Needs root (to run
 //! as `postgres`) and Debian's `postgresql` package; [`Postgres::start`]
 //! says loudly why it skips otherwise. [`Postgres::start_in`] runs it in a
@@ -36,7 +36,7 @@ impl Postgres {
     /// `host` there (and on its loopback), trusting every client.
     pub fn start_in(netns: Option<&str>, host: &str) -> Option<Postgres> {
         if !is_root() {
-            eprintln!("SKIPPED: the fleet's PostgreSQL tests need root (to run initdb as `postgres`)");
+            eprintln!("SKIPPED: a throwaway PostgreSQL needs root (to run initdb as `postgres`)");
             return None;
         }
         if !Path::new(BIN).join("initdb").exists() {
@@ -74,6 +74,11 @@ impl Postgres {
         }
         pg.resume();
         Some(pg)
+    }
+
+    /// PostgreSQL's own client.
+    pub fn psql_program() -> PathBuf {
+        Path::new(BIN).join("psql")
     }
 
     /// `program` of PostgreSQL's, as `postgres`, in its namespace.

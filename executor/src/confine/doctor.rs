@@ -1,10 +1,15 @@
-//! Layer by kernel feature: what each protection a confined child relies on
-//! is given by on this kernel, which layer stands in when the one meant for
-//! it is missing (an older Landlock ABI), and which protections are missing
-//! outright. A pure function of the probed features (`verdicts`), so the
-//! mapping documented in `docs/executor.md` (Hosts) is tested as a table;
-//! `strict` refuses to start only when a protection is missing, not when a
-//! feature is.
+//! What `doctor` reports of confinement beyond the layers: which layer gives
+//! each protection a confined child relies on on this kernel, or stands in
+//! for it (`verdicts`, a pure function of the probed features, tested as the
+//! table `docs/executor.md` shows), and the kernel's details
+//! (`kernel_report`).
+
+use std::path::Path;
+
+use crate::confine::cgroup::v2::{kill_file_supported, EXECUTOR_LEAF};
+use crate::confine::cgroup::CgroupHost;
+use crate::confine::{HostSupport, Layer};
+use crate::sys;
 
 /// What the kernel and the executor's privileges give (probed by `confine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -132,7 +137,10 @@ pub fn landlock_rights(abi: i32) -> String {
     s
 }
 
-/// Every protection's verdict on a host with `f`.
+/// Every protection's verdict on a host with `f`: given by the layer meant
+/// for it, by a stand-in when this kernel lacks that layer's feature (an
+/// older Landlock ABI), or missing outright. `strict` refuses to start only
+/// when a protection is missing, not when a feature is.
 pub fn verdicts(f: &Features) -> Vec<Verdict> {
     let ll = |min: i32, what: &'static str| (f.landlock_abi >= min).then_some(what);
     Protection::ALL
@@ -190,6 +198,86 @@ pub fn verdicts(f: &Features) -> Vec<Verdict> {
             }
         })
         .collect()
+}
+
+/// What the kernel gives beyond the layers, for `doctor`: Landlock rights,
+/// seccomp, user namespaces, the PID namespace, the cgroup version and
+/// controllers and how children join their cgroup.
+pub fn kernel_report(host: &HostSupport) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    out.push(("landlock rights".to_string(), landlock_rights(host.landlock_abi)));
+    out.push((
+        "seccomp".to_string(),
+        if host.available(Layer::Seccomp) {
+            "filter mode (SECCOMP_SET_MODE_FILTER), x32 and foreign arches guarded".into()
+        } else {
+            "absent".into()
+        },
+    ));
+    let read = |f: &str| std::fs::read_to_string(f).ok().map(|s| s.trim().to_string());
+    let max_userns = read("/proc/sys/user/max_user_namespaces").unwrap_or_else(|| "?".into());
+    let unpriv = read("/proc/sys/kernel/unprivileged_userns_clone")
+        .map(|v| format!(", unprivileged_userns_clone {v}"))
+        .unwrap_or_default();
+    out.push((
+        "user namespaces".to_string(),
+        format!(
+            "max_user_namespaces {max_userns}{unpriv}; children cannot create one (seccomp denies unshare and namespace flags of clone; clone3 fails with ENOSYS)"
+        ),
+    ));
+    out.push((
+        "PID namespace per child".to_string(),
+        if host.pid_namespace {
+            "yes: signals and process visibility confined to the child's tree".into()
+        } else {
+            "no ([executor] pid_namespace = false, or not permitted)".into()
+        },
+    ));
+    let root = Path::new("/sys/fs/cgroup");
+    let version = if root.join("cgroup.controllers").exists() {
+        "v2 (unified)"
+    } else if root.join("unified/cgroup.controllers").exists() {
+        "v1 + v2 (hybrid)"
+    } else if root.join("memory").exists() || root.join("pids").exists() {
+        "v1"
+    } else {
+        "none"
+    };
+    let detail = match &host.cgroup {
+        Some(CgroupHost::V1 { memory, pids, cpu }) => format!(
+            "{version}; per-child cgroups under {} and {}{}; children join by writing cgroup.procs before exec",
+            memory.display(),
+            pids.display(),
+            cpu.as_ref().map_or_else(
+                || " (no writable cpu hierarchy: no cpu_percent)".into(),
+                |c| format!(" and {}", c.display())
+            )
+        ),
+        Some(CgroupHost::V2 { dir, cpu }) => {
+            let controllers = read(&format!("{}/cgroup.controllers", dir.display())).unwrap_or_default();
+            let kill = if dir.join(format!("{EXECUTOR_LEAF}/cgroup.kill")).exists()
+                || root.join("cgroup.kill").exists()
+                || kill_file_supported(dir)
+            {
+                "cgroup.kill kills each tree at once"
+            } else {
+                "no cgroup.kill (kernel < 5.14): process-group and PID-namespace kills"
+            };
+            format!(
+                "{version}; delegated subtree {} (controllers: {controllers}); executor in {EXECUTOR_LEAF}; {kill}; {}; {}",
+                dir.display(),
+                sys::clone_into_cgroup_report(),
+                if *cpu {
+                    "cpu delegated (cpu_percent)"
+                } else {
+                    "cpu not delegated: no cpu_percent"
+                }
+            )
+        }
+        None => format!("{version}; no cgroup layer"),
+    };
+    out.push(("cgroup".to_string(), detail));
+    out
 }
 
 #[cfg(test)]

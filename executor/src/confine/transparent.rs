@@ -1,31 +1,18 @@
 //! Transparent egress, the executor's side (`network = "transparent"`): the
-//! child's network namespace is made so that an unmodified client reaches
-//! the proxy without knowing it. Inside the namespace, on the thread that
-//! created it (`sys::new_netns_with`):
-//!
-//! - routes `default dev lo` (IPv4 with source `127.0.0.1`, IPv6 with `::1`),
-//!   so a connect to any address is routed at all (rtnetlink, [`routes`]);
-//! - the nftables table [`RULESET`] (applied by `nft -f -`, spawned from that
-//!   thread, so it runs in the namespace): DNS to any server (UDP and TCP
-//!   port 53) is redirected to `127.0.0.1:53`, every other TCP connect to a
-//!   non-loopback address to port 3127 (`SO_ORIGINAL_DST` keeps where it was
-//!   going), and every other packet to a non-loopback address is dropped
-//!   (UDP first, in the named counter [`UDP_DROPPED`]: QUIC, DNS over other
-//!   ports, anything; read by [`udp_dropped`] once the child is gone);
-//! - the four sockets of `egress_api::handoff::TRANSPARENT`, handed to the
-//!   proxy for the run beside the proxy listener. The DNS pair is bound on
-//!   `[::]:53` accepting IPv4 too, so a `resolv.conf` that names only IPv6
-//!   nameservers resolves as well as one naming IPv4 ones.
-//!
-//! The proxy answers DNS with synthetic addresses for listed names only and
-//! decides every redirected connection as its other entrances do. The
-//! namespace is the fence: nothing here decides anything.
+//! child's network namespace made so that an unmodified client reaches the
+//! proxy without knowing it (routes, an nftables redirect, four sockets
+//! handed to the proxy; see `set_up`). The proxy decides; the namespace is
+//! the fence, and nothing here decides anything.
 
+use std::collections::HashSet;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use crate::sys;
 
 /// Port of the in-namespace listeners every redirected TCP connection ends on.
 pub const PORT: u16 = 3127;
@@ -57,6 +44,29 @@ pub const RULESET: &str = "table inet loom {
 }
 ";
 
+/// Whether transparent egress works on this host (probed once, when a
+/// transparent tool or `doctor` first asks): `nft` is there, and a
+/// namespace gets its routes, rules and sockets. `Ok` says what it costs.
+pub fn support() -> Result<String, String> {
+    static SUPPORT: OnceLock<Result<String, String>> = OnceLock::new();
+    SUPPORT
+        .get_or_init(|| {
+            let nft = nft()?;
+            let t0 = std::time::Instant::now();
+            let made = sys::new_netns_with(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), move || {
+                set_up(&nft)
+            });
+            match made {
+                Ok(_) => Ok(format!(
+                    "nftables redirect in each child's namespace (set up in {:.1} ms here, kept ready in the background)",
+                    t0.elapsed().as_secs_f64() * 1e3
+                )),
+                Err(e) => Err(format!("cannot set up a transparent namespace: {e}")),
+            }
+        })
+        .clone()
+}
+
 /// Where `nft` is looked for (the executor's own `PATH` is not trusted to
 /// name it, and may be empty under a service manager).
 const NFT_PATHS: &[&str] = &["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft", "/bin/nft"];
@@ -77,7 +87,22 @@ pub fn nft() -> Result<PathBuf, String> {
 
 /// Sets up the calling thread's (new, empty) network namespace for
 /// transparent egress and returns its four sockets, in the hand-off's order.
-/// Only on a thread that is inside the namespace and exits after.
+/// Only on a thread that is inside the namespace and exits after
+/// (`sys::new_netns_with`):
+///
+/// - routes `default dev lo` (IPv4 with source `127.0.0.1`, IPv6 with `::1`),
+///   so a connect to any address is routed at all (rtnetlink, [`routes`]);
+/// - the nftables table [`RULESET`] (applied by `nft -f -`, spawned from that
+///   thread, so it runs in the namespace): DNS to any server (UDP and TCP
+///   port 53) is redirected to `127.0.0.1:53`, every other TCP connect to a
+///   non-loopback address to port 3127 (`SO_ORIGINAL_DST` keeps where it was
+///   going), and every other packet to a non-loopback address is dropped
+///   (UDP first, in the named counter [`UDP_DROPPED`]: QUIC, DNS over other
+///   ports, anything; read by [`udp_dropped`] once the child is gone);
+/// - the four sockets of `egress_api::handoff::TRANSPARENT`, handed to the
+///   proxy for the run beside the proxy listener. The DNS pair is bound on
+///   `[::]:53` accepting IPv4 too, so a `resolv.conf` that names only IPv6
+///   nameservers resolves as well as one naming IPv4 ones.
 pub fn set_up(nft: &Path) -> io::Result<[OwnedFd; 4]> {
     routes()?;
     apply(nft, RULESET)?;
@@ -145,13 +170,46 @@ fn apply(nft: &Path, rules: &str) -> io::Result<()> {
     run_nft(nft, &["-f", "-"], rules).map(drop)
 }
 
+/// Pids of the executor's own short-lived helper processes (`nft` setting up a
+/// transparent namespace), which the reaper's sweep (`process::reaper`)
+/// leaves alone. Held across their spawn, so a sweep never sees one that is
+/// not listed yet.
+static HELPERS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
+
+/// Runs `spawn` (which starts one helper process and returns it) with the
+/// helper list locked, and lists the helper's pid until `wait` is done.
+pub fn helper<C, T>(
+    spawn: impl FnOnce() -> std::io::Result<C>,
+    pid: impl Fn(&C) -> u32,
+    wait: impl FnOnce(C) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let child = {
+        let mut helpers = HELPERS.lock().unwrap_or_else(|p| p.into_inner());
+        let child = spawn()?;
+        helpers.get_or_insert_with(HashSet::new).insert(pid(&child) as i32);
+        child
+    };
+    let id = pid(&child) as i32;
+    let out = wait(child);
+    if let Some(h) = HELPERS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        h.remove(&id);
+    }
+    out
+}
+
+/// The helper list, locked: held by the reaper's sweep across its scan, so
+/// no helper is spawned meanwhile unlisted.
+pub fn helpers() -> MutexGuard<'static, Option<HashSet<i32>>> {
+    HELPERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Runs `nft <args>` with `input` on its stdin in the calling thread's
 /// namespace; its stdout, or why it failed.
 fn run_nft(nft: &Path, args: &[&str], input: &str) -> io::Result<String> {
     use std::io::Write as _;
     // Listed as the executor's own helper while it runs: the subreaper's
     // sweep kills every other child it did not spawn.
-    let out = crate::process::reaper::helper(
+    let out = helper(
         || {
             Command::new(nft)
                 .args(args)
@@ -262,6 +320,26 @@ fn routes() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A helper is listed (so a sweep passes it by) from before its spawn
+    /// returns until it has been waited for.
+    #[test]
+    fn a_helper_is_listed_while_it_runs() {
+        let listed = |pid: i32| HELPERS.lock().unwrap().as_ref().is_some_and(|h| h.contains(&pid));
+        let mut seen = 0;
+        let status = helper(
+            || std::process::Command::new("true").spawn(),
+            |c| c.id(),
+            |mut c| {
+                seen = c.id() as i32;
+                assert!(listed(seen));
+                c.wait()
+            },
+        )
+        .unwrap();
+        assert!(status.success());
+        assert!(!listed(seen));
+    }
 
     #[test]
     fn the_route_message_is_well_formed() {

@@ -1,10 +1,7 @@
 //! What the executor keeps of finished invocations' answers — for
 //! `GET /v1/invocations/{id}` and for repeated idempotency keys — bounded in
-//! bytes by `[executor] journal_max_mb`. An answer is kept as its exact JSON,
-//! so the count is the bytes held, whatever shape the tool gave its output.
-//! Over the per-entry cap (a quarter of the budget), or once newer answers
-//! need the room (oldest first), the body is dropped: a stub stays with the
-//! outcome, the sizes and the SHA-256 of the dropped JSON.
+//! bytes by `[executor] journal_max_mb`: each answer as its exact JSON, or,
+//! once its body is dropped, a stub with its outcome, sizes and SHA-256.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,7 +16,11 @@ use crate::error::{BodyDropped, DropReason, InvocationResult, InvokeError};
 /// Longest error message a stub keeps (bytes; cut at a character boundary).
 pub const STUB_MESSAGE_MAX: usize = 512;
 
-/// The byte-bounded store of answers.
+/// The byte-bounded store of answers. An answer is kept as its exact JSON, so
+/// the count is the bytes held, whatever shape the tool gave its output.
+/// Over the per-entry cap (a quarter of the budget), or once newer answers
+/// need the room (oldest first), the body is dropped: a stub stays with the
+/// outcome, the sizes and the SHA-256 of the dropped JSON.
 #[derive(Debug)]
 pub struct Retained {
     budget: usize,

@@ -1,10 +1,13 @@
-//! Per-tool pools of single-use warm children. Keeps `pool.warm` children
-//! ready ahead of demand, never more than `pool.max` alive, hands ready
-//! children to waiting invocations in FIFO order (bounded queue, then
-//! `busy`), refills in the background with backoff after failures.
+//! Per-tool pools of single-use warm children: `pool.warm` ready ahead of
+//! demand, never more than `pool.max` alive, handed to waiting invocations in
+//! FIFO order (bounded queue, then `busy`), refilled in the background with
+//! backoff after failures. One child's life: `child`, `start`, `converse`,
+//! and the child protocol it speaks, `protocol`.
 
 pub mod child;
+pub mod converse;
 pub mod protocol;
+pub mod start;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -458,7 +461,7 @@ async fn child_task(pool: Arc<Pool>, dedicated: Option<(String, oneshot::Sender<
         Some((r, tx)) => (Some(r), Some(tx)),
         None => (None, None),
     };
-    let mut warm: Warm = match child::start(&pool.shared, &pool.tool, run_id.as_deref()).await {
+    let mut warm: Warm = match Warm::start(&pool.shared, &pool.tool, run_id.as_deref()).await {
         Ok(w) => w,
         Err(e) => {
             pool.on_start_failed(e, dedicated_tx);

@@ -1,20 +1,7 @@
 //! The fork-server stage (`fork_server = true`): a tool's reference Python
 //! runner booted once (`loom_runner.py --fork-server`) forks each child
-//! instead of the spawner starting a fresh interpreter.
-//!
-//! The server is started by the spawner like any child, in a session and a
-//! network namespace of its own, with nothing of the executor but a pidfd
-//! of it. It never runs tool code and never sees what a child is given: for
-//! each child the spawner thread sends it one socket, the server forks with
-//! `CLONE_PARENT` (so the child is the executor's own child, reaped, killed
-//! and waited for through its pidfd like any other) and answers the pid; the
-//! spawner then sends the child its specification on that socket (its
-//! environment, fds 0-4 and the confinement prepared for it: network
-//! namespace, cgroup, rlimits, ids, Landlock ruleset, seccomp programs), and
-//! the child applies it in the order `sys` applies it before `exec`, answers
-//! `ok` (or the stage that failed and its errno), and only then loads the
-//! tool. If the server is gone, children start the old way and
-//! `executor_fork_server_up` says so.
+//! instead of the spawner starting a fresh interpreter; each child still
+//! takes its own confinement before any tool code loads (see `ForkServer`).
 
 use std::fmt::Write as _;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -33,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::{Process, Spawner};
 use crate::config::ProcessConfig;
-use crate::confine::Confinement;
+use crate::confine::plan::Confinement;
 use crate::sys::{ChildSpec, Started};
 
 /// How long the server may take to answer a fork, and a child to apply its
@@ -43,6 +30,20 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_SPEC_BYTES: usize = 1 << 20;
 
 /// A tool's fork server, started on first use.
+///
+/// The server is started by the spawner like any child, in a session and a
+/// network namespace of its own, with nothing of the executor but a pidfd
+/// of it. It never runs tool code and never sees what a child is given: for
+/// each child the spawner thread sends it one socket, the server forks with
+/// `CLONE_PARENT` (so the child is the executor's own child, reaped, killed
+/// and waited for through its pidfd like any other) and answers the pid; the
+/// spawner then sends the child its specification on that socket (its
+/// environment, fds 0-4 and the confinement prepared for it: network
+/// namespace, cgroup, rlimits, ids, Landlock ruleset, seccomp programs), and
+/// the child applies it in the order `sys` applies it before `exec`, answers
+/// `ok` (or the stage that failed and its errno), and only then loads the
+/// tool. If the server is gone, children start the old way and
+/// `executor_fork_server_up` says so.
 #[derive(Debug)]
 pub struct ForkServer {
     tool: String,

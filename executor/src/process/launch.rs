@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::unix::pipe;
 
+use egress_tool::protocol::{IPC_FDS_VALUE, IPC_FDS_VAR};
+
 use super::{Capture, ForkServer, Process, Spawner};
 use crate::sys::{ChildConfine, ChildSpec};
 
@@ -40,7 +42,7 @@ pub fn dev_null() -> io::Result<OwnedFd> {
 }
 
 /// The executor's own variables: the proxy's `env` may not set them.
-const OWN_ENV: [&str; 4] = [crate::pool::protocol::IPC_FDS_VAR, "TMPDIR", "PATH", "LANG"];
+const OWN_ENV: [&str; 4] = [IPC_FDS_VAR, "TMPDIR", "PATH", "LANG"];
 
 /// The whole environment of a child: nothing is inherited from the executor.
 /// `egress` is what the proxy gave the run (proxy variables, credential
@@ -57,10 +59,7 @@ pub fn child_env(
         .filter(|(k, _)| !OWN_ENV.contains(&k.as_str()) && !extra.contains_key(*k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    env.push((
-        crate::pool::protocol::IPC_FDS_VAR.into(),
-        crate::pool::protocol::IPC_FDS_VALUE.into(),
-    ));
+    env.push((IPC_FDS_VAR.into(), IPC_FDS_VALUE.into()));
     env.push(("TMPDIR".into(), tmpdir.display().to_string()));
     env.push(("PATH".into(), path.to_string()));
     env.push(("LANG".into(), lang.to_string()));

@@ -1,8 +1,8 @@
 //! Child processes, one stage per file: `spawner` creates them on a
-//! dedicated long-lived thread, `launch` prepares what a child gets (scrubbed
-//! environment, program, fds) and starts it, `capture` keeps its output, and
-//! `handle` kills its whole tree and reaps it through its pidfd; `fork`
-//! keeps a tool's fork server, which forks children instead.
+//! long-lived thread, `launch` gives a child its scrubbed environment,
+//! program and fds and starts it, `capture` keeps its output, `handle` kills
+//! its whole tree and reaps it; `fork` keeps a tool's fork server, which
+//! forks children instead, and `reaper` catches descendants that escape.
 
 mod capture;
 mod fork;

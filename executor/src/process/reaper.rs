@@ -1,9 +1,8 @@
 //! Catching descendants that escaped their process group. With
 //! `PR_SET_CHILD_SUBREAPER` set on the executor, an orphaned descendant of a
-//! child is re-parented to the executor instead of to init; any child of the
-//! executor that the spawner did not create is such an escapee, and a sweep
-//! SIGKILLs and reaps it. Only the binary enables this (a library host may
-//! have children of its own).
+//! child is re-parented to the executor; any child the spawner did not create
+//! is such an escapee, and a sweep SIGKILLs and reaps it. Only the binary
+//! enables this (a library host may have children of its own).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,31 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustix::process::{Pid, Signal, WaitOptions};
 
-/// Pids of the executor's own short-lived helper processes (`nft` setting up a
-/// transparent namespace), which a sweep leaves alone. Held across their
-/// spawn, so a sweep never sees one that is not listed yet.
-static HELPERS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
-
-/// Runs `spawn` (which starts one helper process and returns it) with the
-/// helper list locked, and lists the helper's pid until `wait` is done.
-pub fn helper<C, T>(
-    spawn: impl FnOnce() -> std::io::Result<C>,
-    pid: impl Fn(&C) -> u32,
-    wait: impl FnOnce(C) -> std::io::Result<T>,
-) -> std::io::Result<T> {
-    let child = {
-        let mut helpers = HELPERS.lock().unwrap_or_else(|p| p.into_inner());
-        let child = spawn()?;
-        helpers.get_or_insert_with(HashSet::new).insert(pid(&child) as i32);
-        child
-    };
-    let id = pid(&child) as i32;
-    let out = wait(child);
-    if let Some(h) = HELPERS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-        h.remove(&id);
-    }
-    out
-}
+use crate::confine::transparent;
 
 /// Pids of the children the spawner created and has not reaped yet, and
 /// whether this process is a subreaper.
@@ -81,7 +56,7 @@ impl Reaper {
         }
         let me = rustix::process::getpid().as_raw_nonzero().get();
         let known = self.known();
-        let helpers = HELPERS.lock().unwrap_or_else(|p| p.into_inner());
+        let helpers = transparent::helpers();
         let mut found = 0;
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return 0;
@@ -127,26 +102,6 @@ mod tests {
                 .map(|p| p.as_raw_nonzero().get())
                 .unwrap_or(0)
         );
-    }
-
-    /// A helper is listed (so a sweep passes it by) from before its spawn
-    /// returns until it has been waited for.
-    #[test]
-    fn a_helper_is_listed_while_it_runs() {
-        let listed = |pid: i32| HELPERS.lock().unwrap().as_ref().is_some_and(|h| h.contains(&pid));
-        let mut seen = 0;
-        let status = helper(
-            || std::process::Command::new("true").spawn(),
-            |c| c.id(),
-            |mut c| {
-                seen = c.id() as i32;
-                assert!(listed(seen));
-                c.wait()
-            },
-        )
-        .unwrap();
-        assert!(status.success());
-        assert!(!listed(seen));
     }
 
     #[test]

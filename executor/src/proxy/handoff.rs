@@ -1,11 +1,8 @@
-//! The executor's side of the listener hand-off: give the proxy the listening
-//! socket created inside a confined child's network namespace, tagged with the
-//! child's run id, over the proxy's hand-off socket (the one `egress-config`
-//! derives for both services, see `binding`). The proxy then accepts there
-//! itself and binds every connection to that run; the executor keeps no copy.
-//! Every connection to the socket is checked first (`binding::vet`): a
-//! listener never goes to a socket another user could have put there.
-//! Wire: `egress_api::handoff`.
+//! The executor's side of the listener hand-off (wire: `egress_api::handoff`):
+//! the listening socket created inside a confined child's network namespace,
+//! sent with the child's run id over the proxy's hand-off socket, checked
+//! first (`socket::vet`); the proxy then accepts there itself and binds every
+//! connection to that run, and the executor keeps no copy.
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
@@ -17,6 +14,8 @@ use egress_api::handoff::{ERROR, MAGIC, OK, PROBE, TRANSPARENT};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
+
+use crate::proxy::socket;
 
 /// How long one hand-off may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -53,7 +52,7 @@ async fn exchange(path: &Path, msg: &str, fds: &[BorrowedFd<'_>]) -> io::Result<
 }
 
 async fn exchange_inner(path: &Path, msg: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    crate::proxy::binding::vet(path).map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
+    socket::vet(path).map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
     let mut stream = UnixStream::connect(path)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
