@@ -48,7 +48,7 @@ async fn relay_within_the_budget(nft: std::path::PathBuf) {
     let p = TestProxy::start_with(
         &format!("handoff = \"{}\"", handoff.display()),
         &format!(
-            "[tools.t]\negress = [\"127.0.0.2:{port}\"]\nmax_bytes_per_run = {BUDGET}\nmax_concurrent_fetches = 32\nfetch_timeout_ms = 60000\n"
+            "[tools.t]\nnetwork = \"transparent\"\negress = [{{ host = \"127.0.0.2\", port = {port}, protocol = \"tcp\" }}]\nmax_bytes_per_run = {BUDGET}\nmax_concurrent_fetches = 32\nfetch_timeout_ms = 60000\n[tools.t.process]\ncommand = [\"true\"]\n"
         ),
         None,
     )
