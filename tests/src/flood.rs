@@ -19,7 +19,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -306,32 +305,8 @@ async fn answer(counts: Arc<Counts>, mut req: Request<Incoming>) -> Result<Respo
 
 /// A TLS acceptor for `name` with a CA of its own (returned as PEM).
 fn tls_acceptor(name: &str, h2: bool) -> (tokio_rustls::TlsAcceptor, String) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(rcgen::DnType::CommonName, "flood origin CA");
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec![name.to_owned()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone(), ca_cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-        )
-        .unwrap();
-    config.alpn_protocols = if h2 {
-        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
-    } else {
-        vec![b"http/1.1".to_vec()]
-    };
-    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_cert.pem())
+    let (config, ca) = crate::tls_origin::test_server_config(&[name], crate::tls_origin::alpn(h2));
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca)
 }
 
 /// The tool's TLS inside a CONNECT tunnel `stream` (already answered
@@ -343,25 +318,7 @@ pub async fn tls_inside(
     name: &str,
     h2: bool,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
-        .unwrap();
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = if h2 {
-        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
-    } else {
-        vec![b"http/1.1".to_vec()]
-    };
-    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(server, stream)
-        .await
+    crate::inside::connect(ca_pem, name, crate::tls_origin::alpn(h2), stream).await
 }
 
 /// The request body of [`h2_client`]'s requests: frames sent through a channel.

@@ -11,7 +11,6 @@ use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -110,30 +109,7 @@ async fn answer(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Response<Body
 /// Starts an HTTPS origin on `addr` whose certificate names `names`,
 /// offering `h2` by ALPN when `h2` (else HTTP/1.1 only).
 pub async fn h2_origin(addr: &str, names: &[&str], h2: bool) -> H2Origin {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "test h2 origin CA");
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-    let leaf = CertificateParams::new(names).unwrap().signed_by(&key, &issuer).unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone(), ca_cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-        )
-        .unwrap();
-    config.alpn_protocols = if h2 {
-        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
-    } else {
-        vec![b"http/1.1".to_vec()]
-    };
+    let (config, ca_pem) = crate::tls_origin::test_server_config(names, crate::tls_origin::alpn(h2));
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let l = TcpListener::bind(addr).await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -161,9 +137,5 @@ pub async fn h2_origin(addr: &str, names: &[&str], h2: bool) -> H2Origin {
             });
         }
     });
-    H2Origin {
-        addr,
-        ca_pem: ca_cert.pem(),
-        seen,
-    }
+    H2Origin { addr, ca_pem, seen }
 }

@@ -35,12 +35,12 @@ impl Got {
 
 /// TLS over `stream` (a tunnel) for `name`, trusting `ca_pem` only,
 /// offering `alpn`.
-pub async fn tls(
+pub async fn connect(
     ca_pem: &str,
     name: &str,
-    alpn: &[u8],
+    alpn: &[&[u8]],
     stream: TcpStream,
-) -> tokio_rustls::client::TlsStream<TcpStream> {
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     roots
@@ -51,12 +51,21 @@ pub async fn tls(
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(server, stream)
         .await
-        .unwrap()
+}
+
+/// [`connect`] offering `alpn` alone, which must succeed.
+pub async fn tls(
+    ca_pem: &str,
+    name: &str,
+    alpn: &[u8],
+    stream: TcpStream,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    connect(ca_pem, name, &[alpn], stream).await.unwrap()
 }
 
 /// One HTTP/1.1 request (`Connection: close`) with `headers` (`name:

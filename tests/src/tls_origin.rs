@@ -58,6 +58,16 @@ impl TlsOrigin {
     }
 }
 
+/// The ALPN offer of a test server or client: `h2` and `http/1.1`, or
+/// `http/1.1` alone.
+pub fn alpn(h2: bool) -> &'static [&'static [u8]] {
+    if h2 {
+        &[b"h2", b"http/1.1"]
+    } else {
+        &[b"http/1.1"]
+    }
+}
+
 /// A TLS server configuration for `names` under a test CA of its own,
 /// offering `alpn`; and that CA, PEM (what the proxy is to trust).
 pub fn test_server_config(names: &[&str], alpn: &[&[u8]]) -> (rustls::ServerConfig, String) {
