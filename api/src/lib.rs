@@ -10,6 +10,7 @@
 
 pub mod activation;
 pub mod handoff;
+pub mod mcp;
 pub mod rules;
 
 use serde::{Deserialize, Serialize};
