@@ -4,7 +4,8 @@ both the PyPI `websockets` package.
   ws.py serve [--cert C --key K]
       An echo origin on 127.0.0.2 (wss with a certificate): prints its port, then one JSON
       line per event: the handshake (path, Authorization, extensions offered) and every
-      message received. Text and binary messages are echoed back.
+      message received. Text and binary messages are echoed back; on /ws/reflect the echo
+      also carries the handshake's bearer credential (a reflection).
 
   ws.py client URI [--forward] [--hold] [--split] [--big N] [--binary TEXT] [TEXT ...]
       Connects through the proxy of the run's env: for wss:// the package's own proxy support
@@ -46,12 +47,19 @@ async def origin(cert, key):
         out(event="open", path=ws.request.path, authorization=h.get("Authorization"),
             extensions=h.get("Sec-WebSocket-Extensions"))
         try:
+            # /ws/reflect answers each message with the message and the
+            # credential the handshake carried (a reflection, as a careless
+            # API does), in the message's own type.
+            token = (h.get("Authorization") or "").removeprefix("Bearer ")
+            reflect = ws.request.path == "/ws/reflect"
             async for m in ws:
                 if isinstance(m, bytes):
                     out(event="binary", data=m.decode("utf-8", "replace"))
+                    reply = m + b" " + token.encode() if reflect else m
                 else:
                     out(event="text", data=m)
-                await ws.send(m)
+                    reply = f"{m} {token}" if reflect else m
+                await ws.send(reply)
         except ConnectionClosed:
             pass
         out(event="closed")

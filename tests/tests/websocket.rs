@@ -429,6 +429,54 @@ async fn rewrite_websocket_puts_the_secret_in_text_and_takes_it_out_of_the_echo(
     assert!(scrubs >= 6, "{v}");
 }
 
+/// An origin that reflects the credential in its messages (text and
+/// binary) gives the tool the placeholder, never the secret, whether or not
+/// the tool's own messages are rewritten: a handshake that carried a
+/// credential has its origin's frames read and scrubbed like a response
+/// body, and offers no extension (a compressed message could not be
+/// scrubbed).
+#[tokio::test]
+async fn a_reflected_secret_reaches_the_tool_as_the_placeholder_in_every_mode() {
+    for rewrite in [false, true] {
+        let w = world(rewrite, 20_000).await;
+        let (run, env) = w.run().await;
+        for (uri, forward, origin, var, secret) in w.ways("/ws/reflect") {
+            let placeholder = env[var].clone();
+            let events = client(&env, &uri, forward, &["hello", "--binary", "bin"]).await;
+            assert_eq!(events[0]["status"], 101, "{uri}: {events:?}");
+            let replies: Vec<&Value> = events
+                .iter()
+                .filter(|e| e["event"] == "reply")
+                .map(|e| &e["data"])
+                .collect();
+            assert_eq!(
+                replies,
+                [
+                    json!(format!("hello {placeholder}")),
+                    json!(format!("bin {placeholder}"))
+                ]
+                .iter()
+                .collect::<Vec<_>>(),
+                "rewrite_websocket = {rewrite}, {uri}: the reflected secret {secret} is scrubbed"
+            );
+            let opened = origin.wait("open", 1).await;
+            assert!(
+                opened[0]["extensions"].is_null(),
+                "{uri}: no extension is offered on a credential's handshake: {}",
+                opened[0]
+            );
+        }
+        let v = w.run_view(&run).await;
+        let scrubs: u64 = v["credential_scrubs"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert!(scrubs >= 4, "rewrite_websocket = {rewrite}: {v}");
+    }
+}
+
 #[tokio::test]
 async fn a_binary_message_with_the_placeholder_is_credential_misuse() {
     let w = world(true, 20_000).await;

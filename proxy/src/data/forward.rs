@@ -116,7 +116,7 @@ pub(super) async fn forward(
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if websocket {
-        websocket::handshake_headers(&mut headers, websocket::rewrites(credentials.as_ref()));
+        websocket::handshake_headers(&mut headers, websocket::reads_frames(credentials.as_ref()));
     }
     if let Ok(v) = HeaderValue::from_str(&target.host_header()) {
         headers.insert(header::HOST, v);
@@ -265,7 +265,7 @@ async fn switch(
     fx.set_status(resp.status().as_u16());
     let origin = hyper::upgrade::on(&mut resp);
     let (mut parts, mut body) = resp.into_parts();
-    let rewrite = websocket::rewrites(ws.credentials.as_ref());
+    let rewrite = websocket::reads_frames(ws.credentials.as_ref());
     let injected = ws.credentials.as_ref().map(|c| &c.tool);
     let scrubbed = scrub::response(
         sh,

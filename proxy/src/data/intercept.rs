@@ -312,7 +312,7 @@ impl Origin {
             .any(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
         strip_hop_by_hop(&mut headers);
         if inside.websocket {
-            websocket::handshake_headers(&mut headers, websocket::rewrites(inside.credentials.as_ref()));
+            websocket::handshake_headers(&mut headers, websocket::reads_frames(inside.credentials.as_ref()));
         }
         if let Ok(v) = HeaderValue::from_str(&host_header(&self.target)) {
             headers.insert(header::HOST, v);
@@ -442,7 +442,7 @@ impl Origin {
         let origin = hyper::upgrade::on(&mut resp);
         let (mut parts, mut body) = resp.into_parts();
         let injected = inside.credentials.as_ref();
-        let rewrite = websocket::rewrites(injected);
+        let rewrite = websocket::reads_frames(injected);
         let checked = scrub::response(
             &self.sh,
             injected.map(|c| &c.tool),

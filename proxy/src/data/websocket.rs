@@ -10,15 +10,17 @@
 //!
 //! What flows after the handshake is bounded like a tunnel: by the fetch
 //! deadline, the idle timeout, the run's end and shutdown, with the slot
-//! held and the bytes counted. Its frames pass untouched, unless a
-//! credential for the host sets `rewrite_websocket`: then [`relay`] reads
-//! them ([`wsframe`]), at most [`MAX_MESSAGE`] bytes a message. The
-//! placeholder in the tool's text messages becomes the secret, a binary
+//! held and the bytes counted. Its frames pass untouched, unless the
+//! handshake carried a credential: then [`relay`] reads the origin's
+//! frames ([`wsframe`]), at most [`MAX_MESSAGE`] bytes a message, and the
+//! secret in every message and control frame becomes the placeholder
+//! ([`scrub`]), as in a response body. When a credential for the host also
+//! sets `rewrite_websocket`, the tool's frames are read too: the
+//! placeholder in its text messages becomes the secret, and a binary
 //! message (or control frame) carrying a placeholder or a secret is
 //! `credential_misuse` ([`policy::websocket_message`]) and closes the
-//! connection, and the secret in the origin's text messages (and control
-//! frames) becomes the placeholder ([`scrub`]). So that frames are
-//! readable, the handshake then offers no extension (`permessage-deflate`).
+//! connection. So that frames are readable, a handshake that carries a
+//! credential offers no extension (`permessage-deflate`).
 
 use crate::data::decide;
 use crate::data::finish::Finish;
@@ -37,7 +39,7 @@ use std::io;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
-/// The largest message (and frame) the proxy reads when it rewrites frames:
+/// The largest message (and frame) the proxy reads when it reads frames:
 /// a longer one closes the connection (`1009`).
 pub const MAX_MESSAGE: usize = 1 << 20;
 
@@ -52,14 +54,20 @@ pub fn handshake_headers(h: &mut HeaderMap, rewrite: bool) {
     }
 }
 
-/// Whether a credential written into this handshake rewrites frames.
-pub fn rewrites(inj: Option<&Injection>) -> bool {
-    inj.is_some_and(|i| {
-        i.creds
-            .iter()
-            .filter_map(|&c| i.tool.credentials.get(c))
-            .any(|c| c.rewrite_websocket)
-    })
+/// Whether the proxy reads the frames of this handshake's connection: it
+/// does whenever a credential was written into it, so that the origin's
+/// messages are scrubbed of the secret like a response body.
+pub fn reads_frames(inj: Option<&Injection>) -> bool {
+    inj.is_some_and(|i| !i.creds.is_empty())
+}
+
+/// Whether a credential written into this handshake asks for the tool's
+/// messages to be rewritten (`rewrite_websocket`).
+fn rewrites(inj: &Injection) -> bool {
+    inj.creds
+        .iter()
+        .filter_map(|&c| inj.tool.credentials.get(c))
+        .any(|c| c.rewrite_websocket)
 }
 
 /// A `101` whose frames the proxy is to read but which negotiated an
@@ -75,9 +83,9 @@ pub fn check_accepted(rewrite: bool, h: &HeaderMap) -> Result<(), Unreadable> {
     }
 }
 
-/// What a connection whose frames are read needs: the policy it was
-/// decided on, the run's placeholders and the secrets to put for them,
-/// and the scrubber of the origin's messages.
+/// What a connection whose frames are read needs: the scrubber of the
+/// origin's messages and, when the tool's are rewritten too, the policy it
+/// was decided on, the run's placeholders and the secrets to put for them.
 pub struct Rewrite {
     up: ToOrigin,
     scrub: Option<Scrub>,
@@ -90,15 +98,18 @@ struct ToOrigin {
     run: Arc<Run>,
     tool: Arc<ToolPolicy>,
     target: Target,
+    /// Whether the tool's frames are read and rewritten; otherwise they go
+    /// to the origin as they came.
+    rewrite: bool,
     /// (placeholder, secret) of each credential with `rewrite_websocket`.
     pairs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Rewrite {
-    /// The rewriting of a handshake that carried `inj`, or `None` when no
-    /// credential of it asks for it.
+    /// The frame reading of a handshake that carried `inj`, or `None` when
+    /// it carried no credential.
     pub fn new(sh: &Arc<Shared>, run: &Arc<Run>, target: &Target, inj: Option<&Injection>) -> Option<Rewrite> {
-        let inj = inj.filter(|i| rewrites(Some(i)))?;
+        let inj = inj.filter(|i| reads_frames(Some(i)))?;
         let pairs = inj
             .creds
             .iter()
@@ -116,6 +127,7 @@ impl Rewrite {
                 run: run.clone(),
                 tool: inj.tool.clone(),
                 target: target.clone(),
+                rewrite: rewrites(inj),
                 pairs,
             },
             scrub: Scrub::new(&inj.tool, run, &sh.metrics.credential_scrubs),
@@ -148,10 +160,11 @@ impl ToOrigin {
     }
 }
 
-/// A message (or control frame) of the origin, as it goes to the tool:
-/// text and control payloads scrubbed of the secret, binary ones as they came.
+/// A message (or control frame) of the origin, as it goes to the tool,
+/// scrubbed of the secret whatever its opcode: a binary message carries a
+/// reflected secret as well as a text one.
 fn to_tool_frame(scrub: &mut Option<Scrub>, opcode: u8, payload: Vec<u8>) -> Vec<u8> {
-    let Some(scrub) = scrub.as_mut().filter(|_| opcode != wsframe::BINARY) else {
+    let Some(scrub) = scrub.as_mut() else {
         return wsframe::encode(true, opcode, &payload, None);
     };
     let mut out = scrub.chunk(Bytes::from(payload), true).to_vec();
@@ -208,7 +221,8 @@ fn close_frame(code: u16, reason: &str, mask: Option<[u8; 4]>) -> Vec<u8> {
 }
 
 /// Joins the tool's and the origin's upgraded connections until both end
-/// or one breaks; reads the frames when `rewrite` is given. When the proxy
+/// or one breaks; reads the origin's frames (and the tool's, when they
+/// are rewritten) when `rewrite` is given. When the proxy
 /// closes the connection (a denied message: `1008` and its fact; an
 /// oversize one: `1009`; a protocol error: `1002`) the outcome goes in
 /// `finish`. The bounds (deadline, idle, run end) are the caller's.
@@ -225,7 +239,15 @@ where
     };
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = tokio::io::split(upstream);
-    let r = tokio::try_join!(to_origin(&mut cr, &mut uw, &up), to_tool(&mut ur, &mut cw, &mut scrub));
+    let up_side = async {
+        if up.rewrite {
+            return to_origin(&mut cr, &mut uw, &up).await;
+        }
+        tokio::io::copy(&mut cr, &mut uw).await?;
+        let _ = uw.shutdown().await;
+        Ok(())
+    };
+    let r = tokio::try_join!(up_side, to_tool(&mut ur, &mut cw, &mut scrub));
     let (code, outcome, text) = match r {
         Ok(_) => return Ok(()),
         Err(Stop::Io(e)) => return Err(e),
