@@ -124,7 +124,7 @@ fn server_config(resolver: Arc<dyn rustls::server::ResolvesServerCert>) -> Resul
         .with_cert_resolver(resolver);
     config.ignore_client_order = true;
     // h2 first: a tool that speaks it gets it (each stream one request,
-    // `data::streams`); the rest keep HTTP/1.1.
+    // `data::entrance::h2`); the rest keep HTTP/1.1.
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(tls)?;

@@ -5,7 +5,7 @@
 //! answers, and exports Prometheus metrics.
 //!
 //! The code is laid out by plane (`docs/architecture.md` walks it):
-//! - `data/`: the decision path of one fetch (`data::fetch`, one function
+//! - `data/`: the decision path of one fetch (`data::entrance::http`, one function
 //!   per step) and what its steps use;
 //! - `control/`: the kernels' API (runs, facts, decisions, owners, policy,
 //!   SSE, reload, suggestion, replay);

@@ -288,12 +288,12 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         None,
         shared.data_admission.clone(),
     ));
-    if let Some(h) = crate::data::handoff::socket(&pc, own_sink) {
-        let senders = crate::data::handoff::Senders::new(&cfg.executor);
-        match crate::data::handoff::bind(&h.path) {
+    if let Some(h) = crate::data::entrance::handoff::socket(&pc, own_sink) {
+        let senders = crate::data::entrance::handoff::Senders::new(&cfg.executor);
+        match crate::data::entrance::handoff::bind(&h.path) {
             Ok(l) => {
                 tracing::info!(socket = %h.path.display(), only_root = senders.only_root(), "receiving listener hand-offs");
-                tasks.spawn(crate::data::handoff::serve(shared.clone(), l, senders));
+                tasks.spawn(crate::data::entrance::handoff::serve(shared.clone(), l, senders));
             }
             Err(source) if h.explicit => return Err(StartError::Handoff { path: h.path, source }),
             Err(e) => {

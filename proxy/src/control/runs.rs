@@ -330,7 +330,8 @@ pub(super) async fn create_grant(
         .resolve(&name)
         .await
         .map_err(|e| not_permitted(format!("{name} cannot be resolved now ({e:?}): nothing to grant")))?;
-    let vetted = crate::data::policy::vet(&resolved, port, &policy.ranges, false, &sh.me, &sh.host_addrs.load());
+    let vetted =
+        crate::data::decide::policy::vet(&resolved, port, &policy.ranges, false, &sh.me, &sh.host_addrs.load());
     if vetted.allowed.is_empty() {
         let denied: Vec<String> = resolved.iter().map(|i| i.to_string()).collect();
         return Err(not_permitted(format!(

@@ -1,45 +1,12 @@
-//! The data plane: what happens to a request on the proxy listener (or on a
-//! listener handed over for one run). [`fetch`] is the forward and CONNECT
-//! entrance, one function per step; [`decide`] holds the decisions every
-//! entrance shares (run, target, allowlist, credentials, each denial
-//! recorded), on the pure [`policy`] functions. The other modules are what
-//! the steps use: [`auth`] (the run credential), [`target`] (the canonical
-//! target), [`upstream`] (dial the vetted addresses, HTTP/1.1 handshake),
-//! [`forward`] (plain HTTP) with [`inject`] (credentials written into the
-//! request) and [`scrub`] (secrets taken out of the response, which
-//! [`relayed`] says it can read), [`tunnel`]
-//! (CONNECT), [`intercept`] (a CONNECT whose TLS the proxy terminates, with
-//! `ca` leaves; HTTP/2 inside it within the bounds of [`streams`]), [`websocket`] (a WebSocket after its handshake, on
-//! either, with the frame codec [`wsframe`] when frames are rewritten),
-//! [`body`] (bodies bounded by the deadline and the run),
-//! [`finish`] (the fetch's outcome, once), [`respond`] (denial and error
-//! answers), [`handoff`] (listeners handed over by the executor). The
-//! resolver (`dns`) and the proxy's own addresses (`addrs`) are shared state.
+//! The data plane: many entrances around one decider. An [`entrance`] parses
+//! what arrives on the proxy listener (or on a listener handed over for one
+//! run) into the canonical target and request facts; [`decide`] decides it
+//! (run, target, allowlist, credentials, each denial recorded); [`carry`]
+//! carries the answer. Imports go entrance → decide and carry, never back.
 
-pub(crate) mod auth;
-pub(crate) mod body;
+pub(crate) mod carry;
 pub(crate) mod decide;
-pub(crate) mod fetch;
-pub(crate) mod finish;
-pub(crate) mod forward;
-pub(crate) mod handoff;
-pub(crate) mod inject;
-pub(crate) mod intercept;
-pub(crate) mod nameserver;
-pub(crate) mod policy;
-pub(crate) mod prefixed;
-pub(crate) mod relayed;
-pub(crate) mod respond;
-pub(crate) mod scrub;
-pub(crate) mod sniff;
-pub(crate) mod socks;
-pub(crate) mod streams;
-pub(crate) mod target;
-pub(crate) mod transparent;
-pub(crate) mod tunnel;
-pub(crate) mod upstream;
-pub(crate) mod websocket;
-pub(crate) mod wsframe;
+pub(crate) mod entrance;
 
 use crate::admission::{Admission, Conn};
 use crate::listener::{self, serve_one, Serve, Spec};
@@ -53,7 +20,12 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Serves a data listener: the proxy's own (`bound` = `None`) or one handed
 /// over for a single run, with the connection admission it belongs to.
-pub(crate) async fn serve(sh: Arc<Shared>, l: TcpListener, bound: Option<auth::BoundRun>, admission: Arc<Admission>) {
+pub(crate) async fn serve(
+    sh: Arc<Shared>,
+    l: TcpListener,
+    bound: Option<decide::auth::BoundRun>,
+    admission: Arc<Admission>,
+) {
     let mut builder = Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -81,7 +53,7 @@ pub(crate) async fn serve(sh: Arc<Shared>, l: TcpListener, bound: Option<auth::B
 struct DataConn {
     sh: Arc<Shared>,
     builder: Arc<Builder>,
-    bound: Option<auth::BoundRun>,
+    bound: Option<decide::auth::BoundRun>,
 }
 
 impl Serve for DataConn {
@@ -94,7 +66,7 @@ impl Serve for DataConn {
             if let Some(b) = &bound {
                 req.extensions_mut().insert(b.clone());
             }
-            fetch::handle(sh.clone(), req, svc_conn.clone())
+            entrance::http::handle(sh.clone(), req, svc_conn.clone())
         });
         let c = self.builder.serve_connection(TokioIo::new(io), svc).with_upgrades();
         serve_one(&self.sh.shutdown, &self.sh.hard_stop, &conn.cut, c).await;
@@ -109,8 +81,8 @@ impl Serve for DataConn {
             _ = conn.cut.cancelled() => return,
         };
         match peeked {
-            Ok(1) if first[0] == socks::VERSION => {
-                let served = socks::serve(self.sh.clone(), s, conn.clone(), self.bound.clone());
+            Ok(1) if first[0] == entrance::socks::VERSION => {
+                let served = entrance::socks::serve(self.sh.clone(), s, conn.clone(), self.bound.clone());
                 tokio::select! {
                     _ = served => {}
                     _ = conn.cut.cancelled() => {}

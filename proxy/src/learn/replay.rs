@@ -1,5 +1,5 @@
 //! `policy replay`: recorded decisions and denials re-decided under a new
-//! policy by the data path's own pure steps ([`crate::data::policy`]): the
+//! policy by the data path's own pure steps ([`crate::data::decide::policy`]): the
 //! tool configured, allowlist and IP literals, the tool's methods and its
 //! hosts' method and path rules, the credentials' TLS rule, and the
 //! recorded resolved addresses vetted against the new ranges. What needs
@@ -8,8 +8,8 @@
 //! one is replayed as `GET`, and without a path its path rules are not.
 
 use crate::addrs::{HostAddrs, SelfAddrs};
-use crate::data::policy::{self, Admission, Channel, Head};
-use crate::data::target::{Kind, Target};
+use crate::data::decide::policy::{self, Admission, Channel, Head};
+use crate::data::decide::target::{Kind, Target};
 use crate::learn::{Seen, What};
 use egress_config::{Host, Mode, Policy};
 use serde::Serialize;

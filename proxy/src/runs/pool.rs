@@ -10,7 +10,7 @@
 //! verified for, never for another name at the same address. Every
 //! connection's driver task dies when the run ends, at hard shutdown, or
 //! when a fetch abandons it mid-exchange (its [`ConnGuard`] is dropped).
-//! The connections themselves are made by `data::upstream`.
+//! The connections themselves are made by `data::carry::upstream`.
 
 use bytes::Bytes;
 use egress_config::Host;

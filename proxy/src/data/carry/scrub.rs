@@ -15,7 +15,7 @@
 //! that disagrees with itself, a body where none may be) is refused,
 //! never passed unscrubbed.
 
-use crate::data::relayed::{relayed, Relay, Unreadable};
+use crate::data::carry::relayed::{relayed, Relay, Unreadable};
 use crate::metrics::ToolCredential;
 use crate::runs::Run;
 use crate::state::Shared;

@@ -9,8 +9,8 @@
 //! and the run's end whatever the peers' reading patterns: it cuts the
 //! upstream connection and the client connection, which drops both halves.
 
-use crate::data::finish::Finish;
-use crate::data::scrub::{Scrub, Scrubbed};
+use crate::data::carry::finish::Finish;
+use crate::data::carry::scrub::{Scrub, Scrubbed};
 use crate::deny::Phase;
 use crate::runs::budget::{ByteBudget, BytesSpent, Grant};
 use crate::runs::pool::Conn;
@@ -167,7 +167,7 @@ pub async fn watchdog(
         _ = tokio::time::sleep_until(bounds.deadline) => Cut::Deadline,
         _ = bounds.run_end.cancelled() => Cut::RunEnded,
         _ = bounds.hard_stop.cancelled() => Cut::Shutdown,
-        _ = super::tunnel::spent(bounds.budget.as_ref()) => Cut::Budget,
+        _ = crate::data::carry::tunnel::spent(bounds.budget.as_ref()) => Cut::Budget,
     };
     let Some(ex) = exchange.upgrade() else { return };
     if !ex.claim() {

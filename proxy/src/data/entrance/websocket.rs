@@ -12,7 +12,7 @@
 //! deadline, the idle timeout, the run's end and shutdown, with the slot
 //! held and the bytes counted. Its frames pass untouched, unless the
 //! handshake carried a credential: then [`relay`] reads the origin's
-//! frames ([`wsframe`]), at most [`MAX_MESSAGE`] bytes a message, and the
+//! frames ([`frames`]), at most [`MAX_MESSAGE`] bytes a message, and the
 //! secret in every message and control frame becomes the placeholder
 //! ([`scrub`]), as in a response body. When a credential for the host also
 //! sets `rewrite_websocket`, the tool's frames are read too: the
@@ -22,14 +22,14 @@
 //! connection. So that frames are readable, a handshake that carries a
 //! credential offers no extension (`permessage-deflate`).
 
-use crate::data::decide;
-use crate::data::finish::Finish;
-use crate::data::inject::{self, Injection};
-use crate::data::policy::{self, Denial};
-use crate::data::relayed::Unreadable;
-use crate::data::scrub::Scrub;
-use crate::data::target::Target;
-use crate::data::wsframe::{self, FrameError, Item, Messages};
+use crate::data::carry::finish::Finish;
+use crate::data::carry::frames::{self, FrameError, Item, Messages};
+use crate::data::carry::inject::{self, Injection};
+use crate::data::carry::relayed::Unreadable;
+use crate::data::carry::scrub::Scrub;
+use crate::data::decide::fetch;
+use crate::data::decide::policy::{self, Denial};
+use crate::data::decide::target::Target;
 use crate::runs::Run;
 use crate::state::Shared;
 use bytes::{Buf as _, Bytes, BytesMut};
@@ -139,7 +139,7 @@ impl ToOrigin {
     /// A message (or control frame) of the tool, as it goes to the origin
     /// (one frame, masked afresh), or the denial that closes the connection.
     fn frame(&self, opcode: u8, payload: Vec<u8>) -> Result<Vec<u8>, Denial> {
-        let text = opcode == wsframe::TEXT;
+        let text = opcode == frames::TEXT;
         policy::websocket_message(
             &self.tool,
             &self.policy.secrets,
@@ -156,7 +156,7 @@ impl ToOrigin {
                 }
             }
         }
-        Ok(wsframe::encode(true, opcode, &payload, Some(mask())))
+        Ok(frames::encode(true, opcode, &payload, Some(mask())))
     }
 }
 
@@ -165,15 +165,15 @@ impl ToOrigin {
 /// reflected secret as well as a text one.
 fn to_tool_frame(scrub: &mut Option<Scrub>, opcode: u8, payload: Vec<u8>) -> Vec<u8> {
     let Some(scrub) = scrub.as_mut() else {
-        return wsframe::encode(true, opcode, &payload, None);
+        return frames::encode(true, opcode, &payload, None);
     };
     let mut out = scrub.chunk(Bytes::from(payload), true).to_vec();
-    if opcode & 0x8 != 0 && out.len() > wsframe::MAX_CONTROL {
+    if opcode & 0x8 != 0 && out.len() > frames::MAX_CONTROL {
         // A placeholder longer than the secret made a control frame too
         // long: a close keeps its code only, a ping or pong goes empty.
-        out.truncate(if opcode == wsframe::CLOSE { 2 } else { 0 });
+        out.truncate(if opcode == frames::CLOSE { 2 } else { 0 });
     }
-    wsframe::encode(true, opcode, &out, None)
+    frames::encode(true, opcode, &out, None)
 }
 
 /// A fresh masking key for a frame to the origin (RFC 6455 §5.3).
@@ -212,12 +212,12 @@ impl From<FrameError> for Stop {
 /// A close frame with `code` and `reason` (cut to fit a control frame).
 fn close_frame(code: u16, reason: &str, mask: Option<[u8; 4]>) -> Vec<u8> {
     let mut p = code.to_be_bytes().to_vec();
-    let mut end = reason.len().min(wsframe::MAX_CONTROL - 2);
+    let mut end = reason.len().min(frames::MAX_CONTROL - 2);
     while !reason.is_char_boundary(end) {
         end -= 1;
     }
     p.extend_from_slice(&reason.as_bytes()[..end]);
-    wsframe::encode(true, wsframe::CLOSE, &p, mask)
+    frames::encode(true, frames::CLOSE, &p, mask)
 }
 
 /// Joins the tool's and the origin's upgraded connections until both end
@@ -257,7 +257,7 @@ where
         },
         Err(Stop::Denied(d)) => {
             let reason = d.reason.code();
-            let fact = decide::deny_message(&up.sh, &up.run, &up.target, d).await;
+            let fact = fetch::deny_message(&up.sh, &up.run, &up.target, d).await;
             (1008, reason, format!("egress denied ({reason}), fact {fact}"))
         }
     };
@@ -294,7 +294,7 @@ where
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut msgs = Messages::new(MAX_MESSAGE);
     loop {
-        while let Some((frame, n)) = wsframe::parse(&buf, true, MAX_MESSAGE)? {
+        while let Some((frame, n)) = frames::parse(&buf, true, MAX_MESSAGE)? {
             buf.advance(n);
             let out = match msgs.push(frame)? {
                 None => continue,
@@ -321,7 +321,7 @@ where
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut msgs = Messages::new(MAX_MESSAGE);
     loop {
-        while let Some((frame, n)) = wsframe::parse(&buf, false, MAX_MESSAGE)? {
+        while let Some((frame, n)) = frames::parse(&buf, false, MAX_MESSAGE)? {
             buf.advance(n);
             let out = match msgs.push(frame)? {
                 None => continue,
@@ -365,10 +365,10 @@ mod tests {
         let long = "é".repeat(100);
         for (reason, masked) in [("", None), ("short", Some([1, 2, 3, 4])), (long.as_str(), None)] {
             let wire = close_frame(1008, reason, masked);
-            let (f, n) = wsframe::parse(&wire, masked.is_some(), MAX_MESSAGE).unwrap().unwrap();
+            let (f, n) = frames::parse(&wire, masked.is_some(), MAX_MESSAGE).unwrap().unwrap();
             assert_eq!(n, wire.len());
-            assert_eq!(f.opcode, wsframe::CLOSE);
-            assert!(f.payload.len() <= wsframe::MAX_CONTROL);
+            assert_eq!(f.opcode, frames::CLOSE);
+            assert!(f.payload.len() <= frames::MAX_CONTROL);
             assert_eq!(&f.payload[..2], &1008u16.to_be_bytes());
             let text = std::str::from_utf8(&f.payload[2..]).unwrap();
             assert!(reason.starts_with(text), "{text}");
@@ -377,7 +377,7 @@ mod tests {
 
     #[test]
     fn without_a_scrubber_the_origin_s_frames_go_as_they_came() {
-        let wire = to_tool_frame(&mut None, wsframe::TEXT, b"hello".to_vec());
-        assert_eq!(wire, wsframe::encode(true, wsframe::TEXT, b"hello", None));
+        let wire = to_tool_frame(&mut None, frames::TEXT, b"hello".to_vec());
+        assert_eq!(wire, frames::encode(true, frames::TEXT, b"hello", None));
     }
 }

@@ -1,15 +1,15 @@
 //! Step 8 for an intercepted CONNECT: a CONNECT of a tool to one of its
 //! credential hosts, or any CONNECT of an `inspect` tool
-//! ([`policy::intercepts`](crate::data::policy::intercepts)).
+//! ([`policy::intercepts`](crate::data::decide::policy::intercepts)).
 //!
 //! The origin's TLS is already open and verified when the session starts
 //! (`Fetch::intercept`). The session then terminates the tool's TLS with a
 //! leaf of the appliance CA for the CONNECT host — after checking that the
 //! ClientHello's server name (SNI), when there is one, is that host — and
 //! serves HTTP/1.1 or, when the tool picks it by ALPN, HTTP/2 inside
-//! ([`streams`]: its bounds, and what each stream holds): each request, or
+//! ([`h2`]: its bounds, and what each stream holds): each request, or
 //! each stream, is decided again
-//! ([`decide::decide_inside`]: run, allowlist, methods, `Host`, credential
+//! ([`fetch::decide_inside`]: run, allowlist, methods, `Host`, credential
 //! misuse), gets the tool's credentials for this host written in
 //! ([`inject`]), and goes out to the pinned address: over HTTP/2 when the
 //! origin picked it by ALPN (every stream on one connection), else over
@@ -17,7 +17,7 @@
 //! origin closed it; a WebSocket handshake always on HTTP/1.1). Its
 //! response comes back scrubbed of them ([`scrub`]), with its trailers, or
 //! refused when what it relays is not what the scrubber reads
-//! ([`relayed`](crate::data::relayed): an `unscrubbable` fact, the same on
+//! ([`relayed`](crate::data::carry::relayed): an `unscrubbable` fact, the same on
 //! every stream and whichever protocol the origin speaks).
 //! An HTTP/2 stream also holds one of the run's slots and has its own
 //! deadline, like any fetch. Bytes are counted
@@ -29,19 +29,19 @@
 //! dialling and handshaking again.
 
 use crate::ca;
-use crate::data::body::ProxyBody;
-use crate::data::decide;
-use crate::data::finish::Finish;
-use crate::data::forward::strip_hop_by_hop;
-use crate::data::inject;
-use crate::data::prefixed::Prefixed;
-use crate::data::respond;
-use crate::data::scrub::{self, Scrubbed};
-use crate::data::streams::{self, Held, Hold, StreamSlot};
-use crate::data::target::{server_name_is, Target};
-use crate::data::tunnel::{upgraded, Bounds, Client, Meter, Metered};
-use crate::data::upstream;
-use crate::data::websocket;
+use crate::data::carry::body::ProxyBody;
+use crate::data::carry::finish::Finish;
+use crate::data::carry::forward::strip_hop_by_hop;
+use crate::data::carry::inject;
+use crate::data::carry::prefixed::Prefixed;
+use crate::data::carry::respond;
+use crate::data::carry::scrub::{self, Scrubbed};
+use crate::data::carry::tunnel::{upgraded, Bounds, Client, Meter, Metered};
+use crate::data::carry::upstream;
+use crate::data::decide::fetch;
+use crate::data::decide::target::{server_name_is, Target};
+use crate::data::entrance::h2::{self, Held, Hold, StreamSlot};
+use crate::data::entrance::websocket;
 use crate::deny::{DenyReason, FetchError, Via};
 use crate::runs::pool::{Conn, Dialled, H2Conn, UpBody};
 use crate::runs::slots::{self, Slot, SlotError};
@@ -211,7 +211,7 @@ impl Origin {
         if let Some(sni) = start.client_hello().server_name() {
             if !server_name_is(&self.target.host, sni) {
                 let sni = sni.to_owned();
-                decide::deny_sni(&self.sh, &self.run, &self.target, &sni).await;
+                fetch::deny_sni(&self.sh, &self.run, &self.target, &sni).await;
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, "host_mismatch"));
             }
         }
@@ -262,13 +262,13 @@ impl Origin {
         websocket::relay(TokioIo::new(client), TokioIo::new(origin?), ws.rewrite, &self.finish).await
     }
 
-    /// HTTP/2 with the tool, within [`streams::H2_BOUNDS`]: each stream is
+    /// HTTP/2 with the tool, within [`h2::H2_BOUNDS`]: each stream is
     /// one [`Origin::exchange`], on a task that ends with the session.
     async fn serve_h2<IO>(self: &Arc<Self>, tls: tokio_rustls::server::TlsStream<IO>) -> io::Result<()>
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let exec = streams::SessionExec {
+        let exec = h2::SessionExec {
             cut: self.closed.clone(),
         };
         let me = self.clone();
@@ -276,7 +276,7 @@ impl Origin {
             let me = me.clone();
             async move { me.exchange(req, true).await }
         });
-        streams::server(self.sh.cfg.max_header_bytes, exec)
+        h2::server(self.sh.cfg.max_header_bytes, exec)
             .serve_connection(TokioIo::new(tls), service)
             .await
             .map_err(io::Error::other)
@@ -284,7 +284,7 @@ impl Origin {
 
     /// One request inside the session (`stream`: an HTTP/2 stream).
     async fn exchange(&self, mut req: Request<Incoming>, stream: bool) -> Result<Answer, Infallible> {
-        let inside = match decide::decide_inside(&self.sh, &self.run, &self.target, &req).await {
+        let inside = match fetch::decide_inside(&self.sh, &self.run, &self.target, &req).await {
             Ok(i) => i,
             Err(answer) => return Ok(early(answer, req, stream).await),
         };
@@ -368,7 +368,7 @@ impl Origin {
                     Ok(s) => s,
                     Err(e) => {
                         let detail = format!("{}: {e}", self.target);
-                        let r = decide::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
+                        let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
                         return Ok(r.await.map(Either::Right));
                     }
                 };
@@ -416,7 +416,7 @@ impl Origin {
                         "run {} already has {} fetches open and {} waiting (an HTTP/2 stream to {target})",
                         self.run.id, self.run.max_slots, self.run.max_waiting
                     );
-                    Err(decide::deny_inside(&self.sh, &self.run, target, DenyReason::ConcurrencyLimit, detail).await)
+                    Err(fetch::deny_inside(&self.sh, &self.run, target, DenyReason::ConcurrencyLimit, detail).await)
                 }
                 Err(SlotError::Closed) => Err(ended()),
             },
@@ -436,7 +436,7 @@ impl Origin {
         &self,
         mut resp: Response<Incoming>,
         client: Option<hyper::upgrade::OnUpgrade>,
-        inside: decide::Inside,
+        inside: fetch::Inside,
         json: bool,
     ) -> Answer {
         let origin = hyper::upgrade::on(&mut resp);
@@ -456,7 +456,7 @@ impl Origin {
         .and_then(|_| websocket::check_accepted(rewrite, &parts.headers));
         if let Err(e) = checked {
             let detail = format!("{}: {e}", self.target);
-            let r = decide::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
+            let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
             return r.await.map(Either::Right);
         }
         let Some(client) = client else {

@@ -16,9 +16,9 @@
 //! Messages are bounded (512 bytes over UDP, 4 KiB over TCP), TCP streams
 //! by the head read timeout; the sockets close when the run ends.
 
-use crate::data::decide::{Dest, Fetch};
-use crate::data::policy::{self, Admission};
-use crate::data::target::{Kind, Target};
+use crate::data::decide::fetch::{Dest, Fetch};
+use crate::data::decide::policy::{self, Admission};
+use crate::data::decide::target::{Kind, Target};
 use crate::deny::{DenyReason, Via};
 use crate::runs::Run;
 use crate::state::Shared;

@@ -5,9 +5,9 @@
 //! errors (with `X-Egress-Error`); and the bounded renderings of targets a
 //! fact quotes.
 
-use crate::data::auth::CHALLENGE;
-use crate::data::body::ProxyBody;
-use crate::data::target::Target;
+use crate::data::carry::body::ProxyBody;
+use crate::data::decide::auth::CHALLENGE;
+use crate::data::decide::target::Target;
 use crate::deny::{DenyReason, FetchError};
 use crate::facts::FactTarget;
 use egress_config::Host;

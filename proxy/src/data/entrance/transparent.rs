@@ -32,15 +32,15 @@
 //! metrics and logs label these fetches `transparent`.
 
 use crate::admission::{Admission, Conn};
-use crate::data::auth::{self, Presented};
-use crate::data::decide::{Ask, Dest, Fetch};
-use crate::data::fetch::{establish, refuse_credential, serve_run};
-use crate::data::policy::{self, Head};
-use crate::data::prefixed::Prefixed;
-use crate::data::respond::{self, raw_target};
-use crate::data::sniff::{self, First, Sniffed, Unknown};
-use crate::data::target::{self, server_name_is, Kind, Target, TargetError};
-use crate::data::tunnel::Client;
+use crate::data::carry::prefixed::Prefixed;
+use crate::data::carry::respond::{self, raw_target};
+use crate::data::carry::sniff::{self, First, Sniffed, Unknown};
+use crate::data::carry::tunnel::Client;
+use crate::data::decide::auth::{self, Presented};
+use crate::data::decide::fetch::{Ask, Dest, Fetch};
+use crate::data::decide::policy::{self, Head};
+use crate::data::decide::target::{self, server_name_is, Kind, Target, TargetError};
+use crate::data::entrance::http::{establish, refuse_credential, serve_run};
 use crate::deny::{DenyReason, Via};
 use crate::listener::serve_one;
 use crate::runs::{names, Run};
@@ -242,7 +242,7 @@ async fn relay(
         method: "CONNECT",
         head: &Named(&dest),
         raw: &|| raw.clone(),
-        upgrade: crate::data::policy::Upgrade::None,
+        upgrade: crate::data::decide::policy::Upgrade::None,
         at: Presented::RunListener(&run.id),
     };
     let Ok(prepared) = fetch.decide(run, ask).await else {

@@ -8,15 +8,15 @@
 //! exchange (slot, accounting) lasts until both are finished, and a watchdog
 //! bounds both directions by the deadline and the run's end.
 
-use crate::data::body::{self, Exchange, Guarded, ProxyBody, Upload};
-use crate::data::decide::{self, Fetch};
-use crate::data::inject::{self, Injection};
-use crate::data::respond;
-use crate::data::scrub;
-use crate::data::target::Target;
-use crate::data::tunnel::{self, Meter};
-use crate::data::upstream::{self, Upstream};
-use crate::data::websocket;
+use crate::data::carry::body::{self, Exchange, Guarded, ProxyBody, Upload};
+use crate::data::carry::inject::{self, Injection};
+use crate::data::carry::respond;
+use crate::data::carry::scrub;
+use crate::data::carry::tunnel::{self, Meter};
+use crate::data::carry::upstream::{self, Upstream};
+use crate::data::decide::fetch::{self, Fetch};
+use crate::data::decide::target::Target;
+use crate::data::entrance::websocket;
 use crate::deny::{DenyReason, FetchError, Phase};
 use crate::runs::pool::UpBody;
 use crate::runs::Run;
@@ -92,7 +92,7 @@ pub struct Exchanging {
 /// error that stopped it). A head that does not fit what the run has left
 /// of its byte budget is not sent: `fetch` answers it
 /// ([`Fetch::deny_head`]).
-pub(super) async fn forward(
+pub(in crate::data) async fn forward(
     fetch: &Fetch<'_>,
     sh: &Arc<Shared>,
     run: &Arc<Run>,
@@ -217,7 +217,7 @@ pub(super) async fn forward(
         Ok(s) => s,
         Err(e) => {
             fx.failed(DenyReason::Unscrubbable.code());
-            return decide::refuse_answer(sh, run, target, fx.kind, json, format!("{target}: {e}")).await;
+            return fetch::refuse_answer(sh, run, target, fx.kind, json, format!("{target}: {e}")).await;
         }
     };
     strip_hop_by_hop(&mut parts.headers);
@@ -281,7 +281,7 @@ async fn switch(
     if let Err(e) = scrubbed {
         fx.failed(DenyReason::Unscrubbable.code());
         let detail = format!("{}: {e}", ws.target);
-        return decide::refuse_answer(sh, run, ws.target, fx.kind, ws.json, detail).await;
+        return fetch::refuse_answer(sh, run, ws.target, fx.kind, ws.json, detail).await;
     }
     let head = body::head_len(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,

@@ -342,7 +342,7 @@ fn dns_query(name: &str, qtype: hickory_proto::rr::RecordType) -> Vec<u8> {
 
 #[tokio::test]
 async fn the_sandbox_dns_answers_listed_names_with_synthetic_addresses_and_records_the_others() {
-    use crate::data::nameserver::answer;
+    use crate::data::entrance::dns::answer;
     use hickory_proto::op::{Message, ResponseCode};
     use hickory_proto::rr::{RData, RecordType};
     let p = Proxy::new("");
@@ -379,9 +379,9 @@ async fn the_sandbox_dns_answers_listed_names_with_synthetic_addresses_and_recor
         );
     }
     // A connection to it is to the name.
-    let dest = crate::data::transparent::destination(&p.run, "198.18.0.1:443".parse().unwrap());
+    let dest = crate::data::entrance::transparent::destination(&p.run, "198.18.0.1:443".parse().unwrap());
     assert_eq!(dest.to_string(), "api.test:443");
-    let dest = crate::data::transparent::destination(&p.run, "198.18.0.9:443".parse().unwrap());
+    let dest = crate::data::entrance::transparent::destination(&p.run, "198.18.0.9:443".parse().unwrap());
     assert_eq!(dest.to_string(), "198.18.0.9:443", "never handed out: an address");
     // A name no rule lists: NXDOMAIN, recorded first, and never resolved.
     let d = reply(

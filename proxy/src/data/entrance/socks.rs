@@ -22,12 +22,12 @@
 //! and in time (`header_read_timeout_ms`).
 
 use crate::admission::Conn;
-use crate::data::auth::{self, BoundRun};
-use crate::data::decide::{Ask, Dest, Fetch};
-use crate::data::fetch::{establish, refuse_credential, Answer};
-use crate::data::policy::Head;
-use crate::data::target::{Kind, Target, TargetError};
-use crate::data::tunnel::Client;
+use crate::data::carry::tunnel::Client;
+use crate::data::decide::auth::{self, BoundRun};
+use crate::data::decide::fetch::{Ask, Dest, Fetch};
+use crate::data::decide::policy::Head;
+use crate::data::decide::target::{Kind, Target, TargetError};
+use crate::data::entrance::http::{establish, refuse_credential, Answer};
 use crate::deny::{DenyReason, FetchError};
 use crate::state::Shared;
 use egress_config::Host;
@@ -256,7 +256,7 @@ async fn negotiate(
         method: "CONNECT",
         head: &destination,
         raw: &|| raw.clone(),
-        upgrade: crate::data::policy::Upgrade::None,
+        upgrade: crate::data::decide::policy::Upgrade::None,
         at: auth::Presented::on(bound),
     };
     let prepared = match fetch.decide(&run, ask).await {

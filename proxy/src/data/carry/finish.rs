@@ -72,7 +72,7 @@ impl Finish {
     }
 
     /// Bytes already counted on the run's byte budget as they moved (a
-    /// [`Meter`](super::tunnel::Meter)'s totals).
+    /// [`Meter`](crate::data::carry::tunnel::Meter)'s totals).
     pub fn add_metered(&self, up: u64, down: u64) {
         self.up.fetch_add(up, Ordering::Relaxed);
         self.down.fetch_add(down, Ordering::Relaxed);

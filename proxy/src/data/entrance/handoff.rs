@@ -29,7 +29,7 @@ use tokio::net::{UnixListener, UnixStream};
 use egress_api::handoff::{ERROR, MAGIC, OK, PROBE, TRANSPARENT};
 use egress_config::{ExecutorConfig, ProxyConfig};
 
-use crate::data::auth::BoundRun;
+use crate::data::decide::auth::BoundRun;
 use crate::runs::RunWrite;
 use crate::state::Shared;
 
@@ -312,15 +312,15 @@ async fn adopt_transparent(sh: &Arc<Shared>, run_id: &str, fds: [OwnedFd; 4]) ->
     let run = bound_run(sh, run_id).await?;
     let admission = run_admission(sh);
     for l in [t4, t6] {
-        tokio::spawn(crate::data::transparent::serve(
+        tokio::spawn(crate::data::entrance::transparent::serve(
             sh.clone(),
             run.clone(),
             l,
             admission.clone(),
         ));
     }
-    tokio::spawn(crate::data::nameserver::serve_udp(sh.clone(), run.clone(), udp));
-    tokio::spawn(crate::data::nameserver::serve_tcp(sh.clone(), run, dns_tcp));
+    tokio::spawn(crate::data::entrance::dns::serve_udp(sh.clone(), run.clone(), udp));
+    tokio::spawn(crate::data::entrance::dns::serve_tcp(sh.clone(), run, dns_tcp));
     Ok(())
 }
 

@@ -14,31 +14,31 @@
 //!    [`Fetch::plaintext_dial`]: loopback only for cleartext credentials);
 //! 7. [`Fetch::dial`]: only the vetted addresses (or this run's idle
 //!    connection to one of them);
-//! 8. [`forward`](crate::data::forward) (plain HTTP),
-//!    [`tunnel`](crate::data::tunnel) (CONNECT), or
-//!    [`intercept`](crate::data::intercept) (a CONNECT to a credential host,
+//! 8. [`forward`](crate::data::carry::forward) (plain HTTP),
+//!    [`tunnel`](crate::data::carry::tunnel) (CONNECT), or
+//!    [`intercept`](crate::data::entrance::intercept) (a CONNECT to a credential host,
 //!    or of an `inspect` tool: TLS terminated, each request inside decided
-//!    again by [`decide::decide_inside`](crate::data::decide::decide_inside)).
+//!    again by [`decide::decide_inside`](crate::data::decide::fetch::decide_inside)).
 //!
-//! Steps 2–4 and the recording of denials are [`decide`](crate::data::decide)'s,
+//! Steps 2–4 and the recording of denials are [`decide`](crate::data::decide::fetch)'s,
 //! shared with every entrance; this module holds the rest. Steps 5–7 are
 //! bounded by the fetch deadline and the run's end. Every denial is
 //! recorded as a fact before its response is written ([`Fetch::deny`]); a
 //! fact that cannot be recorded fails the request closed.
 
 use crate::admission::{self, Refused};
-use crate::data::auth::{self, AuthFailure};
-use crate::data::body::{Exchange, ProxyBody};
-use crate::data::decide::{Ask, Dest, Fetch, ReqHead};
-use crate::data::finish::{Finish, Logged};
-use crate::data::forward::{self, Exchanging};
-use crate::data::inject::Injection;
-use crate::data::intercept;
-use crate::data::policy::{self, Channel};
-use crate::data::respond::{self, raw_target};
-use crate::data::target::{Kind, Target, TargetError};
-use crate::data::tunnel::{self, Client};
-use crate::data::upstream::Upstream;
+use crate::data::carry::body::{Exchange, ProxyBody};
+use crate::data::carry::finish::{Finish, Logged};
+use crate::data::carry::forward::{self, Exchanging};
+use crate::data::carry::inject::Injection;
+use crate::data::carry::respond::{self, raw_target};
+use crate::data::carry::tunnel::{self, Client};
+use crate::data::carry::upstream::Upstream;
+use crate::data::decide::auth::{self, AuthFailure};
+use crate::data::decide::fetch::{Ask, Dest, Fetch, ReqHead};
+use crate::data::decide::policy::{self, Channel};
+use crate::data::decide::target::{Kind, Target, TargetError};
+use crate::data::entrance::intercept;
 use crate::deny::{DenyReason, FetchError, Phase, Via};
 use crate::dns::DnsError;
 use crate::metrics::{Decision, KindLabel};
@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use tokio::time::Instant;
 
-pub(super) type Answer = Response<ProxyBody>;
+pub(in crate::data) type Answer = Response<ProxyBody>;
 
 /// Why steps 5–7 gave no connection.
 enum Halt {
@@ -95,7 +95,7 @@ pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission
         Ok(run) => run,
         Err(f) => {
             let raw = raw_target(req.uri());
-            let json = crate::data::respond::accepts_json(req.headers());
+            let json = crate::data::carry::respond::accepts_json(req.headers());
             return Ok(refuse_credential(&sh, &policy, f, (kind, None), started, raw, json).await);
         }
     };
@@ -103,8 +103,8 @@ pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission
         return Ok(r);
     }
     let target = match kind {
-        Kind::Connect => crate::data::target::parse_connect(req.uri()),
-        Kind::Http => crate::data::target::parse_absolute(req.uri(), req.headers(), req.version()),
+        Kind::Connect => crate::data::decide::target::parse_connect(req.uri()),
+        Kind::Http => crate::data::decide::target::parse_absolute(req.uri(), req.headers(), req.version()),
     };
     let bound = req.extensions().get::<auth::BoundRun>().cloned();
     let at = auth::Presented::on(bound.as_ref());
@@ -115,7 +115,7 @@ pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission
 /// the transparent connection it arrived on), whose target the entrance
 /// parsed; `via` labels it, `at` is where it was presented.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn serve_run(
+pub(in crate::data) async fn serve_run(
     sh: &Arc<Shared>,
     policy: &Policy,
     run: &Arc<Run>,
@@ -166,7 +166,7 @@ enum Carried {
 }
 
 /// A tunnel opened to the origin, waiting for the entrance's success answer.
-pub(super) struct Opened {
+pub(in crate::data) struct Opened {
     sh: Arc<Shared>,
     run: Arc<Run>,
     target: Target,
@@ -178,7 +178,7 @@ pub(super) struct Opened {
 
 impl Opened {
     /// Runs the tunnel on its own task with `client`, the tool's side.
-    pub(super) fn start(self, client: Client) {
+    pub(in crate::data) fn start(self, client: Client) {
         let Opened {
             sh,
             run,
@@ -218,7 +218,7 @@ impl Opened {
 /// the entrance received it) under the run it is filed under, answer `407`.
 /// `via` labels it when the entrance is not `kind`'s own (transparent).
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn refuse_credential(
+pub(in crate::data) async fn refuse_credential(
     sh: &Shared,
     policy: &Policy,
     f: AuthFailure,
@@ -239,7 +239,7 @@ pub(super) async fn refuse_credential(
 /// The authenticated request's connection takes its place among the
 /// proxy's and the run's established connections; or the answer that
 /// closes it.
-pub(super) fn establish(sh: &Shared, conn: &admission::Conn, run: &Run) -> Option<Answer> {
+pub(in crate::data) fn establish(sh: &Shared, conn: &admission::Conn, run: &Run) -> Option<Answer> {
     let refused = conn.establish(Some(run)).err()?;
     sh.count_closed("data", refused.label());
     let (e, detail) = match refused {
@@ -259,7 +259,7 @@ pub(super) fn establish(sh: &Shared, conn: &admission::Conn, run: &Run) -> Optio
 }
 
 /// A fetch that passed steps 1–7: what step 8 carries it on.
-pub(super) struct Prepared {
+pub(in crate::data) struct Prepared {
     target: Target,
     slot: Slot,
     upstream: Upstream,
@@ -276,7 +276,7 @@ pub(super) struct Prepared {
 /// decisions before them are [`decide`]'s.
 impl Fetch<'_> {
     /// Steps 2–7 for an authenticated request, whatever its entrance.
-    pub(super) async fn decide(&self, run: &Arc<Run>, ask: Ask<'_>) -> Result<Prepared, Answer> {
+    pub(in crate::data) async fn decide(&self, run: &Arc<Run>, ask: Ask<'_>) -> Result<Prepared, Answer> {
         let tool = self.check_run(run, ask.raw).await?;
         // Again once the run settled: a run bound by its listener's hand-off
         // while this fetch waited for the activation is refused here too.
@@ -410,7 +410,12 @@ impl Fetch<'_> {
     /// otherwise), or at once on the run's idle connection verified for
     /// the same name. The entrance then sends its success answer and
     /// [`Opened::start`]s it.
-    pub(super) async fn open_tunnel(&self, p: Prepared, sh: &Arc<Shared>, run: &Arc<Run>) -> Result<Opened, Answer> {
+    pub(in crate::data) async fn open_tunnel(
+        &self,
+        p: Prepared,
+        sh: &Arc<Shared>,
+        run: &Arc<Run>,
+    ) -> Result<Opened, Answer> {
         let Prepared {
             target,
             slot,
@@ -645,5 +650,5 @@ impl Fetch<'_> {
 }
 
 #[cfg(test)]
-#[path = "fetch_tests.rs"]
+#[path = "http_tests.rs"]
 mod tests;

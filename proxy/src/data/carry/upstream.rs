@@ -51,7 +51,7 @@ pub enum Upstream {
 
 /// The HTTP/2 handshake on a verified TLS stream whose ALPN is `h2`, with
 /// the same bounds the server side applies to the tool
-/// ([`H2_BOUNDS`](crate::data::streams::H2_BOUNDS)) for what comes back.
+/// ([`H2_BOUNDS`](crate::data::entrance::h2::H2_BOUNDS)) for what comes back.
 pub async fn handshake_h2<IO>(
     stream: IO,
     addr: SocketAddr,
@@ -61,7 +61,7 @@ pub async fn handshake_h2<IO>(
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let b = &crate::data::streams::H2_BOUNDS;
+    let b = &crate::data::entrance::h2::H2_BOUNDS;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .timer(hyper_util::rt::TokioTimer::new())
         .initial_stream_window_size(b.initial_stream_window)

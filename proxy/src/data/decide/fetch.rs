@@ -3,20 +3,20 @@
 //! canonical target (3), allowlist and methods before any DNS (4), and the
 //! credentials (4: placeholders and real secrets only to their hosts, only
 //! over verified TLS), and the refusal of a credential host's answer the
-//! scrubber cannot read. The forward and CONNECT entrance ([`fetch`]) and
+//! scrubber cannot read. The forward and CONNECT entrance ([`http`]) and
 //! the requests inside an intercepted CONNECT ([`intercept`]) both call
 //! these steps; the steps call the pure policy functions ([`policy`]) and
 //! never an entrance.
 //!
-//! [`fetch`]: crate::data::fetch
-//! [`intercept`]: crate::data::intercept
+//! [`http`]: crate::data::entrance::http
+//! [`intercept`]: crate::data::entrance::intercept
 
-use crate::data::auth::{AuthFailure, Presented};
-use crate::data::body::ProxyBody;
-use crate::data::inject::Injection;
-use crate::data::policy::{self, Admission, Channel, Denial, Head, Upgrade};
-use crate::data::respond::{self, fact_target, raw_target};
-use crate::data::target::{self, Kind, Target, TargetError};
+use crate::data::carry::body::ProxyBody;
+use crate::data::carry::inject::Injection;
+use crate::data::carry::respond::{self, fact_target, raw_target};
+use crate::data::decide::auth::{AuthFailure, Presented};
+use crate::data::decide::policy::{self, Admission, Channel, Denial, Head, Upgrade};
+use crate::data::decide::target::{self, Kind, Target, TargetError};
 use crate::deny::{DenyReason, FetchError, Phase, Via};
 use crate::facts::{Fact, NewFact, Recorded};
 use crate::metrics::{Decision, Outcome, ToolMetrics};
@@ -36,7 +36,7 @@ use tokio::time::Instant;
 type Answer = Response<ProxyBody>;
 
 /// What a denial points at.
-pub(super) enum Dest<'a> {
+pub(in crate::data) enum Dest<'a> {
     /// The canonical target (a fact's `target`).
     Target(&'a Target),
     /// The raw request target, before it could be made canonical (quoted in
@@ -49,7 +49,7 @@ pub(super) enum Dest<'a> {
 /// What an entrance parsed from its input, as the decision steps take it
 /// (the forward and CONNECT requests, SOCKS5, ...: each entrance is a
 /// parser of its own, the steps are the same).
-pub(super) struct Ask<'r> {
+pub(in crate::data) struct Ask<'r> {
     /// The canonical target, or why the input names none.
     pub target: Result<Target, TargetError>,
     /// The method the tool uses (`CONNECT` for a tunnel, by any entrance).
@@ -68,26 +68,26 @@ pub(super) struct Ask<'r> {
 
 /// One fetch's context: the shared state, the policy snapshot, the run, and
 /// what the fetch has become so far.
-pub(super) struct Fetch<'a> {
-    pub(super) sh: &'a Shared,
-    pub(super) policy: &'a Policy,
-    pub(super) run: Option<&'a Run>,
-    pub(super) tm: &'a Arc<ToolMetrics>,
-    pub(super) kind: Kind,
+pub(in crate::data) struct Fetch<'a> {
+    pub(in crate::data) sh: &'a Shared,
+    pub(in crate::data) policy: &'a Policy,
+    pub(in crate::data) run: Option<&'a Run>,
+    pub(in crate::data) tm: &'a Arc<ToolMetrics>,
+    pub(in crate::data) kind: Kind,
     /// How it is labelled (facts, metrics, logs): `kind`, unless transparent.
-    pub(super) via: Via,
-    pub(super) started: Instant,
+    pub(in crate::data) via: Via,
+    pub(in crate::data) started: Instant,
     /// The [`Phase`] of the step in progress (index into `Phase::ALL`).
-    pub(super) phase: AtomicU8,
+    pub(in crate::data) phase: AtomicU8,
     /// Whether report mode let a denial through.
-    pub(super) reported: AtomicBool,
+    pub(in crate::data) reported: AtomicBool,
     /// Whether a denial is answered with a JSON body (the request accepts
     /// `application/json`).
-    pub(super) json: bool,
+    pub(in crate::data) json: bool,
 }
 
 impl<'a> Fetch<'a> {
-    pub(super) fn new(
+    pub(in crate::data) fn new(
         sh: &'a Shared,
         policy: &'a Policy,
         run: Option<&'a Run>,
@@ -111,20 +111,20 @@ impl<'a> Fetch<'a> {
 
     /// The same fetch, answering denials of the request with `headers` in
     /// JSON if it accepts `application/json`.
-    pub(super) fn answering(mut self, headers: &http::HeaderMap) -> Self {
+    pub(in crate::data) fn answering(mut self, headers: &http::HeaderMap) -> Self {
         self.json = respond::accepts_json(headers);
         self
     }
 
     /// The same fetch, labelled as arriving `via` an entrance of its own.
-    pub(super) fn via(mut self, via: Via) -> Self {
+    pub(in crate::data) fn via(mut self, via: Via) -> Self {
         self.via = via;
         self
     }
 
     /// Step 2: the run is active, and its tool still configured. Returns the
     /// tool's policy.
-    pub(super) async fn check_run(
+    pub(in crate::data) async fn check_run(
         &self,
         run: &Run,
         raw: &(dyn Fn() -> String + Sync),
@@ -149,7 +149,7 @@ impl<'a> Fetch<'a> {
 
     /// Step 3: the target an entrance parsed, or its refusal (`bad_target`,
     /// `host_mismatch`) quoting the raw target.
-    pub(super) async fn canonical_target(
+    pub(in crate::data) async fn canonical_target(
         &self,
         parsed: Result<Target, TargetError>,
         raw: &(dyn Fn() -> String + Sync),
@@ -161,7 +161,7 @@ impl<'a> Fetch<'a> {
     }
 
     /// `bad_target` or `host_mismatch`.
-    pub(super) async fn refuse_target(&self, e: TargetError, dest: Dest<'_>) -> Answer {
+    pub(in crate::data) async fn refuse_target(&self, e: TargetError, dest: Dest<'_>) -> Answer {
         let (reason, detail) = match e {
             TargetError::Bad(m) => (DenyReason::BadTarget, m),
             TargetError::HostMismatch(m) => (DenyReason::HostMismatch, m),
@@ -173,7 +173,12 @@ impl<'a> Fetch<'a> {
     /// path rules, before any DNS. Returns whether the matching rule lets
     /// addresses in private ranges through. A request a path rule allows
     /// leaves with its normal path in `target` (what the origin is sent).
-    pub(super) async fn admit(&self, tool: &ToolPolicy, target: &mut Target, method: &str) -> Result<bool, Answer> {
+    pub(in crate::data) async fn admit(
+        &self,
+        tool: &ToolPolicy,
+        target: &mut Target,
+        method: &str,
+    ) -> Result<bool, Answer> {
         let private = match policy::admit(tool, target, method) {
             Admission::Allow { private } => private,
             Admission::Deny(d) if d.reason == DenyReason::NotAllowlisted => {
@@ -199,7 +204,12 @@ impl<'a> Fetch<'a> {
 
     /// Step 4, the upgrade ([`policy::upgrade`]): a WebSocket handshake
     /// goes on (returns `true`), any other upgrade is `upgrade_not_allowed`.
-    pub(super) async fn upgrade(&self, tool: &ToolPolicy, target: &Target, asked: &Upgrade) -> Result<bool, Answer> {
+    pub(in crate::data) async fn upgrade(
+        &self,
+        tool: &ToolPolicy,
+        target: &Target,
+        asked: &Upgrade,
+    ) -> Result<bool, Answer> {
         match policy::upgrade(tool, target, asked) {
             Ok(ws) => Ok(ws),
             Err(d) => Err(self.deny(d.reason, d.detail, Dest::Target(target), &[]).await),
@@ -298,7 +308,7 @@ impl<'a> Fetch<'a> {
     /// `max_request_rate` or (already spent) `max_bytes_per_run`: then
     /// `budget_exhausted` or `rate_limited` (429). Never waived by report
     /// mode.
-    pub(super) async fn spend(&self, tool: &ToolPolicy, target: &Target) -> Result<(), Answer> {
+    pub(in crate::data) async fn spend(&self, tool: &ToolPolicy, target: &Target) -> Result<(), Answer> {
         let Some(run) = self.run else { return Ok(()) };
         let Err(e) = run.spent.take_request(&tool.budgets) else {
             return Ok(());
@@ -333,7 +343,7 @@ impl<'a> Fetch<'a> {
     /// bytes cross it records the `budget_exhausted` fact (in the
     /// background: the cut is no answer to wait for), and every open fetch
     /// of the run is cut.
-    pub(super) fn byte_budget(&self, run: &Arc<Run>, target: &Target, limit: u64) -> Arc<ByteBudget> {
+    pub(in crate::data) fn byte_budget(&self, run: &Arc<Run>, target: &Target, limit: u64) -> Arc<ByteBudget> {
         let facts = self.sh.facts.clone();
         let tm = self.tm.clone();
         let (run_id, tool, policy) = (run.id.clone(), run.tool.clone(), self.policy.digest.clone());
@@ -371,7 +381,7 @@ impl<'a> Fetch<'a> {
     /// `429 budget_exhausted` with its fact first. The run's other fetches
     /// go on with what is left. Counted as a denial of the budget (the
     /// fetch itself was counted when it was allowed).
-    pub(super) async fn deny_head(&self, run: &Run, target: &Target, what: &str, n: u64) -> Answer {
+    pub(in crate::data) async fn deny_head(&self, run: &Run, target: &Target, what: &str, n: u64) -> Answer {
         let reason = DenyReason::BudgetExhausted;
         self.tm.denial(reason);
         let (_, used) = run.spent.used();
@@ -420,7 +430,7 @@ impl<'a> Fetch<'a> {
     /// host over `channel` plain HTTP; otherwise the credentials to inject
     /// here. A policy without credentials takes the first branch and
     /// allocates nothing.
-    pub(super) async fn credentials(
+    pub(in crate::data) async fn credentials(
         &self,
         tool: &Arc<ToolPolicy>,
         run: &Run,
@@ -444,7 +454,7 @@ impl<'a> Fetch<'a> {
 
     /// Counts a fetch that goes out: allowed, or reported when report mode
     /// let one of its denials through.
-    pub(super) fn count_allowed(&self, tool: &ToolPolicy) {
+    pub(in crate::data) fn count_allowed(&self, tool: &ToolPolicy) {
         self.allowed(tool).count();
     }
 
@@ -462,24 +472,30 @@ impl<'a> Fetch<'a> {
         }
     }
 
-    pub(super) fn phase(&self) -> Phase {
+    pub(in crate::data) fn phase(&self) -> Phase {
         Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed))]
     }
 
-    pub(super) fn set_phase(&self, p: Phase) {
+    pub(in crate::data) fn set_phase(&self, p: Phase) {
         let i = Phase::ALL.iter().position(|x| *x == p).unwrap_or(0);
         self.phase.store(i as u8, Ordering::Relaxed);
     }
 
     /// Records a denial fact, then builds the denial response.
-    pub(super) async fn deny(&self, reason: DenyReason, detail: String, dest: Dest<'_>, resolved: &[IpAddr]) -> Answer {
+    pub(in crate::data) async fn deny(
+        &self,
+        reason: DenyReason,
+        detail: String,
+        dest: Dest<'_>,
+        resolved: &[IpAddr],
+    ) -> Answer {
         self.deny_with(reason, detail.clone(), detail, dest, resolved).await
     }
 
     /// [`Fetch::deny`] with an answer to the client that differs from the
     /// fact's detail. A fact that cannot be recorded fails the request
     /// closed (`503 facts_unavailable`).
-    pub(super) async fn deny_with(
+    pub(in crate::data) async fn deny_with(
         &self,
         reason: DenyReason,
         answer: String,
@@ -549,7 +565,7 @@ impl<'a> Fetch<'a> {
     /// Step 1 refused: counted, then recorded and answered by its reason.
     /// The fetch's run is the one the failure is filed under
     /// ([`AuthFailure::claimed`]).
-    pub(super) async fn deny_credential(&self, f: &AuthFailure, raw: String) -> Answer {
+    pub(in crate::data) async fn deny_credential(&self, f: &AuthFailure, raw: String) -> Answer {
         self.sh
             .metrics
             .auth_failures
@@ -627,7 +643,7 @@ impl<'a> Fetch<'a> {
     }
 
     /// Report mode: record what enforce would have denied, then go on.
-    pub(super) async fn report(&self, d: &Denial, target: &Target, resolved: &[IpAddr]) -> Result<(), Answer> {
+    pub(in crate::data) async fn report(&self, d: &Denial, target: &Target, resolved: &[IpAddr]) -> Result<(), Answer> {
         self.tm.denial(d.reason);
         self.reported.store(true, Ordering::Relaxed);
         tracing::info!(
@@ -648,7 +664,7 @@ impl<'a> Fetch<'a> {
     }
 
     /// Hands a fact to the sink and waits until it is stored.
-    pub(super) async fn record(
+    pub(in crate::data) async fn record(
         &self,
         reason: DenyReason,
         detail: String,
@@ -681,7 +697,7 @@ impl<'a> Fetch<'a> {
 }
 
 /// The head of an HTTP request as the credential checks see it.
-pub(super) struct ReqHead<'r>(pub &'r Request<Incoming>);
+pub(in crate::data) struct ReqHead<'r>(pub &'r Request<Incoming>);
 
 impl Head for ReqHead<'_> {
     fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
@@ -770,7 +786,7 @@ pub async fn deny_inside(sh: &Shared, run: &Run, target: &Target, reason: DenyRe
 }
 
 /// A credential host's answer that the scrubber cannot read
-/// ([`relayed`](crate::data::relayed)), to a request of `run` to `target`
+/// ([`relayed`](crate::data::carry::relayed)), to a request of `run` to `target`
 /// that came in `via` (`json`: it accepts `application/json`): an
 /// `unscrubbable` fact, then the `502` that stands for the answer, of which
 /// nothing is passed on. The request went out and was counted then; this

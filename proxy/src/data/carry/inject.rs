@@ -7,8 +7,8 @@
 //! sensitive. The decision whether a credential may go to a host is
 //! `policy::credentials`; this module only rewrites.
 
-use crate::data::policy::contains;
-use crate::data::scrub;
+use crate::data::carry::scrub;
+use crate::data::decide::policy::contains;
 use crate::runs::Run;
 use egress_config::secrets::percent_encode;
 use egress_config::{Credential, ToolPolicy};

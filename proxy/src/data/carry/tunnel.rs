@@ -15,8 +15,8 @@
 //! carrier whose run has spent its budget ends with [`BytesSpent`], and
 //! the tunnel's outcome is `budget_exhausted`.
 
-use crate::data::finish::Finish;
-use crate::data::prefixed::Prefixed;
+use crate::data::carry::finish::Finish;
+use crate::data::carry::prefixed::Prefixed;
 use crate::deny::Phase;
 use crate::runs::budget::{ByteBudget, BytesSpent, Take};
 use crate::runs::slots::Slot;
@@ -45,7 +45,7 @@ fn splice_enabled() -> bool {
 /// Byte counters and the time of the last activity, shared by both
 /// directions; and the fetch's share of its run's byte budget, if any
 /// (asked before the bytes move).
-pub(super) struct Meter {
+pub(in crate::data) struct Meter {
     pub up: AtomicU64,
     pub down: AtomicU64,
     /// Milliseconds since `epoch` of the last byte moved.
@@ -129,7 +129,7 @@ impl egress_splice::Allowance for Direction<'_> {
 
 /// Which way the bytes a [`Metered`] stream counts go.
 #[derive(Clone, Copy)]
-pub(super) enum Way {
+pub(in crate::data) enum Way {
     /// Towards the origin.
     Up,
     /// Towards the tool.
@@ -142,7 +142,7 @@ pub(super) enum Way {
 /// what the budget grants first, and fails with [`BytesSpent`] once it is
 /// spent. Owns its share of the meter, so a metered stream can be handed to
 /// hyper (an upgrade needs a `'static` connection).
-pub(super) struct Metered<T> {
+pub(in crate::data) struct Metered<T> {
     pub io: T,
     pub meter: Arc<Meter>,
     /// Reads count, this way.
@@ -370,8 +370,13 @@ async fn spliced(
 
 /// Any client and upstream stream: a buffered copy both ways (also a
 /// WebSocket's frames, when the proxy does not read them).
-pub(super) async fn copied<C, U>(client: C, upstream: U, meter: &Arc<Meter>, bounds: &Bounds<'_>, finish: &Finish)
-where
+pub(in crate::data) async fn copied<C, U>(
+    client: C,
+    upstream: U,
+    meter: &Arc<Meter>,
+    bounds: &Bounds<'_>,
+    finish: &Finish,
+) where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
@@ -387,7 +392,7 @@ where
 
 /// The client's connection once the `200` is out, unless the upgrade fails,
 /// the deadline expires or the run ends first (recorded in `finish`).
-pub(super) async fn upgraded(
+pub(in crate::data) async fn upgraded(
     upgrade: OnUpgrade,
     deadline: Instant,
     cancel: &CancellationToken,
@@ -404,7 +409,7 @@ pub(super) async fn upgraded(
 }
 
 /// What ends a tunnel besides its two ends finishing.
-pub(super) struct Bounds<'a> {
+pub(in crate::data) struct Bounds<'a> {
     pub deadline: Instant,
     pub idle: Duration,
     pub cancel: &'a CancellationToken,
@@ -452,7 +457,7 @@ impl Bounds<'_> {
 }
 
 /// Resolves when `budget` fires; never without one.
-pub(super) async fn spent(budget: Option<&CancellationToken>) {
+pub(in crate::data) async fn spent(budget: Option<&CancellationToken>) {
     match budget {
         Some(t) => t.cancelled().await,
         None => std::future::pending().await,

@@ -5,7 +5,7 @@
 //! async: every entrance calls these and acts on the answer.
 
 use crate::addrs::{HostAddrs, SelfAddrs};
-use crate::data::target::{Kind, Target};
+use crate::data::decide::target::{Kind, Target};
 use crate::deny::DenyReason;
 use crate::runs::{Placeholder, RunState};
 use egress_config::allowlist::RequestRules;
