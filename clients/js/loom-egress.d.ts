@@ -159,7 +159,9 @@ export declare class ExecutorClient {
 
 /** A JSON-RPC error answer; a refusal carries `reason` and `fact_id` in `data`. */
 export declare class McpError extends Error {
-  constructor(code: number, message: string, data?: any, method?: string);
+  constructor(code: number, message: string, data?: any, method?: string, status?: number);
+  /** The HTTP status it came with: 200, or e.g. 404 for a session the server no longer knows. */
+  status: number;
   /** The JSON-RPC error code, e.g. -32602. */
   code: number;
   /** The JSON-RPC error message (`message` holds the method and code too). */

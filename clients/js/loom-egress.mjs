@@ -90,8 +90,9 @@ function fail(method, path, status, text) {
   const err = body && typeof body === 'object' ? body.error : undefined;
   if (err && typeof err === 'object') {
     // Proxy and executor API: {"error":{"code",…}}; invocation: {"error":{"kind",…}}.
-    code = err.code || err.kind || code;
-    message = err.message || message;
+    const named = err.code || err.kind;
+    if (typeof named === 'string') code = named;
+    message = String(err.message || message);
   }
   throw new EgressError(status, code, `${method} ${path}: ${message}`.slice(0, 600), body);
 }
@@ -525,10 +526,12 @@ export class McpError extends Error {
    * @param {string} message
    * @param {any} [data]
    * @param {string} [method]
+   * @param {number} [status] the HTTP status it came with (200, or e.g. 404 for a session the server no longer knows)
    */
-  constructor(code, message, data, method = '') {
+  constructor(code, message, data, method = '', status = 200) {
     super(`${method || 'mcp'}: JSON-RPC error ${code}: ${message}`);
     this.name = 'McpError';
+    /** @type {number} */ this.status = status;
     /** @type {number} */ this.code = code;
     /** @type {string} */ this.rpcMessage = message;
     /** @type {any} */ this.data = data;
@@ -838,6 +841,11 @@ export class McpSession {
       if (id !== undefined) {
         const found = answerTo(value, id);
         if (found) return found;
+      }
+      const err = value && typeof value === 'object' && 'jsonrpc' in value ? value.error : undefined;
+      if (!res.ok && err && typeof err === 'object' && Number.isInteger(err.code)) {
+        // A JSON-RPC error not about this request (id null): the session or the message.
+        throw new McpError(err.code, String(err.message ?? ''), err.data, method, res.status);
       }
       // Not JSON-RPC: the endpoint's own error ({"error": {"code", "message"}}).
       if (!res.ok) fail('POST', this.url, res.status, text);

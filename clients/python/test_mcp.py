@@ -93,8 +93,10 @@ class McpSessionTest(unittest.TestCase):
         self.assertIsNone(s.session_id)
         stale = McpSession(client(server).mcp_url("demo"), TOKEN)
         stale.session_id, stale.protocol_version = sid, "2025-11-25"
-        with self.assertRaises((EgressError, McpError)):
+        with self.assertRaises((EgressError, McpError)) as cm:
             stale.list_tools()
+        self.assertEqual(cm.exception.status, 404)
+        self.assertIsInstance(cm.exception.code, int if isinstance(cm.exception, McpError) else str)
 
     def test_session_over_sse(self) -> None:
         self.check_session(SSE)

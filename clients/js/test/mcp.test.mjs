@@ -84,7 +84,7 @@ async function checkSession(url) {
   const stale = new McpSession(client(url).mcpUrl('demo'), { token: TOKEN });
   stale.sessionId = sid;
   stale.protocolVersion = '2025-11-25';
-  await assert.rejects(stale.listTools(), (e) => e instanceof EgressError || e instanceof McpError);
+  await assert.rejects(stale.listTools(), (e) => (e instanceof EgressError || e instanceof McpError) && e.status === 404);
 }
 
 test('a session over SSE answers', async () => {

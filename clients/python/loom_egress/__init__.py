@@ -142,8 +142,9 @@ def _decode(method: str, path: str, status: int, payload: bytes, raw: bool = Fal
     err = value.get("error") if isinstance(value, dict) else None
     if isinstance(err, dict):
         # Proxy and executor API: {"error":{"code",…}}; invocation: {"error":{"kind",…}}.
-        code = err.get("code") or err.get("kind") or code
-        message = err.get("message") or message
+        named = err.get("code") or err.get("kind")
+        code = named if isinstance(named, str) else code
+        message = str(err.get("message") or message)
     raise EgressError(status, code, message, value)
 
 
@@ -492,10 +493,13 @@ class McpError(Exception):
     """A JSON-RPC error answer: `code` (an integer, e.g. -32602), `message`
     and `data`. A call the executor refused carries the deny `reason`
     (`mcp_tool_not_allowed`, `mcp_arguments_not_allowed`, …) and the
-    `fact_id` of the fact it recorded in `data`: see `reason`, `fact_id`."""
+    `fact_id` of the fact it recorded in `data`: see `reason`, `fact_id`.
+    `status` is the HTTP status it came with (200, or e.g. 404 for a session
+    the server no longer knows when the server answers that in JSON-RPC)."""
 
-    def __init__(self, code: int, message: str, data: Json = None, method: str = "") -> None:
+    def __init__(self, code: int, message: str, data: Json = None, method: str = "", status: int = 200) -> None:
         super().__init__("%s: JSON-RPC error %s: %s" % (method or "mcp", code, message))
+        self.status = status
         self.code = code
         self.message = message
         self.data = data
@@ -761,6 +765,10 @@ class McpSession:
             if found is not None:
                 return found
         if not 200 <= resp.status < 300:
+            err = value.get("error") if isinstance(value, dict) and "jsonrpc" in value else None
+            if isinstance(err, dict) and isinstance(err.get("code"), int):
+                # A JSON-RPC error not about this request (id null): the session or the message.
+                raise McpError(err["code"], str(err.get("message") or ""), err.get("data"), method, resp.status)
             # Not JSON-RPC: the endpoint's own error ({"error": {"code", "message"}}).
             _decode("POST", self.url, resp.status, payload)
         if rid is None:
