@@ -9,10 +9,13 @@ Needs the `mcp` package (clients/python/requirements-test.txt); without it
 these tests fail, they do not skip.
 """
 
+import http.server
 import io
 import os
 import subprocess
 import sys
+import threading
+import time
 import unittest
 from typing import Any, Optional
 
@@ -157,6 +160,43 @@ class McpSessionTest(unittest.TestCase):
             with self.assertRaises(EgressError) as cm:
                 s.list_tools()
             self.assertEqual(cm.exception.code, "too_large")
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """An MCP endpoint that answers every POST with an SSE stream of comments only."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Mcp-Session-Id", "s-1")
+        self.end_headers()
+        try:
+            for _ in range(400):  # 20 s at most
+                self.wfile.write(b": still here\n\n")
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class HostileServerTest(unittest.TestCase):
+    def test_a_trickling_stream_is_cut_at_the_timeout(self) -> None:
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            url = "http://127.0.0.1:%d/v1/mcp/demo" % srv.server_address[1]
+            t0 = time.monotonic()
+            with self.assertRaises(EgressError) as cm:
+                McpSession(url, "t", timeout=1.0).open()
+            self.assertEqual(cm.exception.code, "timeout")
+            self.assertLess(time.monotonic() - t0, 10)
+        finally:
+            srv.shutdown()
+            srv.server_close()
 
 
 def events(text: bytes, budget: int = 1 << 20) -> list:

@@ -11,6 +11,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import http from 'node:http';
 import path from 'node:path';
 import readline from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -162,4 +163,26 @@ test('the SSE parser: multi-line data, comments, ids, split chunks', () => {
     { event: 'message', data: 'x', id: '8' },
   ]);
   assert.throws(() => new SseParser().push('data: ' + 'x'.repeat(2 << 20)), (e) => e instanceof EgressError && e.code === 'too_large');
+});
+
+test('a stream of comments only is cut at the timeout', async () => {
+  const timers = new Set();
+  const srv = http.createServer((req, res) => {
+    req.resume();
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'mcp-session-id': 's-1' });
+    const t = setInterval(() => res.write(': still here\n\n'), 50);
+    timers.add(t);
+    res.on('close', () => clearInterval(t));
+  });
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  try {
+    const url = `http://127.0.0.1:${srv.address().port}/v1/mcp/demo`;
+    const t0 = Date.now();
+    await assert.rejects(new McpSession(url, { token: 't', timeoutMs: 1000 }).open(), (e) => e instanceof EgressError && e.code === 'timeout');
+    assert.ok(Date.now() - t0 < 10000);
+  } finally {
+    for (const t of timers) clearInterval(t);
+    srv.closeAllConnections();
+    await new Promise((r) => srv.close(r));
+  }
 });

@@ -744,7 +744,7 @@ class McpSession:
                     self.session_id = sid
                 ctype = (resp.getheader("Content-Type") or "").split(";")[0].strip().lower()
                 if ctype == "text/event-stream" and 200 <= resp.status < 300:
-                    return self._from_sse(resp, rid, method)
+                    return self._from_sse(resp, rid, method, time.monotonic() + timeout)
                 payload = resp.read(self.max_answer_bytes + 1)
             except socket.timeout as e:
                 raise EgressError(0, "timeout", "%s: no answer within %ss" % (method, timeout)) from e
@@ -775,8 +775,18 @@ class McpSession:
             return None
         raise EgressError(resp.status, "bad_response", "%s: the answer is not a JSON-RPC answer to %d" % (method, rid))
 
-    def _from_sse(self, resp: http.client.HTTPResponse, rid: Optional[int], method: str) -> Optional[dict[str, Any]]:
-        for _event, data, _id in _sse_events(resp.readline, self.max_answer_bytes):
+    def _from_sse(
+        self, resp: http.client.HTTPResponse, rid: Optional[int], method: str, deadline: float
+    ) -> Optional[dict[str, Any]]:
+        """The answer to `rid` on an SSE stream, within the call's whole
+        timeout (a server trickling comments does not hold the call longer)."""
+
+        def readline(limit: int) -> bytes:
+            if time.monotonic() > deadline:
+                raise EgressError(0, "timeout", "%s: no answer within the timeout" % method)
+            return resp.readline(limit)
+
+        for _event, data, _id in _sse_events(readline, self.max_answer_bytes):
             try:
                 value = json.loads(data)
             except ValueError:
