@@ -1,7 +1,8 @@
 // Loom Egress kernel client for JavaScript/TypeScript (Node.js >= 18).
 //
-// One ES module, no dependencies, no build step: types are JSDoc, which
-// TypeScript reads with `allowJs`/`checkJs`. Uses the global fetch.
+// One ES module, no dependencies, no build step: `npm install ./clients/js`
+// (package `loom-egress`), types in loom-egress.d.ts (and JSDoc here). Uses
+// the global fetch.
 //
 //   import { ProxyClient, ExecutorClient, EgressError } from './loom-egress.mjs';
 //
@@ -13,6 +14,10 @@
 //
 //   const executor = new ExecutorClient('http://127.0.0.1:3130');
 //   const result = await executor.invoke('weather', { city: 'Oslo' }, { idempotencyKey: 'k-1' });
+//
+//   const s = await executor.mcpSession('fetch');      // an MCP session with a confined tool
+//   const tools = await s.listTools();
+//   await s.close();
 //
 // Every call has a timeout. A non-2xx answer throws EgressError with the HTTP
 // status, the JSON error `code` (the executor's `error.kind` for invocations)
@@ -85,8 +90,9 @@ function fail(method, path, status, text) {
   const err = body && typeof body === 'object' ? body.error : undefined;
   if (err && typeof err === 'object') {
     // Proxy and executor API: {"error":{"code",…}}; invocation: {"error":{"kind",…}}.
-    code = err.code || err.kind || code;
-    message = err.message || message;
+    const named = err.code || err.kind;
+    if (typeof named === 'string') code = named;
+    message = String(err.message || message);
   }
   throw new EgressError(status, code, `${method} ${path}: ${message}`.slice(0, 600), body);
 }
@@ -463,5 +469,452 @@ export class ExecutorClient {
   /** OpenMetrics text. @param {CallOptions} [opts] @returns {Promise<string>} */
   metrics(opts = {}) {
     return this.http.request('GET', '/metrics', undefined, { ...opts, raw: true });
+  }
+
+  /**
+   * The Streamable HTTP endpoint of an MCP tool, `<url>/v1/mcp/<tool>`: what
+   * to give an MCP SDK or an agent host, with `mcpHeaders()`.
+   * @param {string} tool @returns {string}
+   */
+  mcpUrl(tool) {
+    return `${this.http.baseUrl}/v1/mcp/${seg(tool)}`;
+  }
+
+  /**
+   * The headers an MCP SDK sends to `mcpUrl(tool)`: the executor's bearer
+   * token (empty when there is none).
+   * @returns {Record<string, string>}
+   */
+  mcpHeaders() {
+    return this.http.token ? { Authorization: `Bearer ${this.http.token}` } : {};
+  }
+
+  /**
+   * Open an MCP session with a confined tool (`initialize`, then
+   * `notifications/initialized`); end it with `close()` or `await using`.
+   * @param {string} tool @param {{timeoutMs?: number, maxAnswerBytes?: number}} [opts]
+   * @returns {Promise<McpSession>}
+   */
+  async mcpSession(tool, opts = {}) {
+    const s = new McpSession(this.mcpUrl(tool), {
+      token: this.http.token,
+      timeoutMs: opts.timeoutMs ?? this.http.timeoutMs,
+      maxAnswerBytes: opts.maxAnswerBytes,
+    });
+    await s.open();
+    return s;
+  }
+}
+
+// -- MCP ----------------------------------------------------------------------
+
+/** The MCP revision this client asks for: the session-based one (`Mcp-Session-Id`). */
+export const MCP_PROTOCOL_VERSION = '2025-11-25';
+/** The most bytes one MCP answer may have (a JSON body, or an SSE stream up to the answer). */
+export const MCP_MAX_ANSWER_BYTES = 16 << 20;
+const SSE_LINE_MAX = 1 << 20;
+
+/**
+ * A JSON-RPC error answer: `code` (an integer, e.g. -32602), `message` and
+ * `data`. A call the executor refused carries the deny `reason`
+ * (`mcp_tool_not_allowed`, `mcp_arguments_not_allowed`, …) and the `fact_id`
+ * of the fact it recorded in `data`: see `reason`, `factId`.
+ */
+export class McpError extends Error {
+  /**
+   * @param {number} code
+   * @param {string} message
+   * @param {any} [data]
+   * @param {string} [method]
+   * @param {number} [status] the HTTP status it came with (200, or e.g. 404 for a session the server no longer knows)
+   */
+  constructor(code, message, data, method = '', status = 200) {
+    super(`${method || 'mcp'}: JSON-RPC error ${code}: ${message}`);
+    this.name = 'McpError';
+    /** @type {number} */ this.status = status;
+    /** @type {number} */ this.code = code;
+    /** @type {string} */ this.rpcMessage = message;
+    /** @type {any} */ this.data = data;
+    /** @type {string} */ this.method = method;
+  }
+
+  /** `data.reason`, when the answer carries one. @returns {string|undefined} */
+  get reason() {
+    const v = this.data && typeof this.data === 'object' ? this.data.reason : undefined;
+    return typeof v === 'string' ? v : undefined;
+  }
+
+  /** `data.fact_id`, when the answer carries one. @returns {string|undefined} */
+  get factId() {
+    const v = this.data && typeof this.data === 'object' ? this.data.fact_id : undefined;
+    return typeof v === 'string' ? v : undefined;
+  }
+}
+
+/**
+ * An incremental `text/event-stream` parser (HTML Living Standard, "Parsing
+ * an event stream"): feed it text, get the events whose blank line arrived.
+ * `data:` lines are joined with newlines, comments skipped, `retry:` and
+ * unknown fields ignored, an event without data not dispatched. A line over
+ * 1 MiB throws EgressError.
+ */
+export class SseParser {
+  constructor() {
+    this.buf = '';
+    this.event = '';
+    /** @type {string[]} */ this.data = [];
+    /** @type {string|undefined} */ this.lastId = undefined;
+    this.first = true;
+  }
+
+  /**
+   * @param {string} text
+   * @returns {{event: string, data: string, id: string|undefined}[]}
+   */
+  push(text) {
+    this.buf += text;
+    if (this.first && this.buf.length > 0) {
+      if (this.buf.charCodeAt(0) === 0xfeff) this.buf = this.buf.slice(1);
+      this.first = false;
+    }
+    /** @type {{event: string, data: string, id: string|undefined}[]} */
+    const out = [];
+    for (;;) {
+      const m = /\r\n|\r|\n/.exec(this.buf);
+      if (!m) break;
+      // A lone \r at the very end may be half of \r\n: wait for more.
+      if (m[0] === '\r' && m.index === this.buf.length - 1) break;
+      const line = this.buf.slice(0, m.index);
+      this.buf = this.buf.slice(m.index + m[0].length);
+      this.line(line, out);
+    }
+    if (this.buf.length > SSE_LINE_MAX) {
+      throw new EgressError(0, 'too_large', `an SSE line is over ${SSE_LINE_MAX} bytes`);
+    }
+    return out;
+  }
+
+  /**
+   * @param {string} line
+   * @param {{event: string, data: string, id: string|undefined}[]} out
+   */
+  line(line, out) {
+    if (line === '') {
+      if (this.data.length) out.push({ event: this.event || 'message', data: this.data.join('\n'), id: this.lastId });
+      this.event = '';
+      this.data = [];
+      return;
+    }
+    if (line.startsWith(':')) return;
+    const i = line.indexOf(':');
+    const field = i < 0 ? line : line.slice(0, i);
+    let v = i < 0 ? '' : line.slice(i + 1);
+    if (v.startsWith(' ')) v = v.slice(1);
+    if (field === 'data') this.data.push(v);
+    else if (field === 'event') this.event = v;
+    else if (field === 'id' && !v.includes('\0')) this.lastId = v;
+  }
+}
+
+/**
+ * The JSON-RPC answer with id `id` in a message or a batch, if any.
+ * @param {any} value @param {number} id @returns {any}
+ */
+function answerTo(value, id) {
+  for (const m of Array.isArray(value) ? value : [value]) {
+    if (m && typeof m === 'object' && m.id === id && ('result' in m || 'error' in m)) return m;
+  }
+  return undefined;
+}
+
+const asyncDispose = /** @type {symbol} */ (Symbol.asyncDispose ?? Symbol.for('Symbol.asyncDispose'));
+
+/**
+ * @typedef {{token?: string, timeoutMs?: number, maxAnswerBytes?: number}} McpOptions
+ * @typedef {{name: string, description?: string, inputSchema?: any, [k: string]: any}} McpTool
+ * @typedef {{content: any[], isError?: boolean, structuredContent?: any, [k: string]: any}} McpToolResult
+ */
+
+/**
+ * One MCP session with a tool through the executor's Streamable HTTP endpoint
+ * (`/v1/mcp/<tool>`): JSON-RPC over POST, each answer JSON or an SSE stream,
+ * the session named by `Mcp-Session-Id`, ended by DELETE.
+ *
+ *   await using s = await executor.mcpSession('fetch');   // or: try { … } finally { await s.close(); }
+ *   const tools = await s.listTools();
+ *   const r = await s.callTool('fetch', { url: 'https://example.org/' });
+ *
+ * A JSON-RPC error answer throws McpError; a transport failure or a non-2xx
+ * answer that is not JSON-RPC throws EgressError. Every answer is read within
+ * `maxAnswerBytes`. Requests and notifications the server sends on an
+ * answer's stream are skipped (this client declares no capabilities).
+ */
+export class McpSession {
+  /**
+   * @param {string} url the endpoint, e.g. `executor.mcpUrl('fetch')`
+   * @param {McpOptions} [opts] token (default: EGRESS_CONTROL_TOKEN), timeoutMs, maxAnswerBytes
+   */
+  constructor(url, opts = {}) {
+    this.http = new Http(url, opts);
+    this.url = this.http.baseUrl;
+    this.maxAnswerBytes = opts.maxAnswerBytes ?? MCP_MAX_ANSWER_BYTES;
+    /** @type {string|undefined} */ this.sessionId = undefined;
+    /** @type {string|undefined} */ this.protocolVersion = undefined;
+    /** @type {Record<string, any>} */ this.serverInfo = {};
+    /** @type {Record<string, any>} */ this.capabilities = {};
+    this.nextId = 1;
+  }
+
+  /**
+   * `initialize` (the session id comes with its answer), then
+   * `notifications/initialized`. Resolves to the `initialize` result.
+   * @param {{clientName?: string, clientVersion?: string}} [opts]
+   * @returns {Promise<Record<string, any>>}
+   */
+  async open(opts = {}) {
+    const result = await this.request('initialize', {
+      protocolVersion: MCP_PROTOCOL_VERSION,
+      capabilities: {},
+      clientInfo: { name: opts.clientName ?? 'loom-egress', version: opts.clientVersion ?? '0.1.0' },
+    });
+    this.protocolVersion = typeof result.protocolVersion === 'string' ? result.protocolVersion : undefined;
+    this.serverInfo = result.serverInfo ?? {};
+    this.capabilities = result.capabilities ?? {};
+    await this.notify('notifications/initialized');
+    return result;
+  }
+
+  /**
+   * `DELETE` the session. A session the server no longer knows (404) or one
+   * it does not let clients end (405) counts as closed.
+   * @param {CallOptions} [opts]
+   * @returns {Promise<void>}
+   */
+  async close(opts = {}) {
+    if (this.sessionId === undefined) return;
+    const timeoutMs = opts.timeoutMs ?? this.http.timeoutMs;
+    let res;
+    try {
+      res = await fetch(this.url, { method: 'DELETE', headers: this.headers(false), signal: AbortSignal.timeout(timeoutMs) });
+    } catch (e) {
+      throw new EgressError(0, 'connection_error', `DELETE ${this.url}: ${/** @type {any} */ (e)?.message}`);
+    } finally {
+      this.sessionId = undefined;
+    }
+    const text = await res.text();
+    if (![200, 202, 204, 404, 405].includes(res.status)) fail('DELETE', this.url, res.status, text);
+  }
+
+  /** For `await using`. @returns {Promise<void>} */
+  [asyncDispose]() {
+    return this.close();
+  }
+
+  /** `tools/list`, every page: the tools the rules let through. @returns {Promise<McpTool[]>} */
+  listTools() {
+    return this.all('tools/list', 'tools');
+  }
+
+  /**
+   * `tools/call`: its result (`content`, `isError`, `structuredContent`). A
+   * call the rules refuse throws McpError with `reason` and `factId`.
+   * @param {string} name @param {Record<string, any>} [args] @param {CallOptions} [opts]
+   * @returns {Promise<McpToolResult>}
+   */
+  callTool(name, args = {}, opts) {
+    return /** @type {Promise<McpToolResult>} */ (this.request('tools/call', { name, arguments: args }, opts));
+  }
+
+  /** `resources/list`, every page. @returns {Promise<Record<string, any>[]>} */
+  listResources() {
+    return this.all('resources/list', 'resources');
+  }
+
+  /** `resources/read`: `{contents: […]}`. @param {string} uri @returns {Promise<Record<string, any>>} */
+  readResource(uri) {
+    return this.request('resources/read', { uri });
+  }
+
+  /** `prompts/list`, every page. @returns {Promise<Record<string, any>[]>} */
+  listPrompts() {
+    return this.all('prompts/list', 'prompts');
+  }
+
+  /**
+   * `prompts/get`: `{messages: […], …}`.
+   * @param {string} name @param {Record<string, string>} [args] @returns {Promise<Record<string, any>>}
+   */
+  getPrompt(name, args) {
+    return this.request('prompts/get', args === undefined ? { name } : { name, arguments: args });
+  }
+
+  /** `ping`. @returns {Promise<void>} */
+  async ping() {
+    await this.request('ping');
+  }
+
+  /**
+   * @param {string} method @param {string} key
+   * @returns {Promise<any[]>}
+   */
+  async all(method, key) {
+    /** @type {any[]} */
+    const out = [];
+    /** @type {string|undefined} */
+    let cursor;
+    for (let page = 0; page < 1000; page++) {
+      const result = await this.request(method, cursor === undefined ? {} : { cursor });
+      const items = result[key];
+      if (Array.isArray(items)) out.push(...items.filter((i) => i && typeof i === 'object'));
+      if (typeof result.nextCursor !== 'string' || !result.nextCursor) return out;
+      cursor = result.nextCursor;
+    }
+    throw new EgressError(0, 'bad_response', `${method}: more than 1000 pages`);
+  }
+
+  /**
+   * Any JSON-RPC request: its `result` (an object); an error answer throws McpError.
+   * @param {string} method @param {Record<string, any>} [params] @param {CallOptions} [opts]
+   * @returns {Promise<Record<string, any>>}
+   */
+  async request(method, params, opts = {}) {
+    const id = this.nextId++;
+    /** @type {Record<string, any>} */
+    const msg = { jsonrpc: '2.0', id, method };
+    if (params !== undefined) msg.params = params;
+    const answer = await this.post(msg, id, opts.timeoutMs);
+    if (!answer) throw new EgressError(0, 'bad_response', `${method}: no answer to request ${id}`);
+    const err = answer.error;
+    if (err && typeof err === 'object') {
+      throw new McpError(Number.isInteger(err.code) ? err.code : 0, String(err.message ?? ''), err.data, method);
+    }
+    if (!answer.result || typeof answer.result !== 'object' || Array.isArray(answer.result)) {
+      throw new EgressError(0, 'bad_response', `${method}: the answer has no result object`);
+    }
+    return answer.result;
+  }
+
+  /**
+   * A JSON-RPC notification (no answer expected; the server says 202).
+   * @param {string} method @param {Record<string, any>} [params] @param {CallOptions} [opts]
+   * @returns {Promise<void>}
+   */
+  async notify(method, params, opts = {}) {
+    /** @type {Record<string, any>} */
+    const msg = { jsonrpc: '2.0', method };
+    if (params !== undefined) msg.params = params;
+    await this.post(msg, undefined, opts.timeoutMs);
+  }
+
+  /** @param {boolean} json @returns {Record<string, string>} */
+  headers(json) {
+    const h = this.http.headers(json);
+    h.accept = 'application/json, text/event-stream';
+    if (this.sessionId !== undefined) h['mcp-session-id'] = this.sessionId;
+    if (this.protocolVersion !== undefined) h['mcp-protocol-version'] = this.protocolVersion;
+    return h;
+  }
+
+  /**
+   * @param {Record<string, any>} msg @param {number|undefined} id @param {number|undefined} timeoutMs
+   * @returns {Promise<any>}
+   */
+  async post(msg, id, timeoutMs) {
+    const method = String(msg.method);
+    const ms = timeoutMs ?? this.http.timeoutMs;
+    const ctl = new AbortController();
+    const timer = setTimeout(() => ctl.abort(), ms);
+    try {
+      const res = await fetch(this.url, { method: 'POST', headers: this.headers(true), body: JSON.stringify(msg), signal: ctl.signal });
+      const sid = res.headers.get('mcp-session-id');
+      if (sid !== null && this.sessionId === undefined) this.sessionId = sid;
+      const ctype = (res.headers.get('content-type') ?? '').split(';')[0].trim().toLowerCase();
+      if (ctype === 'text/event-stream' && res.ok && res.body) return await this.fromSse(res.body, id, method);
+      const text = await this.readBounded(res.body, method);
+      if (id === undefined && res.ok) return undefined;
+      let value;
+      try {
+        value = text ? JSON.parse(text) : undefined;
+      } catch {
+        value = undefined;
+      }
+      if (id !== undefined) {
+        const found = answerTo(value, id);
+        if (found) return found;
+      }
+      const err = value && typeof value === 'object' && 'jsonrpc' in value ? value.error : undefined;
+      if (!res.ok && err && typeof err === 'object' && Number.isInteger(err.code)) {
+        // A JSON-RPC error not about this request (id null): the session or the message.
+        throw new McpError(err.code, String(err.message ?? ''), err.data, method, res.status);
+      }
+      // Not JSON-RPC: the endpoint's own error ({"error": {"code", "message"}}).
+      if (!res.ok) fail('POST', this.url, res.status, text);
+      if (id === undefined) return undefined;
+      throw new EgressError(res.status, 'bad_response', `${method}: the answer is not a JSON-RPC answer to ${id}`);
+    } catch (e) {
+      if (e instanceof EgressError || e instanceof McpError) throw e;
+      const err = /** @type {any} */ (e);
+      if (ctl.signal.aborted) throw new EgressError(0, 'timeout', `${method}: no answer within ${ms} ms`);
+      const cause = err && err.cause ? `: ${err.cause.code || err.cause.message}` : '';
+      throw new EgressError(0, 'connection_error', `${method} ${this.url}: ${err && err.message}${cause}`);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /**
+   * @param {ReadableStream<Uint8Array>|null} body @param {string} method
+   * @returns {Promise<string>}
+   */
+  async readBounded(body, method) {
+    if (!body) return '';
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    let text = '';
+    let n = 0;
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return text + decoder.decode();
+        n += value.byteLength;
+        if (n > this.maxAnswerBytes) throw new EgressError(0, 'too_large', `${method}: answer is over ${this.maxAnswerBytes} bytes`);
+        text += decoder.decode(value, { stream: true });
+      }
+    } finally {
+      reader.cancel().catch(() => {});
+    }
+  }
+
+  /**
+   * @param {ReadableStream<Uint8Array>} body @param {number|undefined} id @param {string} method
+   * @returns {Promise<any>}
+   */
+  async fromSse(body, id, method) {
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    const parser = new SseParser();
+    let n = 0;
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        n += value.byteLength;
+        if (n > this.maxAnswerBytes) throw new EgressError(0, 'too_large', `${method}: answer is over ${this.maxAnswerBytes} bytes`);
+        for (const ev of parser.push(decoder.decode(value, { stream: true }))) {
+          let v;
+          try {
+            v = JSON.parse(ev.data);
+          } catch {
+            continue;
+          }
+          const found = id === undefined ? undefined : answerTo(v, id);
+          if (found) return found;
+        }
+      }
+    } finally {
+      reader.cancel().catch(() => {});
+    }
+    if (id === undefined) return undefined;
+    throw new EgressError(0, 'bad_response', `${method}: the stream ended without an answer`);
   }
 }
