@@ -1,4 +1,4 @@
-"""Tests of loom_egress.py against the real egress-proxy and egress-executor.
+"""Tests of loom_egress against the real egress-proxy and egress-executor.
 
     python3 -m unittest discover -s clients/python -v        # from the repository root
 
