@@ -122,11 +122,11 @@ pub struct Credential {
     pub placeholder_env: String,
     pub allow_plaintext: Plaintext,
     /// `rewrite_websocket = true`: after a WebSocket handshake to one of the
-    /// credential's hosts, the proxy reads the frames: the placeholder in
-    /// the tool's text messages becomes the secret, a binary message
-    /// carrying it is refused, and the secret in the origin's text
-    /// messages becomes the placeholder again. Off: only the handshake
-    /// carries the credential, frames pass untouched.
+    /// credential's hosts, the proxy reads the tool's frames too: the
+    /// placeholder in its text messages becomes the secret and a binary
+    /// message carrying it is refused. Off: only the handshake carries the
+    /// credential and the tool's frames pass untouched. Either way the
+    /// origin's messages are read and scrubbed of the secret.
     pub rewrite_websocket: bool,
     /// Empty until [`crate::Config::load_secrets`] loads it.
     pub secret: Secret,

@@ -156,6 +156,25 @@ impl World {
     }
 }
 
+/// The data of the client's `reply` events, in order.
+fn replies(events: &[Value]) -> Vec<&Value> {
+    events
+        .iter()
+        .filter(|e| e["event"] == "reply")
+        .map(|e| &e["data"])
+        .collect()
+}
+
+/// The run's `credential_scrubs`, summed over its credentials.
+fn credential_scrubs(v: &Value) -> u64 {
+    v["credential_scrubs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum()
+}
+
 /// The client's command with the run's env only (plus `PATH`, `HOME`).
 fn client_cmd(env: &BTreeMap<String, String>, uri: &str, forward: bool, args: &[&str]) -> Command {
     let mut cmd = Command::new("python3");
@@ -238,11 +257,7 @@ async fn the_handshake_carries_the_credential_and_echo_works_both_ways() {
         let said = format!("with {placeholder} untouched");
         let events = client(&env, &uri, forward, &["hello", &said, "--binary", "bin-hello"]).await;
         assert_eq!(events[0]["status"], 101, "{uri}: {events:?}");
-        let replies: Vec<&Value> = events
-            .iter()
-            .filter(|e| e["event"] == "reply")
-            .map(|e| &e["data"])
-            .collect();
+        let replies = replies(&events);
         assert_eq!(replies, ["hello", said.as_str(), "bin-hello"], "{uri}");
         let opened = origin.wait("open", 1).await;
         assert_eq!(opened[0]["path"], "/ws/echo", "{uri}");
@@ -373,11 +388,7 @@ async fn rewrite_websocket_puts_the_secret_in_text_and_takes_it_out_of_the_echo(
         let long = format!("{}{placeholder}", "x".repeat(70_000));
         let events = client(&env, &uri, forward, &[&said, &long, "plain"]).await;
         assert_eq!(events[0]["status"], 101, "{uri}: {events:?}");
-        let replies: Vec<&Value> = events
-            .iter()
-            .filter(|e| e["event"] == "reply")
-            .map(|e| &e["data"])
-            .collect();
+        let replies = replies(&events);
         let shown: Vec<String> = replies
             .iter()
             .map(|r| r.as_str().unwrap_or("").chars().rev().take(80).collect())
@@ -420,12 +431,7 @@ async fn rewrite_websocket_puts_the_secret_in_text_and_takes_it_out_of_the_echo(
     }
     // The scrubbed echoes are counted for the run.
     let v = w.run_view(&run).await;
-    let scrubs: u64 = v["credential_scrubs"]
-        .as_object()
-        .unwrap()
-        .values()
-        .map(|n| n.as_u64().unwrap())
-        .sum();
+    let scrubs = credential_scrubs(&v);
     assert!(scrubs >= 6, "{v}");
 }
 
@@ -444,11 +450,7 @@ async fn a_reflected_secret_reaches_the_tool_as_the_placeholder_in_every_mode() 
             let placeholder = env[var].clone();
             let events = client(&env, &uri, forward, &["hello", "--binary", "bin"]).await;
             assert_eq!(events[0]["status"], 101, "{uri}: {events:?}");
-            let replies: Vec<&Value> = events
-                .iter()
-                .filter(|e| e["event"] == "reply")
-                .map(|e| &e["data"])
-                .collect();
+            let replies = replies(&events);
             assert_eq!(
                 replies,
                 [
@@ -467,12 +469,7 @@ async fn a_reflected_secret_reaches_the_tool_as_the_placeholder_in_every_mode() 
             );
         }
         let v = w.run_view(&run).await;
-        let scrubs: u64 = v["credential_scrubs"]
-            .as_object()
-            .unwrap()
-            .values()
-            .map(|n| n.as_u64().unwrap())
-            .sum();
+        let scrubs = credential_scrubs(&v);
         assert!(scrubs >= 4, "rewrite_websocket = {rewrite}: {v}");
     }
 }
