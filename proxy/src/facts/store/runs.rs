@@ -85,8 +85,9 @@ mod tests {
         s.record(fact("warm-up", "a.example")).await.unwrap();
         for i in 0..100 {
             let run = format!("r{i}");
-            // Its first poll queues the fact; its answer is not awaited.
-            assert!(s.record(fact(&run, "b.example")).now_or_never().is_none());
+            // Its first poll queues the fact; its answer is not awaited (on a
+            // loaded machine the writer may even have committed it by then).
+            let _ = s.record(fact(&run, "b.example")).now_or_never();
             assert!(s.forget_run(run.clone()).await.unwrap(), "iteration {i}: it has a fact");
             assert_eq!(
                 query(&s, Some(&run), 0, 10).await.len(),
