@@ -66,10 +66,7 @@ SAME_LAYER = {"executor/src": "never", "proxy/src": "one way"}
 # data plane is many entrances around one decider: an entrance imports the
 # decider and the carriers; a carrier may import the decider (the `Fetch`
 # context it carries for, the canonical target, `policy::contains`), never
-# an entrance; the decider imports nothing of the data plane. `KNOWN` names,
-# module by module, the imports against this order that are still in the
-# tree, each to be taken out (a new one fails, and so does one that is gone
-# but still listed, so the list only shrinks).
+# an entrance; the decider imports nothing of the data plane.
 PARTS = {
     "proxy/src": {
         "data": [
@@ -77,19 +74,6 @@ PARTS = {
             ["carry"],  # upstream, forward, tunnel, body, inject, scrub, frames, ...
             ["decide"],  # the Fetch context, the pure policy, target, auth
         ],
-    },
-}
-KNOWN = {
-    "proxy/src": {
-        # The decider's answers are HTTP responses with the carriers' body
-        # type, built by `respond`, and name `inject`'s `Injection`.
-        ("data::decide::fetch", "data::carry::body"),
-        ("data::decide::fetch", "data::carry::inject"),
-        ("data::decide::fetch", "data::carry::respond"),
-        # The plain-HTTP carrier hands a WebSocket's 101 to its relay, and
-        # the client side of HTTP/2 takes the server side's bounds.
-        ("data::carry::forward", "data::entrance::websocket"),
-        ("data::carry::upstream", "data::entrance::h2"),
     },
 }
 
@@ -288,9 +272,7 @@ def check(root, src, layers, same_layer, graph=False):
                 how = "sideways (same layer)" if layer_of[a] == layer_of[b] else "upward"
                 for i, t in sorted(pairs):
                     problems.append(f"{src}: {show(i)} imports {show(t)}: {how}, against the order {a} above {b}")
-    # Inside a room: its parts in their order (PARTS), the KNOWN ones aside.
-    known = KNOWN.get(src, set())
-    seen = set()
+    # Inside a room: its parts in their order (PARTS).
     for room, order in PARTS.get(src, {}).items():
         part_of = {p: n for n, layer in enumerate(order) for p in layer}
         for m in sorted(mods):
@@ -304,15 +286,9 @@ def check(root, src, layers, same_layer, graph=False):
                     continue
                 if part_of[t[1]] > part_of[m[1]]:
                     continue
-                pair = (show(m), show(t))
-                if pair in known:
-                    seen.add(pair)
-                    continue
                 problems.append(
-                    f"{src}: {pair[0]} imports {pair[1]}: against the order of `{room}` ({' above '.join(' '.join(l) for l in order)})"
+                    f"{src}: {show(m)} imports {show(t)}: against the order of `{room}` ({' above '.join(' '.join(l) for l in order)})"
                 )
-    for a, b in sorted(known - seen):
-        problems.append(f"{src}: KNOWN lists {a} -> {b}, which is no longer imported: take it off the list")
     # Inside a room: modules in no cycle, an import of an enclosing mod.rs aside.
     for room in all_rooms:
         inner = {m for m in mods if m and m[0] == room}

@@ -1,16 +1,21 @@
-//! One decision, many entrances: the same table of (target, expected
-//! decision) cases runs through the forward path (absolute-form HTTP),
-//! CONNECT and SOCKS5, and each entrance must come to the same decision
-//! and record the same fact; a denied name is never resolved. Then what
-//! only SOCKS5 has: its authentication, its commands and address types,
-//! and a real client (curl `--socks5-hostname`). Loopback origins on
-//! 127.0.0.2, fake DNS.
+//! One decision, many entrances: the one table of (target, expected
+//! decision) cases, [`cases`], is fed by each entrance's harness: the
+//! forward path (absolute-form HTTP), CONNECT, SOCKS5, and a request inside
+//! an intercepted CONNECT over HTTP/1.1 and over HTTP/2. Each must come to
+//! the same decision and record the same fact; a denied name is never
+//! resolved. Then what only SOCKS5 has: its authentication, its commands
+//! and address types, and a real client (curl `--socks5-hostname`).
+//! Loopback origins on 127.0.0.2, fake DNS. (A transparent connection is
+//! decided by the same steps; its harness needs a confined child, and its
+//! cases are in `executor/tests/transparent.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use egress_e2e::harness::{TestProxy, TestRun};
+use egress_e2e::harness::{proxy_section, TestProxy, TestRun};
+use egress_e2e::inside;
 use egress_e2e::origin::http_origin;
 use egress_e2e::raw::{connect, send};
 use egress_e2e::socks::{self, Dest, Outcome};
+use egress_e2e::tls_origin::tls_origin;
 use std::net::IpAddr;
 
 fn tools(port: u16) -> String {
@@ -82,20 +87,14 @@ async fn socks5(p: &TestProxy, run: &TestRun, dest: &Dest) -> Decided {
     }
 }
 
-#[tokio::test]
-async fn every_entrance_comes_to_the_same_decision() {
-    let origin = http_origin("127.0.0.2:0").await;
-    let port = origin.addr.port();
-    let p = TestProxy::start(&tools(port)).await;
-    p.dns.set("allowed.test", &["127.0.0.2"]);
-    p.dns.set("private.test", &["127.0.0.3"]);
-    p.dns.set("other.test", &["127.0.0.2"]);
-    let run = p.run("web").await;
+/// The one table of decision cases every entrance is fed: (host as
+/// written, port, expected), for a tool that may reach `allowed.test`,
+/// `private.test` (which resolves to a private address) and `127.0.0.2` on
+/// the origin's `port`. Names go by SOCKS5 as names, addresses as addresses.
+fn cases(port: u16) -> Vec<(&'static str, u16, Decided)> {
     let allowed = Decided::Allowed;
     let denied = |r: &str| Decided::Denied(r.to_owned());
-    // (host as written, port, expected) — names go by SOCKS5 as names,
-    // addresses as addresses.
-    let cases: Vec<(&str, u16, Decided)> = vec![
+    vec![
         ("allowed.test", port, allowed.clone()),
         ("ALLOWED.test.", port, allowed.clone()),
         ("allowed.test", port + 1, denied("not_allowlisted")),
@@ -108,12 +107,41 @@ async fn every_entrance_comes_to_the_same_decision() {
         ("0x7f.1", port, denied("ip_literal")),
         ("private.test", port, denied("private_address")),
         ("::1", port, denied("ip_literal")),
-    ];
-    for (host, port, want) in cases {
-        let authority = match host.parse::<std::net::Ipv6Addr>() {
-            Ok(_) => format!("[{host}]:{port}"),
-            Err(_) => format!("{host}:{port}"),
-        };
+    ]
+}
+
+fn names(p: &TestProxy) {
+    p.dns.set("allowed.test", &["127.0.0.2"]);
+    p.dns.set("private.test", &["127.0.0.3"]);
+    p.dns.set("other.test", &["127.0.0.2"]);
+}
+
+fn authority(host: &str, port: u16) -> String {
+    match host.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{host}]:{port}"),
+        Err(_) => format!("{host}:{port}"),
+    }
+}
+
+fn only_allowed_names_resolved(p: &TestProxy) {
+    let asked = p.dns.queries();
+    assert!(
+        asked
+            .iter()
+            .all(|q| q.starts_with("allowed.test") || q.starts_with("private.test")),
+        "only allowed names were resolved: {asked:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_entrance_comes_to_the_same_decision() {
+    let origin = http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let p = TestProxy::start(&tools(port)).await;
+    names(&p);
+    let run = p.run("web").await;
+    for (host, port, want) in cases(port) {
+        let authority = authority(host, port);
         let dest = match host.parse::<IpAddr>() {
             Ok(ip) => Dest::Ip(ip, port),
             Err(_) => Dest::Name(host.to_owned(), port),
@@ -122,13 +150,81 @@ async fn every_entrance_comes_to_the_same_decision() {
         assert_eq!(tunnel(&p, &run, &authority).await, want, "CONNECT {authority}");
         assert_eq!(socks5(&p, &run, &dest).await, want, "SOCKS5 {dest:?}");
     }
-    let asked = p.dns.queries();
-    assert!(
-        asked
-            .iter()
-            .all(|q| q.starts_with("allowed.test") || q.starts_with("private.test")),
-        "only allowed names were resolved: {asked:?}"
+    only_allowed_names_resolved(&p);
+}
+
+/// A request inside an intercepted CONNECT, over HTTP/1.1 or HTTP/2: the
+/// CONNECT is decided first (a denial there is the row's decision), then
+/// the request inside, against the same rules.
+async fn intercepted(p: &TestProxy, run: &TestRun, ca: &str, authority: &str, h2: bool) -> Decided {
+    let before = facts_of(p, run).await;
+    let (r, stream) = connect(p.proxy, authority, Some(&run.auth())).await;
+    if r.status != 200 {
+        let reason = last_fact(p, run, before).await;
+        let reason = reason.unwrap_or_else(|| panic!("CONNECT {authority}: {} without a fact", r.status));
+        assert_eq!(r.deny_reason(), Some(reason.as_str()), "the answer and the fact agree");
+        return Decided::Denied(reason);
+    }
+    let got = if h2 {
+        inside::h2(ca, authority, stream, "GET", "/", &[]).await
+    } else {
+        inside::h1(ca, authority, stream, "GET", "/", "").await
+    };
+    match (got.status, last_fact(p, run, before).await) {
+        (200, None) => Decided::Allowed,
+        (_, Some(reason)) => {
+            assert_eq!(
+                got.header("x-egress-deny-reason"),
+                Some(reason.as_str()),
+                "the answer and the fact agree"
+            );
+            Decided::Denied(reason)
+        }
+        (s, None) => panic!(
+            "inside {authority} (h2: {h2}): {s} without a fact: {}",
+            String::from_utf8_lossy(&got.all)
+        ),
+    }
+}
+
+#[tokio::test]
+async fn requests_inside_interception_come_to_the_same_decision() {
+    let origin = tls_origin("127.0.0.2:0", &["allowed.test", "127.0.0.2"]).await;
+    let port = origin.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let roots = origin.write_ca(dir.path());
+    let dns = egress_e2e::dns::FakeDns::start().await;
+    let text = format!(
+        "{}\n[proxy.interception]\nupstream_ca_file = \"{}\"\n{}inspect = true\n",
+        proxy_section(&dns, ""),
+        roots.display(),
+        tools(port)
     );
+    let p = TestProxy::start_config(
+        dns,
+        &text,
+        None,
+        Some(std::sync::Arc::new(egress_proxy::facts::MemorySink::new(10_000))),
+    )
+    .await;
+    names(&p);
+    let run = p.run("web").await;
+    let (_, ca) = p.control("GET", "/v1/ca", None).await;
+    let ca = ca["pem"].as_str().unwrap();
+    for (host, port, want) in cases(port) {
+        let authority = authority(host, port);
+        for h2 in [false, true] {
+            let got = intercepted(&p, &run, ca, &authority, h2).await;
+            assert_eq!(got, want, "inside {authority} (h2: {h2})");
+        }
+    }
+    let served = cases(port).iter().filter(|c| c.2 == Decided::Allowed).count() * 2;
+    assert_eq!(
+        origin.heads().len(),
+        served,
+        "each allowed request, and only those, reached the origin"
+    );
+    only_allowed_names_resolved(&p);
 }
 
 #[tokio::test]

@@ -9,14 +9,15 @@
 //! bounds both directions by the deadline and the run's end.
 
 use crate::data::carry::body::{self, Exchange, Guarded, ProxyBody, Upload};
-use crate::data::carry::inject::{self, Injection};
+use crate::data::carry::inject;
 use crate::data::carry::respond;
 use crate::data::carry::scrub;
 use crate::data::carry::tunnel::{self, Meter};
 use crate::data::carry::upstream::{self, Upstream};
+use crate::data::carry::websocket;
+use crate::data::decide::fetch::Injection;
 use crate::data::decide::fetch::{self, Fetch};
 use crate::data::decide::target::Target;
-use crate::data::entrance::websocket;
 use crate::deny::{DenyReason, FetchError, Phase};
 use crate::runs::pool::UpBody;
 use crate::runs::Run;
@@ -112,7 +113,7 @@ pub(in crate::data) async fn forward(
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let method = parts.method.clone();
-    let json = respond::accepts_json(&parts.headers);
+    let json = crate::data::decide::refusal::accepts_json(&parts.headers);
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if websocket {
@@ -131,7 +132,7 @@ pub(in crate::data) async fn forward(
     let head = body::head_len(parts.method.as_str().len() + pq.as_str().len() + 10, &headers);
     if !exchange.finish.head(head, true) {
         exchange.finish.severed("budget_exhausted");
-        return fetch.deny_head(run, target, "request", head).await;
+        return fetch.deny_head(run, target, "request", head).await.into();
     }
     let upload: UpBody = Upload::new(body, exchange.clone()).boxed_unsync();
     let mut up = Request::new(upload);
@@ -217,7 +218,9 @@ pub(in crate::data) async fn forward(
         Ok(s) => s,
         Err(e) => {
             fx.failed(DenyReason::Unscrubbable.code());
-            return fetch::refuse_answer(sh, run, target, fx.kind, json, format!("{target}: {e}")).await;
+            return fetch::refuse_answer(sh, run, target, fx.kind, json, format!("{target}: {e}"))
+                .await
+                .into();
         }
     };
     strip_hop_by_hop(&mut parts.headers);
@@ -227,7 +230,7 @@ pub(in crate::data) async fn forward(
     );
     if !fx.head(head, false) {
         fx.severed("budget_exhausted");
-        return fetch.deny_head(run, target, "response", head).await;
+        return fetch.deny_head(run, target, "response", head).await.into();
     }
     exchange.attach(conn);
     Response::from_parts(parts, ProxyBody::stream(Guarded::new(body, exchange), scrub))
@@ -281,7 +284,9 @@ async fn switch(
     if let Err(e) = scrubbed {
         fx.failed(DenyReason::Unscrubbable.code());
         let detail = format!("{}: {e}", ws.target);
-        return fetch::refuse_answer(sh, run, ws.target, fx.kind, ws.json, detail).await;
+        return fetch::refuse_answer(sh, run, ws.target, fx.kind, ws.json, detail)
+            .await
+            .into();
     }
     let head = body::head_len(
         parts.status.canonical_reason().map_or(3, |r| r.len() + 4) + 9,
@@ -289,7 +294,7 @@ async fn switch(
     );
     if !fx.head(head, false) {
         fx.severed("budget_exhausted");
-        return fetch.deny_head(run, ws.target, "response", head).await;
+        return fetch.deny_head(run, ws.target, "response", head).await.into();
     }
     exchange.take_over();
     let rewrite = websocket::Rewrite::new(sh, run, ws.target, ws.credentials.as_ref());

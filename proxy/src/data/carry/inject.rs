@@ -8,22 +8,13 @@
 //! `policy::credentials`; this module only rewrites.
 
 use crate::data::carry::scrub;
+use crate::data::decide::fetch::Injection;
 use crate::data::decide::policy::contains;
 use crate::runs::Run;
 use egress_config::secrets::percent_encode;
-use egress_config::{Credential, ToolPolicy};
+use egress_config::Credential;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use std::sync::Arc;
-
-/// Credentials of the tool that go into one request.
-pub struct Injection {
-    pub tool: Arc<ToolPolicy>,
-    /// Indices into `tool.credentials`.
-    pub creds: Vec<usize>,
-    /// Plain HTTP under `allow_plaintext = true`: dialled to loopback only.
-    pub loopback_only: bool,
-}
 
 /// Writes each of `inj`'s credentials into a request of `run` (plain HTTP,
 /// or inside an intercepted CONNECT), and asks the origin for a response

@@ -1,7 +1,7 @@
 //! What carries an answer once it is decided: dialling the vetted addresses
 //! ([`upstream`]), plain HTTP ([`forward`], [`body`], with credentials
 //! written in by [`inject`] and taken out by [`scrub`]), tunnels
-//! ([`tunnel`]), WebSocket frames ([`frames`]), first bytes ([`sniff`],
+//! ([`tunnel`]), WebSocket connections ([`websocket`], [`frames`]), first bytes ([`sniff`],
 //! [`prefixed`]), the answers the proxy writes ([`respond`]) and the end of
 //! a fetch ([`finish`]).
 
@@ -17,3 +17,4 @@ pub(crate) mod scrub;
 pub(crate) mod sniff;
 pub(crate) mod tunnel;
 pub(crate) mod upstream;
+pub(crate) mod websocket;

@@ -7,10 +7,8 @@
 
 use crate::data::carry::body::ProxyBody;
 use crate::data::decide::auth::CHALLENGE;
-use crate::data::decide::target::Target;
+use crate::data::decide::refusal::Refusal;
 use crate::deny::{DenyReason, FetchError};
-use crate::facts::FactTarget;
-use egress_config::Host;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
@@ -43,7 +41,7 @@ pub struct Denied<'a> {
     pub target: Option<&'a str>,
     /// The run's tool (`None` for authentication failures).
     pub tool: Option<&'a str>,
-    /// Whether the request accepts `application/json` ([`accepts_json`]).
+    /// Whether the request accepts `application/json` ([`accepts_json`](crate::data::decide::refusal::accepts_json)).
     pub json: bool,
 }
 
@@ -123,15 +121,25 @@ fn denial_header(d: &egress_api::Denial) -> Option<HeaderValue> {
     HeaderValue::from_str(&v).ok()
 }
 
-/// Whether a request's `Accept` names `application/json` (any case, any
-/// parameters): the denial is then answered with a JSON body.
-pub fn accepts_json(headers: &http::HeaderMap) -> bool {
-    headers.get_all(header::ACCEPT).iter().any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .any(|m| m.trim().to_ascii_lowercase().starts_with("application/json"))
-        })
-    })
+/// A refusal of the decider as HTTP: a denial with its fact, or an error.
+pub fn refused(r: Refusal) -> Response<ProxyBody> {
+    match r {
+        Refusal::Denied(d) => denied(Denied {
+            reason: d.reason,
+            detail: &d.detail,
+            fact_id: &d.fact_id,
+            target: d.target.as_deref(),
+            tool: d.tool.as_deref(),
+            json: d.json,
+        }),
+        Refusal::Failed { error, detail } => self::error(error, &detail),
+    }
+}
+
+impl From<Refusal> for Response<ProxyBody> {
+    fn from(r: Refusal) -> Self {
+        refused(r)
+    }
 }
 
 /// A non-policy error: the error's status and code.
@@ -146,29 +154,6 @@ pub fn closing(mut r: Response<ProxyBody>) -> Response<ProxyBody> {
     r.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
-}
-
-/// Where a fact points, from a canonical target.
-pub fn fact_target(t: &Target) -> FactTarget {
-    let host = match &t.host {
-        Host::Name(n) => n.clone(),
-        Host::Ip(ip) => ip.to_string(),
-    };
-    FactTarget {
-        kind: t.kind.as_str().to_owned(),
-        host,
-        port: t.port,
-    }
-}
-
-/// A short, printable, bounded rendering of an unparsed target for facts.
-pub fn raw_target(uri: &http::Uri) -> String {
-    let s = uri.to_string();
-    let mut out: String = s.chars().filter(|c| !c.is_control()).take(256).collect();
-    if s.len() > 256 {
-        out.push('…');
-    }
-    out
 }
 
 #[cfg(test)]
@@ -224,19 +209,5 @@ mod tests {
         let want: String = target.chars().take(HEADER_TARGET_CHARS).collect();
         assert_eq!(d.target, Some(want));
         assert_eq!(d.tool.as_deref(), Some("t\u{e9}"));
-    }
-
-    #[test]
-    fn accept_names_json_in_any_case_and_position() {
-        let h = |v: &str| {
-            let mut m = http::HeaderMap::new();
-            m.insert(header::ACCEPT, HeaderValue::from_str(v).unwrap());
-            accepts_json(&m)
-        };
-        assert!(h("application/json"));
-        assert!(h("text/html, Application/JSON; q=0.5"));
-        assert!(!h("text/html"));
-        assert!(!h("application/xml"));
-        assert!(!accepts_json(&http::HeaderMap::new()));
     }
 }

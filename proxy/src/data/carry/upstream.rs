@@ -4,7 +4,8 @@
 //! WebSocket) of plain-HTTP fetches,
 //! whose connection then lives in the run's pool (`runs::pool`), and of
 //! intercepted origins; the HTTP/2 handshake (RFC 9113 §3.4) of an
-//! intercepted origin that picked `h2` by ALPN.
+//! intercepted origin that picked `h2` by ALPN, and the one set of HTTP/2
+//! bounds ([`H2_BOUNDS`]) both sides apply.
 
 use crate::runs::pool::{Conn, ConnGuard, Dialled, H2Conn};
 use hyper_util::rt::TokioIo;
@@ -49,9 +50,53 @@ pub enum Upstream {
     Verified(Dialled),
 }
 
+/// What bounds one HTTP/2 connection of a tool (the server side,
+/// `entrance::h2`) and, for what comes back, the proxy's own HTTP/2
+/// connection to the origin ([`handshake_h2`]).
+pub struct H2Bounds {
+    /// Streams open at once on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
+    /// the run's `max_concurrent_fetches` bounds them further.
+    pub max_concurrent_streams: u32,
+    /// Bytes of one decoded header list (`SETTINGS_MAX_HEADER_LIST_SIZE`),
+    /// counted as HPACK decodes them and across CONTINUATION frames: a
+    /// block that grows past it ends the connection. Never above the
+    /// proxy's `max_header_bytes` either.
+    pub max_header_list_size: u32,
+    /// The HPACK dynamic table the tool may make the proxy keep.
+    pub header_table_size: u32,
+    /// Flow-control window of a stream, and of the connection: what a tool
+    /// can make the proxy buffer before it reads.
+    pub initial_stream_window: u32,
+    pub initial_connection_window: u32,
+    /// The largest frame the proxy accepts.
+    pub max_frame_size: u32,
+    /// Bytes queued for sending per stream.
+    pub max_send_buf_size: usize,
+    /// Streams the tool opens and resets before they are served (the
+    /// rapid-reset class, CVE-2023-44487): past this, `GOAWAY`
+    /// (`ENHANCE_YOUR_CALM`).
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams the proxy had to reset for the tool's protocol errors: past
+    /// this, `GOAWAY`.
+    pub max_local_error_reset_streams: usize,
+}
+
+/// The one set of HTTP/2 bounds.
+pub const H2_BOUNDS: H2Bounds = H2Bounds {
+    max_concurrent_streams: 100,
+    max_header_list_size: 16 * 1024,
+    header_table_size: 4096,
+    initial_stream_window: 256 * 1024,
+    initial_connection_window: 1024 * 1024,
+    max_frame_size: 16 * 1024,
+    max_send_buf_size: 256 * 1024,
+    max_pending_accept_reset_streams: 20,
+    max_local_error_reset_streams: 64,
+};
+
 /// The HTTP/2 handshake on a verified TLS stream whose ALPN is `h2`, with
 /// the same bounds the server side applies to the tool
-/// ([`H2_BOUNDS`](crate::data::entrance::h2::H2_BOUNDS)) for what comes back.
+/// ([`H2_BOUNDS`]) for what comes back.
 pub async fn handshake_h2<IO>(
     stream: IO,
     addr: SocketAddr,
@@ -61,7 +106,7 @@ pub async fn handshake_h2<IO>(
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let b = &crate::data::entrance::h2::H2_BOUNDS;
+    let b = &H2_BOUNDS;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .timer(hyper_util::rt::TokioTimer::new())
         .initial_stream_window_size(b.initial_stream_window)

@@ -24,10 +24,11 @@
 
 use crate::data::carry::finish::Finish;
 use crate::data::carry::frames::{self, FrameError, Item, Messages};
-use crate::data::carry::inject::{self, Injection};
+use crate::data::carry::inject;
 use crate::data::carry::relayed::Unreadable;
 use crate::data::carry::scrub::Scrub;
 use crate::data::decide::fetch;
+use crate::data::decide::fetch::Injection;
 use crate::data::decide::policy::{self, Denial};
 use crate::data::decide::target::Target;
 use crate::runs::Run;

@@ -6,18 +6,19 @@
 //! scrubber cannot read. The forward and CONNECT entrance ([`http`]) and
 //! the requests inside an intercepted CONNECT ([`intercept`]) both call
 //! these steps; the steps call the pure policy functions ([`policy`]) and
-//! never an entrance.
+//! never an entrance. It is one file of some 840 lines on purpose: the
+//! steps are methods of the one [`Fetch`] context and share its one way of
+//! refusing (the fact first, then the [`Refusal`]), which a split by step
+//! would scatter.
 //!
 //! [`http`]: crate::data::entrance::http
 //! [`intercept`]: crate::data::entrance::intercept
 
-use crate::data::carry::body::ProxyBody;
-use crate::data::carry::inject::Injection;
-use crate::data::carry::respond::{self, fact_target, raw_target};
 use crate::data::decide::auth::{AuthFailure, Presented};
 use crate::data::decide::policy::{self, Admission, Channel, Denial, Head, Upgrade};
-use crate::data::decide::target::{self, Kind, Target, TargetError};
-use crate::deny::{DenyReason, FetchError, Phase, Via};
+use crate::data::decide::refusal::{self, Denied, Refusal};
+use crate::data::decide::target::{self, fact_target, raw_target, Kind, Target, TargetError};
+use crate::deny::{DenyReason, Phase, Via};
 use crate::facts::{Fact, NewFact, Recorded};
 use crate::metrics::{Decision, Outcome, ToolMetrics};
 use crate::runs::budget::{ByteBudget, Exceeded};
@@ -25,7 +26,7 @@ use crate::runs::Run;
 use crate::state::Shared;
 use egress_api::FactTarget;
 use egress_config::{Host, Mode, Policy, ToolPolicy};
-use http::{Request, Response};
+use http::Request;
 use hyper::body::Incoming;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -33,7 +34,7 @@ use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use tokio::time::Instant;
 
-type Answer = Response<ProxyBody>;
+type Answer = Refusal;
 
 /// What a denial points at.
 pub(in crate::data) enum Dest<'a> {
@@ -112,7 +113,7 @@ impl<'a> Fetch<'a> {
     /// The same fetch, answering denials of the request with `headers` in
     /// JSON if it accepts `application/json`.
     pub(in crate::data) fn answering(mut self, headers: &http::HeaderMap) -> Self {
-        self.json = respond::accepts_json(headers);
+        self.json = refusal::accepts_json(headers);
         self
     }
 
@@ -412,15 +413,15 @@ impl<'a> Fetch<'a> {
             .record(reason, detail.clone(), Some(target), &[], Mode::Enforce)
             .await
         {
-            Ok(recorded) => respond::denied(respond::Denied {
+            Ok(recorded) => Refusal::Denied(Denied {
                 reason,
-                detail: &detail,
-                fact_id: &recorded.id,
-                target: Some(&target.to_string()),
-                tool: Some(&run.tool),
+                detail,
+                fact_id: recorded.id,
+                target: Some(target.to_string()),
+                tool: Some(run.tool.to_string()),
                 json: self.json,
             }),
-            Err(e) => respond::error(FetchError::FactsUnavailable, &e),
+            Err(e) => Refusal::unrecorded(&e),
         }
     }
 
@@ -550,15 +551,15 @@ impl<'a> Fetch<'a> {
             _ => self.run.map(|r| &*r.tool),
         };
         match recorded {
-            Ok(recorded) => respond::denied(respond::Denied {
+            Ok(recorded) => Refusal::Denied(Denied {
                 reason,
-                detail: &crate::facts::bounded(answer),
-                fact_id: &recorded.id,
-                target: quoted.as_deref(),
-                tool,
+                detail: crate::facts::bounded(answer),
+                fact_id: recorded.id,
+                target: quoted,
+                tool: tool.map(str::to_owned),
                 json: self.json,
             }),
-            Err(e) => respond::error(FetchError::FactsUnavailable, &e),
+            Err(e) => Refusal::unrecorded(&e),
         }
     }
 
@@ -625,7 +626,7 @@ impl<'a> Fetch<'a> {
                 .record(DenyReason::CredentialElsewhere, detail, None, &[], Mode::Enforce)
                 .await
             {
-                return respond::error(FetchError::FactsUnavailable, &e);
+                return Refusal::unrecorded(&e);
             }
         }
         let answer = "this credential is taken only inside its own sandbox, on the listener handed over for its run";
@@ -660,7 +661,7 @@ impl<'a> Fetch<'a> {
         self.record(d.reason, d.detail.clone(), Some(target), resolved, Mode::Report)
             .await
             .map(|_| ())
-            .map_err(|e| respond::error(FetchError::FactsUnavailable, &e))
+            .map_err(|e| Refusal::unrecorded(&e))
     }
 
     /// Hands a fact to the sink and waits until it is stored.
@@ -737,6 +738,15 @@ pub struct Inside {
     pub fetch_timeout: std::time::Duration,
     /// Its count as allowed (or reported), for the caller to take.
     pub allowed: Allowed,
+}
+
+/// Credentials of the tool that go into one request.
+pub struct Injection {
+    pub tool: Arc<ToolPolicy>,
+    /// Indices into `tool.credentials`.
+    pub creds: Vec<usize>,
+    /// Plain HTTP under `allow_plaintext = true`: dialled to loopback only.
+    pub loopback_only: bool,
 }
 
 /// Steps 2–4 again for one request inside an intercepted CONNECT to
@@ -828,9 +838,6 @@ pub async fn deny_message(sh: &Shared, run: &Run, target: &Target, d: Denial) ->
     let policy = sh.policy.load_full();
     let tm = sh.tool_metrics(Some(&run.tool));
     let fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now());
-    let answer = fetch.deny(d.reason, d.detail, Dest::Target(target), &[]).await;
-    match answer.headers().get(respond::FACT_HEADER).and_then(|v| v.to_str().ok()) {
-        Some(id) => id.to_owned(),
-        None => "unrecorded".to_owned(),
-    }
+    let refusal = fetch.deny(d.reason, d.detail, Dest::Target(target), &[]).await;
+    refusal.fact_id().unwrap_or("unrecorded").to_owned()
 }

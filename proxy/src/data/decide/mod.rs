@@ -1,9 +1,11 @@
 //! The one decider, the only place a rule lives: the [`fetch::Fetch`]
 //! context (each step recorded as a fact before it is answered), the pure
-//! [`policy`] functions, the canonical [`target`] and the run credential
-//! ([`auth`]). Every entrance calls it.
+//! [`policy`] functions, the canonical [`target`], the run credential
+//! ([`auth`]) and what a refusal says ([`refusal`]). Every entrance calls
+//! it; it imports no entrance and no carrier.
 
 pub(crate) mod auth;
 pub(crate) mod fetch;
 pub(crate) mod policy;
+pub(crate) mod refusal;
 pub(crate) mod target;

@@ -4,6 +4,7 @@
 //! names the same authority, closing the Host-header bypass. The canonical
 //! target is what matching, logging, facts and dialling all use.
 
+use crate::facts::FactTarget;
 use egress_config::{host::AuthorityError, parse_authority, Host};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Version};
@@ -221,6 +222,29 @@ fn parse_on(
         port: connect.port,
         path_and_query: Some(pq),
     })
+}
+
+/// Where a fact points, from a canonical target.
+pub fn fact_target(t: &Target) -> FactTarget {
+    let host = match &t.host {
+        Host::Name(n) => n.clone(),
+        Host::Ip(ip) => ip.to_string(),
+    };
+    FactTarget {
+        kind: t.kind.as_str().to_owned(),
+        host,
+        port: t.port,
+    }
+}
+
+/// A short, printable, bounded rendering of an unparsed target for facts.
+pub fn raw_target(uri: &http::Uri) -> String {
+    let s = uri.to_string();
+    let mut out: String = s.chars().filter(|c| !c.is_control()).take(256).collect();
+    if s.len() > 256 {
+        out.push('…');
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! HTTP/2 inside an intercepted session (RFC 9113), when the tool picks
-//! `h2` by ALPN: the bounds of the server side ([`H2_BOUNDS`]: streams,
+//! `h2` by ALPN: the bounds of the server side ([`H2_BOUNDS`], kept with
+//! the client side's in `carry::upstream`: streams,
 //! header lists against HPACK bombs and CONTINUATION floods (§6.10),
 //! flow-control windows (§5.2), and resets against the rapid-reset class),
 //! what each stream holds while it is open (one of the run's slots and its
@@ -15,6 +16,7 @@
 //! as an HTTP/1.1 request inside interception (`intercept::Origin::exchange`),
 //! so it is decided, injected, scrubbed and counted the same way.
 
+use crate::data::carry::upstream::H2_BOUNDS;
 use crate::runs::slots::Slot;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
@@ -25,49 +27,6 @@ use std::task::{Context, Poll};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-
-/// What bounds one HTTP/2 connection of a tool (and, for what comes back,
-/// the proxy's own HTTP/2 connection to the origin).
-pub struct H2Bounds {
-    /// Streams open at once on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
-    /// the run's `max_concurrent_fetches` bounds them further.
-    pub max_concurrent_streams: u32,
-    /// Bytes of one decoded header list (`SETTINGS_MAX_HEADER_LIST_SIZE`),
-    /// counted as HPACK decodes them and across CONTINUATION frames: a
-    /// block that grows past it ends the connection. Never above the
-    /// proxy's `max_header_bytes` either.
-    pub max_header_list_size: u32,
-    /// The HPACK dynamic table the tool may make the proxy keep.
-    pub header_table_size: u32,
-    /// Flow-control window of a stream, and of the connection: what a tool
-    /// can make the proxy buffer before it reads.
-    pub initial_stream_window: u32,
-    pub initial_connection_window: u32,
-    /// The largest frame the proxy accepts.
-    pub max_frame_size: u32,
-    /// Bytes queued for sending per stream.
-    pub max_send_buf_size: usize,
-    /// Streams the tool opens and resets before they are served (the
-    /// rapid-reset class, CVE-2023-44487): past this, `GOAWAY`
-    /// (`ENHANCE_YOUR_CALM`).
-    pub max_pending_accept_reset_streams: usize,
-    /// Streams the proxy had to reset for the tool's protocol errors: past
-    /// this, `GOAWAY`.
-    pub max_local_error_reset_streams: usize,
-}
-
-/// The one set of HTTP/2 bounds.
-pub const H2_BOUNDS: H2Bounds = H2Bounds {
-    max_concurrent_streams: 100,
-    max_header_list_size: 16 * 1024,
-    header_table_size: 4096,
-    initial_stream_window: 256 * 1024,
-    initial_connection_window: 1024 * 1024,
-    max_frame_size: 16 * 1024,
-    max_send_buf_size: 256 * 1024,
-    max_pending_accept_reset_streams: 20,
-    max_local_error_reset_streams: 64,
-};
 
 /// The server side of a tool's HTTP/2 connection, with [`H2_BOUNDS`]
 /// (`max_header_bytes` lowers the header list bound). Extended CONNECT

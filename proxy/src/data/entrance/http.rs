@@ -30,13 +30,15 @@ use crate::admission::{self, Refused};
 use crate::data::carry::body::{Exchange, ProxyBody};
 use crate::data::carry::finish::{Finish, Logged};
 use crate::data::carry::forward::{self, Exchanging};
-use crate::data::carry::inject::Injection;
-use crate::data::carry::respond::{self, raw_target};
+use crate::data::carry::respond;
 use crate::data::carry::tunnel::{self, Client};
 use crate::data::carry::upstream::Upstream;
 use crate::data::decide::auth::{self, AuthFailure};
+use crate::data::decide::fetch::Injection;
 use crate::data::decide::fetch::{Ask, Dest, Fetch, ReqHead};
 use crate::data::decide::policy::{self, Channel};
+use crate::data::decide::refusal::Refusal;
+use crate::data::decide::target::raw_target;
 use crate::data::decide::target::{Kind, Target, TargetError};
 use crate::data::entrance::intercept;
 use crate::deny::{DenyReason, FetchError, Phase, Via};
@@ -72,6 +74,12 @@ impl From<Answer> for Halt {
     }
 }
 
+impl From<Refusal> for Halt {
+    fn from(r: Refusal) -> Halt {
+        Halt::Answered(r.into())
+    }
+}
+
 /// Entry point: hyper service function for the data listeners. `conn` is
 /// the client connection the request arrived on (its admission, and the
 /// token that closes it).
@@ -95,7 +103,7 @@ pub async fn handle(sh: Arc<Shared>, req: Request<Incoming>, conn: Arc<admission
         Ok(run) => run,
         Err(f) => {
             let raw = raw_target(req.uri());
-            let json = crate::data::carry::respond::accepts_json(req.headers());
+            let json = crate::data::decide::refusal::accepts_json(req.headers());
             return Ok(refuse_credential(&sh, &policy, f, (kind, None), started, raw, json).await);
         }
     };
@@ -233,7 +241,7 @@ pub(in crate::data) async fn refuse_credential(
         fetch = fetch.via(via);
     }
     fetch.json = json;
-    fetch.deny_credential(&f, raw).await
+    fetch.deny_credential(&f, raw).await.into()
 }
 
 /// The authenticated request's connection takes its place among the

@@ -38,10 +38,10 @@ use crate::data::carry::respond;
 use crate::data::carry::scrub::{self, Scrubbed};
 use crate::data::carry::tunnel::{upgraded, Bounds, Client, Meter, Metered};
 use crate::data::carry::upstream;
+use crate::data::carry::websocket;
 use crate::data::decide::fetch;
 use crate::data::decide::target::{server_name_is, Target};
 use crate::data::entrance::h2::{self, Held, Hold, StreamSlot};
-use crate::data::entrance::websocket;
 use crate::deny::{DenyReason, FetchError, Via};
 use crate::runs::pool::{Conn, Dialled, H2Conn, UpBody};
 use crate::runs::slots::{self, Slot, SlotError};
@@ -262,7 +262,7 @@ impl Origin {
         websocket::relay(TokioIo::new(client), TokioIo::new(origin?), ws.rewrite, &self.finish).await
     }
 
-    /// HTTP/2 with the tool, within [`h2::H2_BOUNDS`]: each stream is
+    /// HTTP/2 with the tool, within [`H2_BOUNDS`](crate::data::carry::upstream::H2_BOUNDS): each stream is
     /// one [`Origin::exchange`], on a task that ends with the session.
     async fn serve_h2<IO>(self: &Arc<Self>, tls: tokio_rustls::server::TlsStream<IO>) -> io::Result<()>
     where
@@ -286,7 +286,7 @@ impl Origin {
     async fn exchange(&self, mut req: Request<Incoming>, stream: bool) -> Result<Answer, Infallible> {
         let inside = match fetch::decide_inside(&self.sh, &self.run, &self.target, &req).await {
             Ok(i) => i,
-            Err(answer) => return Ok(early(answer, req, stream).await),
+            Err(answer) => return Ok(early(answer.into(), req, stream).await),
         };
         // Step 5 for a stream: a slot of its own, within its own deadline.
         let hold = if stream {
@@ -302,7 +302,7 @@ impl Origin {
         let client_upgrade = inside.websocket.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let method = parts.method.clone();
-        let json = respond::accepts_json(&parts.headers);
+        let json = crate::data::decide::refusal::accepts_json(&parts.headers);
         let mut headers = parts.headers;
         // `TE: trailers` is the one TE an HTTP/2 request carries (gRPC
         // requires it); it goes on to an HTTP/2 origin.
@@ -369,7 +369,7 @@ impl Origin {
                     Err(e) => {
                         let detail = format!("{}: {e}", self.target);
                         let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
-                        return Ok(r.await.map(Either::Right));
+                        return Ok(respond::refused(r.await).map(Either::Right));
                     }
                 };
                 strip_hop_by_hop(&mut parts.headers);
@@ -416,7 +416,7 @@ impl Origin {
                         "run {} already has {} fetches open and {} waiting (an HTTP/2 stream to {target})",
                         self.run.id, self.run.max_slots, self.run.max_waiting
                     );
-                    Err(fetch::deny_inside(&self.sh, &self.run, target, DenyReason::ConcurrencyLimit, detail).await)
+                    Err(fetch::deny_inside(&self.sh, &self.run, target, DenyReason::ConcurrencyLimit, detail).await.into())
                 }
                 Err(SlotError::Closed) => Err(ended()),
             },
@@ -457,7 +457,7 @@ impl Origin {
         if let Err(e) = checked {
             let detail = format!("{}: {e}", self.target);
             let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
-            return r.await.map(Either::Right);
+            return respond::refused(r.await).map(Either::Right);
         }
         let Some(client) = client else {
             self.sh.count_error(&self.run.tool, FetchError::UpstreamFailed);

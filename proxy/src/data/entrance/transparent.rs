@@ -33,12 +33,12 @@
 
 use crate::admission::{Admission, Conn};
 use crate::data::carry::prefixed::Prefixed;
-use crate::data::carry::respond::{self, raw_target};
 use crate::data::carry::sniff::{self, First, Sniffed, Unknown};
 use crate::data::carry::tunnel::Client;
 use crate::data::decide::auth::{self, Presented};
 use crate::data::decide::fetch::{Ask, Dest, Fetch};
 use crate::data::decide::policy::{self, Head};
+use crate::data::decide::target::raw_target;
 use crate::data::decide::target::{self, server_name_is, Kind, Target, TargetError};
 use crate::data::entrance::http::{establish, refuse_credential, serve_run};
 use crate::deny::{DenyReason, Via};
@@ -279,7 +279,10 @@ async fn http(sh: &Arc<Shared>, run: &Arc<Run>, s: Prefixed<TcpStream>, dest: Ta
             };
             let policy = sh.policy.load_full();
             if let Err(f) = auth::carried(&sh.runs, req.headers(), &run) {
-                let (raw, json) = (raw_target(req.uri()), respond::accepts_json(req.headers()));
+                let (raw, json) = (
+                    raw_target(req.uri()),
+                    crate::data::decide::refusal::accepts_json(req.headers()),
+                );
                 let how = (Kind::Http, Some(Via::Transparent));
                 return Ok(refuse_credential(&sh, &policy, f, how, started, raw, json).await);
             }
