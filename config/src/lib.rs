@@ -9,6 +9,7 @@ pub mod credentials;
 pub mod executor;
 pub mod fleet;
 pub mod host;
+pub mod mcp;
 pub mod ranges;
 mod reader;
 pub mod requests;
@@ -29,6 +30,7 @@ pub use executor::{ExecutorConfig, Isolation, Network, ProcessConfig, Protocol};
 pub use fleet::{CellConfig, ExportConfig, Sink};
 pub use host::{parse_authority, parse_host, Host, HostError};
 pub use ipnet::IpNet;
+pub use mcp::{McpEntry, McpList, McpMatch, McpRules};
 pub use ranges::{RangeTable, RangeVerdict};
 pub use schema::{DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_CONCURRENT_FETCHES, DEFAULT_MAX_QUEUED_FETCHES};
 pub use secrets::SecretScan;
@@ -151,6 +153,9 @@ pub struct ToolPolicy {
     /// `on_unlisted = "ask"`: how long a fetch to an unlisted name is held
     /// for a grant of its run (`None`: `"deny"`, denied at once).
     pub ask: Option<Duration>,
+    /// `[tools.<id>.mcp]`: what the tool's MCP server may be asked for
+    /// (`None`: no MCP rules, every call allowed).
+    pub mcp: Option<McpRules>,
 }
 
 /// DNS settings.

@@ -7,6 +7,7 @@ use crate::allowlist::{Allowlist, Entry, EntryProtocol, Rule, RuleError};
 use crate::credentials::{self, SecretSource};
 use crate::executor;
 use crate::fleet;
+use crate::mcp;
 use crate::ranges::RangeTable;
 use crate::reader::{Problems, Section};
 use crate::requests::{PathPattern, Requests};
@@ -172,6 +173,12 @@ pub(crate) fn parse_with_env(
                 // Written only when set: digests of policies without it stay as they were.
                 if c.rewrite_websocket { " rewrite_websocket" } else { "" }
             );
+        }
+        // Written only when present: digests of policies without it stay as they were.
+        if let Some(m) = &t.mcp {
+            for line in m.canonical().lines() {
+                let _ = writeln!(canon, "  {line}");
+            }
         }
     }
     for n in &allow {
@@ -433,6 +440,7 @@ fn tool(id: &str, s: &mut Section) -> ToolPolicy {
         secrets: SecretScan::default(),
         budgets: budgets(s),
         ask: ask(s),
+        mcp: mcp::read(s),
     };
     raw_entries(&t, network, &raw_at, s);
     t

@@ -141,10 +141,23 @@ pub enum DenyReason {
     /// coding it cannot read, a framing that disagrees with itself, a body
     /// where none may be): not passed on, `502`.
     Unscrubbable,
+    /// An MCP `tools/call` whose tool no `[tools.<id>.mcp]` rule allows (no
+    /// `tools` entry names it, a `deny_tools` entry without args does, or
+    /// the call names no tool).
+    McpToolNotAllowed,
+    /// An MCP `tools/call` (or `prompts/get`) whose name is allowed but
+    /// whose arguments no entry for it matches, or a deny entry with args
+    /// matches.
+    McpArgumentsNotAllowed,
+    /// An MCP `resources/read` or `resources/subscribe` of a URI the rules
+    /// do not allow.
+    McpResourceNotAllowed,
+    /// An MCP `prompts/get` of a prompt the rules do not allow.
+    McpPromptNotAllowed,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 21] = [
+    pub const ALL: [DenyReason; 25] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -166,6 +179,10 @@ impl DenyReason {
         DenyReason::CredentialElsewhere,
         DenyReason::ProtocolUnknown,
         DenyReason::Unscrubbable,
+        DenyReason::McpToolNotAllowed,
+        DenyReason::McpArgumentsNotAllowed,
+        DenyReason::McpResourceNotAllowed,
+        DenyReason::McpPromptNotAllowed,
     ];
 
     /// The refusals of the authentication step (`407`).
@@ -198,6 +215,10 @@ impl DenyReason {
             DenyReason::CredentialElsewhere => "credential_elsewhere",
             DenyReason::ProtocolUnknown => "protocol_unknown",
             DenyReason::Unscrubbable => "unscrubbable",
+            DenyReason::McpToolNotAllowed => "mcp_tool_not_allowed",
+            DenyReason::McpArgumentsNotAllowed => "mcp_arguments_not_allowed",
+            DenyReason::McpResourceNotAllowed => "mcp_resource_not_allowed",
+            DenyReason::McpPromptNotAllowed => "mcp_prompt_not_allowed",
         }
     }
 
@@ -234,6 +255,10 @@ impl DenyReason {
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
             DenyReason::UpgradeNotAllowed => "upgrades",
             DenyReason::ProtocolUnknown => "protocols",
+            DenyReason::McpToolNotAllowed
+            | DenyReason::McpArgumentsNotAllowed
+            | DenyReason::McpResourceNotAllowed
+            | DenyReason::McpPromptNotAllowed => "mcp",
         }
     }
 
@@ -296,6 +321,18 @@ impl DenyReason {
             DenyReason::Unscrubbable => {
                 "the credential host answered in a form the proxy cannot scrub (compressed or mis-framed); nothing of it was passed on"
             }
+            DenyReason::McpToolNotAllowed => {
+                "this MCP tool is not allowed for this tool; use a listed one or ask the operator; do not retry"
+            }
+            DenyReason::McpArgumentsNotAllowed => {
+                "these arguments are not allowed for this MCP tool or prompt; change them or ask the operator"
+            }
+            DenyReason::McpResourceNotAllowed => {
+                "this MCP resource is not allowed for this tool; read a listed one or ask the operator; do not retry"
+            }
+            DenyReason::McpPromptNotAllowed => {
+                "this MCP prompt is not allowed for this tool; use a listed one or ask the operator; do not retry"
+            }
         }
     }
 
@@ -310,6 +347,10 @@ impl DenyReason {
                 | DenyReason::MethodNotAllowed
                 | DenyReason::PathNotAllowed
                 | DenyReason::ProtocolUnknown
+                | DenyReason::McpToolNotAllowed
+                | DenyReason::McpArgumentsNotAllowed
+                | DenyReason::McpResourceNotAllowed
+                | DenyReason::McpPromptNotAllowed
         )
     }
 }

@@ -1,11 +1,20 @@
 //! The one decider, the only place a rule lives: the [`fetch::Fetch`]
 //! context (each step recorded as a fact before it is answered), the pure
 //! [`policy`] functions, the canonical [`target`], the run credential
-//! ([`auth`]) and what a refusal says ([`refusal`]). Every entrance calls
-//! it; it imports no entrance and no carrier.
+//! ([`auth`]), what a refusal says ([`refusal`]) and the MCP calls of
+//! confined MCP sessions ([`mcp`]). Every entrance calls it; it imports no
+//! entrance and no carrier.
 
 pub(crate) mod auth;
 pub(crate) mod fetch;
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the MCP check route (issue 42) is its caller; until it lands only its tests are"
+    )
+)]
+pub(crate) mod mcp;
 pub(crate) mod policy;
 pub(crate) mod refusal;
 pub(crate) mod target;
