@@ -67,7 +67,9 @@ pub const DENIAL_HEADER_MAX: usize = 2048;
 /// Where a fact points.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct FactTarget {
-    /// `http` or `connect`.
+    /// How the target was reached: `connect`, `http`, `transparent` or
+    /// `dns` (a fetch), `grant` (a grant), `mcp` (an MCP call: `host` is the
+    /// name it called, at most 256 characters, and `port` is 0).
     pub kind: String,
     pub host: String,
     pub port: u16,

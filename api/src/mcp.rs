@@ -10,6 +10,31 @@ use utoipa::ToSchema;
 
 /// The largest number of messages one check may carry (a JSON-RPC batch).
 pub const MCP_CHECK_MAX_CALLS: usize = 256;
+// `#[schema(max_items = ..)]` of `McpCheck::calls` takes a literal.
+const _: () = assert!(MCP_CHECK_MAX_CALLS == 256);
+
+/// The most names one list check may carry.
+pub const MCP_LIST_MAX_NAMES: usize = 4096;
+
+/// The longest name (or URI) a list check may carry, in characters.
+pub const MCP_NAME_MAX: usize = 2048;
+
+/// `McpList::names`: at most [`MCP_LIST_MAX_NAMES`] strings of at most
+/// [`MCP_NAME_MAX`] characters each.
+pub fn names_schema() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(MCP_NAME_MAX)),
+        )
+        .max_items(Some(MCP_LIST_MAX_NAMES))
+        .description(Some(format!(
+            "At most {MCP_LIST_MAX_NAMES} names, each at most {MCP_NAME_MAX} characters."
+        )))
+        .build()
+}
 
 /// `POST /v1/runs/{id}/mcp`: the client→server requests of one JSON-RPC
 /// message (one request, or every request of a batch). A batch with one
@@ -18,6 +43,7 @@ pub const MCP_CHECK_MAX_CALLS: usize = 256;
 #[serde(deny_unknown_fields)]
 pub struct McpCheck {
     /// At most [`MCP_CHECK_MAX_CALLS`].
+    #[schema(max_items = 256)]
     pub calls: Vec<McpCall>,
 }
 
@@ -82,6 +108,7 @@ pub enum McpListKind {
 #[serde(deny_unknown_fields)]
 pub struct McpList {
     pub kind: McpListKind,
+    #[schema(schema_with = names_schema)]
     pub names: Vec<String>,
 }
 

@@ -4,8 +4,8 @@
 //! subset of JSON Schema the generated documents use (`$ref`, `type`
 //! including type arrays with `null`, `properties`, `required`, `items`,
 //! `allOf`, `oneOf`, `additionalProperties`, `enum`, `pattern`,
-//! `minLength`/`maxLength`, `minimum`/`maximum`, `maxProperties`), strict
-//! about what it checks.
+//! `minLength`/`maxLength`, `minimum`/`maximum`, `maxProperties`,
+//! `maxItems`), strict about what it checks.
 
 use serde_json::Value;
 
@@ -162,7 +162,7 @@ impl Spec {
 }
 
 /// Problems of `value` with the bounds of `schema` (lengths, pattern,
-/// minimum and maximum, properties at most).
+/// minimum and maximum, properties and items at most).
 fn bounds(schema: &Value, value: &Value, at: &str) -> Vec<String> {
     let mut out = vec![];
     let num = |k: &str| schema.get(k).filter(|v| v.is_number());
@@ -199,6 +199,9 @@ fn bounds(schema: &Value, value: &Value, at: &str) -> Vec<String> {
                     out.push(format!("{at}: {value} is above maximum {m}"));
                 }
             }
+        }
+        Value::Array(a) if schema["maxItems"].as_u64().is_some_and(|m| a.len() as u64 > m) => {
+            out.push(format!("{at}: more than maxItems {} items", schema["maxItems"]));
         }
         Value::Object(o) if schema["maxProperties"].as_u64().is_some_and(|m| o.len() as u64 > m) => {
             out.push(format!(

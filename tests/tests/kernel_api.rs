@@ -390,6 +390,8 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "GET /v1/runs/{id}/decisions",
             "GET /v1/runs/{id}/facts",
             "POST /v1/runs/{id}/grants",
+            "POST /v1/runs/{id}/mcp",
+            "POST /v1/runs/{id}/mcp/list",
             "GET /v1/tools/{tool}/suggestion",
         ]
     );

@@ -1,5 +1,5 @@
 //! The control plane: the API for kernels, the executor and Prometheus.
-//! Routes live by subject (`runs`, `facts`, `decisions`, `sse`, `owners`,
+//! Routes live by subject (`runs`, `mcp`, `facts`, `decisions`, `sse`, `owners`,
 //! `policy`, `learn`, `health`); this module assembles them with their OpenAPI document and
 //! serves them. Everything under `/v1` needs `Authorization: Bearer <control
 //! token>` (constant-time compare); errors are `{"error":{"code","message"}}`
@@ -14,6 +14,7 @@ pub(crate) mod error;
 mod facts;
 mod health;
 mod learn;
+mod mcp;
 mod owners;
 pub(crate) mod policy;
 mod runs;
@@ -51,6 +52,8 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(runs::get_run, runs::end_run))
         .routes(routes!(runs::activate_run))
         .routes(routes!(runs::create_grant))
+        .routes(routes!(mcp::check))
+        .routes(routes!(mcp::list))
         .routes(routes!(facts::run_facts))
         .routes(routes!(facts::list_facts))
         .routes(routes!(sse::stream))

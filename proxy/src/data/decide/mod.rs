@@ -7,13 +7,6 @@
 
 pub(crate) mod auth;
 pub(crate) mod fetch;
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the MCP check route (issue 42) is its caller; until it lands only its tests are"
-    )
-)]
 pub(crate) mod mcp;
 pub(crate) mod policy;
 pub(crate) mod refusal;
