@@ -21,6 +21,20 @@ use egress_config::{Mode, Policy, ToolPolicy};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The largest body of these routes: an MCP message's arguments can be
+/// large (a file's contents to write), up to the executor's own bound on a
+/// session message (`max_message_bytes`, 4 MiB by default); every other
+/// route keeps the control API's 64 KiB.
+pub const BODY_MAX: usize = 16 << 20;
+
+/// The two routes, with their own body bound ([`BODY_MAX`]).
+pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<Arc<Shared>> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(check))
+        .routes(utoipa_axum::routes!(list))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
+}
+
 /// The longest called name a fact's target carries, in characters.
 const FACT_NAME_MAX: usize = 256;
 
