@@ -141,6 +141,48 @@ impl Network {
 pub enum Protocol {
     Loom,
     Plain,
+    /// An MCP server speaking JSON-RPC on stdin and stdout, one message a
+    /// line (the MCP stdio transport); only with `lifecycle = "session"`.
+    McpStdio,
+}
+
+/// How long one child serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// One child, one `invoke` (the default).
+    Invocation,
+    /// One child, one session of many requests (an MCP server behind
+    /// `/v1/mcp/<tool>`), until the client ends it, it idles for
+    /// `session_idle_ms`, it reaches `session_max_ms`, the child exits or
+    /// the executor stops.
+    Session,
+}
+
+/// The bounds of a session tool's sessions (`lifecycle = "session"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// A session with no request for this long is closed.
+    pub idle_ms: u64,
+    /// A session is closed this long after it opened, whatever it does.
+    pub max_ms: u64,
+    /// Sessions open at once; one more is refused (`503`).
+    pub max_sessions: usize,
+    /// The largest message (one line) the server may send.
+    pub max_message_bytes: usize,
+    /// Bytes the server may send over one session, all messages together.
+    pub max_session_bytes: u64,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            idle_ms: 300_000,
+            max_ms: 3_600_000,
+            max_sessions: 16,
+            max_message_bytes: 4 << 20,
+            max_session_bytes: 256 << 20,
+        }
+    }
 }
 
 /// `[tools.<id>.process]`, validated. Times are in milliseconds, as the keys.
@@ -178,6 +220,10 @@ pub struct ProcessConfig {
     /// Start children by forking a booted reference Python runner
     /// (`loom_runner.py --fork-server`) instead of a fresh interpreter.
     pub fork_server: bool,
+    /// One invocation per child, or one session.
+    pub lifecycle: Lifecycle,
+    /// The bounds of its sessions (read only with `lifecycle = "session"`).
+    pub session: SessionLimits,
 }
 
 /// The file name of the reference Python runner, the one runner with a fork
@@ -212,6 +258,8 @@ impl ProcessConfig {
             cpu_percent: None,
             network: Network::Proxy,
             fork_server: false,
+            lifecycle: Lifecycle::Invocation,
+            session: SessionLimits::default(),
         }
     }
 
@@ -354,6 +402,7 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
         pool.problems.push(at, format!("is {warm}, more than pool.max = {max}"));
     }
     pool.finish();
+    let session_keys: Vec<&str> = SESSION_KEYS.into_iter().filter(|k| s.has(k)).collect();
     let p = ProcessConfig {
         command: vec![],
         cwd: s.or("cwd", d.cwd),
@@ -376,7 +425,11 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
         ),
         protocol: s.choice(
             "protocol",
-            &[("loom", Protocol::Loom), ("plain", Protocol::Plain)],
+            &[
+                ("loom", Protocol::Loom),
+                ("plain", Protocol::Plain),
+                ("mcp-stdio", Protocol::McpStdio),
+            ],
             d.protocol,
         ),
         read_paths: s
@@ -398,7 +451,20 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
         }),
         network: Network::Proxy,
         fork_server: s.or("fork_server", d.fork_server),
+        lifecycle: s.choice(
+            "lifecycle",
+            &[("invocation", Lifecycle::Invocation), ("session", Lifecycle::Session)],
+            d.lifecycle,
+        ),
+        session: SessionLimits {
+            idle_ms: s.int("session_idle_ms", 1..=u64::MAX, d.session.idle_ms),
+            max_ms: s.int("session_max_ms", 1..=u64::MAX, d.session.max_ms),
+            max_sessions: s.count("max_sessions", 1..=65_536, d.session.max_sessions),
+            max_message_bytes: s.count("max_message_bytes", 1024..=1 << 30, d.session.max_message_bytes),
+            max_session_bytes: s.int("max_session_bytes", 1024..=u64::MAX, d.session.max_session_bytes),
+        },
     };
+    sessions(&p, &session_keys, s);
     let command = command?;
     let at = s.at("command");
     if command.first().is_none_or(|c| c.is_empty()) {
@@ -429,6 +495,60 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
     Some(ProcessConfig { command, ..p })
 }
 
+/// The keys of `[tools.<id>.process]` that only a session tool reads.
+const SESSION_KEYS: [&str; 5] = [
+    "session_idle_ms",
+    "session_max_ms",
+    "max_sessions",
+    "max_message_bytes",
+    "max_session_bytes",
+];
+
+/// What `lifecycle = "session"` and `protocol = "mcp-stdio"` need of each
+/// other and of the rest of the section: one goes with the other (a session
+/// is an MCP conversation, an MCP server serves a session), and a session
+/// child is started fresh (no fork server). The session keys are refused
+/// on an invocation tool, where nothing would read them.
+fn sessions(p: &ProcessConfig, session_keys: &[&str], s: &mut Section) {
+    let session = p.lifecycle == Lifecycle::Session;
+    let mcp = p.protocol == Protocol::McpStdio;
+    if session && !mcp {
+        let at = s.at("lifecycle");
+        s.problems.push(
+            at,
+            "\"session\" needs protocol = \"mcp-stdio\" (a session is an MCP conversation)",
+        );
+    }
+    if mcp && !session {
+        let at = s.at("protocol");
+        s.problems.push(
+            at,
+            "\"mcp-stdio\" needs lifecycle = \"session\" (an MCP server serves one session)",
+        );
+    }
+    if session && p.fork_server {
+        let at = s.at("fork_server");
+        s.problems
+            .push(at, "a session child is started fresh: leave fork_server out");
+    }
+    if !session {
+        for key in session_keys {
+            let at = s.at(key);
+            s.problems.push(at, "applies only to lifecycle = \"session\"");
+        }
+    }
+    if p.session.idle_ms > p.session.max_ms && session {
+        let at = s.at("session_idle_ms");
+        s.problems.push(
+            at,
+            format!(
+                "is {}, more than session_max_ms = {}",
+                p.session.idle_ms, p.session.max_ms
+            ),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Config, Isolation, Network, ProcessConfig, Protocol};
@@ -451,6 +571,23 @@ mod tests {
         assert!(e.contains("tools.t.process.pool.maximum: unknown key"), "{e}");
     }
 
+    const MCP: &str = "command = [\"x\"]\nlifecycle = \"session\"\nprotocol = \"mcp-stdio\"\n";
+
+    /// A session tool: an MCP server, its sessions bounded by default.
+    #[test]
+    fn a_session_tool_is_an_mcp_server_with_bounded_sessions() {
+        let text = format!("[tools.t.process]\n{MCP}max_sessions = 3\n");
+        let c = Config::parse(&text, "egress.toml").unwrap();
+        let p = c.policy.tools["t"].process.clone().unwrap();
+        assert_eq!(
+            (p.lifecycle, p.protocol),
+            (crate::Lifecycle::Session, Protocol::McpStdio)
+        );
+        assert_eq!(p.session.max_sessions, 3);
+        assert_eq!(p.session.idle_ms, 300_000);
+        assert_eq!(p.session.max_ms, 3_600_000);
+    }
+
     /// Each bad value is one problem, at its key path.
     #[test]
     fn invalid_values_are_errors() {
@@ -468,6 +605,18 @@ mod tests {
             (P, "command = [\"x\"]\nmax_pids = 0", "max_pids"),
             (P, "command = [\"x\"]\nmemory_mb = 1", "memory_mb"),
             (P, "command = [\"x\"]\ncpu_ms = 0", "cpu_ms"),
+            (P, "command = [\"x\"]\nlifecycle = \"session\"", "lifecycle"),
+            (P, "command = [\"x\"]\nlifecycle = \"forever\"", "lifecycle"),
+            (P, "command = [\"x\"]\nprotocol = \"mcp-stdio\"", "protocol"),
+            (P, "command = [\"x\"]\nmax_sessions = 4", "max_sessions"),
+            (P, "command = [\"x\"]\nsession_idle_ms = 4", "session_idle_ms"),
+            (P, &format!("{MCP}max_sessions = 0"), "max_sessions"),
+            (
+                P,
+                &format!("{MCP}session_idle_ms = 9\nsession_max_ms = 8"),
+                "session_idle_ms",
+            ),
+            (P, &format!("{MCP}max_message_bytes = 10"), "max_message_bytes"),
             (P, "command = [\"x\"]\ncpu_percent = 0", "cpu_percent"),
             (P, "command = [\"x\"]\ncpu_percent = 100001", "cpu_percent"),
             (P, "command = \"x\"", "command"),

@@ -26,7 +26,7 @@ use std::time::Duration;
 pub use allowlist::{Allowlist, Entry, EntryProtocol, Match, Rule, RuleError};
 pub use binding::Binding;
 pub use credentials::{Credential, Plaintext, Secret, SecretSource, Template};
-pub use executor::{ExecutorConfig, Isolation, Network, ProcessConfig, Protocol};
+pub use executor::{ExecutorConfig, Isolation, Lifecycle, Network, ProcessConfig, Protocol, SessionLimits};
 pub use fleet::{CellConfig, ExportConfig, Sink};
 pub use host::{parse_authority, parse_host, Host, HostError};
 pub use ipnet::IpNet;
@@ -629,6 +629,8 @@ mod tests {
                 cpu_percent: None,
                 network: crate::Network::Proxy,
                 fork_server: false,
+                lifecycle: crate::Lifecycle::Invocation,
+                session: crate::SessionLimits::default(),
             })
         );
     }

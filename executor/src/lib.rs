@@ -1,6 +1,7 @@
 //! Loom Egress executor: runs tools as single-use warm children bound to
-//! proxy runs. One room per stage, imports one way (`tests/arch/imports.py`
-//! checks it): `api` → `invoke` → `pool` → `process` / `proxy` → `confine` →
+//! proxy runs, and MCP servers as session children. One room per stage,
+//! imports one way (`tests/arch/imports.py` checks it): `api` → `invoke` →
+//! `session` → `pool` → `process` / `proxy` → `confine` →
 //! the leaves every stage shares, `metrics` → `kill` → `error`, `config`, and
 //! `sys` (all the `unsafe`). `docs/architecture.md` draws it.
 
@@ -14,6 +15,7 @@ pub mod metrics;
 pub mod pool;
 pub mod process;
 pub mod proxy;
+pub mod session;
 mod sys;
 
 /// The Rust tool SDK, re-exported under its former path.

@@ -303,6 +303,9 @@ async fn the_executor_openapi_document_lists_every_route_and_describes_the_answe
             "POST /v1/invocations",
             "GET /v1/invocations/{id}",
             "POST /v1/invocations/{id}/abort",
+            "DELETE /v1/mcp/{tool}",
+            "GET /v1/mcp/{tool}",
+            "POST /v1/mcp/{tool}",
         ]
     );
     // The cell view: no [cell] here, the pools' capacity, the policy.

@@ -36,10 +36,11 @@ import sys
 # at all ("never"). docs/architecture.md states the same orders; change both
 # together (a room added to a crate fails here until it has its place).
 LAYERS = {
-    # api → invoke → pool → process / proxy → confine → the shared leaves.
+    # api → invoke → session → pool → process / proxy → confine → the shared leaves.
     "executor/src": [
         ["api"],  # the HTTP API
         ["invoke"],  # an invocation: dispatch, idempotency, journal, owner lease
+        ["session"],  # MCP servers' sessions: their stdio, the JSON-RPC read strictly
         ["pool"],  # pools and one child's life: start, converse, the child protocol
         ["process", "proxy"],  # processes; where the executor talks to the proxy
         ["confine"],  # one file per confinement mechanism, the plan, doctor's mapping

@@ -197,7 +197,12 @@ impl Executor {
 
     async fn invoke_inner(&self, req: InvocationRequest) -> InvocationResult {
         let Some(pool) = self.pools.get(&req.tool) else {
-            let msg = if self.config.tools.contains_key(&req.tool) {
+            let msg = if self.sessions.contains_key(&req.tool) {
+                format!(
+                    "tool `{}` serves MCP sessions (lifecycle = \"session\"), not invocations: open one at /v1/mcp/{}",
+                    req.tool, req.tool
+                )
+            } else if self.config.tools.contains_key(&req.tool) {
                 format!("tool `{}` has no [tools.{}.process] section", req.tool, req.tool)
             } else {
                 format!("no tool `{}` in {}", req.tool, self.config.file.display())

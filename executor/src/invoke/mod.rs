@@ -26,6 +26,7 @@ use crate::pool::child::{Shared, ToolSpec};
 use crate::pool::Pool;
 use crate::process::Spawner;
 use crate::proxy::control::ControlClient;
+use crate::session::Sessions;
 
 /// Why the executor cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,8 @@ pub fn warm_max_idle(max_run: Duration, p: &ProcessConfig) -> Duration {
 pub struct Executor {
     shared: Arc<Shared>,
     pools: BTreeMap<String, Arc<Pool>>,
+    /// The session tools' sessions (`lifecycle = "session"`), by tool.
+    sessions: BTreeMap<String, Arc<Sessions>>,
     config: Config,
     /// In-flight invocations by run id and idempotency key (for abort).
     inflight: Mutex<HashMap<String, CancellationToken>>,
@@ -106,6 +109,13 @@ impl Executor {
                 .metrics
                 .register_tool(&s.id, s.confinement.transparent(), s.fork.is_some());
         }
+        let (session_specs, specs): (Vec<_>, Vec<_>) = specs
+            .into_iter()
+            .partition(|s| s.process.lifecycle == egress_config::Lifecycle::Session);
+        let sessions = session_specs
+            .into_iter()
+            .map(|s| (s.id.clone(), Sessions::new(s, shared.clone())))
+            .collect();
         let pools = specs
             .into_iter()
             .map(|s| {
@@ -116,6 +126,7 @@ impl Executor {
         Ok(Arc::new(Executor {
             shared,
             pools,
+            sessions,
             inflight: Mutex::new(HashMap::new()),
             idempotency: Mutex::new(HashMap::new()),
             claims,
@@ -132,6 +143,9 @@ impl Executor {
     pub fn warm_up(&self) {
         for pool in self.pools.values() {
             pool.fill();
+        }
+        for sessions in self.sessions.values() {
+            sessions.fill();
         }
     }
 
@@ -168,6 +182,16 @@ impl Executor {
     /// The pool of `tool`, if it has a process section.
     pub fn pool(&self, tool: &str) -> Option<&Arc<Pool>> {
         self.pools.get(tool)
+    }
+
+    /// The sessions of `tool`, if it is a session tool.
+    pub fn sessions(&self, tool: &str) -> Option<&Arc<Sessions>> {
+        self.sessions.get(tool)
+    }
+
+    /// Whether the executor is stopping (it opens no session then).
+    pub fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Make this process the subreaper of its children's descendants and
@@ -214,13 +238,17 @@ impl Executor {
         for pool in self.pools.values() {
             pool.close();
         }
+        for sessions in self.sessions.values() {
+            sessions.close();
+        }
     }
 
     /// After `shutdown`: wait (at most `within`) until every child is gone,
     /// so idle children's runs are ended on the proxy before the process exits.
     pub async fn drain(&self, within: Duration) {
         let end = tokio::time::Instant::now() + within;
-        while self.pools.values().any(|p| p.live() > 0) && tokio::time::Instant::now() < end {
+        let live = || self.pools.values().any(|p| p.live() > 0) || self.sessions.values().any(|s| s.live() > 0);
+        while live() && tokio::time::Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

@@ -97,6 +97,8 @@ pub struct Warm {
     pub(super) ipc: Option<(pipe::Sender, LineReader<pipe::Receiver>)>,
     pub(super) stdin: Option<pipe::Sender>,
     pub(super) stdout: Option<Capture>,
+    /// An MCP server's stdout, read by its session (not captured).
+    pub(super) conversation: Option<pipe::Receiver>,
     pub(super) stderr: Option<Capture>,
     pub(super) scratch: PathBuf,
     pub(super) cleaned: bool,
@@ -212,6 +214,40 @@ impl Warm {
             // so work done before reading stdin gets no network).
             None => std::future::pending().await,
         }
+    }
+
+    /// An MCP server's two ends of its conversation, taken once by its
+    /// session: its stdin and its stdout.
+    pub fn take_conversation(&mut self) -> Option<(pipe::Sender, pipe::Receiver)> {
+        match (self.stdin.take(), self.conversation.take()) {
+            (Some(tx), Some(rx)) => Some((tx, rx)),
+            _ => None,
+        }
+    }
+
+    /// Waits until the child exits (cancel-safe; the child is not reaped
+    /// for good: [`Warm::close`] still kills its tree).
+    pub async fn exited(&mut self) -> String {
+        match self.process.wait().await {
+            Ok(s) => s.to_string(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Ends a session child: its tree killed and reaped, its run ended (so
+    /// its facts are final), its scratch directory and cgroup removed.
+    /// Returns the tail of its stderr.
+    pub async fn close(mut self, reason: KillReason) -> String {
+        let (_, tail, _) = self.stop(reason).await;
+        self.conversation = None;
+        self.tidy().await;
+        let _ = self.shared.control.end(&self.run.run_id).await;
+        tail
+    }
+
+    /// The shared parts every child of the executor uses (the proxy client).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Kill a child that will not be used; end its run.

@@ -55,33 +55,47 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
     /// The next message. Cancel-safe: bytes read stay buffered.
     pub async fn next(&mut self) -> Read {
+        self.next_with(parse_line).await.unwrap_or_else(|r| r)
+    }
+
+    /// The next line (its `\n` taken off) handed to `f`, or why there is
+    /// none: [`Read::Eof`], [`Read::Violation`] (a line over the cap, more
+    /// bytes than the total allows, an unterminated last line) or
+    /// [`Read::Failed`]. Cancel-safe, as [`LineReader::next`].
+    pub async fn next_with<T>(&mut self, f: impl FnOnce(&[u8]) -> T) -> Result<T, Read> {
         loop {
             let from = self.start + self.scanned;
             if let Some(pos) = self.buf[from..].iter().position(|&b| b == b'\n') {
                 let pos = self.scanned + pos;
                 self.scanned = 0;
                 if pos > self.max_line {
-                    return Read::Violation(format!("protocol line longer than {} bytes", self.max_line));
+                    return Err(Read::Violation(format!(
+                        "protocol line longer than {} bytes",
+                        self.max_line
+                    )));
                 }
                 let line = &self.buf[self.start..self.start + pos];
+                let parsed = f(line);
                 self.start += pos + 1;
-                let parsed = parse_line(line);
                 if self.start == self.buf.len() {
                     self.buf.clear();
                     self.start = 0;
                 }
-                return parsed;
+                return Ok(parsed);
             }
             self.scanned = self.buf.len() - self.start;
             if self.buf.len() - self.start > self.max_line {
-                return Read::Violation(format!("protocol line longer than {} bytes", self.max_line));
+                return Err(Read::Violation(format!(
+                    "protocol line longer than {} bytes",
+                    self.max_line
+                )));
             }
             if self.eof {
-                return if self.buf.len() == self.start {
+                return Err(if self.buf.len() == self.start {
                     Read::Eof
                 } else {
                     Read::Violation("unterminated last line before EOF".into())
-                };
+                });
             }
             if self.start > 0 {
                 self.buf.drain(..self.start);
@@ -94,11 +108,14 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 Ok(n) => {
                     self.total += n;
                     if self.total > self.max_total {
-                        return Read::Violation(format!("more than {} protocol bytes in one run", self.max_total));
+                        return Err(Read::Violation(format!(
+                            "more than {} protocol bytes in one run",
+                            self.max_total
+                        )));
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Read::Failed(e),
+                Err(e) => return Err(Read::Failed(e)),
             }
         }
     }

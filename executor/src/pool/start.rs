@@ -92,6 +92,10 @@ impl Warm {
                 .metrics
                 .fork_server(&tool.id, server.up(), launched.process.forked());
         }
+        let (stdout, conversation) = match launched.stdout {
+            Ok(captured) => (Some(captured), None),
+            Err(pipe) => (None, Some(pipe)),
+        };
         let mut warm = Warm {
             id,
             generation,
@@ -101,7 +105,8 @@ impl Warm {
             process: launched.process,
             ipc: None,
             stdin: launched.stdin,
-            stdout: Some(launched.stdout),
+            stdout,
+            conversation,
             stderr: Some(launched.stderr),
             scratch,
             cleaned: false,
@@ -366,7 +371,8 @@ async fn launch(
         })
         .collect();
     let mut env = process::child_env(&egress, scratch, &p.path, &p.lang, &p.env);
-    let plain = p.protocol == Protocol::Plain;
+    // An MCP server speaks on stdin and stdout, with nothing on fds 3-4.
+    let plain = p.protocol != Protocol::Loom;
     if plain {
         env.retain(|(k, _)| k != protocol::IPC_FDS_VAR);
     }
@@ -378,6 +384,7 @@ async fn launch(
             env,
             path: &p.path,
             plain,
+            conversation: p.protocol == Protocol::McpStdio,
             pid_namespace: shared.exec.pid_namespace,
             confine,
             stdout_cap: shared.exec.stdout_cap_bytes,

@@ -134,7 +134,9 @@ pub struct Launched {
     /// The protocol pipes (absent in plain mode).
     pub ipc: Option<(pipe::Sender, pipe::Receiver)>,
     pub stdin: Option<pipe::Sender>,
-    pub stdout: Capture,
+    /// Its stdout captured, or, for a conversation on stdio
+    /// ([`Launch::conversation`]), not captured: read by the caller.
+    pub stdout: Result<Capture, pipe::Receiver>,
     pub stderr: Capture,
 }
 
@@ -146,6 +148,9 @@ pub struct Launch<'a> {
     pub path: &'a str,
     /// Plain mode: input on a stdin pipe, `/dev/null` on fds 3 and 4.
     pub plain: bool,
+    /// With `plain`: stdout is the child's side of a conversation (an MCP
+    /// server's JSON-RPC), handed to the caller instead of captured.
+    pub conversation: bool,
     pub pid_namespace: bool,
     /// Confinement the child applies to itself (prepared by `confine`).
     pub confine: ChildConfine,
@@ -205,7 +210,11 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         process,
         ipc,
         stdin: stdin_tx,
-        stdout: Capture::start(out_rx, l.stdout_cap, 0),
+        stdout: if l.conversation {
+            Err(out_rx)
+        } else {
+            Ok(Capture::start(out_rx, l.stdout_cap, 0))
+        },
         stderr: Capture::start(err_rx, 0, l.stderr_cap),
     })
 }

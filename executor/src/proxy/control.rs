@@ -244,6 +244,29 @@ impl ControlClient {
         Ok(policy.tools)
     }
 
+    /// `POST /v1/runs/{id}/mcp`: the proxy's decision on the calls of one
+    /// MCP message of the run's session (each refusal a fact before the
+    /// answer).
+    pub async fn mcp_check(
+        &self,
+        run_id: &str,
+        check: &egress_api::mcp::McpCheck,
+    ) -> Result<egress_api::mcp::McpVerdict, ControlError> {
+        let path = format!("/v1/runs/{}/mcp", path_segment(run_id));
+        self.call("POST", &path, Some(check), "decide MCP calls").await
+    }
+
+    /// `POST /v1/runs/{id}/mcp/list`: which entries of a list answer the
+    /// run's tool may show.
+    pub async fn mcp_list(
+        &self,
+        run_id: &str,
+        list: &egress_api::mcp::McpList,
+    ) -> Result<egress_api::mcp::McpListed, ControlError> {
+        let path = format!("/v1/runs/{}/mcp/list", path_segment(run_id));
+        self.call("POST", &path, Some(list), "filter an MCP list").await
+    }
+
     /// `GET /v1/runs/{id}/facts`.
     pub async fn facts(&self, run_id: &str) -> Result<Vec<Fact>, ControlError> {
         let page: FactsPage = self
