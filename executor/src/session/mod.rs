@@ -235,7 +235,10 @@ impl Sessions {
                     v.get("error").map(Value::to_string).unwrap_or_default()
                 )),
             },
-            Err(e) => Err(e),
+            Err(e) => Err(format!(
+                "no answer to initialize within cold_start_ms = {}: {e}",
+                self.tool.process.cold_start_ms
+            )),
         };
         let init = match result {
             Ok(r) => r,
