@@ -5,46 +5,24 @@
 //! against `[tools.<id>.mcp]`: a listed tool answers, a tool the rules
 //! leave out is not listed and its call is a JSON-RPC error carrying the
 //! fact's id, and the session's end leaves no process and an ended run.
+//! Then `mcp-server-git`: its `repo_path` argument matched against a glob
+//! before the server sees it, and a repository outside its `read_paths`
+//! unreadable even where the rules allow the call (Landlock). And
+//! `mcp-server-fetch`: an allowed origin fetched through the run's proxy, an
+//! unlisted one failing inside the tool with a `not_allowlisted` fact.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
 use egress_e2e::dns::FakeDns;
 use egress_e2e::executor::{eventually, marked_processes, python, strongest_isolation, TempDir};
 use egress_e2e::harness::{all_facts_at, control_call, TOKEN};
+use egress_e2e::mcp::{sdk, serve, server_reads, servers};
 use egress_e2e::stack::{proxy_bin, start_stack, Stack};
-use egress_executor::Executor;
 use serde_json::{json, Value};
 
-/// The servers' virtualenv: `LOOM_MCP_SERVERS`, else `target/mcp-servers`.
-fn servers() -> PathBuf {
-    let venv = std::env::var_os("LOOM_MCP_SERVERS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-servers"));
-    assert!(
-        venv.join("bin/python3").exists(),
-        "the MCP servers are not installed at {} (run tests/mcp/servers.sh)",
-        venv.display()
-    );
-    venv
-}
-
-/// The real servers' Python, and where its standard library lives (what a
-/// confined child must be able to read besides the virtualenv).
-fn python_paths(venv: &Path) -> Vec<String> {
-    let out = std::process::Command::new(venv.join("bin/python3"))
-        .args(["-c", "import sys; print(sys.base_prefix)"])
-        .output()
-        .unwrap();
-    let base = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    vec![venv.display().to_string(), base]
-}
-
 fn time_tool(venv: &Path, marker: &str, extra: &str) -> String {
-    let reads: Vec<String> = python_paths(venv).iter().map(|p| format!("{p:?}")).collect();
     format!(
         r#"
 [tools.time]
@@ -65,37 +43,8 @@ pool = {{ warm = 1, max = 1 }}
 "#,
         py = venv.join("bin/python3").display(),
         iso = strongest_isolation(),
-        reads = reads.join(", "),
+        reads = server_reads(venv),
     )
-}
-
-async fn serve(exec: &Arc<Executor>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = egress_executor::api::router(exec.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
-}
-
-/// The official SDK's client, through the endpoint, doing `steps`.
-async fn sdk(addr: SocketAddr, tool: &str, steps: Value) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_sdk_client.py");
-    let url = format!("http://{addr}/v1/mcp/{tool}");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(script)
-            .args([url.as_str(), TOKEN, &steps.to_string()])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "the SDK client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,5 +108,171 @@ async fn a_confined_mcp_server_answers_the_official_client_within_its_rules() {
     exec.shutdown();
     exec.drain(Duration::from_secs(20)).await;
     assert!(marked_processes(marker).is_empty(), "nothing of the trees is left");
+    drop(proxy);
+}
+
+/// A repository at `dir` with one commit whose message is `message`.
+fn repo(dir: &Path, message: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let git = |args: &[&str]| {
+        let s = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .status()
+            .unwrap();
+        assert!(s.success(), "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    std::fs::write(dir.join("f.txt"), message).unwrap();
+    git(&["add", "f.txt"]);
+    git(&["commit", "-q", "-m", message]);
+    // Readable by the confined server's own uid.
+    std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir)
+        .status()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_git_server_is_held_to_its_argument_rules_and_its_read_paths() {
+    let Some(_) = python() else { return };
+    let bin = proxy_bin().expect("the proxy binary (cargo build -p egress-proxy)");
+    let venv = servers();
+    let dns = FakeDns::start().await;
+    let dir = TempDir::new("mcp-git");
+    let (allowed, secret) = (dir.path().join("repos"), dir.path().join("private"));
+    repo(&allowed.join("r1"), "allowed-commit-message");
+    repo(&secret.join("r2"), "SECRET-commit-message");
+    let tools = format!(
+        r#"
+[tools.git]
+egress = []
+[tools.git.mcp]
+tools = [{{ name = "git_log", args = {{ repo_path = "{allowed}/*" }} }}, "git_show"]
+[tools.git.process]
+command = ["{py}", "-m", "mcp_server_git"]
+lifecycle = "session"
+protocol = "mcp-stdio"
+isolation = "{iso}"
+read_paths = [{reads}, "{allowed}"]
+# The repositories belong to the test's user, not the server's.
+env = {{ GIT_CONFIG_COUNT = "1", GIT_CONFIG_KEY_0 = "safe.directory", GIT_CONFIG_VALUE_0 = "*", LOOM_TEST_MARK = "loom-mcp-git" }}
+cold_start_ms = 60000
+pool = {{ warm = 0, max = 1 }}
+"#,
+        allowed = allowed.display(),
+        py = venv.join("bin/python3").display(),
+        iso = strongest_isolation(),
+        reads = server_reads(&venv),
+    );
+    let Stack { proxy, exec, .. } = start_stack(&bin, &dir, dns.addr, &tools);
+    let addr = serve(&exec).await;
+    let r1 = allowed.join("r1").display().to_string();
+    let r2 = secret.join("r2").display().to_string();
+    let out = sdk(
+        addr,
+        "git",
+        json!([
+            ["list"],
+            ["call", "git_log", {"repo_path": r1}],
+            ["call", "git_log", {"repo_path": r2}],
+            ["call", "git_show", {"repo_path": r1, "revision": "HEAD"}],
+            ["call", "git_show", {"repo_path": r2, "revision": "HEAD"}]
+        ]),
+    )
+    .await;
+    let steps = out["steps"].as_array().unwrap();
+    assert_eq!(steps[0]["tools"], json!(["git_log", "git_show"]), "{out:#}");
+    // Inside the glob: answered.
+    assert!(
+        steps[1]["text"].as_str().unwrap().contains("allowed-commit-message"),
+        "{out:#}"
+    );
+    // Outside it: refused before the server sees it.
+    assert_eq!(
+        steps[2]["data"]["reason"],
+        json!("mcp_arguments_not_allowed"),
+        "{out:#}"
+    );
+    // The rules allow git_show anywhere; the server reads what Landlock lets it.
+    assert!(
+        steps[3]["text"].as_str().unwrap().contains("allowed-commit-message"),
+        "{out:#}"
+    );
+    assert!(!out.to_string().contains("SECRET-commit-message"), "{out:#}");
+    exec.shutdown();
+    exec.drain(Duration::from_secs(20)).await;
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fetch_server_reaches_its_allowlist_through_the_proxy_and_nothing_else() {
+    let Some(_) = python() else { return };
+    let bin = proxy_bin().expect("the proxy binary (cargo build -p egress-proxy)");
+    let venv = servers();
+    let dns = FakeDns::start().await;
+    let origin = egress_e2e::origin::http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    dns.set("origin.test", &["127.0.0.2"]);
+    dns.set("elsewhere.test", &["127.0.0.2"]);
+    let dir = TempDir::new("mcp-fetch");
+    let tools = format!(
+        r#"
+[tools.fetch]
+egress = ["origin.test:{port}"]
+[tools.fetch.mcp]
+tools = ["fetch"]
+[tools.fetch.process]
+command = ["{py}", "-m", "mcp_server_fetch"]
+lifecycle = "session"
+protocol = "mcp-stdio"
+isolation = "{iso}"
+read_paths = [{reads}]
+cold_start_ms = 60000
+pool = {{ warm = 0, max = 1 }}
+"#,
+        py = venv.join("bin/python3").display(),
+        iso = strongest_isolation(),
+        reads = server_reads(&venv),
+    );
+    let Stack { proxy, exec, control } = start_stack(&bin, &dir, dns.addr, &tools);
+    let addr = serve(&exec).await;
+    let out = sdk(
+        addr,
+        "fetch",
+        json!([
+            ["call", "fetch", {"url": format!("http://origin.test:{port}/"), "raw": true}],
+            ["call", "fetch", {"url": format!("http://elsewhere.test:{port}/"), "raw": true}]
+        ]),
+    )
+    .await;
+    let steps = out["steps"].as_array().unwrap();
+    assert!(
+        steps[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("hello from origin"),
+        "{out:#}"
+    );
+    // The unlisted name fails inside the tool, and is a fact of the session's run.
+    assert!(!steps[1].to_string().contains("hello from origin"), "{out:#}");
+    assert!(
+        steps[1]["ok"] == json!(false) || steps[1].get("code").is_some(),
+        "{out:#}"
+    );
+    let facts = all_facts_at(control).await;
+    assert!(
+        facts.iter().any(|f| f["reason"] == json!("not_allowlisted")
+            && f["target"]["host"] == json!("elsewhere.test")
+            && f["tool"] == json!("fetch")),
+        "{facts:#?}"
+    );
+    exec.shutdown();
+    exec.drain(Duration::from_secs(20)).await;
     drop(proxy);
 }

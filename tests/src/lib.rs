@@ -23,6 +23,7 @@ pub mod flood;
 pub mod h2_origin;
 pub mod harness;
 pub mod inside;
+pub mod mcp;
 pub mod netns;
 pub mod openapi;
 pub mod origin;
