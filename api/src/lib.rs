@@ -10,6 +10,7 @@
 
 pub mod activation;
 pub mod handoff;
+pub mod jsonrpc;
 pub mod mcp;
 pub mod rules;
 

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 
 use crate::invoke::Executor;
 use crate::session::conversation::Conversation;
-use crate::session::jsonrpc::{self, code, Incoming, Message};
 use crate::session::{OpenError, Session, Sessions, REVISION};
+use egress_api::jsonrpc::{self, code, Incoming, Message};
 
 /// The session header (case-insensitive on the wire).
 pub const SESSION_HEADER: &str = "mcp-session-id";

@@ -17,8 +17,8 @@ use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::jsonrpc;
 use crate::pool::protocol::{LineReader, Read};
+use egress_api::jsonrpc;
 
 /// Messages of the server for the client's stream that may wait unread;
 /// one more closes the session (a server that floods cannot make the

@@ -4,11 +4,10 @@
 //! servers started and initialized ahead of any client, opens at most
 //! `max_sessions`, and closes a session (its tree killed, its run ended)
 //! when the client ends it, it idles or ages out, the server exits or
-//! breaks a bound, or the executor stops. The wire is in [`jsonrpc`], one
-//! server's stdio in [`conversation`].
+//! breaks a bound, or the executor stops. One server's stdio is
+//! [`conversation`]; the JSON-RPC is read strictly by `egress_api::jsonrpc`.
 
 pub mod conversation;
-pub mod jsonrpc;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::kill::KillReason;
 use crate::pool::child::{Shared, ToolSpec, Warm};
 use conversation::Conversation;
+use egress_api::jsonrpc;
 
 /// The MCP revision the executor initializes its servers with and
 /// answers clients in: the session-based one (`Mcp-Session-Id`).

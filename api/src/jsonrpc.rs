@@ -1,8 +1,9 @@
-//! JSON-RPC 2.0 as an MCP session carries it, read strictly: a message is
-//! parsed once, within a depth bound, with duplicate object keys refused
-//! (two readers could otherwise see two different calls), sorted into
-//! requests, notifications and responses, and written again from what was
-//! understood (so nothing unread passes to the server).
+//! JSON-RPC 2.0 as MCP carries it, read strictly, the same way wherever a
+//! call is decided (the executor's MCP endpoint, the proxy's interception
+//! of a remote MCP server): a message is parsed once, within a depth bound,
+//! with duplicate object keys refused (two readers could otherwise see two
+//! different calls), sorted into requests, notifications and responses,
+//! and written again from what was understood (so nothing unread passes).
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -226,7 +227,7 @@ impl Message {
 
     /// What the decider needs of a request: its method, what it names
     /// (`params.name`, or `params.uri` for resources) and its arguments.
-    pub fn call(&self) -> Option<egress_api::mcp::McpCall> {
+    pub fn call(&self) -> Option<crate::mcp::McpCall> {
         let Message::Request { method, params, .. } = self else {
             return None;
         };
@@ -235,7 +236,7 @@ impl Message {
             "resources/read" | "resources/subscribe" | "resources/unsubscribe" => field("uri"),
             _ => field("name"),
         };
-        Some(egress_api::mcp::McpCall {
+        Some(crate::mcp::McpCall {
             method: method.clone(),
             name: name.and_then(Value::as_str).map(str::to_owned),
             arguments: field("arguments").cloned(),
