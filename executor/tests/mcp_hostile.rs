@@ -278,3 +278,23 @@ async fn sessions_are_bounded_in_number_and_closed_when_idle() {
     exec.shutdown();
     drop(proxy);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_not_idle_while_a_request_is_carried() {
+    let Some(_) = python() else { return };
+    let bin = proxy_bin().expect("the proxy binary (cargo build -p egress-proxy)");
+    let dns = FakeDns::start().await;
+    let dir = TempDir::new("mcp-slow");
+    let tools = tool("slow", "slow", "loom-mcp-slow", 20000, "session_idle_ms = 1500\n");
+    let Stack { proxy, exec, .. } = start_stack(&bin, &dir, dns.addr, &tools);
+    let addr = serve(&exec).await;
+    let sid = open(addr, "slow").await;
+    // The server takes 3 s, twice the idle timeout: the call is answered.
+    let (s, _, v) = mcp(addr, "slow", "POST", Some(&sid), Some(call(6, "echo"))).await;
+    assert_eq!((s, &v["id"], v.get("error")), (200, &json!(6), None), "{v}");
+    // Then, idle: closed.
+    assert!(eventually(Duration::from_secs(20), || exec.sessions("slow").unwrap().count() == 0).await);
+    assert!(eventually(Duration::from_secs(20), || marked_processes("loom-mcp-slow").is_empty()).await);
+    exec.shutdown();
+    drop(proxy);
+}

@@ -121,10 +121,8 @@ pub async fn post(
     match session {
         None => initialize(sessions, incoming).await,
         Some(s) => {
-            s.touch();
-            let answer = converse(&s, sessions, incoming).await;
-            s.touch();
-            answer
+            let _in_use = s.in_use();
+            converse(&s, sessions, incoming).await
         }
     }
 }

@@ -68,8 +68,22 @@ pub struct Session {
     /// The server's answer to `initialize` (its `result`).
     pub init: Value,
     last: Mutex<Instant>,
+    /// Requests of the client being carried (a session is not idle while
+    /// one is, however long the server takes).
+    busy: AtomicUsize,
     /// Cancelled by the client's `DELETE`.
     end: CancellationToken,
+}
+
+/// A request of the client in flight; the session's idle clock starts
+/// again when it drops.
+pub struct InUse<'a>(&'a Session);
+
+impl Drop for InUse<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Session {
@@ -78,7 +92,18 @@ impl Session {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
+    /// Marks a request of the client in flight until the guard drops.
+    pub fn in_use(&self) -> InUse<'_> {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        InUse(self)
+    }
+
+    /// When the session was last used (now, while a request is in flight).
     fn last(&self) -> Instant {
+        if self.busy.load(Ordering::Acquire) > 0 {
+            return Instant::now();
+        }
         *self.last.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -301,6 +326,7 @@ impl Sessions {
             conv: ready.conv,
             init: ready.init,
             last: Mutex::new(Instant::now()),
+            busy: AtomicUsize::new(0),
             end: CancellationToken::new(),
         });
         self.sessions().insert(session.id.clone(), session.clone());
