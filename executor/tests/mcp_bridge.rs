@@ -3,7 +3,8 @@
 //! to by the official Python SDK's stdio client (a listed tool answers, the
 //! other is refused with `mcp_tool_not_allowed`; stdin's end ends the
 //! session) and line by line (a garbage or oversized line gets a parse
-//! error and the bridge goes on; SIGTERM ends the session); and in front of
+//! error and the bridge goes on; SIGTERM ends the session), also found
+//! through the config file (its address and token file); and in front of
 //! no executor at all, where each request gets a JSON-RPC error line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -60,10 +61,16 @@ struct Bridge {
 }
 
 impl Bridge {
-    fn start(args: &[String]) -> Bridge {
-        let mut child = Command::new(BRIDGE)
+    /// The bridge with `args`, given the token in `EGRESS_CONTROL_TOKEN`
+    /// (else none: it finds the token file).
+    fn start(args: &[String], token_env: bool) -> Bridge {
+        let mut cmd = Command::new(BRIDGE);
+        match token_env {
+            true => cmd.env("EGRESS_CONTROL_TOKEN", TOKEN),
+            false => cmd.env_remove("EGRESS_CONTROL_TOKEN"),
+        };
+        let mut child = cmd
             .args(args)
-            .env("EGRESS_CONTROL_TOKEN", TOKEN)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -157,7 +164,7 @@ async fn the_bridge_serves_a_confined_server_to_a_stdio_client() {
 
     // Line by line: garbage and an oversized line get parse errors, the
     // bridge goes on; a list is answered; SIGTERM ends the session.
-    let mut b = Bridge::start(&bridge_args(addr));
+    let mut b = Bridge::start(&bridge_args(addr), true);
     b.send(b"this is not JSON");
     let e = b.next().await;
     assert_eq!((&e["id"], &e["error"]["code"]), (&Value::Null, &json!(-32700)), "{e}");
@@ -182,6 +189,37 @@ async fn the_bridge_serves_a_confined_server_to_a_stdio_client() {
     let status = b.exit().await;
     assert!(status.success(), "{status}");
 
+    // With --config: the address from [executor] listen, the token from
+    // the file in the proxy's home; a tool that is not a session tool is
+    // refused at start.
+    let egress = std::fs::read_to_string(dir.path().join("egress.toml")).unwrap();
+    let listen = "[executor]\nlisten = \"127.0.0.1:0\"";
+    assert!(egress.contains(listen));
+    let file = dir.write(
+        "bridge.toml",
+        &egress.replace(listen, &format!("[executor]\nlisten = \"{addr}\"")),
+    );
+    dir.write("var/egress-control.token", &format!("{TOKEN}\n"));
+    let file = file.display().to_string();
+    assert!(eventually(Duration::from_secs(60), || sessions.live() == 1).await);
+    let mut b = Bridge::start(&["mcp", "--config", &file, "--tool", "time"].map(str::to_owned), false);
+    b.send(&initialize(2));
+    let init = b.next().await;
+    assert_eq!(init["result"]["serverInfo"]["name"], json!("mcp-time"), "{init}");
+    assert_eq!(sessions.count(), 1);
+    let status = b.exit().await;
+    assert!(status.success(), "{status}");
+    assert!(eventually(Duration::from_secs(20), || sessions.count() == 0).await);
+    let out = Command::new(BRIDGE)
+        .args(["mcp", "--config", &file, "--tool", "nope"])
+        .env_remove("EGRESS_CONTROL_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`nope` is not a session tool"), "{err}");
+
     exec.shutdown();
     exec.drain(Duration::from_secs(20)).await;
     assert!(marked_processes(marker).is_empty(), "nothing of the trees is left");
@@ -195,7 +233,7 @@ async fn without_an_executor_each_request_gets_an_error_line() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut b = Bridge::start(&bridge_args(addr));
+    let mut b = Bridge::start(&bridge_args(addr), true);
     b.send(&initialize(7));
     let e = b.next().await;
     assert_eq!((&e["id"], &e["error"]["code"]), (&json!(7), &json!(-32603)), "{e}");
