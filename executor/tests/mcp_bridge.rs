@@ -4,8 +4,11 @@
 //! other is refused with `mcp_tool_not_allowed`; stdin's end ends the
 //! session) and line by line (a garbage or oversized line gets a parse
 //! error and the bridge goes on; SIGTERM ends the session), also found
-//! through the config file (its address and token file); and in front of
-//! no executor at all, where each request gets a JSON-RPC error line.
+//! through the config file (its address and token file); in front of a
+//! stand-in endpoint, where a stream of 8 KiB messages and 50 concurrent
+//! answers (pretty-printed) all come out as whole lines and stdin's end
+//! sends the `DELETE`; and in front of no executor at all, where each
+//! request gets a JSON-RPC error line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -250,4 +253,84 @@ async fn without_an_executor_each_request_gets_an_error_line() {
     assert_eq!(b.next().await["id"], json!(8));
     let status = b.exit().await;
     assert!(status.success(), "{status}");
+}
+
+/// A stand-in for the executor's endpoint: `initialize` opens session `s1`,
+/// any other request is answered pretty-printed (several lines), the
+/// stream sends `events` notifications of 8 KiB each, `DELETE`s are counted.
+async fn fake_endpoint(events: usize) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    let deleted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let d = deleted.clone();
+    let post = |headers: HeaderMap, body: String| async move {
+        let m: Value = serde_json::from_str(&body).unwrap();
+        if m["method"] == json!("initialize") {
+            assert!(headers.get("mcp-session-id").is_none());
+            let r = json!({"jsonrpc": "2.0", "id": m["id"], "result": {"serverInfo": {"name": "fake"}}});
+            return ([("mcp-session-id", "s1")], r.to_string()).into_response();
+        }
+        assert_eq!(headers.get("mcp-session-id").unwrap(), "s1");
+        if m.get("id").is_none() {
+            return StatusCode::ACCEPTED.into_response();
+        }
+        let r = json!({"jsonrpc": "2.0", "id": m["id"], "result": {"echo": m["params"]}});
+        serde_json::to_string_pretty(&r).unwrap().into_response()
+    };
+    let get = move |headers: HeaderMap| async move {
+        assert_eq!(headers.get("mcp-session-id").unwrap(), "s1");
+        let frames = (0..events).map(|i| {
+            let n = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"i": i, "pad": "x".repeat(8 << 10)}});
+            Ok::<_, std::convert::Infallible>(format!("event: message\ndata: {n}\n\n"))
+        });
+        (
+            [("content-type", "text/event-stream")],
+            axum::body::Body::from_stream(futures_util::stream::iter(frames)),
+        )
+    };
+    let delete = move |headers: HeaderMap| async move {
+        let id = headers.get("mcp-session-id").unwrap().to_str().unwrap().to_owned();
+        d.lock().unwrap().push(id);
+        StatusCode::NO_CONTENT
+    };
+    let app = axum::Router::new().route("/v1/mcp/time", axum::routing::post(post).get(get).delete(delete));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, deleted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_and_the_answers_are_whole_lines_and_stdin_end_deletes() {
+    let events = 300;
+    let (addr, deleted) = fake_endpoint(events).await;
+    let mut b = Bridge::start(&bridge_args(addr), true);
+    b.send(&initialize(0));
+    assert_eq!(b.next().await["result"]["serverInfo"]["name"], json!("fake"));
+    let calls = 50;
+    for i in 1..=calls {
+        b.send(
+            json!({"jsonrpc": "2.0", "id": i, "method": "ping", "params": {"i": i}})
+                .to_string()
+                .as_bytes(),
+        );
+    }
+    b.send(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    // Every line is whole JSON (`next` parses it): each answer once, each
+    // of the stream's messages once, in the stream's order.
+    let (mut answers, mut streamed) = (std::collections::BTreeSet::new(), Vec::new());
+    while answers.len() < calls as usize || streamed.len() < events {
+        let l = b.next().await;
+        match l.get("id") {
+            Some(id) => {
+                assert_eq!(l["result"]["echo"]["i"], *id, "{l}");
+                assert!(answers.insert(id.as_u64().unwrap()));
+            }
+            None => streamed.push(l["params"]["i"].as_u64().unwrap()),
+        }
+    }
+    assert_eq!(streamed, (0..events as u64).collect::<Vec<_>>());
+    let status = b.exit().await;
+    assert!(status.success(), "{status}");
+    assert_eq!(*deleted.lock().unwrap(), vec!["s1".to_owned()]);
 }
