@@ -1,5 +1,6 @@
 //! `egress-executor`: `serve` runs the invocation API with warm pools;
-//! `run` runs one ad-hoc command under a tool's run policy from a shell.
+//! `run` runs one ad-hoc command under a tool's run policy from a shell;
+//! `mcp` is a session tool as a stdio MCP server (`api::bridge`).
 //! Exit codes of `run` are documented in `docs/executor.md`.
 
 use std::path::PathBuf;
@@ -60,6 +61,20 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Serve a session tool of a running executor as a stdio MCP server
+    /// (newline-delimited JSON-RPC on stdin and stdout), for agent hosts
+    /// that start a command: each message goes to `/v1/mcp/<tool>`.
+    Mcp {
+        /// Where `[executor] listen` and the token are found; not needed
+        /// with both `--executor` and `EGRESS_CONTROL_TOKEN`.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        tool: String,
+        /// The executor's API (`http://host:port`), over `[executor] listen`.
+        #[arg(long)]
+        executor: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -91,6 +106,16 @@ fn main() -> ExitCode {
             json,
             command,
         } => rt.block_on(run(config, tool, input, json, command)),
+        Command::Mcp { config, tool, executor } => rt
+            .block_on(egress_executor::api::bridge::run(
+                egress_executor::api::bridge::Options {
+                    config,
+                    executor,
+                    tool,
+                    token_env: token_env(),
+                },
+            ))
+            .map(|()| 0),
     };
     match r {
         Ok(code) => ExitCode::from(code),

@@ -18,34 +18,9 @@ use std::time::Duration;
 use egress_e2e::dns::FakeDns;
 use egress_e2e::executor::{eventually, marked_processes, python, strongest_isolation, TempDir};
 use egress_e2e::harness::{all_facts_at, control_call, TOKEN};
-use egress_e2e::mcp::{sdk, serve, server_reads, servers};
+use egress_e2e::mcp::{sdk, serve, server_reads, servers, time_tool};
 use egress_e2e::stack::{proxy_bin, start_stack, Stack};
 use serde_json::{json, Value};
-
-fn time_tool(venv: &Path, marker: &str, extra: &str) -> String {
-    format!(
-        r#"
-[tools.time]
-egress = []
-[tools.time.mcp]
-tools = ["get_current_time"]
-[tools.time.process]
-command = ["{py}", "-m", "mcp_server_time", "--local-timezone", "UTC"]
-lifecycle = "session"
-protocol = "mcp-stdio"
-isolation = "{iso}"
-read_paths = [{reads}]
-env = {{ LOOM_TEST_MARK = "{marker}" }}
-cold_start_ms = 60000
-timeout_ms = 30000
-pool = {{ warm = 1, max = 1 }}
-{extra}
-"#,
-        py = venv.join("bin/python3").display(),
-        iso = strongest_isolation(),
-        reads = server_reads(venv),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confined_mcp_server_answers_the_official_client_within_its_rules() {

@@ -9,7 +9,7 @@
 //! and a helper that re-runs a test inside a network namespace holding only
 //! `lo`, the `websockets` origin of the WebSocket tests, a throwaway PostgreSQL and a
 //! fleet's network of namespaces on two bridges; for the executor's tests, a fake control API speaking the real wire
-//! types, a fake hand-off socket, process, config and executor helpers, and the real proxy beside an executor. One crate
+//! types, a fake hand-off socket, process, config and executor helpers, the real proxy beside an executor, and the confined MCP servers' config. One crate
 //! of test support for both products. Tests never use the machine's resolver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,9 +1,9 @@
 //! The kernel-facing HTTP API of `egress-executor serve`: invocations (run,
-//! list, look up, abort), session tools' MCP endpoints ([`mcp`]),
-//! `GET /metrics`, `GET /healthz`, and its OpenAPI
-//! 3.1 document at `/v1/openapi.json`, generated from the handlers (a route
-//! cannot exist without its entry). Error kinds map to HTTP statuses in
-//! `ErrorKind::http_status`.
+//! list, look up, abort), session tools' MCP endpoints ([`mcp`]; their
+//! stdio client `egress-executor mcp` is [`bridge`]), `GET /metrics`,
+//! `GET /healthz`, and its OpenAPI 3.1 document at `/v1/openapi.json`,
+//! generated from the handlers (a route cannot exist without its entry).
+//! Error kinds map to HTTP statuses in `ErrorKind::http_status`.
 
 use std::sync::Arc;
 
@@ -22,6 +22,7 @@ use crate::invoke::dispatch::InvocationRequest;
 use crate::invoke::journal::{Found, InvocationSummary, JOURNAL_MAX};
 use crate::invoke::Executor;
 
+pub mod bridge;
 pub mod mcp;
 
 /// The router, ready for `axum::serve`. `/v1` needs the same bearer token as

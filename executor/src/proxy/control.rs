@@ -417,7 +417,7 @@ impl ControlClient {
 const NO_BODY: Option<&()> = None;
 
 /// Percent-encode everything but unreserved characters of a path segment.
-fn path_segment(s: &str) -> String {
+pub(crate) fn path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
