@@ -72,8 +72,31 @@ async fn a_confined_mcp_server_answers_the_official_client_within_its_rules() {
         !fact.to_string().contains("SECRET-ARG"),
         "arguments never reach a fact: {fact}"
     );
-    // The client closed its session (DELETE): the server's tree is gone,
-    // its run ended; the warm one that replaced it waits.
+    // The project's own Python kernel client, through the same endpoint.
+    let kernel = {
+        let script = egress_e2e::process::repo_root().join("tests/python/mcp_kernel_client.py");
+        let base = format!("http://{addr}");
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new("python3")
+                .arg(script)
+                .args([base.as_str(), TOKEN, "time", "get_current_time", "convert_time"])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    assert!(kernel.status.success(), "{}", String::from_utf8_lossy(&kernel.stderr));
+    let k: Value = serde_json::from_slice(&kernel.stdout).unwrap();
+    assert_eq!(k["tools"], json!(["get_current_time"]), "{k}");
+    assert!(k["text"].as_str().unwrap().contains("Etc/UTC"), "{k}");
+    assert_eq!(
+        (&k["refused"]["code"], &k["refused"]["reason"]),
+        (&json!(-32003), &json!("mcp_tool_not_allowed")),
+        "{k}"
+    );
+    // The clients closed their sessions (DELETE): the servers' trees are
+    // gone, their runs ended; the warm one that replaced them waits.
     let run_id = fact["run_id"].as_str().unwrap().to_owned();
     assert!(eventually(Duration::from_secs(20), || sessions.count() == 0).await);
     let r = control_call(control, "GET", &format!("/v1/runs/{run_id}"), None, Some(TOKEN)).await;
