@@ -1,25 +1,23 @@
 //! The MCP decision routes the executor asks for each message of a confined
 //! MCP session: `POST /v1/runs/{id}/mcp` decides its calls with the run's
-//! tool's `[tools.<id>.mcp]` rules in force now (`decide::mcp`) and commits
-//! the fact of every refused (or, in report mode, reported) call before it
-//! answers; `POST /v1/runs/{id}/mcp/list` filters a list answer (no facts).
+//! tool's `[tools.<id>.mcp]` rules in force now (`decide::mcp_check`, which
+//! commits the fact of every refused or reported call before it answers);
+//! `POST /v1/runs/{id}/mcp/list` filters a list answer (no facts).
 
 use crate::control::error::{bad_request, ApiError, ApiResult, AppJson};
-use crate::data::decide::mcp::{arguments_digest, decide, keep_listed, McpRefusal};
-use crate::facts::{FactTarget, NewFact, Recorded};
+use crate::data::decide::mcp::keep_listed;
+use crate::data::decide::mcp_check;
 use crate::runs::{Run, RunError, RunState};
 use crate::state::Shared;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use egress_api::mcp::{
-    McpCall, McpCheck, McpDecision, McpList, McpListed, McpVerdict, MCP_CHECK_MAX_CALLS, MCP_LIST_MAX_NAMES,
-    MCP_NAME_MAX,
+    McpCheck, McpList, McpListed, McpVerdict, MCP_CHECK_MAX_CALLS, MCP_LIST_MAX_NAMES, MCP_NAME_MAX,
 };
 use egress_api::ErrorBody;
-use egress_config::{Mode, Policy, ToolPolicy};
+use egress_config::{Policy, ToolPolicy};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The largest body of these routes: an MCP message's arguments can be
 /// large (a file's contents to write), up to the executor's own bound on a
@@ -34,9 +32,6 @@ pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<Arc<Shared>> {
         .routes(utoipa_axum::routes!(list))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
 }
-
-/// The longest called name a fact's target carries, in characters.
-const FACT_NAME_MAX: usize = 256;
 
 /// The run `id` (live, not ended), the policy in force and the run's tool
 /// in it.
@@ -54,70 +49,6 @@ fn run_and_tool(sh: &Shared, id: &str) -> ApiResult<(Arc<Run>, Arc<Policy>, Arc<
         ));
     };
     Ok((run, policy, tool))
-}
-
-/// What a fact's target says of a call: kind `mcp`, the called name (cut
-/// at [`FACT_NAME_MAX`] characters, control characters replaced), port 0.
-fn fact_target(call: &McpCall) -> FactTarget {
-    let host = call
-        .name
-        .as_deref()
-        .unwrap_or("")
-        .chars()
-        .take(FACT_NAME_MAX)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    FactTarget {
-        kind: "mcp".to_owned(),
-        host,
-        port: 0,
-    }
-}
-
-/// A fact's detail for a refused call: the method, the arguments' digest
-/// and the refusal's message (which names the call, never an argument).
-/// The digest comes first, so the 512-byte bound never cuts it.
-fn fact_detail(call: &McpCall, refusal: &McpRefusal) -> String {
-    let method: String = call.method.chars().take(64).collect();
-    format!(
-        "{method:?} arguments {}: {}",
-        arguments_digest(call.arguments.as_ref()),
-        refusal.message
-    )
-}
-
-/// Commits the fact of one refused call (mode `enforce` or `report`),
-/// timed and counted as every fact write is.
-async fn record(
-    sh: &Shared,
-    run: &Run,
-    policy: &Policy,
-    mode: Mode,
-    call: &McpCall,
-    refusal: &McpRefusal,
-) -> Result<Recorded, ApiError> {
-    let fact = crate::facts::denial(NewFact {
-        run_id: Some(&*run.id),
-        tool: Some(&*run.tool),
-        reason: refusal.reason.code(),
-        mode: mode.as_str(),
-        target: Some(fact_target(call)),
-        resolved: vec![],
-        policy: &policy.digest,
-        detail: fact_detail(call, refusal),
-    });
-    let t0 = Instant::now();
-    let res = sh.facts.record(fact).await;
-    sh.metrics.fact_write_duration.observe(t0.elapsed().as_secs_f64());
-    res.map_err(|e| {
-        sh.metrics.fact_write_failures.inc();
-        tracing::error!(error = %e, run = %run.id, "MCP denial fact could not be recorded; the check is refused");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "facts_unavailable",
-            format!("the MCP denial could not be recorded ({e}); nothing is allowed"),
-        )
-    })
 }
 
 /// Decides the calls of one JSON-RPC message (a request, or every request
@@ -147,59 +78,16 @@ pub(super) async fn check(
         )));
     }
     let (run, policy, tool) = run_and_tool(&sh, &id)?;
-    let tm = sh.tool_metrics(Some(&run.tool));
-    let decided: Vec<Option<McpRefusal>> = req
-        .calls
-        .iter()
-        .map(|call| decide(tool.mcp.as_ref(), call).err())
-        .collect();
-    // Every refused call's fact at once, so a batch shares one commit.
-    let writes = req.calls.iter().zip(&decided).filter_map(|(call, refused)| {
-        let refusal = refused.as_ref()?;
-        tm.denial(refusal.reason);
-        Some(record(&sh, &run, &policy, tool.mode, call, refusal))
-    });
-    let mut recorded = futures_util::future::join_all(writes).await.into_iter();
-    let report = tool.mode == Mode::Report;
-    let mut allowed = true;
-    let mut decisions = Vec::with_capacity(req.calls.len());
-    for (call, refused) in req.calls.iter().zip(decided) {
-        let Some(refusal) = refused else {
-            decisions.push(McpDecision {
-                allowed: true,
-                reason: None,
-                fact_id: None,
-                message: None,
-            });
-            continue;
-        };
-        let fact = recorded.next().ok_or_else(|| {
+    let verdict = mcp_check::check(&sh, &run, &policy, &tool, &req.calls)
+        .await
+        .map_err(|e| {
             ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "a refused call has no fact write",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "facts_unavailable",
+                format!("the MCP denial could not be recorded ({e}); nothing is allowed"),
             )
-        })??;
-        allowed &= report;
-        tracing::info!(
-            target: "egress::mcp",
-            run = %run.id,
-            tool = %run.tool,
-            method = %call.method,
-            decision = if report { "reported" } else { "denied" },
-            reason = refusal.reason.code(),
-            fact = %fact.id,
-            "MCP call {}",
-            if report { "allowed in report mode" } else { "refused" }
-        );
-        decisions.push(McpDecision {
-            allowed: report,
-            reason: Some(refusal.reason.code().to_owned()),
-            fact_id: Some(fact.id),
-            message: Some(refusal.message),
-        });
-    }
-    Ok(Json(McpVerdict { allowed, decisions }))
+        })?;
+    Ok(Json(verdict))
 }
 
 /// Which entries of one `*/list` answer the run's MCP client may see: an
@@ -240,61 +128,4 @@ pub(super) async fn list(
         .map(|n| keep_listed(tool.mcp.as_ref(), req.kind, n))
         .collect();
     Ok(Json(McpListed { keep }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::deny::DenyReason;
-    use serde_json::json;
-
-    fn call(name: &str, arguments: serde_json::Value) -> McpCall {
-        McpCall {
-            method: "tools/call".to_owned(),
-            name: Some(name.to_owned()),
-            arguments: Some(arguments),
-        }
-    }
-
-    #[test]
-    fn a_fact_names_the_call_and_the_digest_never_an_argument() {
-        let c = call(
-            "write_file",
-            json!({"path": "/etc/passwd", "token": "sk-live-SECRET-4242"}),
-        );
-        let refusal = McpRefusal {
-            reason: DenyReason::McpArgumentsNotAllowed,
-            message: "MCP tool \"write_file\": these arguments are not allowed".to_owned(),
-        };
-        let detail = fact_detail(&c, &refusal);
-        assert!(detail.starts_with("\"tools/call\" arguments sha256:"), "{detail}");
-        assert!(detail.contains(&arguments_digest(c.arguments.as_ref())), "{detail}");
-        assert!(detail.contains("write_file"), "{detail}");
-        for secret in ["sk-live-SECRET-4242", "/etc/passwd", "token"] {
-            assert!(!detail.contains(secret), "{secret} in {detail}");
-        }
-        let t = fact_target(&c);
-        assert_eq!((t.kind.as_str(), t.host.as_str(), t.port), ("mcp", "write_file", 0));
-    }
-
-    #[test]
-    fn a_fact_target_is_bounded_and_has_no_control_characters() {
-        let long = format!("a\nb{}", "é".repeat(1000));
-        let t = fact_target(&call(&long, json!({})));
-        assert_eq!(t.host.chars().count(), FACT_NAME_MAX);
-        assert!(t.host.starts_with("a b"));
-        let none = McpCall {
-            method: "tools/call".to_owned(),
-            name: None,
-            arguments: None,
-        };
-        assert_eq!(fact_target(&none).host, "");
-        // The digest survives the detail's bound, whatever the message.
-        let refusal = McpRefusal {
-            reason: DenyReason::McpToolNotAllowed,
-            message: "x".repeat(2000),
-        };
-        let detail = crate::facts::bounded(fact_detail(&none, &refusal));
-        assert!(detail.contains(&arguments_digest(None)), "{detail}");
-    }
 }

@@ -738,6 +738,9 @@ pub struct Inside {
     pub fetch_timeout: std::time::Duration,
     /// Its count as allowed (or reported), for the caller to take.
     pub allowed: Allowed,
+    /// The tool has `[tools.<id>.mcp]` rules: its MCP messages inside are
+    /// decided too (`entrance::mcp`).
+    pub mcp: Option<Arc<ToolPolicy>>,
 }
 
 /// Credentials of the tool that go into one request.
@@ -782,6 +785,7 @@ pub async fn decide_inside(
         websocket,
         fetch_timeout: tool.fetch_timeout,
         allowed: fetch.allowed(&tool),
+        mcp: tool.mcp.is_some().then(|| tool.clone()),
     })
 }
 

@@ -8,6 +8,7 @@
 pub(crate) mod auth;
 pub(crate) mod fetch;
 pub(crate) mod mcp;
+pub(crate) mod mcp_check;
 pub(crate) mod policy;
 pub(crate) mod refusal;
 pub(crate) mod target;

@@ -42,6 +42,7 @@ use crate::data::carry::websocket;
 use crate::data::decide::fetch;
 use crate::data::decide::target::{server_name_is, Target};
 use crate::data::entrance::h2::{self, Held, Hold, StreamSlot};
+use crate::data::entrance::mcp;
 use crate::deny::{DenyReason, FetchError, Via};
 use crate::runs::pool::{Conn, Dialled, H2Conn, UpBody};
 use crate::runs::slots::{self, Slot, SlotError};
@@ -335,6 +336,18 @@ impl Origin {
             }
             None => (None, None),
         };
+        // A tool with MCP rules: its JSON-RPC is decided before it goes on.
+        let mut list = None;
+        let body = match inside.mcp.as_deref().filter(|_| mcp::applies(&method, &headers)) {
+            Some(tool) => match mcp::request(&self.sh, &self.run, tool, &mut headers, body).await {
+                Ok((bytes, l)) => {
+                    list = l;
+                    Either::Right(http_body_util::Full::new(bytes))
+                }
+                Err(answer) => return Ok(answer.map(Either::Right)),
+            },
+            None => Either::Left(body),
+        };
         let mut up = Request::new(Held::new(body, up_half).boxed_unsync());
         *up.method_mut() = parts.method;
         *up.version_mut() = Version::HTTP_11;
@@ -374,6 +387,21 @@ impl Origin {
                 };
                 strip_hop_by_hop(&mut parts.headers);
                 parts.version = if stream { Version::HTTP_2 } else { Version::HTTP_11 };
+                if let (Some(list), Some(tool)) = (&list, inside.mcp.as_deref()) {
+                    let body = Held::new(Scrubbed::new(body, scrub), down_half);
+                    let filtered = match mcp::filter(tool, list, &mut parts.headers, body).await {
+                        Ok(bytes) => ProxyBody::text(bytes),
+                        Err(e) => {
+                            parts.status = StatusCode::OK;
+                            parts.headers.clear();
+                            parts
+                                .headers
+                                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                            ProxyBody::text(e.to_string())
+                        }
+                    };
+                    return Ok(Response::from_parts(parts, Either::Right(filtered)));
+                }
                 tracing::info!(
                     target: "egress::fetch",
                     run = %self.run.id,

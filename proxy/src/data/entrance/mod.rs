@@ -11,5 +11,6 @@ pub(crate) mod h2;
 pub(crate) mod handoff;
 pub(crate) mod http;
 pub(crate) mod intercept;
+pub(crate) mod mcp;
 pub(crate) mod socks;
 pub(crate) mod transparent;

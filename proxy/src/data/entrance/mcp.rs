@@ -1,0 +1,341 @@
+//! MCP inside an intercepted request, for a tool with `[tools.<id>.mcp]`
+//! rules (a remote MCP server reached over HTTPS): a JSON `POST` is read
+//! whole within [`BODY_MAX`] and parsed strictly (`egress_api::jsonrpc`);
+//! JSON-RPC in it is decided by `decide::mcp_check` (facts first), a
+//! refused message is answered here with JSON-RPC errors and never sent on;
+//! the answer to a list request (JSON or SSE) is read within the same bound
+//! and filtered to what the rules allow.
+
+use crate::data::carry::body::ProxyBody;
+use crate::data::decide::mcp::keep_listed;
+use crate::data::decide::mcp_check;
+use crate::runs::Run;
+use crate::state::Shared;
+use bytes::Bytes;
+use egress_api::jsonrpc::{self, code, Incoming, Message};
+use egress_api::mcp::McpListKind;
+use egress_config::ToolPolicy;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Response, StatusCode};
+use http_body_util::BodyExt as _;
+use serde_json::{json, Value};
+
+/// The largest MCP message (a request body, or a list answer) read whole.
+pub const BODY_MAX: usize = 4 << 20;
+
+/// Whether a request of a tool with MCP rules carries MCP: a `POST` of
+/// `application/json`.
+pub fn applies(method: &Method, headers: &HeaderMap) -> bool {
+    method == Method::POST
+        && headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"))
+}
+
+/// A list request's answer to filter: which list, and its request's id.
+pub struct List {
+    kind: McpListKind,
+    field: &'static str,
+    key: &'static str,
+    id: Value,
+}
+
+fn answer(status: StatusCode, body: Value) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::text(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error(status: StatusCode, code: i64, message: &str) -> Response<ProxyBody> {
+    answer(status, jsonrpc::error(Value::Null, code, message, None))
+}
+
+/// The request's body read and decided: the bytes to send on (the same
+/// bytes: the strict reading gives them one meaning) and, for a single list
+/// request, its answer's filter; or the answer given here (a refusal, or
+/// why the body cannot be decided). A body that is JSON but not JSON-RPC
+/// is not MCP and goes on as it is.
+pub async fn request<B>(
+    sh: &Shared,
+    run: &Run,
+    tool: &ToolPolicy,
+    headers: &mut HeaderMap,
+    body: B,
+) -> Result<(Bytes, Option<List>), Response<ProxyBody>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let bytes = match http_body_util::Limited::new(body, BODY_MAX).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            let too_large = e.downcast_ref::<http_body_util::LengthLimitError>().is_some();
+            return Err(match too_large {
+                true => error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    code::INVALID_REQUEST,
+                    &format!("an MCP message over {BODY_MAX} bytes is not decided, and not sent"),
+                ),
+                false => error(
+                    StatusCode::BAD_REQUEST,
+                    code::INVALID_REQUEST,
+                    "the request body broke off",
+                ),
+            });
+        }
+    };
+    let v = jsonrpc::parse_strict(&bytes).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            code::PARSE_ERROR,
+            &format!("not strict JSON, so not decided and not sent: {e}"),
+        )
+    })?;
+    let is_rpc = |v: &Value| v.get("jsonrpc").is_some();
+    let rpc = match &v {
+        Value::Array(items) => items.iter().any(is_rpc),
+        v => is_rpc(v),
+    };
+    if !rpc {
+        return Ok((bytes, None));
+    }
+    let incoming = jsonrpc::incoming(v).map_err(|(c, e)| error(StatusCode::BAD_REQUEST, c, &e))?;
+    let (messages, batch) = match incoming {
+        Incoming::One(m) => (vec![m], false),
+        Incoming::Batch(b) => (b, true),
+    };
+    let calls: Vec<_> = messages.iter().filter_map(Message::call).collect();
+    if calls.len() > egress_api::mcp::MCP_CHECK_MAX_CALLS {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            &format!(
+                "more than {} requests in one batch",
+                egress_api::mcp::MCP_CHECK_MAX_CALLS
+            ),
+        ));
+    }
+    if !calls.is_empty() {
+        let policy = sh.policy.load_full();
+        let verdict = mcp_check::check(sh, run, &policy, tool, &calls).await.map_err(|e| {
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::SERVER_ERROR,
+                &format!("the MCP denial could not be recorded ({e}); nothing is sent"),
+            )
+        })?;
+        if !verdict.allowed {
+            return Err(refused(&messages, batch, &verdict));
+        }
+    }
+    let list = match messages.as_slice() {
+        [Message::Request { id, method, .. }] => match method.as_str() {
+            "tools/list" => Some((McpListKind::Tools, "tools", "name")),
+            "resources/list" => Some((McpListKind::Resources, "resources", "uri")),
+            "prompts/list" => Some((McpListKind::Prompts, "prompts", "name")),
+            _ => None,
+        }
+        .map(|(kind, field, key)| List {
+            kind,
+            field,
+            key,
+            id: id.clone(),
+        }),
+        _ => None,
+    };
+    if list.is_some() {
+        // Its answer is read to be filtered: in a coding the proxy reads.
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
+    Ok((bytes, list))
+}
+
+/// A refused message: each request answered with its decision's error (a
+/// request that passed is refused with its batch), as the executor's MCP
+/// endpoint answers.
+fn refused(messages: &[Message], batch: bool, verdict: &egress_api::mcp::McpVerdict) -> Response<ProxyBody> {
+    let mut decisions = verdict.decisions.iter();
+    let out: Vec<Value> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Request { id, .. } => Some(id),
+            _ => None,
+        })
+        .map(|id| match decisions.next() {
+            Some(d) if !d.allowed => jsonrpc::error(
+                id.clone(),
+                code::DENIED,
+                d.message.as_deref().unwrap_or("refused by the tool's MCP rules"),
+                Some(json!({"reason": d.reason, "fact_id": d.fact_id})),
+            ),
+            _ => jsonrpc::error(
+                id.clone(),
+                code::DENIED,
+                "not sent: another call of its batch was refused",
+                Some(json!({"reason": "batch_refused"})),
+            ),
+        })
+        .collect();
+    match (batch, out.len()) {
+        (true, _) | (false, 0) => answer(StatusCode::OK, Value::Array(out)),
+        (false, _) => answer(StatusCode::OK, out.into_iter().next().unwrap_or(Value::Null)),
+    }
+}
+
+/// The list answer `body` (its head in `headers`) read whole and filtered:
+/// a JSON answer, or each event of an SSE answer that is the list's
+/// response. An answer that cannot be read (a coding, over the bound, not
+/// JSON where the response should be) becomes a JSON-RPC error: nothing
+/// unfiltered reaches the tool.
+pub async fn filter<B>(tool: &ToolPolicy, list: &List, headers: &mut HeaderMap, body: B) -> Result<Bytes, Value>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let fail = |m: &str| jsonrpc::error(list.id.clone(), code::SERVER_ERROR, m, None);
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        return Err(fail("the server's list answer is in a coding the proxy does not read"));
+    }
+    let bytes = http_body_util::Limited::new(body, BODY_MAX)
+        .collect()
+        .await
+        .map_err(|_| {
+            fail(&format!(
+                "the server's list answer is over {BODY_MAX} bytes, or broke off"
+            ))
+        })?
+        .to_bytes();
+    headers.remove(header::CONTENT_LENGTH);
+    let sse = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("text/event-stream"));
+    if !sse {
+        let mut v = jsonrpc::parse_strict(&bytes).map_err(|e| fail(&format!("the server's list answer: {e}")))?;
+        keep(tool, list, &mut v);
+        return Ok(Bytes::from(v.to_string()));
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|_| fail("the server's list answer is not UTF-8"))?;
+    let mut out = String::with_capacity(text.len());
+    for event in text.split_inclusive("\n\n") {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d)))
+            .collect();
+        let parsed = (!data.is_empty())
+            .then(|| jsonrpc::parse_strict(data.join("\n").as_bytes()).ok())
+            .flatten();
+        match parsed {
+            Some(mut v) if v.get("id") == Some(&list.id) => {
+                keep(tool, list, &mut v);
+                for l in event.lines().filter(|l| !l.starts_with("data:") && !l.is_empty()) {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+                out.push_str(&format!("data: {v}\n\n"));
+            }
+            _ => out.push_str(event),
+        }
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Drops from a list response the entries the rules could never allow.
+fn keep(tool: &ToolPolicy, list: &List, v: &mut Value) {
+    let Some(items) = v
+        .pointer_mut(&format!("/result/{}", list.field))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    items.retain(|i| {
+        i.get(list.key)
+            .and_then(Value::as_str)
+            .is_some_and(|n| keep_listed(tool.mcp.as_ref(), list.kind, n))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    fn tool(rules: &str) -> ToolPolicy {
+        let text = format!("[tools.t]\negress = []\n[tools.t.mcp]\n{rules}\n");
+        let c = egress_config::Config::parse(&text, "t.toml").unwrap();
+        (*c.policy.tools["t"]).clone()
+    }
+
+    fn list() -> List {
+        List {
+            kind: McpListKind::Tools,
+            field: "tools",
+            key: "name",
+            id: json!(3),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_json_list_answer_keeps_only_what_the_rules_allow() {
+        let t = tool("tools = [\"fetch\"]");
+        let body = json!({"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"fetch"},{"name":"rm"},{"x":1}]}});
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let out = filter(&t, &list(), &mut h, Full::new(Bytes::from(body.to_string())))
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["result"]["tools"], json!([{"name":"fetch"}]));
+    }
+
+    #[tokio::test]
+    async fn an_sse_list_answer_is_filtered_event_by_event() {
+        let t = tool("deny_tools = [\"rm\"]");
+        let other = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"data":"rm"}});
+        let resp = json!({"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"fetch"},{"name":"rm"}]}});
+        let text = format!("event: message\ndata: {other}\n\nevent: message\nid: 9\ndata: {resp}\n\n");
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        let out = filter(&t, &list(), &mut h, Full::new(Bytes::from(text))).await.unwrap();
+        let out = std::str::from_utf8(&out).unwrap();
+        assert!(out.starts_with(&format!("event: message\ndata: {other}\n\n")), "{out}");
+        assert!(out.contains("id: 9\n"), "{out}");
+        assert!(out.contains("\"fetch\"") && !out.contains("{\"name\":\"rm\"}"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_list_answer_is_an_error_not_the_list() {
+        let t = tool("tools = [\"fetch\"]");
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        let e = filter(&t, &list(), &mut h, Full::new(Bytes::from_static(b"xx")))
+            .await
+            .unwrap_err();
+        assert_eq!(e["id"], json!(3));
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let e = filter(&t, &list(), &mut h, Full::new(Bytes::from_static(b"{\"a\":1,\"a\":2}")))
+            .await
+            .unwrap_err();
+        assert!(e["error"]["message"].as_str().unwrap().contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn only_a_json_post_is_read() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("Application/JSON; charset=utf-8"),
+        );
+        assert!(applies(&Method::POST, &h));
+        assert!(!applies(&Method::GET, &h));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert!(!applies(&Method::POST, &h));
+    }
+}

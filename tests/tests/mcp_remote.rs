@@ -1,0 +1,294 @@
+//! MCP rules on a remote MCP server reached over HTTPS: the official Python
+//! SDK's Streamable HTTP server (`clients/testing/mcp_server.py`, which
+//! wants a bearer token) behind TLS on 127.0.0.2, reached by a tool through
+//! the proxy with `inspect = true`, the token a credential of the server's
+//! host only. Through interception, in both of the server's answer forms
+//! (SSE and JSON): calls decided by the tool's `[tools.<id>.mcp]` rules (a
+//! refused call answered by the proxy with its fact, never sent on),
+//! `tools/list` filtered, a batch with one refusal refused whole, a body
+//! with a key twice refused, the credential injected, arguments never in a
+//! fact.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use egress_e2e::credentials::{api_credential, file_source, write_secret};
+use egress_e2e::dns::FakeDns;
+use egress_e2e::harness::{proxy_section, TestProxy, TestRun};
+use egress_e2e::inside;
+use egress_e2e::raw::connect;
+use egress_e2e::tls_origin::test_server_config;
+use http_body_util::{BodyExt as _, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::io::BufRead as _;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+const TOKEN: &str = "remote-mcp-REAL-token-5e6f";
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The SDK server on 127.0.0.1 (its port), answering as SSE or JSON.
+fn sdk_server(json: bool) -> (Server, u16) {
+    // The Host it is reached by through the proxy: any port of mcp.test.
+    let script = egress_e2e::process::repo_root().join("clients/testing/mcp_server.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(script)
+        .args(["--tool", "demo", "--token", TOKEN, "--allow-host", "mcp.test:*"]);
+    if json {
+        cmd.arg("--json");
+    }
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().strip_prefix("port ").expect("port N").parse().unwrap();
+    (Server(child), port)
+}
+
+/// TLS for `mcp.test` on 127.0.0.2, in front of the server's plain port:
+/// its address and its CA.
+async fn tls_front(backend: u16) -> (SocketAddr, String) {
+    let (config, ca) = test_server_config(&["mcp.test"], &[b"http/1.1"]);
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(s).await else { return };
+                let Ok(mut up) = tokio::net::TcpStream::connect(("127.0.0.1", backend)).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    (addr, ca)
+}
+
+/// A tool's HTTP/1.1 connection to `authority` inside an intercepted
+/// CONNECT, trusting the appliance CA only.
+async fn tunnel(p: &TestProxy, run: &TestRun, authority: &str) -> Tunnel {
+    let (r, stream) = connect(p.proxy, authority, Some(&run.auth())).await;
+    assert_eq!(r.status, 200);
+    let (_, ca) = p.control("GET", "/v1/ca", None).await;
+    let tls = inside::tls(ca["pem"].as_str().unwrap(), "mcp.test", b"http/1.1", stream).await;
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    Tunnel {
+        send,
+        authority: authority.to_owned(),
+    }
+}
+
+struct Tunnel {
+    send: SendRequest<Full<Bytes>>,
+    authority: String,
+}
+
+/// One POST of `body` (raw bytes) on the tunnel: the status, the session id,
+/// and the JSON-RPC answer (from JSON, or from the SSE event that carries a
+/// response; `Null` when there is none).
+async fn post(t: &mut Tunnel, session: Option<&str>, body: Vec<u8>) -> (u16, Option<String>, Value) {
+    t.send.ready().await.unwrap();
+    let mut req = hyper::Request::builder()
+        .method("POST")
+        .uri("/v1/mcp/demo")
+        .header("host", t.authority.as_str())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25");
+    if let Some(s) = session {
+        req = req.header("mcp-session-id", s);
+    }
+    let resp = t
+        .send
+        .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let sse = resp
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.to_str().unwrap().starts_with("text/event-stream"));
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    assert!(!text.contains(TOKEN), "the token never reaches the tool: {text}");
+    let v = if sse {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id").is_some())
+            .unwrap_or(Value::Null)
+    } else if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    (status, sid, v)
+}
+
+fn req(id: u64, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn call(id: u64, name: &str, args: Value) -> Value {
+    req(id, "tools/call", json!({"name": name, "arguments": args}))
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap()
+}
+
+async fn world(json: bool) -> (TestProxy, TestRun, String, Server, tempfile::TempDir) {
+    let (server, backend) = sdk_server(json);
+    let (front, origin_ca) = tls_front(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("roots.pem");
+    std::fs::write(&roots, origin_ca).unwrap();
+    let secret = dir.path().join("token");
+    write_secret(&secret, TOKEN, 0o600);
+    let dns = FakeDns::start().await;
+    dns.set("mcp.test", &["127.0.0.2"]);
+    let authority = format!("mcp.test:{}", front.port());
+    let text = format!(
+        r#"{}
+[proxy.interception]
+upstream_ca_file = "{}"
+[tools.remote]
+egress = ["{authority}"]
+inspect = true
+[tools.remote.mcp]
+tools = ["echo", {{ name = "shout", args = {{ text = "ok*" }} }}]
+{}"#,
+        proxy_section(&dns, ""),
+        roots.display(),
+        api_credential("remote", &authority, &file_source(&secret)),
+    );
+    let p = TestProxy::start_config(
+        dns,
+        &text,
+        None,
+        Some(Arc::new(egress_proxy::facts::MemorySink::new(1000))),
+    )
+    .await;
+    let run = p.run("remote").await;
+    (p, run, authority, server, dir)
+}
+
+async fn the_rules_hold_on_a_remote_server(json: bool) {
+    let (p, run, authority, _server, _dir) = world(json).await;
+    let mut t = tunnel(&p, &run, &authority).await;
+    let init = req(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let (s, sid, v) = post(&mut t, None, bytes(&init)).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        v["result"]["serverInfo"].is_object(),
+        "the credential reached the server: {v}"
+    );
+    let sid = sid.unwrap();
+    let (s, _, _) = post(
+        &mut t,
+        Some(&sid),
+        bytes(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
+    )
+    .await;
+    assert_eq!(s, 202);
+    // The list: only what the rules allow.
+    let (_, _, v) = post(&mut t, Some(&sid), bytes(&req(2, "tools/list", json!({})))).await;
+    let names: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["echo", "shout"], "{v}");
+    // Allowed calls are answered by the server.
+    let (_, _, v) = post(&mut t, Some(&sid), bytes(&call(3, "echo", json!({"text": "hi"})))).await;
+    assert_eq!(v["result"]["content"][0]["text"], json!("echo: hi"), "{v}");
+    let (_, _, v) = post(&mut t, Some(&sid), bytes(&call(4, "shout", json!({"text": "okay"})))).await;
+    assert_eq!(v["result"]["content"][0]["text"], json!("OKAY"), "{v}");
+    // A tool the rules leave out: answered by the proxy (the server's own
+    // refusal would be -32001 with its fixed fact id), with its fact.
+    let (s, _, v) = post(
+        &mut t,
+        Some(&sid),
+        bytes(&call(5, "refused", json!({"url": "SECRET-ARG-1"}))),
+    )
+    .await;
+    assert_eq!(
+        (s, &v["id"], &v["error"]["code"]),
+        (200, &json!(5), &json!(-32003)),
+        "{v}"
+    );
+    assert_eq!(v["error"]["data"]["reason"], json!("mcp_tool_not_allowed"), "{v}");
+    let fact_id = v["error"]["data"]["fact_id"].as_str().unwrap().to_owned();
+    assert_ne!(fact_id, "fact-0001");
+    // Arguments outside their matcher.
+    let (_, _, v) = post(
+        &mut t,
+        Some(&sid),
+        bytes(&call(6, "shout", json!({"text": "SECRET-ARG-2"}))),
+    )
+    .await;
+    assert_eq!(v["error"]["data"]["reason"], json!("mcp_arguments_not_allowed"), "{v}");
+    // A batch with one refusal: refused whole, nothing sent.
+    let batch = json!([
+        call(7, "echo", json!({"text": "a"})),
+        call(8, "refused", json!({"url": "b"}))
+    ]);
+    let (s, _, _) = post(&mut t, Some(&sid), bytes(&batch)).await;
+    assert_eq!(s, 200);
+    // A key twice: two readers could see two calls; refused, not sent.
+    let dup = br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","name":"refused","arguments":{"text":"x"}}}"#;
+    let (s, _, v) = post(&mut t, Some(&sid), dup.to_vec()).await;
+    assert_eq!((s, &v["error"]["code"]), (400, &json!(-32700)), "{v}");
+    // The facts: kind mcp, the names, never the arguments.
+    let facts = p.facts().await;
+    let mcp: Vec<_> = facts
+        .iter()
+        .filter(|f| f.target.as_ref().is_some_and(|t| t.kind == "mcp"))
+        .collect();
+    assert!(
+        mcp.iter()
+            .any(|f| f.id == fact_id && f.reason == "mcp_tool_not_allowed"),
+        "{facts:#?}"
+    );
+    assert!(
+        mcp.iter().any(|f| f.reason == "mcp_arguments_not_allowed"),
+        "{facts:#?}"
+    );
+    let all = serde_json::to_string(&facts).unwrap();
+    assert!(!all.contains("SECRET-ARG"), "{all}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rules_hold_on_a_remote_server_answering_sse() {
+    the_rules_hold_on_a_remote_server(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rules_hold_on_a_remote_server_answering_json() {
+    the_rules_hold_on_a_remote_server(true).await;
+}
