@@ -20,15 +20,14 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use egress_e2e::dns::FakeDns;
 use egress_e2e::executor::{eventually, marked_processes, strongest_isolation, TempDir};
 use egress_e2e::harness::TOKEN;
+use egress_e2e::mcp::serve;
 use egress_e2e::stack::{proxy_bin, start_stack, Stack};
-use egress_executor::Executor;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use serde_json::{json, Value};
@@ -162,14 +161,6 @@ fn direct(n: u64) -> Vec<Duration> {
     let _ = child.kill();
     let _ = child.wait();
     took
-}
-
-async fn serve(exec: &Arc<Executor>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = egress_executor::api::router(exec.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

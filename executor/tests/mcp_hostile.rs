@@ -10,14 +10,13 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use egress_e2e::dns::FakeDns;
 use egress_e2e::executor::{eventually, marked_processes, python, strongest_isolation, TempDir};
 use egress_e2e::harness::{control_call, TOKEN};
+use egress_e2e::mcp::{endpoint as mcp, serve};
 use egress_e2e::stack::{proxy_bin, start_stack, Stack};
-use egress_executor::Executor;
 use serde_json::{json, Value};
 
 /// A session tool running the hostile server in `mode` (no warm server:
@@ -45,58 +44,6 @@ pool = {{ warm = 0, max = 1 }}
         script = script.display(),
         iso = strongest_isolation(),
     )
-}
-
-async fn serve(exec: &Arc<Executor>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = egress_executor::api::router(exec.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
-}
-
-/// One request to `/v1/mcp/{tool}`: its status, its `Mcp-Session-Id` and
-/// its body as JSON (`Null` when empty).
-async fn mcp(
-    addr: SocketAddr,
-    tool: &str,
-    method: &str,
-    session: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Option<String>, Value) {
-    use http_body_util::{BodyExt, Full};
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut tx, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let bytes = body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default();
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("/v1/mcp/{tool}"))
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("authorization", format!("Bearer {TOKEN}"));
-    if let Some(s) = session {
-        req = req.header("mcp-session-id", s);
-    }
-    let resp = tx
-        .send_request(req.body(Full::new(bytes::Bytes::from(bytes))).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let id = resp
-        .headers()
-        .get("mcp-session-id")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body)))
-    };
-    (status, id, v)
 }
 
 fn initialize() -> Value {
