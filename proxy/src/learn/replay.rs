@@ -5,13 +5,16 @@
 //! recorded resolved addresses vetted against the new ranges. What needs
 //! the request itself (a placeholder or secret in its head, budgets, the
 //! run's state) is not replayed. A denial fact records no method: an HTTP
-//! one is replayed as `GET`, and without a path its path rules are not.
+//! one is replayed as `GET`, and without a path its path rules are not. An
+//! MCP call refused by its name is replayed by its name against the new
+//! `[tools.<id>.mcp]`; one the new rules would decide by its arguments is
+//! not (a fact holds their digest only).
 
 use crate::addrs::{HostAddrs, SelfAddrs};
 use crate::data::decide::policy::{self, Admission, Channel, Head};
 use crate::data::decide::target::{Kind, Target};
 use crate::learn::{Seen, What};
-use egress_config::{Host, Mode, Policy};
+use egress_config::{Host, McpMatch, Mode, Policy};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,8 +35,13 @@ impl Verdict {
     }
 }
 
-/// The denial reasons the pure steps decide (others need the request).
-const REPLAYED: [&str; 8] = [
+/// The denial reasons the pure steps decide (others need the request); an
+/// MCP refusal by name too (one by arguments needs the arguments, which a
+/// fact never holds).
+const REPLAYED: [&str; 11] = [
+    "mcp_tool_not_allowed",
+    "mcp_resource_not_allowed",
+    "mcp_prompt_not_allowed",
     "not_allowlisted",
     "ip_literal",
     "private_address",
@@ -67,6 +75,9 @@ impl Head for NoHead {
 
 /// `s` decided under `p`; `None` when it cannot be (no host, a DNS query).
 pub fn decide(p: &Policy, s: &Seen) -> Option<Verdict> {
+    if s.kind == "mcp" {
+        return decide_mcp(p, s);
+    }
     let host = s.parsed_host()?;
     let kind = match s.kind.as_str() {
         "http" => Kind::Http,
@@ -140,10 +151,39 @@ pub fn decide(p: &Policy, s: &Seen) -> Option<Verdict> {
     })
 }
 
+/// An MCP call refused by its name, decided under `p` by the name alone
+/// (`[tools.<id>.mcp]`, `McpList::check` without arguments); `None` when
+/// the new rules would decide by the arguments, which were not recorded.
+fn decide_mcp(p: &Policy, s: &Seen) -> Option<Verdict> {
+    let What::Denied { reason, .. } = &s.what else {
+        return None;
+    };
+    let Some(tool) = p.tool(&s.tool) else {
+        return Some(Verdict::Denied(reason.clone()));
+    };
+    let Some(rules) = &tool.mcp else {
+        return Some(Verdict::Allowed);
+    };
+    let list = match reason.as_str() {
+        "mcp_tool_not_allowed" => &rules.tools,
+        "mcp_resource_not_allowed" => &rules.resources,
+        "mcp_prompt_not_allowed" => &rules.prompts,
+        _ => return None,
+    };
+    match list.check(&s.host, None) {
+        McpMatch::Allowed => Some(Verdict::Allowed),
+        McpMatch::NameDenied | McpMatch::NameNotAllowed if tool.mode == Mode::Report => {
+            Some(Verdict::Reported(reason.clone()))
+        }
+        McpMatch::NameDenied | McpMatch::NameNotAllowed => Some(Verdict::Denied(reason.clone())),
+        McpMatch::ArgumentsDenied | McpMatch::ArgumentsNotAllowed => None,
+    }
+}
+
 /// One target whose verdict changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Change {
-    /// `host:port`.
+    /// `host:port`, or `mcp <name>` for an MCP call.
     pub target: String,
     /// The new policy's reason (`becomes_denied`), or the old one
     /// (`becomes_allowed`).
@@ -226,6 +266,7 @@ pub fn replay(p: &Policy, seen: &[Seen]) -> Replay {
         let acc = tools.entry(s.tool.clone()).or_default();
         acc.replayed += 1;
         let target = match s.parsed_host() {
+            _ if s.kind == "mcp" => format!("mcp {}", s.host),
             Some(h) => format!("{h}:{}", s.port),
             None => format!("{}:{}", s.host, s.port),
         };
@@ -418,5 +459,39 @@ mod tests {
         assert!(!added.breaks);
         assert_eq!(added.tools[0].becomes_allowed[0].target, "c.test:443");
         assert_eq!(added.tools[0].becomes_allowed[0].reason, "not_allowlisted");
+    }
+
+    #[test]
+    fn mcp_calls_refused_by_name_are_replayed_by_name_and_never_by_arguments() {
+        let p = policy("[tools.t]\negress = []\n[tools.t.mcp]\ntools = [\"a\", { name = \"b\", args = { x = 1 } }]\ndeny_tools = [\"z\"]\n");
+        let mcp = |name: &str, reason: &str| Seen {
+            port: 0,
+            method: None,
+            path: None,
+            ..seen("t", "mcp", name, denied(reason), &[])
+        };
+        assert_eq!(decide(&p, &mcp("a", "mcp_tool_not_allowed")), Some(Verdict::Allowed));
+        assert_eq!(
+            decide(&p, &mcp("c", "mcp_tool_not_allowed")),
+            Some(Verdict::Denied("mcp_tool_not_allowed".into()))
+        );
+        assert_eq!(
+            decide(&p, &mcp("z", "mcp_tool_not_allowed")),
+            Some(Verdict::Denied("mcp_tool_not_allowed".into()))
+        );
+        // Allowed by name but only with arguments: unknown without them.
+        assert_eq!(decide(&p, &mcp("b", "mcp_tool_not_allowed")), None);
+        assert_eq!(recorded(&mcp("a", "mcp_arguments_not_allowed")), None);
+        // Resources and prompts have no rules here: every one allowed.
+        assert_eq!(
+            decide(&p, &mcp("file:///x", "mcp_resource_not_allowed")),
+            Some(Verdict::Allowed)
+        );
+        let r = replay(
+            &p,
+            &[mcp("a", "mcp_tool_not_allowed"), mcp("c", "mcp_tool_not_allowed")],
+        );
+        assert_eq!(r.tools[0].becomes_allowed[0].target, "mcp a");
+        assert_eq!(r.replayed, 2);
     }
 }

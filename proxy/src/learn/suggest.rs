@@ -5,10 +5,12 @@
 //! denied ranges and IP literals are listed apart, never proposed. With
 //! `wildcards`, two or more names under one registrable domain (Public
 //! Suffix List) on one port become `*.domain:port`; a wildcard over a
-//! public suffix (`*.com`, `*.co.uk`) is never proposed.
+//! public suffix (`*.com`, `*.co.uk`) is never proposed. MCP tools a
+//! server was asked for and the rules did not list (their facts, refused or
+//! reported) are proposed for `[tools.<id>.mcp] tools`.
 
 use crate::learn::{Seen, What};
-use egress_config::{Allowlist, Host, Match, Rule, ToolPolicy};
+use egress_config::{Allowlist, Host, Match, McpMatch, Rule, ToolPolicy};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -52,6 +54,10 @@ pub struct Proposal {
     pub denied_ranges: Vec<Entry>,
     /// IP literals the tool asked for: never proposed.
     pub ip_literals: Vec<Entry>,
+    /// MCP tools the tool's server was asked for and its `[tools.<id>.mcp]`
+    /// did not list (refused, or only reported), to add to its `tools`; a
+    /// name its rules deny by name is never proposed.
+    pub mcp_tools: Vec<Entry>,
     /// The proposal as a TOML `[tools.<tool>]` table with comments.
     pub toml: String,
 }
@@ -119,8 +125,18 @@ pub fn suggest(id: &str, tool: Option<&ToolPolicy>, seen: &[Seen], wildcards: bo
     let mut ranges: BTreeMap<(String, u16), Tally> = BTreeMap::new();
     let mut literals: BTreeMap<(String, u16), Tally> = BTreeMap::new();
     let (mut records, mut decisions) = (0u64, 0u64);
+    let mut mcp_tools: BTreeMap<String, Tally> = BTreeMap::new();
+    let mcp = tool.and_then(|t| t.mcp.as_ref());
     for s in seen.iter().filter(|s| s.tool == id) {
         records += 1;
+        if s.kind == "mcp" {
+            let refused_by_name = matches!(&s.what, What::Denied { reason, .. } if reason == "mcp_tool_not_allowed");
+            let denied = mcp.is_some_and(|m| m.tools.check(&s.host, None) == McpMatch::NameDenied);
+            if refused_by_name && !denied && !s.host.is_empty() {
+                mcp_tools.entry(s.host.clone()).or_default().add(s);
+            }
+            continue;
+        }
         let Some(host) = s.parsed_host() else { continue };
         let key = (host.to_string(), s.port);
         match &s.what {
@@ -194,6 +210,7 @@ pub fn suggest(id: &str, tool: Option<&ToolPolicy>, seen: &[Seen], wildcards: bo
         unused,
         denied_ranges: apart(ranges),
         ip_literals: apart(literals),
+        mcp_tools: mcp_tools.into_iter().map(|(n, t)| t.entry(n)).collect(),
         toml: String::new(),
     };
     p.toml = render(&p, &rules, &shown);
@@ -306,6 +323,16 @@ fn render(p: &Proposal, rules: &[Rule], shown: &[String]) -> String {
         let _ = writeln!(out, "# Never proposed: IP literals.");
         for e in &p.ip_literals {
             let _ = writeln!(out, "#   {:?}  # {}", e.entry, seen_text(e));
+        }
+    }
+    if !p.mcp_tools.is_empty() {
+        let _ = writeln!(
+            out,
+            "# MCP tools its server was asked for that [tools.{}.mcp] does not list; add to its `tools`:",
+            p.tool
+        );
+        for e in &p.mcp_tools {
+            let _ = writeln!(out, "#   {:?},  # {}", e.entry, seen_text(e));
         }
     }
     out
@@ -455,5 +482,44 @@ mod tests {
         ];
         let got: Vec<String> = suggest("t", None, &s, true).add.into_iter().map(|e| e.entry).collect();
         assert_eq!(got, ["a.corp.example.com:443", "b.corp.example.com:443"]);
+    }
+
+    #[test]
+    fn mcp_tools_asked_for_and_not_listed_are_proposed_never_a_denied_one() {
+        let text = "[tools.t]\negress = []\n[tools.t.mcp]\ntools = [\"a\"]\ndeny_tools = [\"bad\"]\n";
+        let c = egress_config::Config::parse(text, "t.toml").unwrap();
+        let t = c.policy.tool("t").unwrap().as_ref().clone();
+        let mcp = |name: &str, reason: &str| Seen {
+            kind: "mcp".into(),
+            port: 0,
+            ..seen(
+                name,
+                0,
+                What::Denied {
+                    reason: reason.into(),
+                    report: false,
+                },
+                "2026-01-01T00:00:00.000Z",
+            )
+        };
+        let s = suggest(
+            "t",
+            Some(&t),
+            &[
+                mcp("b", "mcp_tool_not_allowed"),
+                mcp("b", "mcp_tool_not_allowed"),
+                mcp("bad", "mcp_tool_not_allowed"),
+                mcp("a", "mcp_arguments_not_allowed"),
+            ],
+            false,
+        );
+        assert_eq!(entries(&s.mcp_tools), ["b"]);
+        assert_eq!(s.mcp_tools[0].count, 2);
+        assert!(s.add.is_empty(), "MCP names are never egress entries: {:?}", s.add);
+        assert!(
+            s.toml.contains("#   \"b\",") && !s.toml.contains("\"bad\""),
+            "{}",
+            s.toml
+        );
     }
 }
