@@ -33,12 +33,10 @@ pub fn applies(method: &Method, headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"))
 }
 
-/// A list request's answer to filter: which list, and its request's id.
+/// The list requests of a message whose answer is to be filtered: for each
+/// request's id, which list (a batch can hold several).
 pub struct List {
-    kind: McpListKind,
-    field: &'static str,
-    key: &'static str,
-    id: Value,
+    lists: Vec<(Value, McpListKind, &'static str, &'static str)>,
 }
 
 fn answer(status: StatusCode, body: Value) -> Response<ProxyBody> {
@@ -131,21 +129,19 @@ where
             return Err(refused(&messages, batch, &verdict));
         }
     }
-    let list = match messages.as_slice() {
-        [Message::Request { id, method, .. }] => match method.as_str() {
-            "tools/list" => Some((McpListKind::Tools, "tools", "name")),
-            "resources/list" => Some((McpListKind::Resources, "resources", "uri")),
-            "prompts/list" => Some((McpListKind::Prompts, "prompts", "name")),
+    let lists: Vec<_> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Request { id, method, .. } => match method.as_str() {
+                "tools/list" => Some((id.clone(), McpListKind::Tools, "tools", "name")),
+                "resources/list" => Some((id.clone(), McpListKind::Resources, "resources", "uri")),
+                "prompts/list" => Some((id.clone(), McpListKind::Prompts, "prompts", "name")),
+                _ => None,
+            },
             _ => None,
-        }
-        .map(|(kind, field, key)| List {
-            kind,
-            field,
-            key,
-            id: id.clone(),
-        }),
-        _ => None,
-    };
+        })
+        .collect();
+    let list = (!lists.is_empty()).then_some(List { lists });
     if list.is_some() {
         // Its answer is read to be filtered: in a coding the proxy reads.
         headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
@@ -195,7 +191,11 @@ where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let fail = |m: &str| jsonrpc::error(list.id.clone(), code::SERVER_ERROR, m, None);
+    let id = match list.lists.as_slice() {
+        [(id, ..)] => id.clone(),
+        _ => Value::Null,
+    };
+    let fail = |m: &str| jsonrpc::error(id.clone(), code::SERVER_ERROR, m, None);
     if headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
@@ -232,7 +232,7 @@ where
             .then(|| jsonrpc::parse_strict(data.join("\n").as_bytes()).ok())
             .flatten();
         match parsed {
-            Some(mut v) if v.get("id") == Some(&list.id) => {
+            Some(mut v) if list.lists.iter().any(|l| v.get("id") == Some(&l.0)) || v.is_array() => {
                 keep(tool, list, &mut v);
                 for l in event.lines().filter(|l| !l.starts_with("data:") && !l.is_empty()) {
                     out.push_str(l);
@@ -246,18 +246,25 @@ where
     Ok(Bytes::from(out))
 }
 
-/// Drops from a list response the entries the rules could never allow.
+/// Drops from the list responses in `v` (one response, or a batch's
+/// array of them) the entries the rules could never allow.
 fn keep(tool: &ToolPolicy, list: &List, v: &mut Value) {
-    let Some(items) = v
-        .pointer_mut(&format!("/result/{}", list.field))
-        .and_then(Value::as_array_mut)
-    else {
+    if let Some(all) = v.as_array_mut() {
+        for one in all {
+            keep(tool, list, one);
+        }
+        return;
+    }
+    let Some((_, kind, field, key)) = list.lists.iter().find(|l| v.get("id") == Some(&l.0)) else {
+        return;
+    };
+    let Some(items) = v.pointer_mut(&format!("/result/{field}")).and_then(Value::as_array_mut) else {
         return;
     };
     items.retain(|i| {
-        i.get(list.key)
+        i.get(*key)
             .and_then(Value::as_str)
-            .is_some_and(|n| keep_listed(tool.mcp.as_ref(), list.kind, n))
+            .is_some_and(|n| keep_listed(tool.mcp.as_ref(), *kind, n))
     });
 }
 
@@ -274,10 +281,7 @@ mod tests {
 
     fn list() -> List {
         List {
-            kind: McpListKind::Tools,
-            field: "tools",
-            key: "name",
-            id: json!(3),
+            lists: vec![(json!(3), McpListKind::Tools, "tools", "name")],
         }
     }
 
@@ -307,6 +311,32 @@ mod tests {
         assert!(out.starts_with(&format!("event: message\ndata: {other}\n\n")), "{out}");
         assert!(out.contains("id: 9\n"), "{out}");
         assert!(out.contains("\"fetch\"") && !out.contains("{\"name\":\"rm\"}"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_batch_answer_has_each_of_its_lists_filtered() {
+        let t = tool("tools = [\"fetch\"]\nprompts = []");
+        let l = List {
+            lists: vec![
+                (json!(3), McpListKind::Tools, "tools", "name"),
+                (json!("p"), McpListKind::Prompts, "prompts", "name"),
+            ],
+        };
+        let body = json!([
+            {"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"fetch"},{"name":"rm"}]}},
+            {"jsonrpc":"2.0","id":"p","result":{"prompts":[{"name":"leak"}]}},
+            {"jsonrpc":"2.0","id":9,"result":{"tools":[{"name":"rm"}]}}
+        ]);
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let out = filter(&t, &l, &mut h, Full::new(Bytes::from(body.to_string())))
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v[0]["result"]["tools"], json!([{"name":"fetch"}]));
+        assert_eq!(v[1]["result"]["prompts"], json!([]));
+        // Not a list request's answer: untouched.
+        assert_eq!(v[2]["result"]["tools"], json!([{"name":"rm"}]));
     }
 
     #[tokio::test]
