@@ -141,7 +141,7 @@ pub fn decide(p: &Policy, s: &Seen) -> Option<Verdict> {
 }
 
 /// One target whose verdict changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Change {
     /// `host:port`.
     pub target: String,
@@ -155,7 +155,7 @@ pub struct Change {
 }
 
 /// One tool's changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct ToolReplay {
     pub tool: String,
     /// Records of the tool replayed.
@@ -168,7 +168,7 @@ pub struct ToolReplay {
 }
 
 /// What a new policy would change of the recorded traffic.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Replay {
     /// The new policy's digest.
     pub policy: String,
