@@ -132,11 +132,11 @@ pub fn report(old: &Policy, new: &Policy, replayed: Option<Replay>) -> Report {
 }
 
 fn replayed_lines(out: &mut String, allowed: &[replay::Change], denied: &[replay::Change]) {
-    for (what, list) in [("allowed", allowed), ("DENIED ", denied)] {
+    for (what, was, list) in [("allowed", "was ", allowed), ("DENIED ", "", denied)] {
         for c in list {
             let _ = writeln!(
                 out,
-                "    becomes {what} {} (was {}): {} record(s), e.g. {}",
+                "    becomes {what} {} ({was}{}): {} record(s), e.g. {}",
                 c.target,
                 c.reason,
                 c.count,
