@@ -131,6 +131,44 @@ impl Rule {
         }
     }
 
+    /// The entry's port.
+    pub fn port(&self) -> u16 {
+        match self {
+            Rule::Exact { port, .. } | Rule::Suffix { port, .. } | Rule::Ip { port, .. } => *port,
+        }
+    }
+
+    /// Whether `self` covers `other`: every host and port `other` admits,
+    /// `self` admits too (`private` aside). Same port, and the same name or
+    /// address, or `self` a wildcard `*.s` and `other` a name strictly under
+    /// `s`, or a wildcard `*.s` or `*.t` with `t` strictly under `s`. An
+    /// exact name never covers a wildcard, an address never a name.
+    pub fn covers(&self, other: &Rule) -> bool {
+        if self.port() != other.port() {
+            return false;
+        }
+        match (self, other) {
+            (Rule::Exact { host: a, .. }, Rule::Exact { host: b, .. }) => a == b,
+            (Rule::Ip { ip: a, .. }, Rule::Ip { ip: b, .. }) => a == b,
+            (Rule::Suffix { suffix: s, .. }, Rule::Exact { host: h, .. }) => strictly_under(h, s),
+            (Rule::Suffix { suffix: s, .. }, Rule::Suffix { suffix: t, .. }) => t == s || strictly_under(t, s),
+            _ => false,
+        }
+    }
+
+    /// Whether the entry admits `host` on `port` (as [`Allowlist::check`]
+    /// would with this entry alone).
+    pub fn admits(&self, host: &Host, port: u16) -> bool {
+        match host {
+            Host::Ip(ip) => matches!(self, Rule::Ip { ip: i, port: p, .. } if *i == ip.to_canonical() && *p == port),
+            Host::Name(n) => self.covers(&Rule::Exact {
+                host: n.clone(),
+                port,
+                private: false,
+            }),
+        }
+    }
+
     /// Parses a `"host:port"` string entry (IPv6 in brackets).
     pub fn parse_str(entry: &str) -> Result<Rule, RuleError> {
         let (host, port) = if entry.starts_with('[') {
@@ -143,6 +181,11 @@ impl Rule {
         let port = crate::host::parse_port(port).ok_or(RuleError::BadPort)?;
         Rule::parse(host, port, false)
     }
+}
+
+/// Whether `name` is a strict subdomain of `suffix` (at a label boundary).
+fn strictly_under(name: &str, suffix: &str) -> bool {
+    name.len() > suffix.len() + 1 && name.ends_with(suffix) && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
 }
 
 /// The result of matching a canonical target against an allowlist.

@@ -6,6 +6,7 @@
 pub mod allowlist;
 pub mod binding;
 pub mod credentials;
+pub mod diff;
 pub mod executor;
 pub mod fleet;
 pub mod host;

@@ -205,6 +205,22 @@ impl PathPattern {
         })
     }
 
+    /// Whether every path `other` matches, `self` matches too, as far as
+    /// can be told from the patterns: the same pattern, or `self` a literal
+    /// prefix ending in `/**` whose segments start `other` as written.
+    /// Sound, not complete: `false` may still be a cover.
+    pub fn covers(&self, other: &PathPattern) -> bool {
+        if self == other {
+            return true;
+        }
+        let Some((Seg::Any, prefix)) = self.segs.split_last() else {
+            return false;
+        };
+        prefix.iter().all(|s| *s != Seg::Any)
+            && other.segs.len() >= prefix.len()
+            && other.segs[..prefix.len()] == *prefix
+    }
+
     /// Whether the normal path `path` matches.
     pub fn matches(&self, path: &str) -> bool {
         let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();

@@ -2,8 +2,9 @@
 //! `--config` is given), `check` validates a config file without starting anything,
 //! `ranges` prints the default denied address ranges (for fences built outside
 //! the proxy, such as a NetworkPolicy's `except` lists), `policy suggest`
-//! proposes a tool's allowlist from its recorded traffic and `policy
-//! replay` re-decides the recorded traffic under a new config.
+//! proposes a tool's allowlist from its recorded traffic, `policy
+//! replay` re-decides the recorded traffic under a new config and `policy
+//! diff` lists the change in reach between two configs.
 #![forbid(unsafe_code)]
 
 use anyhow::Context as _;
@@ -101,6 +102,28 @@ enum PolicyAction {
         #[arg(long)]
         json: bool,
     },
+    /// Print every change in reach from OLD to NEW (computed from the compiled
+    /// policies), widenings first; with --store or --control, the recorded
+    /// fetches each change turns. Exit 1 when reach widened, 0 otherwise, 2 on error.
+    Diff {
+        old: PathBuf,
+        new: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// A fact store to replay under NEW.
+        #[arg(long, conflicts_with = "control")]
+        store: Option<PathBuf>,
+        /// A running proxy's control URL (http://host:port) that replays its records under NEW
+        /// (token: EGRESS_CONTROL_TOKEN, else the token file in NEW's proxy home).
+        #[arg(long)]
+        control: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -359,7 +382,97 @@ fn learn(action: PolicyAction) -> Result<std::process::ExitCode, String> {
                 code
             })
         }
+        PolicyAction::Diff {
+            old,
+            new,
+            format,
+            store,
+            control,
+        } => {
+            let o = Config::load(&old).map_err(|e| e.to_string())?;
+            let n = Config::load(&new).map_err(|e| e.to_string())?;
+            let replayed = match (store, control) {
+                (Some(path), _) => {
+                    if !path.exists() {
+                        return Err(format!("{}: no fact store there", path.display()));
+                    }
+                    let seen = history::read_store(&path, &history::Window::default())?;
+                    Some(replay::replay(&n.policy, &seen))
+                }
+                (None, Some(url)) => Some(remote_replay(&url, &n, &new)?),
+                (None, None) => None,
+            };
+            let r = egress_proxy::learn::diff::report(&o.policy, &n.policy, replayed);
+            let out = match format {
+                Format::Json => serde_json::to_string_pretty(&r).map_err(|e| e.to_string())? + "\n",
+                Format::Text => r.text(),
+            };
+            let code = emit(&out);
+            Ok(if r.widens {
+                std::process::ExitCode::from(1)
+            } else {
+                code
+            })
+        }
     }
+}
+
+/// `POST /v1/policy/replay` of a running proxy with NEW's text: the proxy
+/// replays what it recorded (the same replay as `--store`).
+fn remote_replay(
+    url: &str,
+    new: &Config,
+    path: &std::path::Path,
+) -> Result<egress_proxy::learn::replay::Replay, String> {
+    use http_body_util::BodyExt as _;
+    let authority = url
+        .strip_prefix("http://")
+        .ok_or(format!("--control {url:?}: only http://host:port is supported"))?
+        .trim_end_matches('/')
+        .to_owned();
+    let token = match std::env::var("EGRESS_CONTROL_TOKEN") {
+        Ok(t) => t.trim().to_owned(),
+        Err(_) => {
+            let file = egress_proxy::token_path(&new.proxy.home());
+            std::fs::read_to_string(&file)
+                .map_err(|e| format!("no EGRESS_CONTROL_TOKEN, and {}: {e}", file.display()))?
+                .trim()
+                .to_owned()
+        }
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let body = serde_json::json!({ "config": text }).to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(&authority)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::post("/v1/policy/replay")
+            .header("host", authority.as_str())
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let resp = send.send_request(req).await.map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("{url}: {status}: {}", String::from_utf8_lossy(&bytes)));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| format!("{url}: not a replay: {e}"))
+    })
 }
 
 /// Writes a command's whole output; a reader that stopped early (`| head`)

@@ -5,6 +5,7 @@
 //! records; [`history`] reads them from a proxy's store (the `policy`
 //! commands) or its live state (the control API).
 
+pub mod diff;
 pub mod history;
 pub mod replay;
 pub mod suggest;

@@ -181,7 +181,7 @@ fn decide_mcp(p: &Policy, s: &Seen) -> Option<Verdict> {
 }
 
 /// One target whose verdict changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Change {
     /// `host:port`, or `mcp <name>` for an MCP call.
     pub target: String,
@@ -195,7 +195,7 @@ pub struct Change {
 }
 
 /// One tool's changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct ToolReplay {
     pub tool: String,
     /// Records of the tool replayed.
@@ -208,7 +208,7 @@ pub struct ToolReplay {
 }
 
 /// What a new policy would change of the recorded traffic.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Replay {
     /// The new policy's digest.
     pub policy: String,
