@@ -95,6 +95,30 @@ async fn a_confined_mcp_server_answers_the_official_client_within_its_rules() {
         (&json!(-32003), &json!("mcp_tool_not_allowed")),
         "{k}"
     );
+    // And the JavaScript one (Node.js, where there is one).
+    if let Some(node) = egress_e2e::executor::node() {
+        let script = egress_e2e::process::repo_root().join("tests/js/mcp_kernel_client.mjs");
+        let base = format!("http://{addr}");
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(node)
+                .arg(script)
+                .args([base.as_str(), TOKEN, "time", "get_current_time", "convert_time"])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let k: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(k["tools"], json!(["get_current_time"]), "{k}");
+        assert!(k["text"].as_str().unwrap().contains("Etc/UTC"), "{k}");
+        assert_eq!(
+            (&k["refused"]["code"], &k["refused"]["reason"]),
+            (&json!(-32003), &json!("mcp_tool_not_allowed")),
+            "{k}"
+        );
+        assert!(k["refused"]["factId"].as_str().is_some_and(|f| !f.is_empty()), "{k}");
+    }
     // The clients closed their sessions (DELETE): the servers' trees are
     // gone, their runs ended; the warm one that replaced them waits.
     let run_id = fact["run_id"].as_str().unwrap().to_owned();
