@@ -452,3 +452,37 @@ async fn the_fact_is_committed_before_the_verdict_and_none_means_no_verdict() {
     let m = p.metrics().await;
     assert!(sample(&m, "egress_fact_write_failures_total") >= 2.0, "{m}");
 }
+
+/// An allowed call that names what it calls is in the decision log (with
+/// `[proxy] decisions = "all"`): kind `mcp`, the name, the method, never
+/// the arguments; a call that names nothing (`ping`) is not.
+#[tokio::test]
+async fn allowed_calls_are_in_the_decision_log_without_their_arguments() {
+    let p = TestProxy::start_with("decisions = \"all\"\n", TOOLS, None).await;
+    let run = p.run("files").await;
+    let (s, v) = check(
+        &p,
+        &run,
+        vec![tool_call("read_file", secret_args()), json!({ "method": "ping" })],
+    )
+    .await;
+    assert_eq!((s, &v["allowed"]), (200, &json!(true)), "{v}");
+    let mut found = vec![];
+    for _ in 0..200 {
+        let (_, page) = p.control("GET", "/v1/decisions?limit=100", None).await;
+        found = page["decisions"].as_array().cloned().unwrap_or_default();
+        if !found.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let d = &found[0];
+    assert_eq!(
+        (&d["kind"], &d["host"], &d["method"]),
+        (&json!("mcp"), &json!("read_file"), &json!("tools/call")),
+        "{d}"
+    );
+    assert_eq!(d["run_id"], json!(run.id));
+    assert!(!d.to_string().contains(SECRET), "{d}");
+}

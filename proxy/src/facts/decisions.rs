@@ -51,9 +51,10 @@ pub struct Decision {
     pub at: String,
     pub run_id: String,
     pub tool: String,
-    /// `http`, `connect` or `transparent`.
+    /// `http`, `connect`, `transparent`, or `mcp` (an allowed MCP call:
+    /// `host` is the called name, `method` the JSON-RPC method).
     pub kind: String,
-    /// The canonical target, `host:port`.
+    /// The canonical target, `host:port` (`mcp <name>` for an MCP call).
     pub target: String,
     pub host: String,
     pub port: u16,

@@ -155,27 +155,32 @@ pub fn decide(p: &Policy, s: &Seen) -> Option<Verdict> {
 /// (`[tools.<id>.mcp]`, `McpList::check` without arguments); `None` when
 /// the new rules would decide by the arguments, which were not recorded.
 fn decide_mcp(p: &Policy, s: &Seen) -> Option<Verdict> {
-    let What::Denied { reason, .. } = &s.what else {
-        return None;
+    // Which list: the refusal's reason says, or an allowed call's method.
+    let (kind, reason) = match &s.what {
+        What::Denied { reason, .. } => match reason.as_str() {
+            "mcp_tool_not_allowed" => (0, reason.clone()),
+            "mcp_resource_not_allowed" => (1, reason.clone()),
+            "mcp_prompt_not_allowed" => (2, reason.clone()),
+            _ => return None,
+        },
+        What::Allowed { .. } => match s.method.as_deref() {
+            Some("tools/call") => (0, "mcp_tool_not_allowed".to_owned()),
+            Some(m) if m.starts_with("resources/") => (1, "mcp_resource_not_allowed".to_owned()),
+            Some("prompts/get") => (2, "mcp_prompt_not_allowed".to_owned()),
+            _ => return None,
+        },
     };
     let Some(tool) = p.tool(&s.tool) else {
-        return Some(Verdict::Denied(reason.clone()));
+        return Some(Verdict::Denied(reason));
     };
     let Some(rules) = &tool.mcp else {
         return Some(Verdict::Allowed);
     };
-    let list = match reason.as_str() {
-        "mcp_tool_not_allowed" => &rules.tools,
-        "mcp_resource_not_allowed" => &rules.resources,
-        "mcp_prompt_not_allowed" => &rules.prompts,
-        _ => return None,
-    };
+    let list = [&rules.tools, &rules.resources, &rules.prompts][kind];
     match list.check(&s.host, None) {
         McpMatch::Allowed => Some(Verdict::Allowed),
-        McpMatch::NameDenied | McpMatch::NameNotAllowed if tool.mode == Mode::Report => {
-            Some(Verdict::Reported(reason.clone()))
-        }
-        McpMatch::NameDenied | McpMatch::NameNotAllowed => Some(Verdict::Denied(reason.clone())),
+        McpMatch::NameDenied | McpMatch::NameNotAllowed if tool.mode == Mode::Report => Some(Verdict::Reported(reason)),
+        McpMatch::NameDenied | McpMatch::NameNotAllowed => Some(Verdict::Denied(reason)),
         McpMatch::ArgumentsDenied | McpMatch::ArgumentsNotAllowed => None,
     }
 }

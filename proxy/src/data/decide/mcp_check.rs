@@ -103,6 +103,7 @@ pub(crate) async fn check(
     let mut decisions = Vec::with_capacity(calls.len());
     for (call, refused) in calls.iter().zip(decided) {
         let Some(refusal) = refused else {
+            log_allowed(sh, run, policy, call);
             decisions.push(McpDecision {
                 allowed: true,
                 reason: None,
@@ -134,6 +135,37 @@ pub(crate) async fn check(
         });
     }
     Ok(McpVerdict { allowed, decisions })
+}
+
+/// An allowed call that names what it calls (`tools/call`, `resources/*`,
+/// `prompts/get`) in the decision log, as an allowed fetch is (sampled by
+/// `[proxy] decisions`, off the answer path): kind `mcp`, the name as its
+/// host, the method; never the arguments.
+fn log_allowed(sh: &Shared, run: &Run, policy: &Policy, call: &McpCall) {
+    if call.name.as_deref().is_none_or(str::is_empty) || !sh.decisions.sample() {
+        return;
+    }
+    let t = fact_target(call);
+    sh.decisions.offer(crate::facts::decisions::Decision {
+        seq: 0,
+        at: crate::time::rfc3339(std::time::SystemTime::now()),
+        run_id: run.id.to_string(),
+        tool: run.tool.to_string(),
+        kind: "mcp".to_owned(),
+        target: format!("mcp {}", t.host),
+        host: t.host,
+        port: 0,
+        method: Some(call.method.chars().take(64).collect()),
+        path: None,
+        status: None,
+        outcome: "ok".to_owned(),
+        reported: false,
+        bytes_up: 0,
+        bytes_down: 0,
+        duration_ms: 0,
+        policy: policy.digest.clone(),
+        resolved: vec![],
+    });
 }
 
 #[cfg(test)]
