@@ -255,6 +255,40 @@ pub fn error(id: Value, code: i64, message: &str, data: Option<Value>) -> Value 
     serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": Value::Object(e) })
 }
 
+/// The answers to a message the rules refused (`verdict.allowed` false):
+/// each request's own refusal (`-32003`, its message, `data.reason` and
+/// `data.fact_id`), or, for a request that passed, its batch's
+/// (`batch_refused`: nothing of the message is sent). One answer for one
+/// message, an array for a batch. The same wherever MCP calls are decided.
+pub fn refusal(messages: &[Message], batch: bool, verdict: &crate::mcp::McpVerdict) -> Value {
+    let mut decisions = verdict.decisions.iter();
+    let out: Vec<Value> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Request { id, .. } => Some(id),
+            _ => None,
+        })
+        .map(|id| match decisions.next() {
+            Some(d) if !d.allowed => error(
+                id.clone(),
+                code::DENIED,
+                d.message.as_deref().unwrap_or("refused by the tool's MCP rules"),
+                Some(serde_json::json!({"reason": d.reason, "fact_id": d.fact_id})),
+            ),
+            _ => error(
+                id.clone(),
+                code::DENIED,
+                "not sent: another call of its batch was refused",
+                Some(serde_json::json!({"reason": "batch_refused"})),
+            ),
+        })
+        .collect();
+    match (batch, out.len()) {
+        (false, 1) => out.into_iter().next().unwrap_or(Value::Null),
+        _ => Value::Array(out),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +307,46 @@ mod tests {
             assert!(e.contains("appears twice"), "{text}: {e}");
         }
         assert!(parse_strict(br#"{"a":1,"b":{"a":2}}"#).is_ok());
+    }
+
+    #[test]
+    fn a_refused_batch_answers_every_request_and_sends_nothing() {
+        use crate::mcp::{McpDecision, McpVerdict};
+        let ok = McpDecision {
+            allowed: true,
+            reason: None,
+            fact_id: None,
+            message: None,
+        };
+        let no = McpDecision {
+            allowed: false,
+            reason: Some("mcp_tool_not_allowed".into()),
+            fact_id: Some("f1".into()),
+            message: Some("MCP tool \"rm\" is not allowed".into()),
+        };
+        let verdict = McpVerdict {
+            allowed: false,
+            decisions: vec![ok, no.clone()],
+        };
+        let msgs = vec![
+            message(json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"}})).unwrap(),
+            message(json!({"jsonrpc":"2.0","method":"notifications/progress"})).unwrap(),
+            message(json!({"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"rm"}})).unwrap(),
+        ];
+        let v = refusal(&msgs, true, &verdict);
+        assert_eq!(v[0]["id"], json!(1));
+        assert_eq!(v[0]["error"]["data"]["reason"], json!("batch_refused"));
+        assert_eq!((&v[1]["id"], &v[1]["error"]["code"]), (&json!("x"), &json!(-32003)));
+        assert_eq!(
+            v[1]["error"]["data"],
+            json!({"reason": "mcp_tool_not_allowed", "fact_id": "f1"})
+        );
+        let one = McpVerdict {
+            allowed: false,
+            decisions: vec![no],
+        };
+        let v = refusal(&msgs[2..], false, &one);
+        assert_eq!(v["id"], json!("x"));
     }
 
     #[test]

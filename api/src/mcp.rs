@@ -102,6 +102,20 @@ pub enum McpListKind {
     Prompts,
 }
 
+impl McpListKind {
+    /// The list a request asks for (`tools/list`, `resources/list`,
+    /// `prompts/list`): its kind, the answer's array under `result`, and
+    /// each entry's member that names it.
+    pub fn of_method(method: &str) -> Option<(McpListKind, &'static str, &'static str)> {
+        match method {
+            "tools/list" => Some((McpListKind::Tools, "tools", "name")),
+            "resources/list" => Some((McpListKind::Resources, "resources", "uri")),
+            "prompts/list" => Some((McpListKind::Prompts, "prompts", "name")),
+            _ => None,
+        }
+    }
+}
+
 /// `POST /v1/runs/{id}/mcp/list`: the names (tools, prompts) or URIs
 /// (resources) of one `*/list` answer, to be filtered to what the rules allow.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]

@@ -15,7 +15,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use egress_api::mcp::{McpCheck, McpList, McpListKind, McpVerdict};
+use egress_api::mcp::{McpCheck, McpList, McpListKind};
 use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 
@@ -202,7 +202,7 @@ async fn converse(s: &Session, sessions: &Sessions, incoming: Incoming) -> Respo
             }
         };
         if !verdict.allowed {
-            return refused(&messages, batch, &verdict);
+            return rpc(StatusCode::OK, jsonrpc::refusal(&messages, batch, &verdict));
         }
     }
     // Notifications and the client's responses go on as they are (the
@@ -246,13 +246,7 @@ async fn answer(s: &Session, sessions: &Sessions, m: &Message, within: Duration)
     if let Some(o) = v.as_object_mut() {
         o.insert("id".into(), id.clone());
     }
-    let kind = match method.as_str() {
-        "tools/list" => Some((McpListKind::Tools, "tools", "name")),
-        "resources/list" => Some((McpListKind::Resources, "resources", "uri")),
-        "prompts/list" => Some((McpListKind::Prompts, "prompts", "name")),
-        _ => None,
-    };
-    if let Some((kind, field, key)) = kind {
+    if let Some((kind, field, key)) = McpListKind::of_method(method) {
         if let Err(e) = filter(s, sessions, &mut v, kind, field, key).await {
             return jsonrpc::error(id.clone(), code::SERVER_ERROR, &e, None);
         }
@@ -288,37 +282,6 @@ async fn filter(
     let mut keep = listed.keep.into_iter();
     items.retain(|i| keep.next().unwrap_or(false) && i.get(key).and_then(Value::as_str).is_some());
     Ok(())
-}
-
-/// A refused message: each request answered with its decision's error
-/// (a request that passed is refused with its batch).
-fn refused(messages: &[Message], batch: bool, verdict: &McpVerdict) -> Response {
-    let mut decisions = verdict.decisions.iter();
-    let mut out = Vec::new();
-    for m in messages {
-        let Message::Request { id, .. } = m else { continue };
-        let d = decisions.next();
-        let e = match d {
-            Some(d) if !d.allowed => jsonrpc::error(
-                id.clone(),
-                code::DENIED,
-                d.message.as_deref().unwrap_or("refused by the tool's MCP rules"),
-                Some(json!({"reason": d.reason, "fact_id": d.fact_id})),
-            ),
-            _ => jsonrpc::error(
-                id.clone(),
-                code::DENIED,
-                "not sent: another call of its batch was refused",
-                Some(json!({"reason": "batch_refused"})),
-            ),
-        };
-        out.push(e);
-    }
-    if batch {
-        rpc(StatusCode::OK, Value::Array(out))
-    } else {
-        rpc(StatusCode::OK, out.into_iter().next().unwrap_or(Value::Null))
-    }
 }
 
 /// Every request of a message answered with the same error.

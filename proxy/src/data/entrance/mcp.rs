@@ -1,6 +1,6 @@
 //! MCP inside an intercepted request, for a tool with `[tools.<id>.mcp]`
 //! rules (a remote MCP server reached over HTTPS): a JSON `POST` is read
-//! whole within [`BODY_MAX`] and parsed strictly (`egress_api::jsonrpc`);
+//! whole within [`BODY_MAX`] and the fetch deadline, and parsed strictly (`egress_api::jsonrpc`);
 //! JSON-RPC in it is decided by `decide::mcp_check` (facts first), a
 //! refused message is answered here with JSON-RPC errors and never sent on;
 //! the answer to a list request (JSON or SSE) is read within the same bound
@@ -18,7 +18,8 @@ use egress_config::ToolPolicy;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt as _;
-use serde_json::{json, Value};
+use serde_json::Value;
+use tokio::time::Instant;
 
 /// The largest MCP message (a request body, or a list answer) read whole.
 pub const BODY_MAX: usize = 4 << 20;
@@ -62,14 +63,23 @@ pub async fn request<B>(
     tool: &ToolPolicy,
     headers: &mut HeaderMap,
     body: B,
+    deadline: Instant,
 ) -> Result<(Bytes, Option<List>), Response<ProxyBody>>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let bytes = match http_body_util::Limited::new(body, BODY_MAX).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
+    let read = tokio::time::timeout_at(deadline, http_body_util::Limited::new(body, BODY_MAX).collect()).await;
+    let bytes = match read {
+        Err(_) => {
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                code::INVALID_REQUEST,
+                "the MCP message did not arrive before the fetch deadline; nothing is sent",
+            ))
+        }
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => {
             let too_large = e.downcast_ref::<http_body_util::LengthLimitError>().is_some();
             return Err(match too_large {
                 true => error(
@@ -126,18 +136,15 @@ where
             )
         })?;
         if !verdict.allowed {
-            return Err(refused(&messages, batch, &verdict));
+            return Err(answer(StatusCode::OK, jsonrpc::refusal(&messages, batch, &verdict)));
         }
     }
     let lists: Vec<_> = messages
         .iter()
         .filter_map(|m| match m {
-            Message::Request { id, method, .. } => match method.as_str() {
-                "tools/list" => Some((id.clone(), McpListKind::Tools, "tools", "name")),
-                "resources/list" => Some((id.clone(), McpListKind::Resources, "resources", "uri")),
-                "prompts/list" => Some((id.clone(), McpListKind::Prompts, "prompts", "name")),
-                _ => None,
-            },
+            Message::Request { id, method, .. } => {
+                McpListKind::of_method(method).map(|(kind, field, key)| (id.clone(), kind, field, key))
+            }
             _ => None,
         })
         .collect();
@@ -149,44 +156,18 @@ where
     Ok((bytes, list))
 }
 
-/// A refused message: each request answered with its decision's error (a
-/// request that passed is refused with its batch), as the executor's MCP
-/// endpoint answers.
-fn refused(messages: &[Message], batch: bool, verdict: &egress_api::mcp::McpVerdict) -> Response<ProxyBody> {
-    let mut decisions = verdict.decisions.iter();
-    let out: Vec<Value> = messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::Request { id, .. } => Some(id),
-            _ => None,
-        })
-        .map(|id| match decisions.next() {
-            Some(d) if !d.allowed => jsonrpc::error(
-                id.clone(),
-                code::DENIED,
-                d.message.as_deref().unwrap_or("refused by the tool's MCP rules"),
-                Some(json!({"reason": d.reason, "fact_id": d.fact_id})),
-            ),
-            _ => jsonrpc::error(
-                id.clone(),
-                code::DENIED,
-                "not sent: another call of its batch was refused",
-                Some(json!({"reason": "batch_refused"})),
-            ),
-        })
-        .collect();
-    match (batch, out.len()) {
-        (true, _) | (false, 0) => answer(StatusCode::OK, Value::Array(out)),
-        (false, _) => answer(StatusCode::OK, out.into_iter().next().unwrap_or(Value::Null)),
-    }
-}
-
 /// The list answer `body` (its head in `headers`) read whole and filtered:
 /// a JSON answer, or each event of an SSE answer that is the list's
 /// response. An answer that cannot be read (a coding, over the bound, not
 /// JSON where the response should be) becomes a JSON-RPC error: nothing
 /// unfiltered reaches the tool.
-pub async fn filter<B>(tool: &ToolPolicy, list: &List, headers: &mut HeaderMap, body: B) -> Result<Bytes, Value>
+pub async fn filter<B>(
+    tool: &ToolPolicy,
+    list: &List,
+    headers: &mut HeaderMap,
+    body: B,
+    deadline: Instant,
+) -> Result<Bytes, Value>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -202,9 +183,9 @@ where
     {
         return Err(fail("the server's list answer is in a coding the proxy does not read"));
     }
-    let bytes = http_body_util::Limited::new(body, BODY_MAX)
-        .collect()
+    let bytes = tokio::time::timeout_at(deadline, http_body_util::Limited::new(body, BODY_MAX).collect())
         .await
+        .map_err(|_| fail("the server's list answer did not arrive before the fetch deadline"))?
         .map_err(|_| {
             fail(&format!(
                 "the server's list answer is over {BODY_MAX} bytes, or broke off"
@@ -272,11 +253,16 @@ fn keep(tool: &ToolPolicy, list: &List, v: &mut Value) {
 mod tests {
     use super::*;
     use http_body_util::Full;
+    use serde_json::json;
 
     fn tool(rules: &str) -> ToolPolicy {
         let text = format!("[tools.t]\negress = []\n[tools.t.mcp]\n{rules}\n");
         let c = egress_config::Config::parse(&text, "t.toml").unwrap();
         (*c.policy.tools["t"]).clone()
+    }
+
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(10)
     }
 
     fn list() -> List {
@@ -291,7 +277,7 @@ mod tests {
         let body = json!({"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"fetch"},{"name":"rm"},{"x":1}]}});
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let out = filter(&t, &list(), &mut h, Full::new(Bytes::from(body.to_string())))
+        let out = filter(&t, &list(), &mut h, Full::new(Bytes::from(body.to_string())), far())
             .await
             .unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
@@ -306,7 +292,9 @@ mod tests {
         let text = format!("event: message\ndata: {other}\n\nevent: message\nid: 9\ndata: {resp}\n\n");
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        let out = filter(&t, &list(), &mut h, Full::new(Bytes::from(text))).await.unwrap();
+        let out = filter(&t, &list(), &mut h, Full::new(Bytes::from(text)), far())
+            .await
+            .unwrap();
         let out = std::str::from_utf8(&out).unwrap();
         assert!(out.starts_with(&format!("event: message\ndata: {other}\n\n")), "{out}");
         assert!(out.contains("id: 9\n"), "{out}");
@@ -329,7 +317,7 @@ mod tests {
         ]);
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let out = filter(&t, &l, &mut h, Full::new(Bytes::from(body.to_string())))
+        let out = filter(&t, &l, &mut h, Full::new(Bytes::from(body.to_string())), far())
             .await
             .unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
@@ -339,20 +327,41 @@ mod tests {
         assert_eq!(v[2]["result"]["tools"], json!([{"name":"rm"}]));
     }
 
+    /// A list answer that never ends is an error at the fetch deadline, not
+    /// a hold without end.
+    #[tokio::test]
+    async fn a_list_answer_is_read_within_the_deadline() {
+        let t = tool("tools = [\"fetch\"]");
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let never = http_body_util::StreamBody::new(futures_util::stream::pending::<
+            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+        >());
+        let soon = Instant::now() + std::time::Duration::from_millis(50);
+        let e = filter(&t, &list(), &mut h, never, soon).await.unwrap_err();
+        assert!(e["error"]["message"].as_str().unwrap().contains("deadline"), "{e}");
+    }
+
     #[tokio::test]
     async fn an_unreadable_list_answer_is_an_error_not_the_list() {
         let t = tool("tools = [\"fetch\"]");
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        let e = filter(&t, &list(), &mut h, Full::new(Bytes::from_static(b"xx")))
+        let e = filter(&t, &list(), &mut h, Full::new(Bytes::from_static(b"xx")), far())
             .await
             .unwrap_err();
         assert_eq!(e["id"], json!(3));
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let e = filter(&t, &list(), &mut h, Full::new(Bytes::from_static(b"{\"a\":1,\"a\":2}")))
-            .await
-            .unwrap_err();
+        let e = filter(
+            &t,
+            &list(),
+            &mut h,
+            Full::new(Bytes::from_static(b"{\"a\":1,\"a\":2}")),
+            far(),
+        )
+        .await
+        .unwrap_err();
         assert!(e["error"]["message"].as_str().unwrap().contains("twice"), "{e}");
     }
 
