@@ -29,7 +29,9 @@ fn bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap()
 }
 
-async fn world(json: bool) -> (TestProxy, TestRun, String, Server, tempfile::TempDir) {
+/// The proxy, a run of `remote`, the server's authority; `extra` adds keys
+/// to `[tools.remote]`.
+async fn world(json: bool, extra: &str) -> (TestProxy, TestRun, String, Server, tempfile::TempDir) {
     let (server, backend) = sdk_server(json);
     let (front, origin_ca) = tls_front(backend).await;
     let dir = tempfile::tempdir().unwrap();
@@ -47,6 +49,7 @@ upstream_ca_file = "{}"
 [tools.remote]
 egress = ["{authority}"]
 inspect = true
+{extra}
 [tools.remote.mcp]
 tools = ["echo", {{ name = "shout", args = {{ text = "ok*" }} }}]
 {}"#,
@@ -66,7 +69,7 @@ tools = ["echo", {{ name = "shout", args = {{ text = "ok*" }} }}]
 }
 
 async fn the_rules_hold_on_a_remote_server(json: bool) {
-    let (p, run, authority, _server, _dir) = world(json).await;
+    let (p, run, authority, _server, _dir) = world(json, "").await;
     let mut t = tunnel(&p, &run, &authority).await;
     let init = req(
         1,
@@ -163,4 +166,31 @@ async fn the_rules_hold_on_a_remote_server_answering_sse() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rules_hold_on_a_remote_server_answering_json() {
     the_rules_hold_on_a_remote_server(true).await;
+}
+
+/// An MCP message that never arrives whole is not held past the fetch
+/// deadline: answered `408` (nothing sent), or cut with its tunnel, whose
+/// own deadline started first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_message_that_never_arrives_is_cut_at_the_fetch_deadline() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (p, run, authority, _server, _dir) = world(true, "fetch_timeout_ms = 1000").await;
+    let (r, stream) = egress_e2e::raw::connect(p.proxy, &authority, Some(&run.auth())).await;
+    assert_eq!(r.status, 200);
+    let (_, ca) = p.control("GET", "/v1/ca", None).await;
+    let mut tls = egress_e2e::inside::tls(ca["pem"].as_str().unwrap(), "mcp.test", b"http/1.1", stream).await;
+    let head = format!(
+        "POST /v1/mcp/demo HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\""
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let t0 = std::time::Instant::now();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), tls.read(&mut buf))
+        .await
+        .expect("an answer or the end before 10 s");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+    if let Ok(n) = read {
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(n == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+    }
 }

@@ -336,10 +336,12 @@ impl Origin {
             }
             None => (None, None),
         };
-        // A tool with MCP rules: its JSON-RPC is decided before it goes on.
+        // A tool with MCP rules: its JSON-RPC is decided before it goes on,
+        // read (and a list answer filtered) within the fetch deadline.
         let mut list = None;
+        let read_by = deadline.unwrap_or_else(|| Instant::now() + inside.fetch_timeout);
         let body = match inside.mcp.as_deref().filter(|_| mcp::applies(&method, &headers)) {
-            Some(tool) => match mcp::request(&self.sh, &self.run, tool, &mut headers, body).await {
+            Some(tool) => match mcp::request(&self.sh, &self.run, tool, &mut headers, body, read_by).await {
                 Ok((bytes, l)) => {
                     list = l;
                     Either::Right(http_body_util::Full::new(bytes))
@@ -389,7 +391,7 @@ impl Origin {
                 parts.version = if stream { Version::HTTP_2 } else { Version::HTTP_11 };
                 if let (Some(list), Some(tool)) = (&list, inside.mcp.as_deref()) {
                     let body = Held::new(Scrubbed::new(body, scrub), down_half);
-                    let filtered = match mcp::filter(tool, list, &mut parts.headers, body).await {
+                    let filtered = match mcp::filter(tool, list, &mut parts.headers, body, read_by).await {
                         Ok(bytes) => ProxyBody::text(bytes),
                         Err(e) => {
                             parts.status = StatusCode::OK;
