@@ -16,6 +16,7 @@ pub mod rules;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 
 /// The `type` of every denial fact.
@@ -137,6 +138,12 @@ pub struct CreateRun {
     /// case. Default `false`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound: Option<bool>,
+    /// What the run's child executes, as the executor hashed it from the
+    /// descriptors it then executed: absolute path → lowercase hex SHA-256
+    /// (at most 16). Copied into every fact and decision record of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::executables_schema)]
+    pub executables: Option<BTreeMap<String, String>>,
 }
 
 /// A run's concurrency slots.
@@ -167,6 +174,13 @@ pub struct RunView {
     #[schema(value_type = Object)]
     pub labels: Map<String, Value>,
     pub owner: Option<String>,
+    /// The principal that created the run (or the executor's kernel it was
+    /// activated for); absent for the control token's built-in principal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// What the run's child executes (path → SHA-256), when the executor said.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub executables: BTreeMap<String, String>,
     /// The run's credential is taken only on the listener handed over for
     /// it (declared at creation, or bound by the hand-off).
     #[serde(default)]

@@ -119,6 +119,42 @@ pub fn labels_schema() -> Object {
         .build()
 }
 
+/// Executables of a run, at most ([`valid_executables`]).
+pub const MAX_EXECUTABLES: usize = 16;
+
+/// Whether `e` is a valid `executables` map: at most [`MAX_EXECUTABLES`]
+/// absolute paths of at most 4096 bytes, each to 64 lowercase hex digits.
+pub fn valid_executables(e: &std::collections::BTreeMap<String, String>) -> bool {
+    e.len() <= MAX_EXECUTABLES
+        && e.iter().all(|(path, digest)| {
+            path.starts_with('/')
+                && path.len() <= 4096
+                && digest.len() == 64
+                && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+}
+
+/// `executables` of `POST /v1/runs`.
+pub fn executables_schema() -> Object {
+    nullable(Type::Object, true)
+        .max_properties(Some(MAX_EXECUTABLES))
+        .property_names(Some(
+            typed(&[Type::String])
+                .pattern(Some("^/"))
+                .max_length(Some(4096))
+                .build(),
+        ))
+        .additional_properties(Some(utoipa::openapi::schema::AdditionalProperties::RefOr(
+            utoipa::openapi::RefOr::T(utoipa::openapi::Schema::Object(
+                typed(&[Type::String]).pattern(Some("^[0-9a-f]{64}$")).build(),
+            )),
+        )))
+        .description(Some(format!(
+            "What the run's child executes: up to {MAX_EXECUTABLES} absolute paths, each to its lowercase hex SHA-256."
+        )))
+        .build()
+}
+
 /// Integers of request bodies that also take a whole float (`5100.0`): JSON
 /// Schema's `integer` includes them, and clients that compute a value in
 /// floating point (Python's `5.1 * 1000`) send them.
