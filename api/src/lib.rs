@@ -26,8 +26,12 @@ pub const GRANT_FACT_TYPE: &str = "EGRESS_GRANTED";
 /// The `type` of the fact of a fetch held for a grant (`on_unlisted = "ask"`),
 /// sent on the fact stream as `event: pending`.
 pub const PENDING_FACT_TYPE: &str = "EGRESS_PENDING";
+/// The `type` of the fact of a control action: a grant or reload refused,
+/// a reload applied, a run ended by another principal, refused credentials
+/// (counted), principals changed.
+pub const CONTROL_FACT_TYPE: &str = "CONTROL_ACTION";
 /// The fact schema version kernels fold.
-pub const FACT_SCHEMA: &str = "1.8.0";
+pub const FACT_SCHEMA: &str = "1.9.0";
 
 /// What the data plane tells a client it denied, for programs and agents:
 /// always as the `X-Egress-Denial` header (compact one-line JSON, at most
@@ -106,6 +110,13 @@ pub struct Fact {
     /// file was made. `(cell, epoch, seq)` names a fact fleet-wide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<String>,
+    /// The principal the run is attributed to, or (for a `CONTROL_ACTION`)
+    /// the principal that acted; absent for the control token's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// What the run's child executes (path → SHA-256), when the executor said.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub executables: BTreeMap<String, String>,
 }
 
 /// `POST /v1/runs`.
@@ -524,6 +535,51 @@ pub struct Reloaded {
     /// The digest of the policy now in force.
     pub policy: String,
     pub tools: Vec<String>,
+    /// The digest of the policy it replaced.
+    #[serde(default)]
+    pub previous: String,
+    /// Whether some change widens reach.
+    #[serde(default)]
+    pub widens: bool,
+    /// The change in reach from the previous policy, widenings first.
+    #[serde(default)]
+    pub changes: Vec<PolicyChange>,
+}
+
+/// One change in reach between two policies (`policy diff`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PolicyChange {
+    /// `widens` or `narrows`.
+    pub direction: String,
+    /// `host_added`, `wildcard_widened`, `mode_report`, `tool_added`, ...
+    pub kind: String,
+    /// The tool (`null`: the whole policy, `[proxy]` ranges).
+    pub tool: Option<String>,
+    pub target: String,
+    pub detail: String,
+    /// With a replay: recorded fetches that were denied and now go out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub becomes_allowed: Option<Vec<Value>>,
+    /// With a replay: recorded fetches that went out and are now denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub becomes_denied: Option<Vec<Value>>,
+}
+
+/// `200` of `POST /v1/policy/diff`, and the `details` of `422
+/// beyond_envelope`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PolicyDiff {
+    /// The digests of the two policies.
+    pub old: String,
+    pub new: String,
+    pub widens: bool,
+    pub changes: Vec<PolicyChange>,
+    /// With a replay: its counts and what no change accounts for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub replay: Option<Value>,
 }
 
 /// One problem of a rejected config.
@@ -546,6 +602,9 @@ pub struct ErrorDetail {
     /// Where that cell answers (`[cell] advertise_control`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_url: Option<String>,
+    /// `beyond_envelope`: how the refused policy reaches beyond the envelope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<PolicyDiff>,
 }
 
 /// Every error answer of the control API.
@@ -564,6 +623,7 @@ impl ErrorBody {
                 problems: None,
                 cell: None,
                 control_url: None,
+                diff: None,
             },
         }
     }

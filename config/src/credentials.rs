@@ -356,6 +356,21 @@ fn secret_source(c: &mut Section) -> Option<SecretSource> {
     r
 }
 
+/// The text of `path`, which must be mode 0600 or stricter (`what` names
+/// the file in the message when it is not).
+pub(crate) fn read_private(path: &std::path::Path, what: &str) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} is mode {mode:04o}: {what} must be 0600 or stricter",
+            path.display()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
 /// Loads one secret; the message says what is wrong (never the value).
 pub(crate) fn load(source: &SecretSource) -> Result<Secret, String> {
     let raw = match source {
@@ -364,16 +379,7 @@ pub(crate) fn load(source: &SecretSource) -> Result<Secret, String> {
             std::env::VarError::NotUnicode(_) => format!("environment variable {name} is not UTF-8"),
         })?,
         SecretSource::File(path) => {
-            use std::os::unix::fs::PermissionsExt;
-            let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(format!(
-                    "{} is mode {mode:04o}: a secret file must be 0600 or stricter",
-                    path.display()
-                ));
-            }
-            let mut s = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let mut s = read_private(path, "a secret file")?;
             if s.ends_with('\n') {
                 s.pop();
                 if s.ends_with('\r') {

@@ -109,6 +109,22 @@ pub fn diff(old: &Policy, new: &Policy) -> Vec<Change> {
     out
 }
 
+/// How `policy` reaches beyond `envelope`: the widenings of the change from
+/// the envelope to the policy (empty: within it).
+pub fn beyond(envelope: &Policy, policy: &Policy) -> Vec<Change> {
+    let mut out = diff(envelope, policy);
+    out.retain(|c| c.direction == Direction::Widens);
+    out
+}
+
+/// Whether a grant of `host:port` to a run of `tool` stays within
+/// `envelope`: the envelope's tool lists it.
+pub fn grant_within(envelope: &Policy, tool: &str, host: &Host, port: u16) -> bool {
+    envelope
+        .tool(tool)
+        .is_some_and(|t| matches!(t.allowlist.check(host, port), Match::Allowed { .. }))
+}
+
 /// Whether any change widens reach.
 pub fn widens(changes: &[Change]) -> bool {
     changes.iter().any(|c| c.direction == Direction::Widens)

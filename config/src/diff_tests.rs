@@ -211,3 +211,33 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_envelope_bounds_policies_and_grants() {
+    let envelope = policy("[tools.t]\negress = [\"*.corp.test:443\", \"api.gh.test:443\"]\n");
+    let within = policy("[tools.t]\negress = [\"docs.corp.test:443\"]\n");
+    let wider_wildcard = policy("[tools.t]\negress = [\"*.test:443\"]\n");
+    let other_port = policy("[tools.t]\negress = [\"docs.corp.test:8443\"]\n");
+    let other_tool = policy("[tools.u]\negress = [\"docs.corp.test:443\"]\n");
+    let report = policy("[tools.t]\nmode = \"report\"\negress = [\"docs.corp.test:443\"]\n");
+    assert!(beyond(&envelope, &within).is_empty());
+    assert!(beyond(&envelope, &envelope).is_empty());
+    for (what, p) in [
+        ("a wider wildcard", &wider_wildcard),
+        ("another port", &other_port),
+        ("a tool the envelope lacks", &other_tool),
+        ("report mode", &report),
+    ] {
+        let b = beyond(&envelope, p);
+        assert!(
+            !b.is_empty() && b.iter().all(|c| c.direction == Direction::Widens),
+            "{what}: {b:?}"
+        );
+    }
+    let name = |n: &str| crate::parse_host(n).unwrap();
+    assert!(grant_within(&envelope, "t", &name("x.corp.test"), 443));
+    assert!(grant_within(&envelope, "t", &name("api.gh.test"), 443));
+    assert!(!grant_within(&envelope, "t", &name("x.corp.test"), 80));
+    assert!(!grant_within(&envelope, "t", &name("evil.test"), 443));
+    assert!(!grant_within(&envelope, "u", &name("x.corp.test"), 443));
+}

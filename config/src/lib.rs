@@ -11,6 +11,7 @@ pub mod executor;
 pub mod fleet;
 pub mod host;
 pub mod mcp;
+pub mod principals;
 pub mod ranges;
 mod reader;
 pub mod requests;
@@ -219,6 +220,9 @@ pub struct ProxyConfig {
     pub decisions_retention: Duration,
     pub drain_timeout: Duration,
     pub tls: Option<TlsConfig>,
+    /// The policy envelope: a config file whose tools and ranges bound what
+    /// any policy in force may reach (see `egress_config::diff`).
+    pub envelope: Option<PathBuf>,
     /// `[proxy.interception]`: the appliance CA and the roots origins are
     /// verified against, for CONNECTs the proxy terminates.
     pub interception: InterceptionConfig,
@@ -294,6 +298,7 @@ impl Default for ProxyConfig {
             decisions_retention: Duration::from_secs(168 * 3600),
             drain_timeout: Duration::from_secs(10),
             tls: None,
+            envelope: None,
             interception: InterceptionConfig::default(),
         }
     }
@@ -352,6 +357,18 @@ pub struct Config {
     pub cell: Option<CellConfig>,
     /// `[export]`.
     pub export: ExportConfig,
+    /// `[control]`.
+    pub control: ControlConfig,
+}
+
+/// `[control]`: who may use the control plane (the proxy's control API and
+/// the executor's API).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControlConfig {
+    /// The principals file (mode 0600); unset: single-token mode.
+    pub principals_file: Option<PathBuf>,
+    /// `GET /metrics` needs a principal with the `metrics` scope.
+    pub metrics_require_token: bool,
 }
 
 impl Config {
@@ -535,6 +552,7 @@ mod tests {
                 decisions_retention: Duration::from_secs(168 * 3600),
                 drain_timeout: Duration::from_millis(10_000),
                 tls: None,
+                envelope: None,
                 interception: InterceptionConfig::default(),
             }
         );

@@ -85,6 +85,20 @@ pub(crate) fn parse_with_env(
         s.finish();
         r
     };
+    let mut control = {
+        let mut s = top.table("control");
+        let principals_file: Option<PathBuf> = s.get("principals_file");
+        if principals_file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            let at = s.at("principals_file");
+            s.problems.push(at, "must be a path");
+        }
+        let r = crate::ControlConfig {
+            principals_file,
+            metrics_require_token: s.or("metrics_require_token", false),
+        };
+        s.finish();
+        r
+    };
     top.finish();
     if executor.allow_relay {
         for (id, t) in &tools {
@@ -115,6 +129,8 @@ pub(crate) fn parse_with_env(
     }
     proxy.config_dir = dir.to_path_buf();
     proxy.handoff.iter_mut().for_each(rel);
+    proxy.envelope.iter_mut().for_each(rel);
+    control.principals_file.iter_mut().for_each(rel);
     if let Some(tls) = proxy.tls.as_mut() {
         rel(&mut tls.cert);
         rel(&mut tls.key);
@@ -205,6 +221,7 @@ pub(crate) fn parse_with_env(
         executor,
         cell,
         export,
+        control,
     };
     (Some(config), p.0)
 }
@@ -316,6 +333,7 @@ fn proxy(s: &mut Section) -> (ProxyConfig, Vec<IpNet>, Vec<IpNet>) {
         ),
         drain_timeout: s.millis("drain_timeout_ms", 0..=3_600_000, d.drain_timeout),
         tls,
+        envelope: s.get("envelope"),
         interception,
     };
     (cfg, allow, deny)
@@ -925,7 +943,7 @@ child_uid = 0
             r#"bad.toml: proxy.control: invalid type: integer `3129`, expected a string
 bad.toml: proxy.dns.servers[1]: invalid type: integer `53`, expected a string
 bad.toml: proxy.max_runs: invalid type: string "many", expected u64
-bad.toml: proxy.listne: unknown key (expected one of: activation_wait_ms, allow_ranges, control, decisions, decisions_max_mb, decisions_retention_hours, decisions_sample, deny_ranges, dns, drain_timeout_ms, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
+bad.toml: proxy.listne: unknown key (expected one of: activation_wait_ms, allow_ranges, control, decisions, decisions_max_mb, decisions_retention_hours, decisions_sample, deny_ranges, dns, drain_timeout_ms, envelope, facts, facts_max_mb, facts_retention_hours, handoff, header_read_timeout_ms, interception, listen, max_connections, max_connections_per_run, max_control_connections, max_event_streams, max_header_bytes, max_pending_connections, max_run_ms, max_runs, pending_head_timeout_ms, tls, tunnel_idle_timeout_ms)
 bad.toml: tools.web.egress[1]: must be "host:port" or { host = "...", port = N, private = bool, methods = [...], paths = [...], protocol = "tcp" }, not integer
 bad.toml: tools.web.egress[2]: port must be a decimal number in 1..=65535
 bad.toml: tools.web.process.pool.warm: is 3, more than pool.max = 2
@@ -933,7 +951,7 @@ bad.toml: tools.web.process.isolation: "tight" is not one of "strict", "best_eff
 bad.toml: tools.web.mode: "audit" is not one of "enforce", "report"
 bad.toml: executor.lease_ms: invalid type: string "15s", expected u64
 bad.toml: executor.child_uid: must not be 0 (root)
-bad.toml: extra: unknown key (expected one of: cell, executor, export, proxy, tools)"#
+bad.toml: extra: unknown key (expected one of: cell, control, executor, export, proxy, tools)"#
         );
     }
 

@@ -41,6 +41,8 @@ pub struct Config {
     pub export: egress_config::ExportConfig,
     /// The digest of the file's policy.
     pub policy_digest: String,
+    /// `[control] principals_file`: who may use the API (the proxy's too).
+    pub principals_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -78,6 +80,7 @@ impl Config {
             cell: shared.cell.clone(),
             export: shared.export.clone(),
             policy_digest: shared.policy.digest.clone(),
+            principals_file: shared.control.principals_file.clone(),
             file: file.to_path_buf(),
             dir,
             control: shared.proxy.control,

@@ -572,6 +572,7 @@ async fn one_layer_invocation(cfg: &Path, layers: &[Layer], input: Value) -> egr
     let warm = Warm::start(&shared, &spec, None).await.unwrap();
     let (result, teardown) = warm
         .dispatch(Request {
+            principal: None,
             input,
             idempotency_key: None,
             timeout: Duration::from_millis(spec.process.timeout_ms),
@@ -1418,6 +1419,7 @@ async fn forked_children() {
         async move {
             let res = exec
                 .invoke(InvocationRequest {
+                    principal: None,
                     tool,
                     input,
                     run_id: None,
@@ -1982,6 +1984,7 @@ async fn created_bound() {
         let before = control.create_bodies().len();
         let res = exec
             .invoke(InvocationRequest {
+                principal: None,
                 tool: tool.into(),
                 input: json!(null),
                 run_id: None,
@@ -2047,6 +2050,7 @@ print("done")
         let exec = exec.clone();
         async move {
             exec.invoke(InvocationRequest {
+                principal: None,
                 tool: "leak".into(),
                 input: json!(null),
                 run_id: None,

@@ -124,6 +124,7 @@ async fn emits_come_back_with_every_outcome_in_order() {
         run_id: None,
         idempotency_key: Some(format!("emits-{then}-{}", timeout_ms.unwrap_or(0))),
         timeout_ms,
+        principal: None,
     };
     // Timeout.
     let r = exec.invoke(call("hang", Some(1500))).await;

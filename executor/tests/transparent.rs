@@ -718,6 +718,7 @@ timeout_ms = 60000
     );
     let res = exec
         .invoke(InvocationRequest {
+            principal: None,
             tool: "pause".into(),
             input: json!({}),
             run_id: None,
@@ -844,6 +845,7 @@ timeout_ms = 60000
     // first.
     let reported = exec
         .invoke(InvocationRequest {
+            principal: None,
             tool: "reported".into(),
             input: json!({"report": true}),
             run_id: None,

@@ -64,6 +64,33 @@ enum Cmd {
         #[command(subcommand)]
         action: CaAction,
     },
+    /// Principals of the control plane (`[control] principals_file`).
+    Principal {
+        #[command(subcommand)]
+        action: PrincipalAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum PrincipalAction {
+    /// Add a principal with one new token: the token is printed once (to
+    /// stdout), its SHA-256 appended to the principals file (created 0600).
+    /// A running proxy takes it on its next reload.
+    Add {
+        /// The principal's name (1-128 of A-Z a-z 0-9 - _ . ~).
+        name: String,
+        /// A scope, repeated: invoke:<tools>, runs:<tools>, grants:<tools>,
+        /// facts:own|all, decisions:own|all, policy:read, policy:reload,
+        /// metrics, admin (<tools>: a tool id or a glob with `*`).
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        /// The principals file; without it, the one `[control]
+        /// principals_file` of --config names.
+        #[arg(long, conflicts_with = "config")]
+        file: Option<PathBuf>,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -157,6 +184,15 @@ fn main() -> std::process::ExitCode {
         Cmd::Ca {
             action: CaAction::Rotate { config },
         } => rotate_ca(&config),
+        Cmd::Principal {
+            action:
+                PrincipalAction::Add {
+                    name,
+                    scopes,
+                    file,
+                    config,
+                },
+        } => principal_add(&name, &scopes, file, config),
         Cmd::Policy { action } => match learn(action) {
             Ok(code) => code,
             Err(e) => {
@@ -488,6 +524,48 @@ fn emit(out: &str) -> std::process::ExitCode {
     }
 }
 
+fn principal_add(
+    name: &str,
+    scopes: &[String],
+    file: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> std::process::ExitCode {
+    let path = match (file, config) {
+        (Some(f), _) => f,
+        (None, Some(c)) => match Config::load(&c) {
+            Ok(cfg) => match cfg.control.principals_file {
+                Some(p) => p,
+                None => {
+                    eprintln!("{}: [control] principals_file is not set; pass --file", c.display());
+                    return std::process::ExitCode::from(2);
+                }
+            },
+            Err(e) => {
+                eprintln!("{e}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+        (None, None) => {
+            eprintln!("egress-proxy principal add: pass --file PATH or --config FILE");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match egress_proxy::add_principal(&path, name, scopes) {
+        Ok(token) => {
+            println!("{token}");
+            eprintln!(
+                "principal {name} added to {}; its token is above and is shown only now. Reload the proxy (SIGHUP or POST /v1/policy/reload) to let it in",
+                path.display()
+            );
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("egress-proxy: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
 fn rotate_ca(path: &std::path::Path) -> std::process::ExitCode {
     let c = match Config::load(path) {
         Ok(c) => c,
@@ -587,7 +665,7 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = hup.recv() => {
-                if let Err(e) = egress_proxy::reload(&shared) {
+                if let Err(e) = egress_proxy::reload(&shared, None).await {
                     tracing::error!("policy reload rejected, the old policy stays in force: {e}");
                 }
             }

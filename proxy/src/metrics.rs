@@ -84,6 +84,17 @@ pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
+/// The reasons of `CONTROL_ACTION` facts (`control::actions`).
+pub const CONTROL_ACTIONS: [&str; 7] = [
+    "grant_refused",
+    "reload_applied",
+    "reload_refused",
+    "run_ended_by_other",
+    "principals_changed",
+    "credential_refused",
+    "beyond_envelope",
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DigestLabel {
     pub digest: String,
@@ -138,8 +149,10 @@ pub struct Metrics {
     pub upstream_tls: Family<KindLabel, Counter>,
     pub store: StoreMetrics,
     pub decisions: DecisionMetrics,
-    /// Policy reloads by outcome (ok, error).
+    /// Policy reloads by outcome (ok, error, beyond_envelope).
     pub reloads: Family<OutcomeLabel, Counter>,
+    /// `CONTROL_ACTION` facts recorded, by reason.
+    pub control_actions: Family<ReasonLabel, Counter>,
     /// `egress_config_info{digest}` = 1 for the policy in force.
     pub config_info: Family<DigestLabel, Gauge>,
     /// Connections closed by the admission rules, by listener and why.
@@ -237,8 +250,12 @@ impl Metrics {
         let conns_refused = Family::<ListenerReason, Counter>::default();
         let reloads = Family::<OutcomeLabel, Counter>::default();
         let config_info = Family::<DigestLabel, Gauge>::default();
-        for outcome in ["ok", "error"] {
+        for outcome in ["ok", "error", "beyond_envelope"] {
             let _ = reloads.get_or_create(&OutcomeLabel { outcome });
+        }
+        let control_actions = Family::<ReasonLabel, Counter>::default();
+        for reason in CONTROL_ACTIONS {
+            let _ = control_actions.get_or_create(&ReasonLabel { reason });
         }
         for kind in ["not_found", "failed"] {
             let _ = dns_failures.get_or_create(&KindLabel { kind });
@@ -356,6 +373,11 @@ impl Metrics {
         }
         registry.register("egress_reloads", "Policy reloads, by outcome", reloads.clone());
         registry.register(
+            "egress_control_actions",
+            "CONTROL_ACTION facts recorded, by reason",
+            control_actions.clone(),
+        );
+        registry.register(
             "egress_config_info",
             "The digest of the policy in force (value 1)",
             config_info.clone(),
@@ -470,8 +492,14 @@ impl Metrics {
             store,
             conns_refused,
             reloads,
+            control_actions,
             config_info,
         }
+    }
+
+    /// Counts a recorded `CONTROL_ACTION` fact.
+    pub fn control_action(&self, reason: &'static str) {
+        self.control_actions.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Counts a finished handshake with an intercepted origin by its kind.

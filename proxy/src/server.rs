@@ -41,6 +41,8 @@ pub enum StartError {
     },
     #[error("{0}")]
     Config(#[from] egress_config::ConfigError),
+    #[error("the policy reaches beyond [proxy] envelope:\n{0}")]
+    BeyondEnvelope(String),
     #[error(transparent)]
     Dns(#[from] crate::dns::DnsInitError),
     #[error("control token: {0}")]
@@ -190,6 +192,20 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             (t, Some(s))
         }
     };
+    let principals = match &cfg.control.principals_file {
+        Some(path) => egress_config::principals::Principals::load(path, &token)?,
+        None => egress_config::principals::Principals::single(&token),
+    };
+    let envelope = match &pc.envelope {
+        Some(path) => {
+            let envelope = crate::control::envelope::load(path)?;
+            if let Err(report) = crate::control::envelope::check(&envelope, &cfg.policy) {
+                return Err(StartError::BeyondEnvelope(report.text()));
+            }
+            Some(envelope)
+        }
+        None => None,
+    };
     let metrics = Metrics::new();
     // An embedder's own fact sink has no directory to keep the CA beside:
     // its CA is ephemeral unless `ca_dir` is set.
@@ -274,6 +290,8 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             proxy_scheme,
             exporter,
             control_token: token.clone(),
+            principals,
+            envelope,
             config_path: opts.config_path,
             tls,
             ca,

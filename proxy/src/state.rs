@@ -55,6 +55,16 @@ pub struct Shared {
     /// `host:port` clients use to reach the data listener.
     pub proxy_authority: String,
     pub control_token: String,
+    /// Who may use the control API: the control token's principal and the
+    /// principals file's (replaced on reload).
+    pub principals: ArcSwap<egress_config::principals::Principals>,
+    /// Refused control credentials not yet in a fact (`control::actions`).
+    pub refused_credentials: std::sync::atomic::AtomicU64,
+    /// `[proxy] envelope`'s policy: no policy in force, and no grant, may
+    /// reach beyond it (replaced on reload).
+    pub envelope: arc_swap::ArcSwapOption<Policy>,
+    /// `[control] metrics_require_token`: `/metrics` needs the `metrics` scope.
+    pub metrics_require_token: bool,
     pub config_path: Option<PathBuf>,
     /// TLS for both listeners, when configured.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
@@ -86,6 +96,8 @@ pub(crate) struct Parts {
     pub me: SelfAddrs,
     pub proxy_authority: String,
     pub control_token: String,
+    pub principals: egress_config::principals::Principals,
+    pub envelope: Option<Arc<Policy>>,
     pub config_path: Option<PathBuf>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub ca: Authority,
@@ -133,6 +145,10 @@ impl Shared {
             tasks: TaskTracker::new(),
             proxy_authority: p.proxy_authority,
             control_token: p.control_token,
+            principals: ArcSwap::from_pointee(p.principals),
+            refused_credentials: Default::default(),
+            envelope: arc_swap::ArcSwapOption::new(p.envelope),
+            metrics_require_token: cfg.control.metrics_require_token,
             config_path: p.config_path,
             proxy_scheme: p.proxy_scheme,
             tls: p.tls,

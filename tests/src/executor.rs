@@ -121,6 +121,7 @@ pub fn invocation(tool: &str, input: Value) -> InvocationRequest {
         run_id: None,
         idempotency_key: None,
         timeout_ms: None,
+        principal: None,
     }
 }
 

@@ -7,6 +7,8 @@
 //! with one refusal is refused whole), and list answers are filtered to
 //! what the rules allow.
 
+use super::caller::Caller;
+use egress_config::principals::Action;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,11 +60,17 @@ fn lookup<'a>(exec: &'a Executor, tool: &str) -> Result<&'a Arc<Sessions>, Faile
     })
 }
 
-fn session_of(sessions: &Sessions, headers: &HeaderMap) -> Result<Option<Arc<Session>>, Failed> {
+/// The session the request names, if it is the caller's (another
+/// principal's session is answered as unknown).
+fn session_of(sessions: &Sessions, headers: &HeaderMap, caller: &Caller) -> Result<Option<Arc<Session>>, Failed> {
     let Some(v) = headers.get(SESSION_HEADER) else {
         return Ok(None);
     };
-    let found = v.to_str().ok().and_then(|id| sessions.get(id));
+    let found = v
+        .to_str()
+        .ok()
+        .and_then(|id| sessions.get(id))
+        .filter(|s| caller.sees(s.principal.as_deref()));
     match found {
         Some(s) => Ok(Some(s)),
         None => Err(failed(
@@ -84,17 +92,22 @@ fn session_of(sessions: &Sessions, headers: &HeaderMap) -> Result<Option<Arc<Ses
         (status = 202, description = "Only notifications or responses: accepted"),
         (status = 400, description = "Not strict JSON (duplicate keys, too deep), not JSON-RPC, or a message other than `initialize` without a session: a JSON-RPC error", body = Object),
         (status = 401, description = "unauthorized", body = egress_api::ErrorBody),
-        (status = 404, description = "No such session tool, or no such session: a JSON-RPC error", body = Object),
+        (status = 403, description = "scope: the caller has no invoke scope for the tool", body = egress_api::ErrorBody),
+        (status = 404, description = "No such session tool, or no such session (or another principal's): a JSON-RPC error", body = Object),
         (status = 413, description = "The message is over the tool's max_message_bytes", body = Object),
         (status = 502, description = "The proxy could not decide the calls", body = Object),
         (status = 503, description = "max_sessions open, the server did not start, or the executor is stopping", body = Object),
     ))]
 pub async fn post(
     State(exec): State<Arc<Executor>>,
+    caller: Caller,
     Path(tool): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if let Some(r) = caller.refuses(Action::Invoke { tool: &tool }) {
+        return r;
+    }
     let sessions = match lookup(&exec, &tool) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
@@ -114,12 +127,12 @@ pub async fn post(
         Ok(i) => i,
         Err(r) => return r.into_response(),
     };
-    let session = match session_of(sessions, &headers) {
+    let session = match session_of(sessions, &headers, &caller) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
     match session {
-        None => initialize(sessions, incoming).await,
+        None => initialize(sessions, incoming, caller.recorded()).await,
         Some(s) => {
             let _in_use = s.in_use();
             converse(&s, sessions, incoming).await
@@ -139,7 +152,7 @@ fn parse(bytes: &Bytes) -> Result<Incoming, Failed> {
 }
 
 /// A message without a session: only `initialize`, which opens one.
-async fn initialize(sessions: &Sessions, incoming: Incoming) -> Response {
+async fn initialize(sessions: &Sessions, incoming: Incoming, principal: Option<String>) -> Response {
     let id = match incoming {
         Incoming::One(Message::Request { id, method, .. }) if method == "initialize" => id,
         _ => {
@@ -153,7 +166,7 @@ async fn initialize(sessions: &Sessions, incoming: Incoming) -> Response {
             )
         }
     };
-    match sessions.open().await {
+    match sessions.open(principal).await {
         Ok(s) => {
             let mut r = rpc(StatusCode::OK, json!({"jsonrpc": "2.0", "id": id, "result": s.init}));
             if let Ok(v) = HeaderValue::from_str(&s.id) {
@@ -312,15 +325,24 @@ fn refuse_all(messages: &[Message], batch: bool, status: StatusCode, message: &s
         (status = 200, description = "An SSE stream of the server's messages, until the session ends", content_type = "text/event-stream"),
         (status = 400, description = "No Mcp-Session-Id", body = Object),
         (status = 401, description = "unauthorized", body = egress_api::ErrorBody),
+        (status = 403, description = "scope: the caller has no invoke scope for the tool", body = egress_api::ErrorBody),
         (status = 404, description = "No such session tool or session", body = Object),
         (status = 409, description = "The session's stream is open already", body = Object),
     ))]
-pub async fn get(State(exec): State<Arc<Executor>>, Path(tool): Path<String>, headers: HeaderMap) -> Response {
+pub async fn get(
+    State(exec): State<Arc<Executor>>,
+    caller: Caller,
+    Path(tool): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(r) = caller.refuses(Action::Invoke { tool: &tool }) {
+        return r;
+    }
     let sessions = match lookup(&exec, &tool) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    let s = match session_of(sessions, &headers) {
+    let s = match session_of(sessions, &headers, &caller) {
         Ok(Some(s)) => s,
         Ok(None) => {
             return rpc_error(
@@ -361,14 +383,23 @@ pub async fn get(State(exec): State<Arc<Executor>>, Path(tool): Path<String>, he
         (status = 204, description = "Ended"),
         (status = 400, description = "No Mcp-Session-Id", body = Object),
         (status = 401, description = "unauthorized", body = egress_api::ErrorBody),
+        (status = 403, description = "scope: the caller has no invoke scope for the tool", body = egress_api::ErrorBody),
         (status = 404, description = "No such session tool or session", body = Object),
     ))]
-pub async fn delete(State(exec): State<Arc<Executor>>, Path(tool): Path<String>, headers: HeaderMap) -> Response {
+pub async fn delete(
+    State(exec): State<Arc<Executor>>,
+    caller: Caller,
+    Path(tool): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(r) = caller.refuses(Action::Invoke { tool: &tool }) {
+        return r;
+    }
     let sessions = match lookup(&exec, &tool) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    match session_of(sessions, &headers) {
+    match session_of(sessions, &headers, &caller) {
         Ok(Some(s)) => {
             s.end();
             StatusCode::NO_CONTENT.into_response()

@@ -21,8 +21,11 @@ use crate::error::{ErrorKind, InvocationResult, InvokeError};
 use crate::invoke::dispatch::InvocationRequest;
 use crate::invoke::journal::{Found, InvocationSummary, JOURNAL_MAX};
 use crate::invoke::Executor;
+use caller::Caller;
+use egress_config::principals::Action;
 
 pub mod bridge;
+pub mod caller;
 pub mod mcp;
 
 /// The router, ready for `axum::serve`. `/v1` needs the same bearer token as
@@ -34,7 +37,8 @@ pub fn router(exec: Arc<Executor>) -> Router {
     doc.merge(open_doc);
     complete(&mut doc);
     let doc = Arc::new(doc);
-    let v1 = v1.route_layer(axum::middleware::from_fn_with_state(exec.clone(), require_token));
+    let auth = Arc::new(caller::Auth::new(exec.clone(), exec.principals_file().cloned()));
+    let v1 = v1.route_layer(axum::middleware::from_fn_with_state(auth, caller::authenticate));
     Router::new()
         .merge(open)
         .route(
@@ -138,32 +142,6 @@ fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Resp
     (status, Json(ErrorBody::new(code, message))).into_response()
 }
 
-async fn require_token(
-    State(exec): State<Arc<Executor>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let expected = exec.control_token();
-    match expected {
-        Some(e) if egress_api::bearer_matches(req.headers(), &e) => next.run(req).await,
-        None => api_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no_token",
-            "the executor has no control token to check against",
-        ),
-        _ => {
-            let mut r = api_error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Authorization: Bearer <control token> required",
-            );
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-            r
-        }
-    }
-}
-
 #[utoipa::path(post, path = "/v1/invocations", tag = "invocations", request_body = InvocationRequest,
     security(("control_token" = [])),
     responses(
@@ -177,15 +155,20 @@ async fn require_token(
     ))]
 async fn invoke(
     State(exec): State<Arc<Executor>>,
+    caller: Caller,
     body: Result<Json<InvocationRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let req = match body {
+    let mut req = match body {
         Ok(Json(r)) => r,
         Err(e) => {
             let r = InvocationResult::failed("", InvokeError::new(ErrorKind::BadRequest, e.body_text()));
             return (StatusCode::BAD_REQUEST, Json(r)).into_response();
         }
     };
+    if let Some(r) = caller.refuses(Action::Invoke { tool: &req.tool }) {
+        return r;
+    }
+    req.principal = caller.recorded();
     let (status, json) = exec.answer(req).await.into_http();
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     (status, [(header::CONTENT_TYPE, "application/json")], json).into_response()
@@ -220,6 +203,7 @@ struct InvocationFilter {
     ))]
 async fn list_invocations(
     State(exec): State<Arc<Executor>>,
+    caller: Caller,
     q: Result<axum::extract::Query<InvocationFilter>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let f = match q {
@@ -236,6 +220,7 @@ async fn list_invocations(
         f.outcome.as_deref(),
         f.after.as_deref(),
         limit,
+        &|owner| caller.sees(owner),
     );
     Json(InvocationList { invocations, next }).into_response()
 }
@@ -250,8 +235,8 @@ async fn list_invocations(
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
     ))]
-async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
-    match exec.invocation(&id) {
+async fn get_invocation(State(exec): State<Arc<Executor>>, caller: Caller, Path(id): Path<String>) -> Response {
+    match exec.invocation(&id, &|owner| caller.sees(owner)) {
         Some(Found::Done(kept)) => {
             // The kept JSON as it is, not parsed again.
             let result = kept.answer_json();
@@ -281,8 +266,8 @@ async fn get_invocation(State(exec): State<Arc<Executor>>, Path(id): Path<String
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "not_found: nothing in flight with that id", body = ErrorBody),
     ))]
-async fn abort(State(exec): State<Arc<Executor>>, Path(id): Path<String>) -> Response {
-    if exec.abort(&id) {
+async fn abort(State(exec): State<Arc<Executor>>, caller: Caller, Path(id): Path<String>) -> Response {
+    if exec.abort_if(&id, &|owner| caller.sees(owner)) {
         (StatusCode::OK, Json(json!({"aborted": true, "id": id}))).into_response()
     } else {
         api_error(

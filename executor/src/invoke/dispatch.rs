@@ -42,6 +42,12 @@ pub struct InvocationRequest {
     #[serde(default, deserialize_with = "egress_api::rules::whole::option_u64")]
     #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
+    /// Who asks (set by the API from the caller, never read from the
+    /// body): the run is attributed to it, and only it (or admin) sees
+    /// and aborts the invocation.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub principal: Option<String>,
 }
 
 /// An invocation's answer: as it came now, or as it was kept.
@@ -155,6 +161,7 @@ impl Executor {
             outcome: None,
             run_id: req.run_id.clone(),
             idempotency_key: req.idempotency_key.clone(),
+            principal: req.principal.clone(),
             started_at_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
@@ -242,6 +249,7 @@ impl Executor {
             idempotency_key: req.idempotency_key,
             timeout: Duration::from_millis(timeout_ms),
             cancel,
+            principal: req.principal,
         };
         pool.invoke(request, req.run_id).await
     }
@@ -263,14 +271,24 @@ impl Executor {
             ));
         }
         for k in &keys {
-            m.insert(k.clone(), cancel.clone());
+            m.insert(k.clone(), (cancel.clone(), req.principal.clone()));
         }
         Ok(Registration { exec: self, keys })
     }
 
     /// Abort the in-flight invocation whose run id or idempotency key is `id`.
     pub fn abort(&self, id: &str) -> bool {
-        let token = self.inflight.lock().ok().and_then(|m| m.get(id).cloned());
+        self.abort_if(id, &|_| true)
+    }
+
+    /// [`abort`](Self::abort), if `visible` says the invocation's principal
+    /// is the caller's to abort.
+    pub fn abort_if(&self, id: &str, visible: &dyn Fn(Option<&str>) -> bool) -> bool {
+        let token = self
+            .inflight
+            .lock()
+            .ok()
+            .and_then(|m| m.get(id).filter(|(_, p)| visible(p.as_deref())).map(|(t, _)| t.clone()));
         match token {
             Some(t) => {
                 t.cancel();
@@ -317,6 +335,7 @@ impl Executor {
                         idempotency_key: None,
                         timeout: Duration::from_millis(spec.process.timeout_ms),
                         cancel,
+                        principal: None,
                     })
                     .await;
                 teardown.finish().await;

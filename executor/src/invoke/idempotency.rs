@@ -41,10 +41,14 @@ pub(super) struct Remembered {
 fn fingerprint(req: &InvocationRequest) -> String {
     use sha2::{Digest, Sha256};
     let mut text = String::new();
-    canonical(
-        &serde_json::json!([req.tool, req.input, req.run_id, req.timeout_ms]),
-        &mut text,
-    );
+    // The caller's principal too (when not the control token's): another
+    // principal's same request with the same key is a conflict, never the
+    // first one's answer.
+    let mut parts = serde_json::json!([req.tool, req.input, req.run_id, req.timeout_ms]);
+    if let (Some(p), Value::Array(a)) = (&req.principal, &mut parts) {
+        a.push(Value::from(p.as_str()));
+    }
+    canonical(&parts, &mut text);
     Sha256::digest(text.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))

@@ -29,6 +29,9 @@ pub struct InvocationSummary {
     pub run_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The principal that invoked it (absent: the control token's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     /// Milliseconds since the Unix epoch.
     pub started_at_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -75,6 +78,7 @@ impl Executor {
         outcome: Option<&str>,
         after: Option<&str>,
         limit: usize,
+        visible: &dyn Fn(Option<&str>) -> bool,
     ) -> (Vec<InvocationSummary>, Option<String>) {
         let Ok(j) = self.journal.lock() else {
             return (vec![], None);
@@ -94,7 +98,8 @@ impl Executor {
                 seen_after = after == Some(s.invocation_id.as_str());
                 continue;
             }
-            let keep = tool.is_none_or(|t| s.tool == t)
+            let keep = visible(s.principal.as_deref())
+                && tool.is_none_or(|t| s.tool == t)
                 && state.is_none_or(|st| s.state == st)
                 && outcome.is_none_or(|o| s.outcome == Some(o));
             if keep {
@@ -113,11 +118,13 @@ impl Executor {
         (out, next)
     }
 
-    /// One invocation by its invocation id, run id or idempotency key.
-    pub fn invocation(&self, id: &str) -> Option<Found> {
+    /// One invocation by its invocation id, run id or idempotency key,
+    /// among those `visible` says are the caller's.
+    pub fn invocation(&self, id: &str, visible: &dyn Fn(Option<&str>) -> bool) -> Option<Found> {
         let j = self.journal.lock().ok()?;
         let matches = |s: &InvocationSummary| {
-            s.invocation_id == id || s.run_id.as_deref() == Some(id) || s.idempotency_key.as_deref() == Some(id)
+            (s.invocation_id == id || s.run_id.as_deref() == Some(id) || s.idempotency_key.as_deref() == Some(id))
+                && visible(s.principal.as_deref())
         };
         if let Some(s) = j.running.values().find(|s| matches(s)) {
             return Some(Found::Running(s.clone()));

@@ -56,7 +56,7 @@ pub struct Executor {
     sessions: BTreeMap<String, Arc<Sessions>>,
     config: Config,
     /// In-flight invocations by run id and idempotency key (for abort).
-    inflight: Mutex<HashMap<String, CancellationToken>>,
+    inflight: Mutex<HashMap<String, (CancellationToken, Option<String>)>>,
     /// Invocations by idempotency key, running or finished within the window.
     idempotency: Mutex<HashMap<String, Remembered>>,
     /// Fleet-wide claims of idempotency keys (`[export] sink = "postgres"`
@@ -71,6 +71,11 @@ pub struct Executor {
 }
 
 impl Executor {
+    /// `[control] principals_file`, which the API reads its principals from.
+    pub fn principals_file(&self) -> Option<&std::path::PathBuf> {
+        self.config.principals_file.as_ref()
+    }
+
     /// The control token, as the proxy's control API expects it.
     pub fn control_token(&self) -> Option<String> {
         self.shared.control.token().ok()

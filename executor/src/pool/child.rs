@@ -82,6 +82,9 @@ pub struct Request {
     pub idempotency_key: Option<String>,
     pub timeout: Duration,
     pub cancel: CancellationToken,
+    /// The principal the child's run is attributed to at its activation
+    /// (`None`: the control token's).
+    pub principal: Option<String>,
 }
 
 /// A started, ready child bound to its (not yet active) run.

@@ -116,7 +116,7 @@ impl Warm {
         });
         // The dispatch is decided: the activation leaves first, so that it
         // is usually at the proxy before the child's first fetch.
-        let mut activation = Activation::start(&self.shared, &self.run.run_id);
+        let mut activation = Activation::start(&self.shared, &self.run.run_id, req.principal.as_deref());
         tokio::select! {
             w = tx.write_all(&line) => w.map_err(|e| InvokeError::new(
                 ErrorKind::Disconnected, format!("cannot send invoke: {e}")))?,
@@ -155,7 +155,7 @@ impl Warm {
         req: &Request,
         deadline: tokio::time::Instant,
     ) -> Result<(Value, Vec<Value>), InvokeError> {
-        let mut activation = Activation::start(&self.shared, &self.run.run_id);
+        let mut activation = Activation::start(&self.shared, &self.run.run_id, req.principal.as_deref());
         if let Some(mut stdin) = self.stdin.take() {
             let mut bytes = Vec::new();
             if !req.input.is_null() {
@@ -202,11 +202,11 @@ impl Warm {
 struct Activation(Option<tokio::task::JoinHandle<Result<(), ControlError>>>);
 
 impl Activation {
-    fn start(shared: &Arc<Shared>, run_id: &str) -> Self {
-        let (shared, run_id) = (shared.clone(), run_id.to_owned());
-        Activation(Some(tokio::spawn(
-            async move { shared.control.activate(&run_id).await },
-        )))
+    fn start(shared: &Arc<Shared>, run_id: &str, principal: Option<&str>) -> Self {
+        let (shared, run_id, principal) = (shared.clone(), run_id.to_owned(), principal.map(str::to_owned));
+        Activation(Some(tokio::spawn(async move {
+            shared.control.activate(&run_id, principal.as_deref()).await
+        })))
     }
 
     /// Resolves only if the activation failed. When the proxy refused it

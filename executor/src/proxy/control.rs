@@ -184,6 +184,7 @@ impl ControlClient {
             activate: Some(false),
             owner: self.owner.lock().ok().and_then(|o| o.clone()),
             bound: bound.then_some(true),
+            executables: None,
         };
         let created: CreatedRun = self.call("POST", "/v1/runs", Some(&body), "create run").await?;
         Ok(RunCreds {
@@ -193,11 +194,13 @@ impl ControlClient {
         })
     }
 
-    /// `POST /v1/runs/{id}/activate`.
-    pub async fn activate(&self, run_id: &str) -> Result<(), ControlError> {
+    /// `POST /v1/runs/{id}/activate`, attributing the run to `principal`
+    /// (the caller the executor serves; `None`: the control token's).
+    pub async fn activate(&self, run_id: &str, principal: Option<&str>) -> Result<(), ControlError> {
+        let query = principal.map_or(String::new(), |p| format!("?principal={}", path_segment(p)));
         self.call::<IgnoredAny>(
             "POST",
-            &format!("/v1/runs/{}/activate", path_segment(run_id)),
+            &format!("/v1/runs/{}/activate{query}", path_segment(run_id)),
             NO_BODY,
             "activate run",
         )

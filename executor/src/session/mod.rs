@@ -64,6 +64,8 @@ pub struct Session {
     pub id: String,
     pub tool: String,
     pub run_id: String,
+    /// The principal that opened it: only it (or admin) may use it.
+    pub principal: Option<String>,
     pub conv: Arc<Conversation>,
     /// The server's answer to `initialize` (its `result`).
     pub init: Value,
@@ -286,9 +288,10 @@ impl Sessions {
         Ok(Ready { child, conv, init })
     }
 
-    /// Opens a session for a client: a warm server if one is ready (else
-    /// one started now), its run activated, its keeper started.
-    pub async fn open(&self) -> Result<Arc<Session>, OpenError> {
+    /// Opens a session for a client (`principal`, to which its run is
+    /// attributed): a warm server if one is ready (else one started now),
+    /// its run activated, its keeper started.
+    pub async fn open(&self, principal: Option<String>) -> Result<Arc<Session>, OpenError> {
         if self.closing.is_cancelled() {
             return Err(OpenError::Closing);
         }
@@ -314,7 +317,7 @@ impl Sessions {
         };
         self.fill();
         let run_id = ready.child.run.run_id.clone();
-        if let Err(e) = self.shared.control.activate(&run_id).await {
+        if let Err(e) = self.shared.control.activate(&run_id, principal.as_deref()).await {
             ready.conv.close("its run was not activated");
             ready.child.close(KillReason::ProxyError).await;
             return Err(OpenError::Proxy(e.to_string()));
@@ -323,6 +326,7 @@ impl Sessions {
             id: uuid::Uuid::new_v4().simple().to_string(),
             tool: self.tool.id.clone(),
             run_id,
+            principal,
             conv: ready.conv,
             init: ready.init,
             last: Mutex::new(Instant::now()),

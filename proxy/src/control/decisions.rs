@@ -2,6 +2,7 @@
 //! one run's records, and the live tail (`sse`'s [`tail`]). Cursors are
 //! checked and pages sized as for facts ([`Paging`], [`page_size`]).
 
+use crate::control::caller::Caller;
 use crate::control::error::{ApiError, ApiResult};
 use crate::control::facts::{page_size, Paged, Paging};
 use crate::control::sse::{self, Feed};
@@ -12,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
 use axum::Json;
 use egress_api::ErrorBody;
+use egress_config::principals::{Action, Record};
 use futures_util::Stream;
 use serde::Deserialize;
 use std::convert::Infallible;
@@ -70,9 +72,10 @@ fn unavailable(e: impl ToString) -> ApiError {
     ))]
 pub(super) async fn list_decisions(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Paging(f): Paging<DecisionFilter>,
 ) -> ApiResult<Json<DecisionsPage>> {
-    page(&sh, f, None).await
+    page(&sh, &caller, f, None).await
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}/decisions", tag = "decisions", security(("control_token" = [])),
@@ -84,21 +87,25 @@ pub(super) async fn list_decisions(
     ))]
 pub(super) async fn run_decisions(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Path(id): Path<String>,
     Paging(f): Paging<DecisionFilter>,
 ) -> ApiResult<Json<DecisionsPage>> {
-    page(&sh, f, Some(id)).await
+    page(&sh, &caller, f, Some(id)).await
 }
 
-async fn page(sh: &Shared, f: DecisionFilter, run: Option<String>) -> ApiResult<Json<DecisionsPage>> {
+/// A page of what the caller may see: `next` moves past what it may not.
+async fn page(sh: &Shared, caller: &Caller, f: DecisionFilter, run: Option<String>) -> ApiResult<Json<DecisionsPage>> {
+    caller.may(Action::ReadDecisions)?;
     let after = f.after;
     let limit = page_size(f.limit);
     let mut q = f.query(limit);
     if run.is_some() {
         q.run_id = run;
     }
-    let decisions = sh.decisions.query(q).await.map_err(unavailable)?;
+    let mut decisions = sh.decisions.query(q).await.map_err(unavailable)?;
     let next = decisions.last().map(|d| d.seq).unwrap_or(after);
+    decisions.retain(|d| caller.sees(Record::Decision, d.principal.as_deref()));
     Ok(Json(DecisionsPage { decisions, next }))
 }
 
@@ -117,8 +124,10 @@ fn event(d: &Decision) -> Event {
     ))]
 pub(super) async fn stream(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Paging(f): Paging<DecisionFilter>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    caller.may(Action::ReadDecisions)?;
     let place = sse::place(&sh)?;
     let after = f.after;
     let filter = f.query(500);
@@ -130,7 +139,9 @@ pub(super) async fn stream(
             Box::pin(async move { log.query(q).await.map_err(|e| e.to_string()) })
         }),
         keep: Box::new(move |d| {
-            filter.run_id.as_deref().is_none_or(|r| r == d.run_id) && filter.tool.as_deref().is_none_or(|t| t == d.tool)
+            filter.run_id.as_deref().is_none_or(|r| r == d.run_id)
+                && filter.tool.as_deref().is_none_or(|t| t == d.tool)
+                && caller.sees(Record::Decision, d.principal.as_deref())
         }),
         seq: |d| d.seq,
         event,

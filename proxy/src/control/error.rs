@@ -21,6 +21,7 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     problems: Option<Vec<Problem>>,
+    diff: Option<Box<egress_api::PolicyDiff>>,
 }
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
@@ -32,11 +33,22 @@ impl ApiError {
             code,
             message: message.into(),
             problems: None,
+            diff: None,
         }
     }
 
     pub fn with_problems(mut self, problems: Vec<Problem>) -> ApiError {
         self.problems = Some(problems);
+        self
+    }
+
+    /// The message (what the answer says).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn with_diff(mut self, diff: egress_api::PolicyDiff) -> ApiError {
+        self.diff = Some(Box::new(diff));
         self
     }
 }
@@ -65,6 +77,7 @@ impl IntoResponse for ApiError {
                 problems: self.problems,
                 cell: here.map(|c| c.0.clone()),
                 control_url: here.and_then(|c| c.1.clone()),
+                diff: self.diff.map(|d| *d),
             },
         };
         (self.status, Json(body)).into_response()

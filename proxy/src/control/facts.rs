@@ -1,6 +1,7 @@
 //! Fact routes: every fact by cursor, one run's facts by cursor (the live
 //! tail is `sse`).
 
+use crate::control::caller::Caller;
 use crate::control::error::{bad_request, ApiError, ApiResult, AppQuery};
 use crate::facts::FactQuery;
 use crate::state::Shared;
@@ -9,6 +10,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::Json;
 use egress_api::{Cursor, ErrorBody, FactsPage};
+use egress_config::principals::{Action, Record};
 use std::sync::Arc;
 
 /// A query with a cursor (`after`), as [`Paging`] checks it.
@@ -52,8 +54,12 @@ pub fn page_size(limit: Option<usize>) -> usize {
         (status = 400, description = "bad_request (e.g. after above 2^63-1)", body = ErrorBody),
         (status = 503, description = "facts_unavailable", body = ErrorBody),
     ))]
-pub(super) async fn list_facts(State(sh): State<Arc<Shared>>, Paging(c): Paging<Cursor>) -> ApiResult<Json<FactsPage>> {
-    query_facts(&sh, c, None).await
+pub(super) async fn list_facts(
+    State(sh): State<Arc<Shared>>,
+    caller: Caller,
+    Paging(c): Paging<Cursor>,
+) -> ApiResult<Json<FactsPage>> {
+    query_facts(&sh, &caller, c, None).await
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}/facts", tag = "facts", security(("control_token" = [])),
@@ -65,13 +71,17 @@ pub(super) async fn list_facts(State(sh): State<Arc<Shared>>, Paging(c): Paging<
     ))]
 pub(super) async fn run_facts(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Path(id): Path<String>,
     Paging(c): Paging<Cursor>,
 ) -> ApiResult<Json<FactsPage>> {
-    query_facts(&sh, c, Some(id)).await
+    query_facts(&sh, &caller, c, Some(id)).await
 }
 
-async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResult<Json<FactsPage>> {
+/// A page of what the caller may see (`facts:own`: facts of its runs and
+/// its own control actions); `next` moves past what it may not.
+async fn query_facts(sh: &Shared, caller: &Caller, c: Cursor, run_id: Option<String>) -> ApiResult<Json<FactsPage>> {
+    caller.may(Action::ReadFacts)?;
     let limit = page_size(c.limit);
     let facts = sh
         .facts
@@ -83,5 +93,7 @@ async fn query_facts(sh: &Shared, c: Cursor, run_id: Option<String>) -> ApiResul
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e.to_string()))?;
     let next = facts.last().map(|f| f.seq).unwrap_or(c.after);
+    let mut facts = facts;
+    facts.retain(|f| caller.sees(Record::Fact, f.principal.as_deref()));
     Ok(Json(FactsPage { facts, next }))
 }

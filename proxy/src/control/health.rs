@@ -27,8 +27,23 @@ pub(super) async fn readyz(State(sh): State<Arc<Shared>>) -> Response {
 
 #[utoipa::path(get, path = "/metrics", tag = "health", responses(
     (status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text"),
+    (status = 401, description = "unauthorized: with `[control] metrics_require_token = true`, no token of a principal", body = egress_api::ErrorBody),
+    (status = 403, description = "scope: with `[control] metrics_require_token = true`, the principal has no metrics scope", body = egress_api::ErrorBody),
 ))]
-pub(super) async fn metrics(State(sh): State<Arc<Shared>>) -> Response {
+pub(super) async fn metrics(State(sh): State<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
+    if sh.metrics_require_token {
+        let Some(p) = crate::control::caller::principal(&sh, &headers) else {
+            return crate::control::error::ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "[control] metrics_require_token: Authorization: Bearer <token> of a principal with the metrics scope required",
+            )
+            .into_response();
+        };
+        if let Err(e) = crate::control::caller::Caller(p).may(egress_config::principals::Action::Metrics) {
+            return e.into_response();
+        }
+    }
     let body = sh.metrics.render();
     (
         [(

@@ -6,6 +6,7 @@
 //! JSON body. Both call the same pure functions as `egress-proxy policy
 //! suggest` and `policy replay` ([`crate::learn`]).
 
+use crate::control::caller::Caller;
 use crate::control::error::{bad_request, ApiError, ApiResult, AppJson, AppQuery};
 use crate::learn::history::{self, Window};
 use crate::learn::replay::{self, Replay};
@@ -53,14 +54,17 @@ pub struct SuggestParams {
     responses(
         (status = 200, description = "A proposed allowlist from the tool's denials, report-mode facts and decision records, with a TOML rendering", body = Proposal),
         (status = 400, description = "bad_request (since is not a duration)", body = ErrorBody),
+        (status = 403, description = "scope: suggestions read every record (facts:all and decisions:all)", body = ErrorBody),
         (status = 404, description = "unknown_tool", body = ErrorBody),
         (status = 503, description = "records_unavailable", body = ErrorBody),
     ))]
 pub(super) async fn suggestion(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Path(tool): Path<String>,
     AppQuery(q): AppQuery<SuggestParams>,
 ) -> ApiResult<Json<Proposal>> {
+    caller.may(egress_config::principals::Action::Learn)?;
     let policy = sh.policy.load_full();
     let Some(t) = policy.tool(&tool) else {
         return Err(ApiError::new(
@@ -94,13 +98,16 @@ pub struct ReplayRequest {
     responses(
         (status = 200, description = "What the new policy would change of the recorded decisions and denials, per tool (`breaks`: something that went out would be denied)", body = Replay),
         (status = 400, description = "bad_request (since is not a duration)", body = ErrorBody),
+        (status = 403, description = "scope: replays read every record (facts:all and decisions:all)", body = ErrorBody),
         (status = 422, description = "invalid_config, with every problem", body = ErrorBody),
         (status = 503, description = "records_unavailable", body = ErrorBody),
     ))]
 pub(super) async fn replay(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     AppJson(req): AppJson<ReplayRequest>,
 ) -> ApiResult<Json<Replay>> {
+    caller.may(egress_config::principals::Action::Learn)?;
     let cfg = egress_config::Config::parse(&req.config, "replay.toml")
         .map_err(|e| crate::control::policy::invalid_config(&e))?;
     let w = window(req.tool, req.since.as_deref())?;

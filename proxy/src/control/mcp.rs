@@ -4,6 +4,7 @@
 //! commits the fact of every refused or reported call before it answers);
 //! `POST /v1/runs/{id}/mcp/list` filters a list answer (no facts).
 
+use crate::control::caller::Caller;
 use crate::control::error::{bad_request, ApiError, ApiResult, AppJson};
 use crate::data::decide::mcp::keep_listed;
 use crate::data::decide::mcp_check;
@@ -35,8 +36,8 @@ pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<Arc<Shared>> {
 
 /// The run `id` (live, not ended), the policy in force and the run's tool
 /// in it.
-fn run_and_tool(sh: &Shared, id: &str) -> ApiResult<(Arc<Run>, Arc<Policy>, Arc<ToolPolicy>)> {
-    let run = sh.runs.get(id).ok_or_else(|| RunError::NotFound(id.to_owned()))?;
+fn run_and_tool(sh: &Shared, caller: &Caller, id: &str) -> ApiResult<(Arc<Run>, Arc<Policy>, Arc<ToolPolicy>)> {
+    let run = crate::control::runs::find_for(sh, caller, id)?;
     if run.state() == RunState::Ended {
         return Err(RunError::Ended(id.to_owned()).into());
     }
@@ -68,6 +69,7 @@ fn run_and_tool(sh: &Shared, id: &str) -> ApiResult<(Arc<Run>, Arc<Policy>, Arc<
     ))]
 pub(super) async fn check(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Path(id): Path<String>,
     AppJson(req): AppJson<McpCheck>,
 ) -> ApiResult<Json<McpVerdict>> {
@@ -77,7 +79,7 @@ pub(super) async fn check(
             req.calls.len()
         )));
     }
-    let (run, policy, tool) = run_and_tool(&sh, &id)?;
+    let (run, policy, tool) = run_and_tool(&sh, &caller, &id)?;
     let verdict = mcp_check::check(&sh, &run, &policy, &tool, &req.calls)
         .await
         .map_err(|e| {
@@ -103,6 +105,7 @@ pub(super) async fn check(
     ))]
 pub(super) async fn list(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Path(id): Path<String>,
     AppJson(req): AppJson<McpList>,
 ) -> ApiResult<Json<McpListed>> {
@@ -121,7 +124,7 @@ pub(super) async fn list(
             "names[{i}] is longer than {MCP_NAME_MAX} characters"
         )));
     }
-    let (_, _, tool) = run_and_tool(&sh, &id)?;
+    let (_, _, tool) = run_and_tool(&sh, &caller, &id)?;
     let keep = req
         .names
         .iter()

@@ -1,15 +1,19 @@
 //! The control plane: the API for kernels, the executor and Prometheus.
 //! Routes live by subject (`runs`, `mcp`, `facts`, `decisions`, `sse`, `owners`,
 //! `policy`, `learn`, `health`); this module assembles them with their OpenAPI document and
-//! serves them. Everything under `/v1` needs `Authorization: Bearer <control
-//! token>` (constant-time compare); errors are `{"error":{"code","message"}}`
-//! (`error`). A connection is admitted as on the data listener: pending
-//! until a request carries the control token, so idle or tokenless sockets
-//! cannot lock kernels out.
+//! serves them. Everything under `/v1` needs `Authorization: Bearer <token>`
+//! of a principal (`caller`: the control token's, or the principals file's),
+//! and each handler asks the caller's scopes; errors are
+//! `{"error":{"code","message"}}` (`error`). A connection is admitted as on
+//! the data listener: pending until a request carries a principal's token,
+//! so idle or tokenless sockets cannot lock kernels out.
 
+pub(crate) mod actions;
 mod ca;
+pub(crate) mod caller;
 mod cell;
 mod decisions;
+pub(crate) mod envelope;
 pub(crate) mod error;
 mod facts;
 mod health;
@@ -17,16 +21,16 @@ mod learn;
 mod mcp;
 mod owners;
 pub(crate) mod policy;
-mod runs;
+pub(crate) mod runs;
 mod sse;
 pub(crate) mod token;
 
 use crate::admission::Conn;
 use crate::listener::{self, serve_one, Serve, Spec};
 use crate::state::Shared;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use error::ApiError;
@@ -61,6 +65,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(decisions::stream))
         .routes(routes!(policy::reload_handler))
         .routes(routes!(policy::get_policy))
+        .routes(routes!(policy::diff))
         .routes(routes!(learn::suggestion))
         .routes(routes!(learn::replay))
         .routes(routes!(ca::get_ca))
@@ -116,7 +121,10 @@ fn complete(doc: &mut utoipa::openapi::OpenApi) {
             let r = &mut op.responses.responses;
             if path.starts_with("/v1/") {
                 r.entry("401".into())
-                    .or_insert_with(|| error("unauthorized: no or a wrong control token").into());
+                    .or_insert_with(|| error("unauthorized: no token, or one of no principal").into());
+                r.entry("403".into()).or_insert_with(|| {
+                    error("scope, not_your_run: the principal may not do this (see the principals file)").into()
+                });
             }
             if op.request_body.is_some() {
                 for (status, what) in [
@@ -147,7 +155,7 @@ pub fn router(sh: Arc<Shared>) -> Router {
     doc.merge(open_doc);
     complete(&mut doc);
     let doc = Arc::new(doc);
-    let api = api.route_layer(middleware::from_fn_with_state(sh.clone(), require_token));
+    let api = api.route_layer(middleware::from_fn_with_state(sh.clone(), caller::authenticate));
     Router::new()
         .merge(open)
         .route(
@@ -202,7 +210,7 @@ impl Serve for ControlConn {
         let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             use futures_util::future::Either;
             use hyper::service::Service as _;
-            if svc_conn.is_pending() && egress_api::bearer_matches(req.headers(), &sh.control_token) {
+            if svc_conn.is_pending() && caller::principal(&sh, req.headers()).is_some() {
                 if let Err(refused) = svc_conn.establish(None) {
                     sh.count_closed("control", refused.label());
                     let mut r = ApiError::new(
@@ -230,22 +238,4 @@ async fn stamp_instance(State(sh): State<Arc<Shared>>, mut r: Response) -> Respo
         r.headers_mut().insert(INSTANCE_HEADER, v);
     }
     r
-}
-
-async fn require_token(State(sh): State<Arc<Shared>>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    match egress_api::bearer(&headers) {
-        Some(_) if egress_api::bearer_matches(&headers, &sh.control_token) => next.run(req).await,
-        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "wrong control token").into_response(),
-        None => {
-            let mut r = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Authorization: Bearer <control token> required",
-            )
-            .into_response();
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            r
-        }
-    }
 }

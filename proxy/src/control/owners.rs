@@ -1,6 +1,7 @@
 //! Owner routes: an owner (a kernel or an executor) holds a lease it renews
 //! as a heartbeat; when the lease expires or is released, its live runs end.
 
+use crate::control::caller::Caller;
 use crate::control::error::{bad_request, ApiError, ApiResult, AppJson};
 use crate::runs::owners::{Lease, OwnerError};
 use crate::runs::valid_run_id;
@@ -10,6 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use egress_api::{ErrorBody, OwnerList, OwnerReleased, OwnerView, RenewOwner};
+use egress_config::principals::Action;
 use std::sync::Arc;
 
 fn owner_view(owner: &str, lease: &Lease, live_runs: usize) -> OwnerView {
@@ -33,9 +35,11 @@ fn owner_view(owner: &str, lease: &Lease, live_runs: usize) -> OwnerView {
     ))]
 pub(super) async fn renew_owner(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Path(owner): Path<String>,
     AppJson(req): AppJson<RenewOwner>,
 ) -> ApiResult<Json<OwnerView>> {
+    caller.may(Action::Owners)?;
     if !valid_run_id(&owner) {
         return Err(bad_request("owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~"));
     }
@@ -55,10 +59,26 @@ pub(super) async fn renew_owner(
 /// `DELETE /v1/owners/{owner}`: ends every live run of the owner and forgets it.
 #[utoipa::path(delete, path = "/v1/owners/{owner}", tag = "owners", security(("control_token" = [])),
     params(("owner" = String, Path, description = "Owner name")),
-    responses((status = 200, description = "Its live runs ended (owner_released)", body = OwnerReleased)))]
-pub(super) async fn release_owner(State(sh): State<Arc<Shared>>, Path(owner): Path<String>) -> Json<OwnerReleased> {
-    let known = sh.owners.release(&owner);
+    responses(
+        (status = 200, description = "Its live runs ended (owner_released)", body = OwnerReleased),
+        (status = 403, description = "not_your_run: the owner has live runs another principal created (admin may end them)", body = ErrorBody),
+    ))]
+pub(super) async fn release_owner(
+    State(sh): State<Arc<Shared>>,
+    caller: Caller,
+    Path(owner): Path<String>,
+) -> ApiResult<Json<OwnerReleased>> {
+    caller.may(Action::Owners)?;
     let runs = sh.runs.live_runs_of(&owner);
+    let me = caller.recorded();
+    if let Some(other) = runs.iter().find(|r| r.creator.as_deref() != me.as_deref()) {
+        let principal = other.principal();
+        caller.may(Action::EndRun {
+            tool: &other.tool,
+            owner: principal.as_deref().map(String::as_str),
+        })?;
+    }
+    let known = sh.owners.release(&owner);
     let ended = runs.len();
     for run in runs {
         sh.end_run(&run, EndReason::OwnerReleased);
@@ -66,17 +86,18 @@ pub(super) async fn release_owner(State(sh): State<Arc<Shared>>, Path(owner): Pa
     if ended > 0 || known {
         tracing::info!(owner = %owner, runs = ended, "owner released; its runs ended");
     }
-    Json(OwnerReleased { owner, ended })
+    Ok(Json(OwnerReleased { owner, ended }))
 }
 
 #[utoipa::path(get, path = "/v1/owners", tag = "owners", security(("control_token" = [])),
     responses((status = 200, description = "Owners and their leases", body = OwnerList)))]
-pub(super) async fn list_owners(State(sh): State<Arc<Shared>>) -> Json<OwnerList> {
+pub(super) async fn list_owners(State(sh): State<Arc<Shared>>, caller: Caller) -> ApiResult<Json<OwnerList>> {
+    caller.may(Action::Owners)?;
     let owners = sh
         .owners
         .list()
         .iter()
         .map(|(o, l)| owner_view(o, l, sh.runs.live_runs_of(o).len()))
         .collect();
-    Json(OwnerList { owners })
+    Ok(Json(OwnerList { owners }))
 }

@@ -2,6 +2,8 @@
 //! inspect, list with filters, activate a warm child's run, and end a run,
 //! which answers with its final view, its facts and a summary of its denials.
 
+use crate::control::actions;
+use crate::control::caller::Caller;
 use crate::control::error::{bad_request, ApiError, ApiResult, AppJson, AppQuery};
 use crate::facts::FactQuery;
 use crate::runs::{valid_run_id, EndReason, NewRun, Placeholder, Run, RunError, RunWrite};
@@ -13,6 +15,7 @@ use egress_api::{
     Bytes, CreateGrant, CreateRun, CreatedRun, DenialSummary, EndedRun, ErrorBody, GrantView, RunFilter, RunList,
     RunView, Slots,
 };
+use egress_config::principals::{Action, Record};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,6 +38,8 @@ pub fn run_view(sh: &Shared, run: &Run) -> RunView {
         expires_at: crate::time::rfc3339(run.expires_at),
         labels: run.labels.clone(),
         owner: run.owner.as_deref().map(str::to_owned),
+        principal: run.principal().map(|p| p.to_string()),
+        executables: run.executables.clone(),
         bound: run.is_bound(),
         slots: Slots {
             max: run.max_slots,
@@ -90,6 +95,7 @@ fn budgets_view(sh: &Shared, run: &Run) -> Option<egress_api::BudgetsView> {
     responses(
         (status = 201, description = "Created; the secret is shown only here, with the environment the run's child gets for its egress (proxy variables, credential placeholders)", body = CreatedRun),
         (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "scope: the caller has no runs scope for the tool", body = ErrorBody),
         (status = 404, description = "unknown_tool", body = ErrorBody),
         (status = 409, description = "run_exists, owner_not_leased", body = ErrorBody),
         (status = 429, description = "too_many_runs", body = ErrorBody),
@@ -97,8 +103,17 @@ fn budgets_view(sh: &Shared, run: &Run) -> Option<egress_api::BudgetsView> {
     ))]
 pub(super) async fn create_run(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     AppJson(req): AppJson<CreateRun>,
 ) -> ApiResult<(StatusCode, Json<CreatedRun>)> {
+    caller.may(Action::CreateRun { tool: &req.tool })?;
+    let executables = req.executables.unwrap_or_default();
+    if !egress_api::rules::valid_executables(&executables) {
+        return Err(bad_request(format!(
+            "executables: at most {} absolute paths (up to 4096 bytes), each to 64 lowercase hex digits",
+            egress_api::rules::MAX_EXECUTABLES
+        )));
+    }
     let policy = sh.policy.load();
     let tool = policy.tool(&req.tool).ok_or_else(|| {
         ApiError::new(
@@ -168,6 +183,9 @@ pub(super) async fn create_run(
             max_waiting: tool.max_queued_fetches,
             max_conns: sh.cfg.max_connections_per_run,
             placeholders,
+            principal: caller.recorded(),
+            creator: caller.recorded(),
+            executables,
         },
         secret.clone(),
         req.bound.unwrap_or(false),
@@ -220,6 +238,17 @@ fn find(sh: &Shared, id: &str) -> ApiResult<Arc<Run>> {
     sh.runs.get(id).ok_or_else(|| RunError::NotFound(id.to_owned()).into())
 }
 
+/// The run `id`, if the caller may use it (read, activate, speak MCP for).
+pub(super) fn find_for(sh: &Shared, caller: &Caller, id: &str) -> ApiResult<Arc<Run>> {
+    let run = find(sh, id)?;
+    let owner = run.principal();
+    caller.may(Action::UseRun {
+        tool: &run.tool,
+        owner: owner.as_deref().map(String::as_str),
+    })?;
+    Ok(run)
+}
+
 fn store_error(e: crate::facts::FactError) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string())
 }
@@ -228,22 +257,55 @@ fn store_error(e: crate::facts::FactError) -> ApiError {
     params(("id" = String, Path, description = "Run id")),
     responses(
         (status = 200, description = "The run", body = RunView),
+        (status = 403, description = "not_your_run: attributed to another principal; scope", body = ErrorBody),
         (status = 404, description = "run_not_found (never existed, or ended more than five minutes ago)", body = ErrorBody),
     ))]
-pub(super) async fn get_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
-    let run = find(&sh, &id)?;
+pub(super) async fn get_run(
+    State(sh): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<RunView>> {
+    let run = find_for(&sh, &caller, &id)?;
     Ok(Json(run_view(&sh, &run)))
 }
 
+/// The query of `POST /v1/runs/{id}/activate`.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ActivateParams {
+    /// Attribute the run to this principal from now on (its facts, its
+    /// decisions, who may see and end it): the executor names the caller
+    /// it activates a warm child's run for. Needs `admin`.
+    #[serde(default)]
+    #[param(pattern = r"^[A-Za-z0-9._~-]{1,128}$")]
+    pub principal: Option<String>,
+}
+
 #[utoipa::path(post, path = "/v1/runs/{id}/activate", tag = "runs", security(("control_token" = [])),
-    params(("id" = String, Path, description = "Run id")),
+    params(("id" = String, Path, description = "Run id"), ActivateParams),
     responses(
         (status = 200, description = "Active (activating an active run is a no-op)", body = RunView),
+        (status = 400, description = "bad_request: principal names no principal", body = ErrorBody),
+        (status = 403, description = "not_your_run, scope (attributing needs admin)", body = ErrorBody),
         (status = 404, description = "run_not_found", body = ErrorBody),
         (status = 409, description = "run_ended", body = ErrorBody),
         (status = 503, description = "store_unavailable", body = ErrorBody),
     ))]
-pub(super) async fn activate_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<RunView>> {
+pub(super) async fn activate_run(
+    State(sh): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    AppQuery(q): AppQuery<ActivateParams>,
+) -> ApiResult<Json<RunView>> {
+    let target = find_for(&sh, &caller, &id)?;
+    if let Some(p) = &q.principal {
+        caller.may(Action::Attribute)?;
+        if sh.principals.load().by_name(p).is_none() {
+            return Err(bad_request(format!("principal {p:?} is not in the principals file")));
+        }
+        target.attribute((p != egress_config::principals::CONTROL).then_some(p.as_str()));
+    }
     let run = sh.activate_run(&id)?;
     // Not waited for: committed with the next run write (the end of a short
     // invocation, whose deletion it then no longer delays) or within
@@ -274,13 +336,15 @@ fn not_permitted(message: String) -> ApiError {
     responses(
         (status = 201, description = "Granted: the run may reach the target for `uses` fetches until `expires_at`", body = GrantView),
         (status = 400, description = "bad_request: the body is not a grant (uses 1-1000000, ttl_ms at least 1)", body = ErrorBody),
+        (status = 403, description = "not_your_run, scope, beyond_scope (the caller's grants scope: its tools, max ttl and uses); a CONTROL_ACTION fact records the refusal", body = ErrorBody),
         (status = 404, description = "run_not_found", body = ErrorBody),
         (status = 409, description = "run_ended", body = ErrorBody),
-        (status = 422, description = "bad_target: the target is not name:port; grant_not_permitted: an IP address, a name resolving only to denied addresses (or not at all), a host of another tool's credential, or more than 64 live grants", body = ErrorBody),
+        (status = 422, description = "beyond_envelope: [proxy] envelope does not list the target for the tool (a CONTROL_ACTION fact records it); bad_target: the target is not name:port; grant_not_permitted: an IP address, a name resolving only to denied addresses (or not at all), a host of another tool's credential, or more than 64 live grants", body = ErrorBody),
         (status = 503, description = "facts_unavailable", body = ErrorBody),
     ))]
 pub(super) async fn create_grant(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Path(id): Path<String>,
     AppJson(req): AppJson<CreateGrant>,
 ) -> ApiResult<(StatusCode, Json<GrantView>)> {
@@ -293,6 +357,30 @@ pub(super) async fn create_grant(
         return Err(bad_request("ttl_ms must be at least 1"));
     }
     let run = find(&sh, &id)?;
+    let until_end_ms = run
+        .expires_at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let owner = run.principal();
+    let asked = Action::Grant {
+        tool: &run.tool,
+        owner: owner.as_deref().map(String::as_str),
+        ttl_ms: req.ttl_ms.unwrap_or(until_end_ms).min(until_end_ms),
+        uses: req.uses.unwrap_or(1),
+    };
+    if let Err(refused) = caller.may(asked) {
+        let shown: String = req.target.chars().take(300).collect();
+        refuse_grant(
+            &sh,
+            &caller,
+            &run,
+            "grant_refused",
+            format!("grant of {shown} refused: {}", refused.message()),
+        )
+        .await?;
+        return Err(refused);
+    }
     if run.state() == crate::runs::RunState::Ended {
         return Err(RunError::Ended(id).into());
     }
@@ -312,6 +400,20 @@ pub(super) async fn create_grant(
         }
         Host::Name(n) => n,
     };
+    if let Some(envelope) = sh.envelope.load_full() {
+        if !egress_config::diff::grant_within(&envelope, &run.tool, &Host::Name(name.clone()), port) {
+            let message = format!(
+                "{name}:{port} is beyond [proxy] envelope for tool {}: never granted",
+                run.tool
+            );
+            refuse_grant(&sh, &caller, &run, "beyond_envelope", message.clone()).await?;
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "beyond_envelope",
+                message,
+            ));
+        }
+    }
     let policy = sh.policy.load_full();
     let foreign = policy.tools.values().filter(|t| *t.id != *run.tool).any(|t| {
         t.credentials.iter().any(|c| {
@@ -369,10 +471,14 @@ pub(super) async fn create_grant(
             resolved: vec![],
             policy: &policy.digest,
             detail: format!(
-                "the kernel granted {name}:{port} to run {} for {uses} use(s), {} ms",
+                "{} granted {name}:{port} to run {} for {uses} use(s), {} ms",
+                caller
+                    .recorded()
+                    .map_or("the kernel".to_owned(), |p| format!("principal {p}")),
                 run.id,
                 ttl.as_millis()
             ),
+            run: Some(&run),
         })
     };
     if !run.grants.add(grant.clone()) {
@@ -397,6 +503,25 @@ pub(super) async fn create_grant(
     Ok((StatusCode::CREATED, Json(grant_view(&grant, Some(recorded.id)))))
 }
 
+/// Records a refused grant as a `CONTROL_ACTION` fact before the answer;
+/// `503` when the store cannot (the refusal stands either way).
+async fn refuse_grant(sh: &Shared, caller: &Caller, run: &Run, reason: &'static str, detail: String) -> ApiResult<()> {
+    let policy = sh.policy.load();
+    actions::record(
+        sh,
+        actions::Action {
+            reason,
+            principal: caller.recorded().as_deref(),
+            run: Some(run),
+            target: None,
+            detail,
+            policy: &policy.digest,
+        },
+    )
+    .await
+    .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e))
+}
+
 /// Ends the run and answers with its final view, its facts (up to
 /// [`END_FACTS`]) and a summary of its denials, so ending a run and
 /// collecting what it was denied is one call.
@@ -404,11 +529,42 @@ pub(super) async fn create_grant(
     params(("id" = String, Path, description = "Run id")),
     responses(
         (status = 200, description = "Ended: every open fetch of the run is severed", body = EndedRun),
+        (status = 403, description = "not_your_run: attributed to another principal (admin may end it, and a CONTROL_ACTION fact records that)", body = ErrorBody),
         (status = 404, description = "run_not_found", body = ErrorBody),
         (status = 503, description = "facts_unavailable, store_unavailable", body = ErrorBody),
     ))]
-pub(super) async fn end_run(State(sh): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<EndedRun>> {
+pub(super) async fn end_run(
+    State(sh): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndedRun>> {
     let run = find(&sh, &id)?;
+    let owner = run.principal();
+    let owner = owner.as_deref().map(String::as_str);
+    caller.may(Action::EndRun { tool: &run.tool, owner })?;
+    let me = caller.recorded();
+    if owner != me.as_deref() && run.creator.as_deref() != me.as_deref() && run.state() != crate::runs::RunState::Ended
+    {
+        let policy = sh.policy.load();
+        actions::record(
+            &sh,
+            actions::Action {
+                reason: "run_ended_by_other",
+                principal: me.as_deref(),
+                run: Some(&run),
+                target: None,
+                detail: format!(
+                    "{} ended run {} of {}",
+                    caller.name(),
+                    run.id,
+                    owner.unwrap_or(egress_config::principals::CONTROL)
+                ),
+                policy: &policy.digest,
+            },
+        )
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e))?;
+    }
     sh.end_run(&run, EndReason::Ended);
     // The record's deletion goes through the store's writer behind every
     // fact already queued, so the query below sees all of them: it must
@@ -457,6 +613,7 @@ pub const END_FACTS: usize = 1000;
     ))]
 pub(super) async fn list_runs(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     AppQuery(q): AppQuery<RunFilter>,
 ) -> ApiResult<Json<RunList>> {
     let f = q;
@@ -482,6 +639,7 @@ pub(super) async fn list_runs(
         .filter(|r| f.owner.as_deref().is_none_or(|o| r.owner.as_deref() == Some(o)))
         .filter(|r| label.is_none_or(|(k, v)| r.labels.get(k).and_then(Value::as_str) == Some(v)))
         .filter(|r| f.after.as_deref().is_none_or(|a| &*r.id > a))
+        .filter(|r| caller.sees(Record::Run, r.principal().as_deref().map(String::as_str)))
         .collect();
     runs.sort_by(|a, b| a.id.cmp(&b.id));
     let more = runs.len() > limit;

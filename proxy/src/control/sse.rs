@@ -4,12 +4,14 @@
 //! feed is subscribed before the replay, so nothing falls between the two;
 //! a slow reader that lags the live feed goes back to the store by cursor.
 
+use crate::control::caller::Caller;
 use crate::control::error::ApiError;
 use crate::control::facts::Paging;
 use crate::facts::{Fact, FactQuery};
 use crate::state::Shared;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use egress_config::principals::{Action, Record};
 use futures_util::future::BoxFuture;
 use futures_util::Stream;
 use std::collections::VecDeque;
@@ -27,7 +29,7 @@ pub(super) type Page<T> = Box<dyn Fn(u64) -> BoxFuture<'static, Result<Vec<T>, S
 pub(super) struct Feed<T> {
     pub rx: broadcast::Receiver<T>,
     pub page: Page<T>,
-    /// Whether a live record is one the reader asked for.
+    /// Whether a record is one the reader asked for and may see.
     pub keep: Box<dyn Fn(&T) -> bool + Send + Sync>,
     pub seq: fn(&T) -> u64,
     pub event: fn(&T) -> Event,
@@ -77,6 +79,11 @@ pub(super) fn tail<T: Clone + Send + Sync + 'static>(
         loop {
             if let Some(f) = t.pending.pop_front() {
                 t.last = (t.feed.seq)(&f);
+                // Replayed pages hold records the reader may not see too:
+                // passed over, the cursor still moves past them.
+                if !(t.feed.keep)(&f) {
+                    continue;
+                }
                 let ev = (t.feed.event)(&f);
                 return Some((Ok(ev), t));
             }
@@ -123,12 +130,15 @@ fn event(f: &Fact) -> Event {
     responses(
         (status = 200, description = "Server-Sent Events: `event: fact` (`event: pending` for a fetch held for a grant), `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
         (status = 400, description = "bad_request", body = egress_api::ErrorBody),
+        (status = 403, description = "scope: the caller has no facts scope (facts:own sees the facts of its runs and its own control actions)", body = egress_api::ErrorBody),
         (status = 503, description = "too_many_streams", body = egress_api::ErrorBody),
     ))]
 pub async fn stream(
     State(sh): State<Arc<Shared>>,
+    caller: Caller,
     Paging(c): Paging<egress_api::Cursor>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    caller.may(Action::ReadFacts)?;
     let place = place(&sh)?;
     let facts = sh.facts.clone();
     let feed = Feed {
@@ -146,7 +156,7 @@ pub async fn stream(
                     .map_err(|e| e.to_string())
             })
         }),
-        keep: Box::new(|_| true),
+        keep: Box::new(move |f: &Fact| caller.sees(Record::Fact, f.principal.as_deref())),
         seq: |f| f.seq,
         event,
     };

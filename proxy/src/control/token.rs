@@ -78,6 +78,54 @@ pub fn resolve(env: Option<String>, home: &Path) -> Result<(String, TokenSource)
     Ok((token, TokenSource::Generated(path)))
 }
 
+/// `egress-proxy principal add`: a new principal `name` with `scopes`
+/// and one fresh token, whose SHA-256 is appended to the principals file
+/// at `path` (created 0600; an existing one must already be private). The
+/// result is checked as a whole before it is written, so a bad scope or a
+/// taken name leaves the file as it was. Returns the token, shown once.
+pub fn add_principal(path: &Path, name: &str, scopes: &[String]) -> Result<String, String> {
+    use egress_config::principals::{entry, token_hash, Principals};
+    let existing = match std::fs::metadata(path) {
+        Ok(m) => {
+            let mode = m.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(format!(
+                    "{} is mode {mode:04o}: a principals file must be 0600 or stricter",
+                    path.display()
+                ));
+            }
+            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    if let Ok(p) = Principals::parse(&existing) {
+        if p.by_name(name).is_some() {
+            return Err(format!("{}: principal {name:?} exists already", path.display()));
+        }
+    }
+    let token = crate::runs::random_hex(32).map_err(|e| format!("no randomness available: {e}"))?;
+    let added = entry(name, &token_hash(&token), scopes);
+    let whole = format!("{existing}{added}");
+    Principals::parse(&whole).map_err(|problems| {
+        problems
+            .iter()
+            .map(|p| format!("{}: {}", p.path, p.message))
+            .collect::<Vec<_>>()
+            .join("; ")
+    })?;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(added.as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +150,32 @@ mod tests {
         std::fs::write(token_path(home), "0123456789abcdef0123456789abcdef\n").unwrap();
         std::fs::set_permissions(token_path(home), std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(resolve(None, home), Err(TokenError::Permissive { .. })));
+    }
+
+    #[test]
+    fn principal_add_appends_a_hash_and_shows_the_token_once() {
+        use egress_config::principals::Principals;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("principals.toml");
+        let a = add_principal(&path, "kernel-a", &["runs:search-*".into(), "facts:own".into()]).unwrap();
+        let b = add_principal(&path, "auditor", &["facts:all".into()]).unwrap();
+        assert_ne!(a, b);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(&a) && !text.contains(&b), "a token is never written");
+        let p = Principals::parse(&text).unwrap();
+        assert_eq!(&*p.by_token(&a).unwrap().name, "kernel-a");
+        assert_eq!(&*p.by_token(&b).unwrap().name, "auditor");
+        let taken = add_principal(&path, "kernel-a", &[]).unwrap_err();
+        assert!(taken.contains("exists already"), "{taken}");
+        let bad = add_principal(&path, "c", &["root".into()]).unwrap_err();
+        assert!(bad.contains("unknown scope"), "{bad}");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "a refused add writes nothing"
+        );
     }
 
     #[test]

@@ -80,6 +80,12 @@ pub struct Decision {
     /// What the name resolved to (at most 32 addresses).
     #[serde(default)]
     pub resolved: Vec<String>,
+    /// The principal the run is attributed to (absent: the control token's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// What the run's child executes (path → SHA-256), when the executor said.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub executables: std::collections::BTreeMap<String, String>,
 }
 
 /// A page of decisions.
@@ -617,6 +623,8 @@ mod tests {
 
     pub(crate) fn record(tool: &str, host: &str, at: &str) -> Decision {
         Decision {
+            principal: None,
+            executables: Default::default(),
             seq: 0,
             at: at.into(),
             run_id: "r".into(),

@@ -54,6 +54,8 @@ pub struct NewFact<'a> {
     /// The digest of the policy that decided.
     pub policy: &'a str,
     pub detail: String,
+    /// The run the fact is about, for its principal and executables.
+    pub run: Option<&'a crate::runs::Run>,
 }
 
 /// A new fact, not yet sequenced: bounded detail and address list, a fresh
@@ -89,6 +91,8 @@ pub fn denial(n: NewFact<'_>) -> Fact {
         count: 1,
         cell: None,
         epoch: None,
+        principal: n.run.and_then(|r| r.principal()).map(|p| p.to_string()),
+        executables: n.run.map(|r| r.executables.clone()).unwrap_or_default(),
     }
 }
 

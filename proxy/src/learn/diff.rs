@@ -147,6 +147,37 @@ fn replayed_lines(out: &mut String, allowed: &[replay::Change], denied: &[replay
 }
 
 impl Report {
+    /// The report as the control API answers it.
+    pub fn view(&self) -> egress_api::PolicyDiff {
+        let values = |v: &Option<Vec<replay::Change>>| {
+            v.as_ref()
+                .map(|v| v.iter().filter_map(|c| serde_json::to_value(c).ok()).collect())
+        };
+        egress_api::PolicyDiff {
+            old: self.old.clone(),
+            new: self.new.clone(),
+            widens: self.widens,
+            changes: self
+                .changes
+                .iter()
+                .map(|j| egress_api::PolicyChange {
+                    direction: match j.change.direction {
+                        Direction::Widens => "widens",
+                        Direction::Narrows => "narrows",
+                    }
+                    .to_owned(),
+                    kind: j.change.kind.to_owned(),
+                    tool: j.change.tool.clone(),
+                    target: j.change.target.clone(),
+                    detail: j.change.detail.clone(),
+                    becomes_allowed: values(&j.becomes_allowed),
+                    becomes_denied: values(&j.becomes_denied),
+                })
+                .collect(),
+            replay: self.replay.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+        }
+    }
+
     /// One line per change, widenings first, each with the recorded fetches
     /// it changes indented under it; a summary last.
     pub fn text(&self) -> String {

@@ -122,6 +122,13 @@ pub struct Run {
     pub spent: budget::Spent,
     /// What a kernel allowed this run beyond its tool's allowlist.
     pub grants: grants::Grants,
+    /// The principal the run is attributed to (`None`: the control
+    /// token's): its creator, or the caller an admin attributed it to.
+    principal: arc_swap::ArcSwapOption<String>,
+    /// The principal that created it (`None`: the control token's).
+    pub creator: Option<Arc<str>>,
+    /// What the run's child executes (path → SHA-256), as its creator said.
+    pub executables: std::collections::BTreeMap<String, String>,
 }
 
 const CREATED: u8 = 0;
@@ -182,6 +189,17 @@ impl Run {
     }
 
     /// What the store keeps of the run so that it survives a restart.
+    /// The principal the run is attributed to (`None`: the control token's).
+    pub fn principal(&self) -> Option<Arc<String>> {
+        self.principal.load_full()
+    }
+
+    /// Attributes the run to `principal` (an admin acting for its caller;
+    /// `None`: the control token's).
+    pub fn attribute(&self, principal: Option<&str>) {
+        self.principal.store(principal.map(|p| Arc::new(p.to_owned())));
+    }
+
     pub fn record(&self) -> RunRecord {
         let ms = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
         RunRecord {
@@ -198,6 +216,9 @@ impl Run {
             max_waiting: self.max_waiting,
             max_conns: self.conns_max,
             placeholders: self.placeholders.to_vec(),
+            principal: self.principal().map(|p| p.to_string()),
+            creator: self.creator.as_deref().map(str::to_owned),
+            executables: self.executables.clone(),
         }
     }
 
@@ -322,6 +343,12 @@ pub struct RunRecord {
     /// Kept so a restarted proxy still knows the child's placeholders.
     #[serde(default)]
     pub placeholders: Vec<Placeholder>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub executables: std::collections::BTreeMap<String, String>,
 }
 
 /// A change to a stored run.
@@ -360,6 +387,11 @@ pub struct NewRun {
     pub max_waiting: usize,
     pub max_conns: usize,
     pub placeholders: Vec<Placeholder>,
+    /// The principal it is attributed to (`None`: the control token's).
+    pub principal: Option<Arc<str>>,
+    /// The principal that created it (`None`: the control token's).
+    pub creator: Option<Arc<str>>,
+    pub executables: std::collections::BTreeMap<String, String>,
 }
 
 /// The registry.
@@ -451,6 +483,9 @@ impl Runs {
             max_waiting: rec.max_waiting,
             max_conns: rec.max_conns,
             placeholders: rec.placeholders,
+            principal: rec.principal.map(|p| Arc::from(p.as_str())),
+            creator: rec.creator.map(|p| Arc::from(p.as_str())),
+            executables: rec.executables,
         };
         let created = epoch + Duration::from_millis(rec.created_at_ms);
         // Bound whether or not its listener is ever handed over again.
@@ -496,6 +531,9 @@ impl Runs {
             bytes_down: AtomicU64::new(0),
             spent: budget::Spent::default(),
             grants: grants::Grants::default(),
+            principal: arc_swap::ArcSwapOption::new(new.principal.map(|p| Arc::new(p.to_string()))),
+            creator: new.creator,
+            executables: new.executables,
         });
         let map = self.map.pin();
         match map.try_insert(run.id.clone(), run.clone()) {
@@ -594,6 +632,9 @@ mod tests {
 
     fn new(id: &str, activate: bool) -> NewRun {
         NewRun {
+            principal: None,
+            executables: Default::default(),
+            creator: None,
             id: id.into(),
             tool: Arc::from("t"),
             labels: Default::default(),

@@ -184,6 +184,8 @@ impl Drop for Finish {
                 at: crate::time::rfc3339(std::time::SystemTime::now()),
                 run_id: self.run.id.to_string(),
                 tool: self.run.tool.to_string(),
+                principal: self.run.principal().map(|p| p.to_string()),
+                executables: self.run.executables.clone(),
                 kind: self.kind.as_str().to_owned(),
                 target: std::mem::take(&mut self.target),
                 host: l.host,

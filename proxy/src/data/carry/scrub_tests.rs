@@ -23,6 +23,9 @@ fn world(secret: &str, value: &str) -> (Arc<ToolPolicy>, Arc<Run>) {
     let run = runs
         .create(
             NewRun {
+                principal: None,
+                executables: Default::default(),
+                creator: None,
                 id: "r".into(),
                 tool: Arc::from("t"),
                 labels: Default::default(),

@@ -206,6 +206,9 @@ mod tests {
         let runs = Runs::new(10, Duration::from_secs(60));
         for id in ["r1", "r2", "b1", "b2"] {
             let new = NewRun {
+                principal: None,
+                executables: Default::default(),
+                creator: None,
                 id: id.into(),
                 tool: Arc::from("t"),
                 labels: Default::default(),

@@ -278,6 +278,7 @@ impl<'a> Fetch<'a> {
                 resolved: vec![],
                 policy: &self.policy.digest,
                 detail,
+                run: Some(run),
             })
         };
         if self.sh.facts.record(fact).await.is_err() {
@@ -348,6 +349,7 @@ impl<'a> Fetch<'a> {
         let facts = self.sh.facts.clone();
         let tm = self.tm.clone();
         let (run_id, tool, policy) = (run.id.clone(), run.tool.clone(), self.policy.digest.clone());
+        let cut_run = run.clone();
         let target = FactTarget {
             kind: self.via.as_str().to_owned(),
             ..fact_target(target)
@@ -365,6 +367,7 @@ impl<'a> Fetch<'a> {
                 detail: format!(
                     "run {run_id} moved its {limit} bytes (max_bytes_per_run of tool {tool}): its open fetches are cut"
                 ),
+                run: Some(&cut_run),
             });
             let facts = facts.clone();
             tokio::spawn(async move {
@@ -685,6 +688,7 @@ impl<'a> Fetch<'a> {
             resolved: resolved.iter().map(|i| i.to_string()).collect(),
             policy: &self.policy.digest,
             detail,
+            run: self.run,
         });
         let t0 = StdInstant::now();
         let res = self.sh.facts.record(fact).await;

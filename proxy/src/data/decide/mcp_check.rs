@@ -65,6 +65,7 @@ async fn record(
         resolved: vec![],
         policy: &policy.digest,
         detail: fact_detail(call, refusal),
+        run: Some(run),
     });
     let t0 = Instant::now();
     let res = sh.facts.record(fact).await;
@@ -151,6 +152,8 @@ fn log_allowed(sh: &Shared, run: &Run, policy: &Policy, call: &McpCall) {
         at: crate::time::rfc3339(std::time::SystemTime::now()),
         run_id: run.id.to_string(),
         tool: run.tool.to_string(),
+        principal: run.principal().map(|p| p.to_string()),
+        executables: run.executables.clone(),
         kind: "mcp".to_owned(),
         target: format!("mcp {}", t.host),
         host: t.host,

@@ -80,6 +80,8 @@ impl Proxy {
         let sh = Shared::new(
             &cfg,
             Parts {
+                principals: egress_config::principals::Principals::single("test-control-token-0123456789"),
+                envelope: None,
                 exporter: None,
                 proxy_scheme: "http",
                 facts: Arc::new(MemorySink::new(100)),
@@ -104,6 +106,9 @@ impl Proxy {
             .runs
             .create(
                 NewRun {
+                    principal: None,
+                    executables: Default::default(),
+                    creator: None,
                     id: "r1".into(),
                     tool: Arc::from("t"),
                     labels: Default::default(),
@@ -420,6 +425,9 @@ async fn a_fetch_held_for_its_activation_is_refused_if_the_run_is_bound_meanwhil
             .create(
                 NewRun {
                     id: "w".into(),
+                    principal: None,
+                    executables: Default::default(),
+                    creator: None,
                     tool: Arc::from("t"),
                     labels: Default::default(),
                     owner: None,

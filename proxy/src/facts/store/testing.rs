@@ -6,6 +6,7 @@ pub(super) use crate::facts::{denial, FactTarget, NewFact};
 
 pub(super) fn fact(run: &str, host: &str) -> Fact {
     denial(NewFact {
+        run: None,
         run_id: Some(run),
         tool: Some("t"),
         reason: "not_allowlisted",
@@ -24,6 +25,9 @@ pub(super) fn fact(run: &str, host: &str) -> Fact {
 pub(super) fn record(id: &str) -> RunRecord {
     RunRecord {
         id: id.into(),
+        principal: None,
+        executables: Default::default(),
+        creator: None,
         tool: "t".into(),
         owner: None,
         labels: Default::default(),

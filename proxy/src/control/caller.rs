@@ -1,0 +1,85 @@
+//! Who is calling: every `/v1` request is authenticated to a principal
+//! (its bearer token, looked up by SHA-256 among the control token's and
+//! the principals file's), which handlers take as [`Caller`] and ask
+//! `egress_config::principals::authorize` before they act. A refusal is
+//! `403` with the scope's reason; a missing or unknown token is `401`.
+
+use crate::control::error::ApiError;
+use crate::state::Shared;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use egress_config::principals::{authorize, Action, Principal, Record};
+use std::sync::Arc;
+
+/// The authenticated principal of a request.
+#[derive(Clone)]
+pub struct Caller(pub Arc<Principal>);
+
+impl Caller {
+    /// `Ok` when the caller may do `a`, else `403` with the reason.
+    pub fn may(&self, a: Action<'_>) -> Result<(), ApiError> {
+        authorize(&self.0, &a).map_err(|r| ApiError::new(StatusCode::FORBIDDEN, r.code, r.message))
+    }
+
+    /// Whether a record attributed to `owner` is shown to the caller.
+    pub fn sees(&self, kind: Record, owner: Option<&str>) -> bool {
+        self.0.sees(kind, owner)
+    }
+
+    /// The name recorded on what the caller creates (`None`: the control
+    /// token's principal).
+    pub fn recorded(&self) -> Option<Arc<str>> {
+        self.0.recorded().cloned()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no principal"))
+    }
+}
+
+/// The principal `headers` authenticate, if any.
+pub fn principal(sh: &Shared, headers: &HeaderMap) -> Option<Arc<Principal>> {
+    let token = egress_api::bearer(headers)?;
+    sh.principals.load().by_token(token).cloned()
+}
+
+/// The `/v1` layer: a request without a known principal is `401`.
+pub(super) async fn authenticate(State(sh): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    match principal(&sh, headers) {
+        Some(p) => {
+            req.extensions_mut().insert(Caller(p));
+            next.run(req).await
+        }
+        None if egress_api::bearer(headers).is_some() => {
+            sh.refused_credential();
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "wrong control token").into_response()
+        }
+        None => {
+            let mut r = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Authorization: Bearer <control token> required",
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        }
+    }
+}
