@@ -165,8 +165,24 @@ fn principals_changed(a: &Principals, b: &Principals) -> bool {
         (status = 422, description = "invalid_config, with every problem; invalid_ca (the appliance CA cannot be loaded); beyond_envelope, with the diff against [proxy] envelope. The old policy stays", body = ErrorBody),
     ))]
 pub async fn reload_handler(State(sh): State<Arc<Shared>>, caller: Caller) -> Result<Json<Reloaded>, ApiError> {
-    caller.may(Action::PolicyReload)?;
     let by = caller.recorded();
+    if let Err(refused) = caller.may(Action::PolicyReload) {
+        let policy = sh.policy.load();
+        actions::record(
+            &sh,
+            actions::Action {
+                reason: "reload_refused",
+                principal: by.as_deref(),
+                run: None,
+                target: None,
+                detail: format!("reload refused: {}", refused.message()),
+                policy: &policy.digest,
+            },
+        )
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "facts_unavailable", e))?;
+        return Err(refused);
+    }
     match reload(&sh, by.as_deref()).await {
         Ok(a) => {
             let view = a.report.view();
