@@ -119,6 +119,18 @@ pub async fn endpoint(
     session: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Option<String>, Value) {
+    endpoint_as(addr, TOKEN, tool, method, session, body).await
+}
+
+/// [`endpoint`] with the bearer `token` of another principal.
+pub async fn endpoint_as(
+    addr: SocketAddr,
+    token: &str,
+    tool: &str,
+    method: &str,
+    session: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Option<String>, Value) {
     use http_body_util::{BodyExt, Full};
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut tx, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
@@ -132,7 +144,7 @@ pub async fn endpoint(
         .header("host", addr.to_string())
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
-        .header("authorization", format!("Bearer {TOKEN}"));
+        .header("authorization", format!("Bearer {token}"));
     if let Some(s) = session {
         req = req.header("mcp-session-id", s);
     }
