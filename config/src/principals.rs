@@ -413,6 +413,17 @@ impl Principals {
         self.list.iter()
     }
 
+    /// Whether both sets let in the same tokens as the same principals.
+    pub fn same_tokens(&self, other: &Principals) -> bool {
+        self.by_token.len() == other.by_token.len()
+            && self.by_token.iter().all(|(h, &i)| {
+                other
+                    .by_token
+                    .get(h)
+                    .is_some_and(|&j| self.list[i].name == other.list[j].name)
+            })
+    }
+
     pub fn len(&self) -> usize {
         self.list.len()
     }

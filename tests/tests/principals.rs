@@ -346,6 +346,13 @@ async fn a_token_removed_from_the_file_is_refused_from_the_reload_on() {
     assert_eq!(s, 200, "{v}");
     let (s, _) = call(p, B, "GET", &format!("/v1/runs/{}", b.id), None).await;
     assert_eq!(s, 401);
+    let changed = control_actions(p, "principals_changed").await;
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert!(
+        changed[0]["detail"].as_str().unwrap().contains("removed kernel-b"),
+        "{changed:?}"
+    );
+    assert_eq!(changed[0]["principal"], "operator");
     // A file others can read is refused, and the principals in force stay.
     std::fs::set_permissions(&w.principals, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (s, v) = call(p, OPS, "POST", "/v1/policy/reload", None).await;

@@ -46,6 +46,8 @@ impl ReloadError {
 pub struct Applied {
     pub policy: Arc<egress_config::Policy>,
     pub report: Report,
+    /// How the principals changed (`None`: they did not).
+    pub principals: Option<String>,
 }
 
 /// Re-reads the config file (and the principals file and the envelope)
@@ -94,6 +96,25 @@ pub async fn reload(sh: &Shared, by: Option<&str>) -> Result<Applied, ReloadErro
     // The policy is already swapped: a fact the store refuses is logged,
     // not a reason to undo a reload the operator asked for.
     let _ = actions::record(sh, action).await;
+    if let Ok(Applied {
+        principals: Some(changes),
+        policy,
+        ..
+    }) = &r
+    {
+        let _ = actions::record(
+            sh,
+            actions::Action {
+                reason: "principals_changed",
+                principal: by,
+                run: None,
+                target: None,
+                detail: format!("principals reloaded: {changes}"),
+                policy: &policy.digest,
+            },
+        )
+        .await;
+    }
     r
 }
 
@@ -125,8 +146,8 @@ fn try_reload(sh: &Shared) -> Result<Applied, ReloadError> {
     sh.envelope.store(envelope);
     let changed_principals = principals_changed(&sh.principals.load(), &principals);
     sh.principals.store(Arc::new(principals));
-    if changed_principals {
-        tracing::info!(file = ?cfg.control.principals_file, "principals reloaded");
+    if let Some(c) = &changed_principals {
+        tracing::info!(file = ?cfg.control.principals_file, changes = %c, "principals reloaded");
     }
     if let Some(ca) = ca {
         if ca.fingerprint != sh.ca.load().fingerprint {
@@ -148,12 +169,29 @@ fn try_reload(sh: &Shared) -> Result<Applied, ReloadError> {
     Ok(Applied {
         policy: cfg.policy,
         report,
+        principals: changed_principals,
     })
 }
 
-/// Whether two principal sets differ (by name and scopes).
-fn principals_changed(a: &Principals, b: &Principals) -> bool {
-    a.len() != b.len() || a.iter().zip(b.iter()).any(|(x, y)| x != y)
+/// How the principals changed from `old` to `new`, by name (added,
+/// removed, scopes or tokens changed); `None` when they did not.
+fn principals_changed(old: &Principals, new: &Principals) -> Option<String> {
+    let mut out = vec![];
+    for p in new.iter() {
+        match old.by_name(&p.name) {
+            None => out.push(format!("added {}", p.name)),
+            Some(o) if o != p => out.push(format!("changed {}", p.name)),
+            Some(_) => {}
+        }
+    }
+    for p in old.iter().filter(|p| new.by_name(&p.name).is_none()) {
+        out.push(format!("removed {}", p.name));
+    }
+    // Tokens are not part of a principal's equality.
+    if out.is_empty() && !old.same_tokens(new) {
+        out.push("tokens changed".to_owned());
+    }
+    (!out.is_empty()).then(|| out.join(", "))
 }
 
 /// `POST /v1/policy/reload` (scope `policy:reload`).
