@@ -13,6 +13,7 @@ pub mod handoff;
 pub mod jsonrpc;
 pub mod mcp;
 pub mod rules;
+pub mod tls;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

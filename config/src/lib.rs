@@ -369,6 +369,22 @@ pub struct ControlConfig {
     pub principals_file: Option<PathBuf>,
     /// `GET /metrics` needs a principal with the `metrics` scope.
     pub metrics_require_token: bool,
+    /// `[control.tls]`: HTTPS with optional client certificates on the
+    /// control listener and the executor's listener.
+    pub tls: Option<ControlTls>,
+}
+
+/// `[control.tls]`: the certificate both control listeners serve, the CA
+/// whose client certificates they accept (a certificate from any other CA
+/// fails the handshake; one from this CA names its principal by subject
+/// CN or SAN), and the CA the executor verifies the proxy's with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
+    /// Default: `client_ca` (one private CA issuing both).
+    pub server_ca: Option<PathBuf>,
 }
 
 impl Config {

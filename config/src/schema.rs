@@ -92,9 +92,23 @@ pub(crate) fn parse_with_env(
             let at = s.at("principals_file");
             s.problems.push(at, "must be a path");
         }
+        let tls = s.optional_table("tls").map(|mut t| {
+            let cert = t.required("cert", "the PEM certificate chain both control listeners serve");
+            let key = t.required("key", "its PEM private key");
+            let client_ca = t.required("client_ca", "the PEM CA certificates client certificates must chain to");
+            let server_ca = t.get("server_ca");
+            t.finish();
+            crate::ControlTls {
+                cert: cert.unwrap_or_default(),
+                key: key.unwrap_or_default(),
+                client_ca: client_ca.unwrap_or_default(),
+                server_ca,
+            }
+        });
         let r = crate::ControlConfig {
             principals_file,
             metrics_require_token: s.or("metrics_require_token", false),
+            tls,
         };
         s.finish();
         r
@@ -131,6 +145,12 @@ pub(crate) fn parse_with_env(
     proxy.handoff.iter_mut().for_each(rel);
     proxy.envelope.iter_mut().for_each(rel);
     control.principals_file.iter_mut().for_each(rel);
+    if let Some(t) = control.tls.as_mut() {
+        rel(&mut t.cert);
+        rel(&mut t.key);
+        rel(&mut t.client_ca);
+        t.server_ca.iter_mut().for_each(rel);
+    }
     if let Some(tls) = proxy.tls.as_mut() {
         rel(&mut tls.cert);
         rel(&mut tls.key);

@@ -43,6 +43,8 @@ pub struct Config {
     pub policy_digest: String,
     /// `[control] principals_file`: who may use the API (the proxy's too).
     pub principals_file: Option<PathBuf>,
+    /// `[control.tls]`: the API's listener and the client of the proxy.
+    pub control_tls: Option<egress_config::ControlTls>,
 }
 
 impl Config {
@@ -81,6 +83,7 @@ impl Config {
             export: shared.export.clone(),
             policy_digest: shared.policy.digest.clone(),
             principals_file: shared.control.principals_file.clone(),
+            control_tls: shared.control.tls.clone(),
             file: file.to_path_buf(),
             dir,
             control: shared.proxy.control,

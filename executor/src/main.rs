@@ -174,14 +174,26 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
     });
     let app = egress_executor::api::router(exec.clone());
     let st = stop.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                _ = shutdown_signal() => {}
-                _ = st.cancelled() => {}
-            }
-        })
-        .await?;
+    match exec.control_tls().cloned() {
+        Some(tls) => {
+            let ended = stop.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                ended.cancel();
+            });
+            egress_executor::api::serve_tls(listener, app, &tls, stop.clone()).await?;
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    tokio::select! {
+                        _ = shutdown_signal() => {}
+                        _ = st.cancelled() => {}
+                    }
+                })
+                .await?
+        }
+    }
     stop.cancel();
     exec.shutdown();
     exec.drain(std::time::Duration::from_secs(5)).await;
@@ -474,7 +486,8 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             problems.join("; ")
         },
     );
-    let control = egress_executor::proxy::control::ControlClient::new(config.control, &config.home, token_env());
+    let control = egress_executor::proxy::control::ControlClient::new(config.control, &config.home, token_env())
+        .with_tls(config.control_tls.as_ref())?;
     match control.probe().await {
         Ok(()) => line(
             "proxy control API",

@@ -164,3 +164,104 @@ pool = {{ warm = 0, max = 2 }}
     assert_eq!(status, 204);
     drop(proxy);
 }
+
+/// `[control.tls]` end to end: the proxy's control listener and the
+/// executor's both serve TLS with client certificates; the executor's own
+/// client reaches the proxy over it (its pool warms, its runs are created
+/// and activated); a kernel whose certificate names it invokes with no
+/// token, and its run is its own at the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_certificate_invokes_over_tls_end_to_end() {
+    use egress_e2e::pki::{https_call, Ca};
+    let Some(_) = python() else { return };
+    let bin = proxy_bin().expect("the proxy binary (cargo build -p egress-proxy)");
+    let dns = FakeDns::start().await;
+    let dir = TempDir::new("control-tls");
+    dir.write("fetch.py", FETCH_PY);
+    let d = dir.write("pki/.keep", "");
+    let d = d.parent().unwrap();
+    let ca = Ca::new("control CA");
+    let ca_file = ca.write(d, "ca.pem");
+    let server = ca.leaf(d, "server", "control", &["127.0.0.1"]);
+    let kernel = ca.leaf(d, "kernel-a", "kernel-a", &["kernel-a.kernels.test"]);
+    let principals = dir.write(
+        "principals.toml",
+        "[principals.kernel-a]\nsubjects = [\"kernel-a.kernels.test\"]\nscopes = [\"invoke:search\", \"facts:own\"]\n",
+    );
+    std::fs::set_permissions(&principals, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let tools = format!(
+        r#"
+[control]
+principals_file = "{principals}"
+[control.tls]
+cert = "{cert}"
+key = "{key}"
+client_ca = "{ca}"
+
+[tools.search]
+egress = []
+[tools.search.process]
+command = ["python3", "{runner}", "fetch.py"]
+pool = {{ warm = 1, max = 2 }}
+timeout_ms = 20000
+"#,
+        principals = principals.display(),
+        cert = server.cert.display(),
+        key = server.key.display(),
+        ca = ca_file.display(),
+        runner = python_runner().display(),
+    );
+    let Stack { proxy, exec, control } = start_stack(&bin, &dir, dns.addr, &tools);
+    exec.warm_up();
+    let pool = exec.pool("search").unwrap().clone();
+    assert!(
+        eventually(Duration::from_secs(30), || pool.counts().0 == 1).await,
+        "the executor's client creates its warm child's run over TLS"
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let tls = exec.control_tls().unwrap().clone();
+    let app = egress_executor::api::router(exec.clone());
+    let serving = stop.clone();
+    tokio::spawn(async move { egress_executor::api::serve_tls(listener, app, &tls, serving).await });
+    let body = json!({"tool": "search", "input": null});
+    let r = https_call(
+        addr,
+        &ca_file,
+        Some(&kernel),
+        "POST",
+        "/v1/invocations",
+        Some(body.clone()),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = body_of(&r);
+    let fact = v["facts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["reason"] == "not_allowlisted")
+        .cloned()
+        .expect("the denial's fact");
+    assert_eq!(fact["principal"], json!("kernel-a"), "{fact}");
+    // The same kernel at the proxy, by its certificate: its facts.
+    let r = https_call(control, &ca_file, Some(&kernel), "GET", "/v1/facts?after=0", None, None)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains(v["run_id"].as_str().unwrap()), "{}", r.text());
+    // Without a certificate or a token: 401.
+    let r = https_call(addr, &ca_file, None, "POST", "/v1/invocations", Some(body), None)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 401);
+    stop.cancel();
+    drop(proxy);
+}
+
+fn body_of(r: &egress_e2e::raw::RawResponse) -> Value {
+    serde_json::from_slice(&r.body).unwrap_or(Value::Null)
+}

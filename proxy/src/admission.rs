@@ -83,6 +83,7 @@ impl Admission {
             id,
             cut,
             established: OnceLock::new(),
+            peer: OnceLock::new(),
         }
     }
 
@@ -120,9 +121,20 @@ pub struct Conn {
     /// Closes the connection (eviction, head deadline, a fetch's cut).
     pub cut: CancellationToken,
     established: OnceLock<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)>,
+    /// The names of the client certificate the TLS handshake verified.
+    peer: OnceLock<egress_api::tls::PeerNames>,
 }
 
 impl Conn {
+    pub fn set_peer(&self, names: egress_api::tls::PeerNames) {
+        let _ = self.peer.set(names);
+    }
+
+    /// The verified client certificate's names, if there was one.
+    pub fn peer(&self) -> Option<&egress_api::tls::PeerNames> {
+        self.peer.get().filter(|p| !p.0.is_empty())
+    }
+
     pub fn is_pending(&self) -> bool {
         self.established.get().is_none()
     }

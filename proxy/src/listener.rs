@@ -42,6 +42,8 @@ pub(crate) struct Spec {
     pub stop: CancellationToken,
     /// Whether connections are tracked for the drain (`Shared::tasks`).
     pub drained: bool,
+    /// TLS of the listener (`None`: plain TCP).
+    pub tls: Option<TlsAcceptor>,
 }
 
 /// Accepts on `listener` until `spec.stop`, serving each connection with
@@ -56,7 +58,7 @@ pub(crate) async fn accept_loop<S: Serve>(
     // Accepting never waits for a place: admission decides per connection.
     while let Some(stream) = accept(&spec.stop, &listener).await {
         let conn = Arc::new(admission.admit(CancellationToken::new()));
-        let task = one(sh.clone(), stream, conn, spec.name, serve.clone());
+        let task = one(sh.clone(), stream, conn, spec.name, spec.tls.clone(), serve.clone());
         if spec.drained {
             sh.tasks.spawn(task);
         } else {
@@ -67,13 +69,23 @@ pub(crate) async fn accept_loop<S: Serve>(
 
 /// One connection: TLS if configured, then `serve`, bounded by the pending
 /// deadline.
-async fn one<S: Serve>(sh: Arc<Shared>, stream: TcpStream, conn: Arc<Conn>, name: &'static str, serve: S) {
+async fn one<S: Serve>(
+    sh: Arc<Shared>,
+    stream: TcpStream,
+    conn: Arc<Conn>,
+    name: &'static str,
+    tls: Option<TlsAcceptor>,
+    serve: S,
+) {
     let timeout = sh.cfg.pending_head_timeout;
     let served = async {
-        match &sh.tls {
+        match &tls {
             None => serve.serve_tcp(stream, conn.clone()).await,
             Some(acceptor) => {
                 if let Ok(Ok(tls)) = tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                    // A verified client certificate's names (the control
+                    // listener's principals by subject).
+                    conn.set_peer(egress_api::tls::peer_names(tls.get_ref().1));
                     serve.serve(tls, conn.clone()).await;
                 }
             }

@@ -49,6 +49,8 @@ pub enum StartError {
     Token(#[from] crate::control::token::TokenError),
     #[error(transparent)]
     Tls(#[from] crate::listener::TlsError),
+    #[error("[control.tls]: {0}")]
+    ControlTls(#[from] egress_api::tls::TlsError),
     #[error("appliance CA: {0}")]
     Ca(#[from] crate::ca::CaError),
     #[error("fleet export: {0}")]
@@ -271,6 +273,12 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         Some(t) => Some(crate::listener::acceptor(t)?),
         None => None,
     };
+    let control_tls = match &cfg.control.tls {
+        Some(t) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
+            egress_api::tls::server_config(&t.cert, &t.key, &t.client_ca)?,
+        ))),
+        None => None,
+    };
     let ca = if own_sink && pc.interception.ca_dir.is_none() {
         crate::ca::Authority::open_in(None, &pc)?
     } else {
@@ -294,6 +302,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             envelope,
             config_path: opts.config_path,
             tls,
+            control_tls,
             ca,
         },
     );

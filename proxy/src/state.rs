@@ -68,6 +68,9 @@ pub struct Shared {
     pub config_path: Option<PathBuf>,
     /// TLS for both listeners, when configured.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// `[control.tls]`: the control listener's TLS, asking for client
+    /// certificates (wins over `tls` there).
+    pub control_tls: Option<tokio_rustls::TlsAcceptor>,
     /// The appliance CA of intercepted CONNECTs (replaced on reload after a
     /// rotation).
     pub ca: ArcSwap<Authority>,
@@ -100,6 +103,7 @@ pub(crate) struct Parts {
     pub envelope: Option<Arc<Policy>>,
     pub config_path: Option<PathBuf>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub control_tls: Option<tokio_rustls::TlsAcceptor>,
     pub ca: Authority,
     pub exporter: Option<crate::facts::export::Exporter>,
     /// `http` or `https` (from `cell.advertise_proxy`, else the listener's TLS).
@@ -152,6 +156,7 @@ impl Shared {
             config_path: p.config_path,
             proxy_scheme: p.proxy_scheme,
             tls: p.tls,
+            control_tls: p.control_tls,
             ca: ArcSwap::from_pointee(p.ca),
             data_admission,
             control_admission,

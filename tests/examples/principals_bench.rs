@@ -34,7 +34,14 @@ async fn proxy(principals: Option<&std::path::Path>) -> TestProxy {
 async fn rate(p: &TestProxy, token: &str, n: usize) -> f64 {
     let t0 = Instant::now();
     for _ in 0..n {
-        let r = control_call(p.control, "POST", "/v1/runs", Some(json!({"tool": "search"})), Some(token)).await;
+        let r = control_call(
+            p.control,
+            "POST",
+            "/v1/runs",
+            Some(json!({"tool": "search"})),
+            Some(token),
+        )
+        .await;
         assert_eq!(r.status, 201, "{}", r.text());
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         let id = v["run_id"].as_str().unwrap();

@@ -27,6 +27,7 @@ pub mod mcp;
 pub mod netns;
 pub mod openapi;
 pub mod origin;
+pub mod pki;
 pub mod postgres;
 pub mod process;
 pub mod raw;

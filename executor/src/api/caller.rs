@@ -125,7 +125,13 @@ pub async fn authenticate(
             "the executor has no control token to check against",
         );
     };
-    match egress_api::bearer(req.headers()).and_then(|t| principals.by_token(t)) {
+    // A verified client certificate's principal (by subject), else the token's.
+    let by_cert = req
+        .extensions()
+        .get::<egress_api::tls::PeerNames>()
+        .and_then(|peer| peer.0.iter().find_map(|n| principals.by_subject(n)));
+    let found = by_cert.or_else(|| egress_api::bearer(req.headers()).and_then(|t| principals.by_token(t)));
+    match found {
         Some(p) => {
             req.extensions_mut().insert(Caller(p.clone()));
             next.run(req).await

@@ -52,6 +52,52 @@ pub fn router(exec: Arc<Executor>) -> Router {
         .with_state(exec)
 }
 
+/// Serves `app` on `listener` over `[control.tls]` until `stop`: the
+/// handshake (within 10 s) asks for a client certificate, verified against
+/// `client_ca` (any other CA fails it); a verified certificate's names go
+/// with each request for [`caller`] to find its principal by subject.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    tls: &egress_config::ControlTls,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(), egress_api::tls::TlsError> {
+    let config = egress_api::tls::server_config(&tls.cert, &tls.key, &tls.client_ca)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => return Ok(()),
+        };
+        let (acceptor, app, stop) = (acceptor.clone(), app.clone(), stop.clone());
+        tokio::spawn(async move {
+            let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream));
+            let Ok(Ok(tls)) = handshake.await else { return };
+            let names = egress_api::tls::peer_names(tls.get_ref().1);
+            let inner = hyper_util::service::TowerToHyperService::new(app);
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                use hyper::service::Service as _;
+                req.extensions_mut().insert(names.clone());
+                inner.call(req)
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                .with_upgrades();
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
 #[derive(utoipa::OpenApi)]
 #[openapi(info(
     title = "Loom Egress executor API",

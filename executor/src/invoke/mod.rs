@@ -37,6 +37,8 @@ pub enum StartError {
     Spawner(std::io::Error),
     #[error("the fleet's idempotency store: {0}")]
     Fleet(#[from] egress_fleet::PgError),
+    #[error("[control.tls]: {0}")]
+    Tls(#[from] egress_api::tls::TlsError),
 }
 
 /// How long a warm child may wait for dispatch: its run (created at spawn)
@@ -71,6 +73,11 @@ pub struct Executor {
 }
 
 impl Executor {
+    /// `[control.tls]`, which the API's listener serves.
+    pub fn control_tls(&self) -> Option<&egress_config::ControlTls> {
+        self.config.control_tls.as_ref()
+    }
+
     /// `[control] principals_file`, which the API reads its principals from.
     pub fn principals_file(&self) -> Option<&std::path::PathBuf> {
         self.config.principals_file.as_ref()
@@ -105,7 +112,7 @@ impl Executor {
         };
         let shared = Arc::new(Shared::new(
             Spawner::start().map_err(StartError::Spawner)?,
-            ControlClient::new(config.control, &config.home, token_env),
+            ControlClient::new(config.control, &config.home, token_env).with_tls(config.control_tls.as_ref())?,
             Metrics::new(),
             config.executor.clone(),
         ));

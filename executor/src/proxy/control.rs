@@ -56,9 +56,21 @@ pub struct RunCreds {
 }
 
 /// The control API client.
+/// The client side of `[control.tls]`.
+struct Tls(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tls({:?})", self.1)
+    }
+}
+
 #[derive(Debug)]
 pub struct ControlClient {
     addr: SocketAddr,
+    /// `[control.tls]`: the connector and the name the proxy's
+    /// certificate is verified for.
+    tls: Option<Tls>,
     token_env: Option<String>,
     token_file: PathBuf,
     token: Mutex<Option<String>>,
@@ -80,6 +92,7 @@ impl ControlClient {
     pub fn new(addr: SocketAddr, home: &std::path::Path, token_env: Option<String>) -> Self {
         let token_file = home.join("egress-control.token");
         ControlClient {
+            tls: None,
             addr,
             token_env: token_env.filter(|t| !t.is_empty()),
             token_file,
@@ -283,6 +296,21 @@ impl ControlClient {
         Ok(page.facts)
     }
 
+    /// Speaks TLS to the control API (`[control.tls]`): the proxy's
+    /// certificate verified against `server_ca` (default `client_ca`) for
+    /// the control address.
+    pub fn with_tls(mut self, tls: Option<&egress_config::ControlTls>) -> Result<Self, egress_api::tls::TlsError> {
+        self.tls = match tls {
+            None => None,
+            Some(t) => {
+                let config = egress_api::tls::client_config(t.server_ca.as_ref().unwrap_or(&t.client_ca), None)?;
+                let name = egress_api::tls::server_name(&self.addr.ip().to_string())?;
+                Some(Tls(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)), name))
+            }
+        };
+        Ok(self)
+    }
+
     /// A new connection to the control API.
     async fn connect(&self) -> Result<Sender, ControlError> {
         let unreachable = |m: String| ControlError::Unreachable {
@@ -293,13 +321,28 @@ impl ControlClient {
             .await
             .map_err(|e| unreachable(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
         // The connection task ends when the connection closes or its last
         // sender is dropped.
-        tokio::spawn(conn);
-        Ok(sender)
+        match &self.tls {
+            None => {
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?;
+                tokio::spawn(conn);
+                Ok(sender)
+            }
+            Some(Tls(connector, name)) => {
+                let tls = connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .map_err(|e| unreachable(format!("TLS: {e}")))?;
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?;
+                tokio::spawn(conn);
+                Ok(sender)
+            }
+        }
     }
 
     /// A kept-alive connection that is still open and ready, if any.

@@ -8,7 +8,7 @@ use crate::control::error::ApiError;
 use crate::state::Shared;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use egress_config::principals::{authorize, Action, Principal, Record};
@@ -52,21 +52,27 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
-/// The principal `headers` authenticate, if any.
-pub fn principal(sh: &Shared, headers: &HeaderMap) -> Option<Arc<Principal>> {
-    let token = egress_api::bearer(headers)?;
-    sh.principals.load().by_token(token).cloned()
+/// The principal a request authenticates as, if any: the one a verified
+/// client certificate names (by subject CN or SAN), else its bearer token's.
+pub fn principal<B>(sh: &Shared, req: &axum::http::Request<B>) -> Option<Arc<Principal>> {
+    let principals = sh.principals.load();
+    if let Some(peer) = req.extensions().get::<egress_api::tls::PeerNames>() {
+        if let Some(p) = peer.0.iter().find_map(|n| principals.by_subject(n)) {
+            return Some(p.clone());
+        }
+    }
+    let token = egress_api::bearer(req.headers())?;
+    principals.by_token(token).cloned()
 }
 
 /// The `/v1` layer: a request without a known principal is `401`.
 pub(super) async fn authenticate(State(sh): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
-    let headers = req.headers();
-    match principal(&sh, headers) {
+    match principal(&sh, &req) {
         Some(p) => {
             req.extensions_mut().insert(Caller(p));
             next.run(req).await
         }
-        None if egress_api::bearer(headers).is_some() => {
+        None if egress_api::bearer(req.headers()).is_some() => {
             sh.refused_credential();
             ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "wrong control token").into_response()
         }

@@ -30,9 +30,9 @@ pub(super) async fn readyz(State(sh): State<Arc<Shared>>) -> Response {
     (status = 401, description = "unauthorized: with `[control] metrics_require_token = true`, no token of a principal", body = egress_api::ErrorBody),
     (status = 403, description = "scope: with `[control] metrics_require_token = true`, the principal has no metrics scope", body = egress_api::ErrorBody),
 ))]
-pub(super) async fn metrics(State(sh): State<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
+pub(super) async fn metrics(State(sh): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
     if sh.metrics_require_token {
-        let Some(p) = crate::control::caller::principal(&sh, &headers) else {
+        let Some(p) = crate::control::caller::principal(&sh, &req) else {
             return crate::control::error::ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

@@ -182,6 +182,7 @@ pub async fn serve(sh: Arc<Shared>, l: TcpListener) {
         name: "control",
         stop: sh.control_stop.clone(),
         drained: false,
+        tls: sh.control_tls.clone().or_else(|| sh.tls.clone()),
     };
     let serve = ControlConn {
         sh: sh.clone(),
@@ -207,10 +208,13 @@ impl Serve for ControlConn {
     {
         let inner = TowerToHyperService::new(self.app.clone());
         let (sh, svc_conn) = (self.sh.clone(), conn.clone());
-        let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             use futures_util::future::Either;
             use hyper::service::Service as _;
-            if svc_conn.is_pending() && caller::principal(&sh, req.headers()).is_some() {
+            if let Some(peer) = svc_conn.peer() {
+                req.extensions_mut().insert(peer.clone());
+            }
+            if svc_conn.is_pending() && caller::principal(&sh, &req).is_some() {
                 if let Err(refused) = svc_conn.establish(None) {
                     sh.count_closed("control", refused.label());
                     let mut r = ApiError::new(

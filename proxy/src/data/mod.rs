@@ -39,6 +39,7 @@ pub(crate) async fn serve(
         name: "data",
         stop: sh.shutdown.clone(),
         drained: true,
+        tls: sh.tls.clone(),
     };
     let serve = DataConn {
         sh: sh.clone(),

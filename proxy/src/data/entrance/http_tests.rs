@@ -80,6 +80,7 @@ impl Proxy {
         let sh = Shared::new(
             &cfg,
             Parts {
+                control_tls: None,
                 principals: egress_config::principals::Principals::single("test-control-token-0123456789"),
                 envelope: None,
                 exporter: None,
