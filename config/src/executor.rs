@@ -677,12 +677,18 @@ mod tests {
             ),
             (
                 P,
-                &format!("command = [\"x\"]\nexpect_sha256 = {{ \"/t.py\" = \"{}\" }}", "A".repeat(64)),
+                &format!(
+                    "command = [\"x\"]\nexpect_sha256 = {{ \"/t.py\" = \"{}\" }}",
+                    "A".repeat(64)
+                ),
                 "expect_sha256./t.py",
             ),
             (
                 P,
-                &format!("command = [\"x\"]\nexpect_sha256 = {{ \"~/t.py\" = \"{}\" }}", "a".repeat(64)),
+                &format!(
+                    "command = [\"x\"]\nexpect_sha256 = {{ \"~/t.py\" = \"{}\" }}",
+                    "a".repeat(64)
+                ),
                 "expect_sha256.~/t.py",
             ),
             (
@@ -891,7 +897,10 @@ mod tests {
         let p = c.policy.tools["t"].process.clone().unwrap();
         assert_eq!(
             p.expect_sha256.into_iter().collect::<Vec<_>>(),
-            [(PathBuf::from("/usr/bin/python3"), a.clone()), (PathBuf::from("t.py"), b)]
+            [
+                (PathBuf::from("/usr/bin/python3"), a.clone()),
+                (PathBuf::from("t.py"), b)
+            ]
         );
         let table = Config::parse(
             &format!("[tools.t.process]\ncommand = [\"x\"]\n[tools.t.process.expect_sha256]\n\"/x\" = \"{a}\"\n"),

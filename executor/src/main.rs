@@ -300,6 +300,7 @@ fn true_probe(pid_namespace: bool) -> egress_executor::process::Launch<'static> 
         stdout_cap: 0,
         stderr_cap: 0,
         fork: None,
+        exe: None,
     }
 }
 
@@ -774,6 +775,7 @@ async fn cold_start_line(
                     stdout_cap: 0,
                     stderr_cap: 0,
                     fork: None,
+                    exe: None,
                 },
             )
             .await;

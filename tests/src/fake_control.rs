@@ -71,6 +71,8 @@ fn view(id: &str, tool: &str, state: &str) -> RunView {
         expires_at: "2099-01-01T00:00:00Z".into(),
         labels: Default::default(),
         owner: None,
+        principal: None,
+        executables: Default::default(),
         bound: false,
         slots: Slots { max: 8, in_use: 0 },
         upstream_idle: 0,
