@@ -465,6 +465,38 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
             }
         }
     }
+    // What each tool's children run, hashed as a child start hashes it:
+    // `sha256sum`'s lines, the values `expect_sha256` pins.
+    let hasher = egress_executor::process::identity::Hasher::new();
+    for (tool, process) in &config.tools {
+        let Some(p) = process else { continue };
+        let what = format!("executables of `{tool}`");
+        match hasher.open(&p.command, &p.path, &p.cwd) {
+            Ok(opened) => {
+                let id = &opened.identity;
+                let verdict = egress_executor::process::identity::verify(&p.expect_sha256, &p.cwd, id);
+                let pins = match (&verdict, p.expect_sha256.len()) {
+                    (Ok(()), 0) => "no pins (expect_sha256)".to_string(),
+                    (Ok(()), n) => format!("{n} pinned in expect_sha256, all match"),
+                    (Err(m), _) => format!("{m}: no child would start"),
+                };
+                let how = if opened.program.script {
+                    "a #! script, run by path"
+                } else {
+                    "run from the descriptor hashed"
+                };
+                line(
+                    &what,
+                    verdict.is_ok(),
+                    format!("{} file(s), the program {how}; {pins}", id.files().count()),
+                );
+                for h in id.files() {
+                    println!("  {}  {}", h.sha256, h.path.display());
+                }
+            }
+            Err(e) => line(&what, false, e.to_string()),
+        }
+    }
     let problems = static_problems(&file);
     line(
         "config file",

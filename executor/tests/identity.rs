@@ -292,3 +292,56 @@ async fn the_proxys_run_view_shows_the_program_digest() {
     assert_eq!(view["labels"]["exe_sha256"], json!(sha256sum(&python3)), "{view}");
     drop(proxy);
 }
+
+/// `doctor` prints, per tool, every file its children run with its digest,
+/// one `sha256sum` line each (the values to pin), and fails a tool whose
+/// pins do not match.
+#[tokio::test]
+async fn doctor_prints_what_each_tool_runs() {
+    if python().is_none() || which("sha256sum").is_none() {
+        eprintln!("SKIPPED doctor_prints_what_each_tool_runs: needs python3 and sha256sum");
+        return;
+    }
+    let control = FakeControl::start().await;
+    let dir = TempDir::new("identity-doctor");
+    let script = dir.write("tool.py", V1);
+    let tools = python_tool("id", "tool.py", "")
+        + &python_tool(
+            "pinned",
+            "tool.py",
+            &format!("expect_sha256 = {{ \"tool.py\" = \"{}\" }}\n", "0".repeat(64)),
+        );
+    let cfg = write_config(&dir, control.addr, true, &tools);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_egress-executor"))
+            .args(["doctor", "--config"])
+            .arg(cfg)
+            .env("EGRESS_CONTROL_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let python3 = python3_path(dir.path());
+    for file in [&python3, &python_runner(), &script] {
+        let want = format!("  {}  {}", sha256sum(file), file.display());
+        assert!(text.lines().any(|l| l == want), "{want:?} in\n{text}");
+    }
+    let verdict = |tool: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("executables of `{tool}`")))
+            .unwrap_or_else(|| panic!("no line for {tool} in\n{text}"))
+            .to_string()
+    };
+    assert!(
+        verdict("id").contains(" ok ") && verdict("id").contains("no pins"),
+        "{text}"
+    );
+    let pinned = verdict("pinned");
+    assert!(
+        pinned.contains("FAIL") && pinned.contains(&sha256sum(&script)),
+        "{text}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}");
+}
