@@ -107,6 +107,9 @@ pub struct Program {
     pub script: bool,
     /// Its stat when hashed; compared again once the child runs it.
     pub stamp: Stamp,
+    /// It had changed within [`RACY`] of the hash: an unchanged stamp
+    /// proves nothing, it is read again once the child runs it.
+    pub racy: bool,
 }
 
 /// A child's program, opened, and what it runs, hashed.
@@ -218,6 +221,7 @@ impl Hasher {
                 fd: OwnedFd::from(file),
                 script,
                 stamp: known.stamp,
+                racy: known.stamp.racy(SystemTime::now(), self.racy),
             },
             identity: Identity {
                 program: Hashed {

@@ -254,18 +254,19 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
 }
 
 /// The program the child now runs (by its descriptor) is what was hashed.
-/// Its stamp is compared first: unchanged, nothing was written to it
-/// between the hash and the exec. Changed (a write in place, or only its
-/// link count: renamed over, removed), it is read again from the
-/// descriptor, which no one can write to any more while the child runs it
-/// (the kernel refuses: `ETXTBSY`), and must hash the same.
+/// Its stamp is compared first: unchanged, and settled when it was hashed
+/// (not racy), nothing was written to it between the hash and the exec.
+/// Changed (a write in place, or only its link count: renamed over,
+/// removed), or racy, it is read again from the descriptor, which no one
+/// can write to any more while the child runs it (the kernel refuses:
+/// `ETXTBSY`), and must hash the same.
 async fn unchanged(exe: &Opened) -> io::Result<()> {
     let p = &exe.program;
     if p.script {
         return Ok(());
     }
     let now = super::identity::Stamp::of(&std::fs::File::from(p.fd.try_clone()?).metadata()?);
-    if now == p.stamp {
+    if now == p.stamp && !p.racy {
         return Ok(());
     }
     let fd = p.fd.try_clone()?;
@@ -398,6 +399,29 @@ mod tests {
         let spawner = Spawner::start().unwrap();
         let e = launch(&spawner, plain(&command, &dir, Some(exe))).await.unwrap_err();
         assert!(e.to_string().contains("was written to after it was hashed"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A program changed just before its hash (racy) is read again after
+    /// the exec even with its stamp unchanged: a write in the same
+    /// timestamp tick can leave the stamp as it was. (Simulated: the digest
+    /// the start would send is not the file's.) Settled, an unchanged
+    /// stamp is enough.
+    #[tokio::test]
+    async fn a_racy_program_is_read_again_after_its_exec() {
+        let (dir, _) = program_copy("racy", "/bin/true");
+        let command = ["./prog".to_string()];
+        let spawner = Spawner::start().unwrap();
+        for racy in [true, false] {
+            let mut exe = super::super::identity::Hasher::new()
+                .open(&command, "/usr/bin:/bin", &dir)
+                .unwrap();
+            assert!(exe.program.racy, "just copied");
+            exe.program.racy = racy;
+            exe.identity.program.sha256 = "0".repeat(64);
+            let started = launch(&spawner, plain(&command, &dir, Some(exe))).await;
+            assert_eq!(started.is_err(), racy, "racy = {racy}: {started:?}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
