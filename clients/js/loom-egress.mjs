@@ -420,8 +420,9 @@ export class ExecutorClient {
   /**
    * `POST /v1/invocations`. A tool that failed (`ok: false`: timeout,
    * aborted, tool_error, …) is a result, not an exception; `busy` (503),
-   * `unknown_tool` (404), `bad_request` (400) and `unauthorized` (401) throw
-   * EgressError. The HTTP timeout defaults to the invocation's own budget
+   * `executable_mismatch` (503: a file the tool runs does not match its pin,
+   * no child starts), `unknown_tool` (404), `bad_request` (400) and
+   * `unauthorized` (401) throw EgressError. The HTTP timeout defaults to the invocation's own budget
    * (`invocationTimeoutMs`, the request's `timeout_ms`) plus 30 s.
    *
    * In a fleet, a keyed invocation running at another cell answers `409

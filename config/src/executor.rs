@@ -224,6 +224,12 @@ pub struct ProcessConfig {
     pub lifecycle: Lifecycle,
     /// The bounds of its sessions (read only with `lifecycle = "session"`).
     pub session: SessionLimits,
+    /// `expect_sha256`: files the tool's children run, pinned to their
+    /// SHA-256 (path as written, absolute or relative to `cwd` → 64
+    /// lowercase hex digits). A child whose program or script hashes to
+    /// anything else, or a pinned path its command does not run, is not
+    /// started.
+    pub expect_sha256: BTreeMap<PathBuf, String>,
 }
 
 /// The file name of the reference Python runner, the one runner with a fork
@@ -260,6 +266,7 @@ impl ProcessConfig {
             fork_server: false,
             lifecycle: Lifecycle::Invocation,
             session: SessionLimits::default(),
+            expect_sha256: BTreeMap::new(),
         }
     }
 
@@ -294,19 +301,24 @@ impl ProcessConfig {
             queue: 0,
             protocol: Protocol::Plain,
             fork_server: false,
+            expect_sha256: BTreeMap::new(),
             ..base
         }
     }
 
     /// The settings of this section an ad-hoc command cannot have, as the
     /// file spells them: a fork server boots the tool's runtime for
-    /// children of the tool's own command, not for another command. (The
+    /// children of the tool's own command, not for another command, and
+    /// `expect_sha256` pins the files of the tool's own command. (The
     /// pool and the protocol belong to the tool's runner, which an ad-hoc
     /// command replaces, so they are not named.)
     pub fn not_ad_hoc(&self) -> Vec<&'static str> {
         let mut left_out = Vec::new();
         if self.fork_server {
             left_out.push("fork_server = true");
+        }
+        if !self.expect_sha256.is_empty() {
+            left_out.push("expect_sha256");
         }
         left_out
     }
@@ -402,6 +414,7 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
         pool.problems.push(at, format!("is {warm}, more than pool.max = {max}"));
     }
     pool.finish();
+    let expect_sha256 = pins(s);
     let session_keys: Vec<&str> = SESSION_KEYS.into_iter().filter(|k| s.has(k)).collect();
     let p = ProcessConfig {
         command: vec![],
@@ -463,6 +476,7 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
             max_message_bytes: s.count("max_message_bytes", 1024..=1 << 30, d.session.max_message_bytes),
             max_session_bytes: s.int("max_session_bytes", 1024..=u64::MAX, d.session.max_session_bytes),
         },
+        expect_sha256,
     };
     sessions(&p, &session_keys, s);
     let command = command?;
@@ -493,6 +507,42 @@ pub(crate) fn process(s: &mut Section) -> Option<ProcessConfig> {
         }
     }
     Some(ProcessConfig { command, ..p })
+}
+
+/// Reads `expect_sha256`: each key a path (absolute, or relative to the
+/// tool's `cwd`), each value a SHA-256 as `sha256sum` prints it.
+fn pins(s: &mut Section) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut t = s.table("expect_sha256");
+    for (k, v) in t.entries() {
+        let at = t.at(&k);
+        let Some(v) = t.problems.typed::<String>(&at, v) else {
+            continue;
+        };
+        if let Err(why) = pin(&k, &v) {
+            t.problems.push(at, why);
+        } else {
+            out.insert(PathBuf::from(k), v);
+        }
+    }
+    t.finish();
+    out
+}
+
+/// Why `path = digest` is not a valid pin.
+fn pin(path: &str, digest: &str) -> Result<(), String> {
+    if path.is_empty() || path.contains('\0') {
+        return Err("is not a path (absolute, or relative to the tool's cwd)".into());
+    }
+    if path.starts_with('~') {
+        return Err("is not expanded: write the absolute path (or one relative to the tool's cwd)".into());
+    }
+    if digest.len() != 64 || !digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(format!(
+            "{digest:?} is not a SHA-256: 64 lowercase hex digits, as `sha256sum` prints them"
+        ));
+    }
+    Ok(())
 }
 
 /// The keys of `[tools.<id>.process]` that only a session tool reads.
@@ -620,6 +670,33 @@ mod tests {
             (P, "command = [\"x\"]\ncpu_percent = 0", "cpu_percent"),
             (P, "command = [\"x\"]\ncpu_percent = 100001", "cpu_percent"),
             (P, "command = \"x\"", "command"),
+            (
+                P,
+                "command = [\"x\"]\nexpect_sha256 = { \"t.py\" = \"ABCD\" }",
+                "expect_sha256.t.py",
+            ),
+            (
+                P,
+                &format!(
+                    "command = [\"x\"]\nexpect_sha256 = {{ \"/t.py\" = \"{}\" }}",
+                    "A".repeat(64)
+                ),
+                "expect_sha256./t.py",
+            ),
+            (
+                P,
+                &format!(
+                    "command = [\"x\"]\nexpect_sha256 = {{ \"~/t.py\" = \"{}\" }}",
+                    "a".repeat(64)
+                ),
+                "expect_sha256.~/t.py",
+            ),
+            (
+                P,
+                "command = [\"x\"]\nexpect_sha256 = { \"t.py\" = 1 }",
+                "expect_sha256.t.py",
+            ),
+            (P, "command = [\"x\"]\nexpect_sha256 = [\"t.py\"]", "expect_sha256"),
             (P, "cwd = \"/\"", "command"),
             ("executor", "child_uid = 0", "child_uid"),
             ("executor", "child_gid = 0", "child_gid"),
@@ -801,6 +878,45 @@ mod tests {
                 .to_string();
             assert!(e.starts_with(want), "{text}: {e}");
         }
+    }
+
+    /// `expect_sha256` pins paths as written (absolute, or relative to the
+    /// tool's `cwd`, resolved when a child starts) to `sha256sum`'s digits;
+    /// an ad-hoc command, which runs something else, does not take them.
+    #[test]
+    fn pins_are_paths_to_lowercase_sha256() {
+        let (a, b) = ("0123456789abcdef".repeat(4), "f".repeat(64));
+        let c = Config::parse(
+            &format!(
+                "[tools.t.process]\ncommand = [\"python3\", \"t.py\"]\n\
+                 expect_sha256 = {{ \"/usr/bin/python3\" = \"{a}\", \"t.py\" = \"{b}\" }}\n"
+            ),
+            "f",
+        )
+        .unwrap();
+        let p = c.policy.tools["t"].process.clone().unwrap();
+        assert_eq!(
+            p.expect_sha256.into_iter().collect::<Vec<_>>(),
+            [
+                (PathBuf::from("/usr/bin/python3"), a.clone()),
+                (PathBuf::from("t.py"), b)
+            ]
+        );
+        let table = Config::parse(
+            &format!("[tools.t.process]\ncommand = [\"x\"]\n[tools.t.process.expect_sha256]\n\"/x\" = \"{a}\"\n"),
+            "f",
+        )
+        .unwrap();
+        let p = table.policy.tools["t"].process.clone().unwrap();
+        assert_eq!(p.expect_sha256.len(), 1);
+        assert_eq!(p.not_ad_hoc(), ["expect_sha256"]);
+        let ad_hoc = ProcessConfig::ad_hoc(Some(&p), vec!["sh".into()], PathBuf::from("/w"));
+        assert!(ad_hoc.expect_sha256.is_empty());
+        let e = errors("[tools.t.process]\ncommand = [\"x\"]\nexpect_sha256 = { \"t.py\" = \"abc\" }\n");
+        assert_eq!(
+            e,
+            "egress.toml: tools.t.process.expect_sha256.t.py: \"abc\" is not a SHA-256: 64 lowercase hex digits, as `sha256sum` prints them"
+        );
     }
 
     #[test]

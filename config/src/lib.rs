@@ -666,6 +666,7 @@ mod tests {
                 fork_server: false,
                 lifecycle: crate::Lifecycle::Invocation,
                 session: crate::SessionLimits::default(),
+                expect_sha256: BTreeMap::new(),
             })
         );
     }

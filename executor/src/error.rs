@@ -40,10 +40,13 @@ pub enum ErrorKind {
     /// The fleet's idempotency store (PostgreSQL) cannot be asked: a keyed
     /// invocation runs nowhere rather than possibly twice.
     IdempotencyUnavailable,
+    /// A file the tool's children would run does not hash to its pin in
+    /// `expect_sha256` (or a pinned file is not run): no child starts.
+    ExecutableMismatch,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::Startup,
         ErrorKind::Timeout,
         ErrorKind::Aborted,
@@ -58,6 +61,7 @@ impl ErrorKind {
         ErrorKind::RunExists,
         ErrorKind::InProgress,
         ErrorKind::IdempotencyUnavailable,
+        ErrorKind::ExecutableMismatch,
     ];
 
     /// The metric `outcome` label and the word in the JSON body.
@@ -77,6 +81,7 @@ impl ErrorKind {
             ErrorKind::RunExists => "run_exists",
             ErrorKind::InProgress => "in_progress",
             ErrorKind::IdempotencyUnavailable => "idempotency_unavailable",
+            ErrorKind::ExecutableMismatch => "executable_mismatch",
         }
     }
 
@@ -86,11 +91,12 @@ impl ErrorKind {
     /// non-2xx: the proxy's control API failing (`502`), no child to be had
     /// (`503`), an unknown tool (`404`), a malformed request (`400`), a
     /// conflict with what was used before or runs elsewhere (`409`), the
-    /// fleet's idempotency store unavailable (`503`).
+    /// fleet's idempotency store unavailable (`503`), a tool whose files do
+    /// not match their pins (`503`).
     pub fn http_status(self) -> u16 {
         match self {
             ErrorKind::Proxy => 502,
-            ErrorKind::Busy | ErrorKind::IdempotencyUnavailable => 503,
+            ErrorKind::Busy | ErrorKind::IdempotencyUnavailable | ErrorKind::ExecutableMismatch => 503,
             ErrorKind::UnknownTool => 404,
             ErrorKind::BadRequest => 400,
             ErrorKind::IdempotencyConflict | ErrorKind::RunExists | ErrorKind::InProgress => 409,

@@ -312,6 +312,7 @@ fn true_probe(pid_namespace: bool) -> egress_executor::process::Launch<'static> 
         stdout_cap: 0,
         stderr_cap: 0,
         fork: None,
+        exe: None,
     }
 }
 
@@ -474,6 +475,38 @@ async fn doctor(config: PathBuf) -> anyhow::Result<u8> {
                 }
                 Err(e) => line(&format!("isolation of `{tool}`"), false, e.to_string()),
             }
+        }
+    }
+    // What each tool's children run, hashed as a child start hashes it:
+    // `sha256sum`'s lines, the values `expect_sha256` pins.
+    let hasher = egress_executor::process::identity::Hasher::new();
+    for (tool, process) in &config.tools {
+        let Some(p) = process else { continue };
+        let what = format!("executables of `{tool}`");
+        match hasher.open(&p.command, &p.path, &p.cwd) {
+            Ok(opened) => {
+                let id = &opened.identity;
+                let verdict = egress_executor::process::identity::verify(&p.expect_sha256, &p.cwd, id);
+                let pins = match (&verdict, p.expect_sha256.len()) {
+                    (Ok(()), 0) => "no pins (expect_sha256)".to_string(),
+                    (Ok(()), n) => format!("{n} pinned in expect_sha256, all match"),
+                    (Err(m), _) => format!("{m}: no child would start"),
+                };
+                let how = if opened.program.script {
+                    "a #! script, run by path"
+                } else {
+                    "run from the descriptor hashed"
+                };
+                line(
+                    &what,
+                    verdict.is_ok(),
+                    format!("{} file(s), the program {how}; {pins}", id.files().count()),
+                );
+                for h in id.files() {
+                    println!("  {}  {}", h.sha256, h.path.display());
+                }
+            }
+            Err(e) => line(&what, false, e.to_string()),
         }
     }
     let problems = static_problems(&file);
@@ -787,6 +820,7 @@ async fn cold_start_line(
                     stdout_cap: 0,
                     stderr_cap: 0,
                     fork: None,
+                    exe: None,
                 },
             )
             .await;

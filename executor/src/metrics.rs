@@ -77,6 +77,9 @@ pub struct Metrics {
     pub fork_server_up: Family<ToolLabel, Gauge>,
     /// Children forked by a tool's fork server.
     pub forked: Family<ToolLabel, Counter>,
+    /// Child starts refused because a file the child would run does not
+    /// match its pin in `expect_sha256`.
+    pub identity_mismatch: Family<ToolLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -99,6 +102,7 @@ impl Metrics {
         let claims = Family::<ResultLabel, Counter>::default();
         let fork_server_up = Family::<ToolLabel, Gauge>::default();
         let forked = Family::<ToolLabel, Counter>::default();
+        let identity_mismatch = Family::<ToolLabel, Counter>::default();
         for result in CLAIM_RESULTS {
             let _ = claims.get_or_create(&ResultLabel { result });
         }
@@ -153,7 +157,13 @@ impl Metrics {
             "Children forked by a fork_server tool's fork server",
             forked.clone(),
         );
+        registry.register(
+            "executor_identity_mismatch",
+            "Child starts refused because a file the child would run does not hash to its pin in expect_sha256 (or a pinned file is not run)",
+            identity_mismatch.clone(),
+        );
         Metrics {
+            identity_mismatch,
             fork_server_up,
             forked,
             claims,
@@ -206,6 +216,13 @@ impl Metrics {
         }
     }
 
+    /// A child start of `tool` refused by its pins.
+    pub fn identity_mismatch(&self, tool: &str) {
+        self.identity_mismatch
+            .get_or_create(&ToolLabel { tool: tool.to_string() })
+            .inc();
+    }
+
     pub fn outcome(&self, tool: &str, outcome: &'static str, seconds: f64) {
         self.invocations
             .get_or_create(&OutcomeLabels {
@@ -240,6 +257,7 @@ impl Metrics {
         }
         self.pool_state(tool, 0, 0, 0);
         let _ = self.emits.get_or_create(&ToolLabel { tool: t() });
+        let _ = self.identity_mismatch.get_or_create(&ToolLabel { tool: t() });
     }
 
     pub fn claim(&self, result: &'static str) {
@@ -278,6 +296,8 @@ mod tests {
         m.cold_start("echo", "spawn", 0.01);
         m.outcome("echo", "ok", 0.002);
         m.kill("echo", KillReason::Timeout);
+        m.register_tool("idle", false, false);
+        m.identity_mismatch("echo");
         let text = m.encode();
         for needle in [
             "executor_pool_ready{tool=\"echo\"} 1",
@@ -286,6 +306,8 @@ mod tests {
             "executor_invocation_duration_seconds_count{tool=\"echo\"} 1",
             "executor_kills_total{tool=\"echo\",reason=\"timeout\"} 1",
             "executor_children{tool=\"echo\",state=\"ready\"} 1",
+            "executor_identity_mismatch_total{tool=\"echo\"} 1",
+            "executor_identity_mismatch_total{tool=\"idle\"} 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

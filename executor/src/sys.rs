@@ -1,4 +1,4 @@
-//! The only module with `unsafe`: `clone3` and `execve` with the child's
+//! The only module with `unsafe`: `clone3` and `execveat`/`execve` with the child's
 //! confinement applied between them (raw, async-signal-safe calls on memory
 //! prepared before the clone: see `child_after_clone`), network namespaces,
 //! inherited fds, the allocator's policy. It stays one file over 800 lines
@@ -15,6 +15,12 @@ use rustix::process::Pid;
 pub struct ChildSpec {
     /// Absolute or cwd-relative path of the program (already resolved).
     pub program: CString,
+    /// The program, open: the child executes this very descriptor
+    /// (`execveat(fd, "", AT_EMPTY_PATH)`), the file its digest was read
+    /// from, not whatever `program` names by then. `None`: `execve` of
+    /// `program` (a `#!` script, which the kernel cannot run from a
+    /// close-on-exec descriptor, and `doctor`'s probes).
+    pub program_fd: Option<OwnedFd>,
     pub argv: Vec<CString>,
     /// `KEY=value` strings: the child's whole environment.
     pub envp: Vec<CString>,
@@ -242,6 +248,7 @@ fn high(fd: OwnedFd) -> io::Result<OwnedFd> {
 pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
     let ChildSpec {
         program,
+        program_fd,
         argv,
         envp,
         cwd,
@@ -260,6 +267,9 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
     confine.cgroup_procs = confine.cgroup_procs.into_iter().map(high).collect::<io::Result<_>>()?;
     confine.cgroup_dir = confine.cgroup_dir.map(high).transpose()?;
     let cgroup_dir = confine.cgroup_dir.as_ref().map_or(-1, |f| f.as_raw_fd());
+    // Close-on-exec (as every descriptor above 4 is made in the child): the
+    // kernel runs a binary from it all the same, and the tool never holds it.
+    let program_fd = program_fd.map(high).transpose()?;
     let parent_pidfd = rustix::io::fcntl_dupfd_cloexec(parent_pidfd, 10)?;
     let parent_pidfd = &parent_pidfd;
     let raw_confine = RawConfine::from(&confine)?;
@@ -280,6 +290,7 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
 
     let prepared = Prepared {
         program: program.as_ptr(),
+        program_fd: program_fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
         argv: argv_ptrs.as_ptr(),
         envp: envp_ptrs.as_ptr(),
         cwd: cwd.as_ref().map(|c| c.as_ptr()),
@@ -363,6 +374,8 @@ pub fn start(spec: ChildSpec, parent_pidfd: &OwnedFd) -> io::Result<Started> {
 /// Raw pointers and numbers the child uses; all memory is owned by `start`.
 struct Prepared {
     program: *const libc::c_char,
+    /// >= 0: execute this descriptor instead of `program`.
+    program_fd: RawFd,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     cwd: Option<*const libc::c_char>,
@@ -648,7 +661,22 @@ fn child_after_clone(p: &Prepared, pid_namespace: bool, in_cgroup: bool) -> ! {
                 fail(p, STAGE_CHDIR);
             }
         }
-        libc::execve(p.program, p.argv, p.envp);
+        if p.program_fd >= 0 {
+            // The hashed descriptor itself: no path is looked up again, so
+            // a file renamed over the program since it was hashed is not
+            // what runs. Landlock checks the execute right on the file's
+            // own path, as for execve.
+            libc::syscall(
+                libc::SYS_execveat,
+                p.program_fd,
+                c"".as_ptr(),
+                p.argv,
+                p.envp,
+                libc::AT_EMPTY_PATH,
+            );
+        } else {
+            libc::execve(p.program, p.argv, p.envp);
+        }
         fail(p, STAGE_EXEC)
     }
 }

@@ -412,8 +412,10 @@ class ExecutorClient:
         `{ok, tool, output | error{kind, message, stderr_tail}, emits, run_id, facts, stdout, exit, duration_ms}`.
 
         A tool that failed (`ok: false`: timeout, aborted, tool_error, …) is a
-        result, not an exception; `busy` (503), `unknown_tool` (404),
-        `bad_request` (400) and `unauthorized` (401) raise `EgressError`.
+        result, not an exception; `busy` (503), `executable_mismatch` (503: a
+        file the tool runs does not match its pin, no child starts),
+        `unknown_tool` (404), `bad_request` (400) and `unauthorized` (401)
+        raise `EgressError`.
         The HTTP timeout defaults to the invocation's own budget plus a margin.
 
         In a fleet, a keyed invocation running at another cell answers `409

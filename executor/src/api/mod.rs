@@ -197,7 +197,7 @@ fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Resp
         (status = 404, description = "unknown_tool", body = InvocationResult),
         (status = 409, description = "idempotency_conflict (the key was used with another request, here or at another cell), run_exists (the proxy has a run with this `run_id`), in_progress (another cell runs this key: `cell` and `control_url` name it, and the same request sent there waits for the answer)", body = InvocationResult),
         (status = 502, description = "proxy: the proxy's control API failed", body = InvocationResult),
-        (status = 503, description = "busy: no child within the pool's bounds; idempotency_unavailable: a keyed invocation in a fleet whose PostgreSQL cannot be asked (nothing ran)", body = InvocationResult),
+        (status = 503, description = "busy: no child within the pool's bounds; idempotency_unavailable: a keyed invocation in a fleet whose PostgreSQL cannot be asked (nothing ran); executable_mismatch: a file the tool's children would run does not hash to its pin in expect_sha256 (no child starts; the message names the path, the pinned and the actual digest)", body = InvocationResult),
     ))]
 async fn invoke(
     State(exec): State<Arc<Executor>>,

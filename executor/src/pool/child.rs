@@ -19,6 +19,7 @@ use crate::confine::plan::Confinement;
 use crate::kill::KillReason;
 use crate::metrics::Metrics;
 use crate::pool::protocol::{LineReader, Read};
+use crate::process::identity::Hasher;
 use crate::process::{Capture, ForkServer, Process, Spawner};
 use crate::proxy::control::{ControlClient, RunCreds};
 
@@ -27,13 +28,17 @@ use crate::proxy::control::{ControlClient, RunCreds};
 /// wait matter; it never delays a normal run.
 pub(super) const PIPE_GRACE: Duration = Duration::from_millis(500);
 
-/// What every child shares: the spawner thread, the proxy client, metrics.
+/// What every child shares: the spawner thread, the proxy client, metrics,
+/// the digests of the files children run.
 #[derive(Debug)]
 pub struct Shared {
     pub spawner: Spawner,
     pub control: ControlClient,
     pub metrics: Metrics,
     pub exec: ExecutorSection,
+    /// Hashes what each child runs before it starts (again for every child;
+    /// an unchanged file keeps its digest).
+    pub identity: Hasher,
     next_child: AtomicU64,
 }
 
@@ -44,6 +49,7 @@ impl Shared {
             control,
             metrics,
             exec,
+            identity: Hasher::new(),
             next_child: AtomicU64::new(1),
         }
     }

@@ -1,5 +1,6 @@
 //! The cold start of a child, bounded by `cold_start_ms`, phase by phase:
-//! its run created on the proxy with `activate:false`, its scratch
+//! what it will run hashed and checked against the tool's pins, its run
+//! created on the proxy with `activate:false` (carrying those digests), its scratch
 //! directory, its confinement prepared, its proxy listener handed to the
 //! proxy (or relayed), the process launched with its scrubbed environment,
 //! then `booted` (phase `spawn`) and `ready` (phase `load`).
@@ -16,15 +17,17 @@ use crate::error::{ErrorKind, InvokeError, Phase};
 use crate::kill::KillReason;
 use crate::pool::child::{Shared, ToolSpec, Warm};
 use crate::pool::protocol::{self, ChildMsg, LineReader, Read};
+use crate::process::identity::{self, Opened};
 use crate::process::{self, Launch};
-use crate::proxy::control::RunCreds;
+use crate::proxy::control::{Executables, RunCreds};
 
 impl Warm {
     /// Start a child for `tool`, bound to a new run (`run_id` if the kernel chose
     /// one). Bounded by `cold_start_ms`: spawn→`booted` is phase `spawn`,
-    /// `booted`→`ready` is phase `load`. The phases: create the run, make the
-    /// scratch directory, prepare confinement, connect the child's proxy
-    /// listener (hand-off or relay), launch, wait for `ready`.
+    /// `booted`→`ready` is phase `load`. The phases: hash what the child
+    /// will run (a file that does not match its pin starts nothing), create
+    /// the run, make the scratch directory, prepare confinement, connect the
+    /// child's proxy listener (hand-off or relay), launch, wait for `ready`.
     pub async fn start(shared: &Arc<Shared>, tool: &Arc<ToolSpec>, run_id: Option<&str>) -> Result<Warm, InvokeError> {
         let t0 = Instant::now();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(tool.process.cold_start_ms);
@@ -32,7 +35,13 @@ impl Warm {
         // Read before the run is created: a proxy restart after this makes the
         // child stale, never the other way round.
         let generation = shared.control.generation();
-        let run = create_run(shared, tool, run_id, hands_off(shared, tool), deadline).await?;
+        let exe = identify(shared, tool).await?;
+        let executables = Executables {
+            program_sha256: exe.identity.program.sha256.clone(),
+            files: exe.identity.executables(),
+        };
+        let bound = hands_off(shared, tool);
+        let run = create_run(shared, tool, run_id, bound, &executables, deadline).await?;
         let scratch = shared
             .exec
             .scratch_dir
@@ -78,7 +87,8 @@ impl Warm {
             socket,
             transparent,
         });
-        let launched = match launch(shared, tool, &run, &scratch, &child_proxy_url, confine, handoff).await {
+        let takes = Takes { confine, exe };
+        let launched = match launch(shared, tool, &run, &scratch, &child_proxy_url, takes, handoff).await {
             Ok(l) => l,
             Err(e) => {
                 if let Some(c) = cgroup {
@@ -214,16 +224,51 @@ fn hands_off(shared: &Shared, tool: &ToolSpec) -> bool {
     tool.confinement.has(crate::confine::Layer::Netns) && shared.exec.proxy_handoff.is_some()
 }
 
+/// Phase 0: what the child will run — its program opened and hashed from
+/// that descriptor, the files its command names hashed — checked against
+/// the tool's `expect_sha256`. A file that does not match its pin starts
+/// no child: logged, counted, answered `executable_mismatch`.
+async fn identify(shared: &Arc<Shared>, tool: &Arc<ToolSpec>) -> Result<Opened, InvokeError> {
+    let (s, t) = (shared.clone(), tool.clone());
+    // Reading a large file for the first time takes a while: not on a
+    // runtime thread.
+    let opened = tokio::task::spawn_blocking(move || {
+        let p = &t.process;
+        s.identity.open(&p.command, &p.path, &p.cwd)
+    })
+    .await
+    .map_err(|e| InvokeError::startup(Phase::Spawn, format!("hashing what `{}` runs failed: {e}", tool.id)))?
+    .map_err(|e| {
+        InvokeError::startup(
+            Phase::Spawn,
+            format!("cannot start `{}`: {e}", tool.process.command.join(" ")),
+        )
+    })?;
+    let p = &tool.process;
+    if let Err(m) = identity::verify(&p.expect_sha256, &p.cwd, &opened.identity) {
+        shared.metrics.identity_mismatch(&tool.id);
+        tracing::error!(tool = %tool.id, "{m}: no child of it starts");
+        return Err(InvokeError::new(
+            ErrorKind::ExecutableMismatch,
+            format!("no child of `{}` starts: {m}", tool.id),
+        ));
+    }
+    Ok(opened)
+}
+
 /// Phase 1: the child's run on the proxy, created inactive (and `bound` to
-/// the listener that will be handed over for it).
+/// the listener that will be handed over for it), carrying what its child
+/// will run.
 async fn create_run(
     shared: &Shared,
     tool: &ToolSpec,
     run_id: Option<&str>,
     bound: bool,
+    executables: &Executables,
     deadline: tokio::time::Instant,
 ) -> Result<RunCreds, InvokeError> {
-    match tokio::time::timeout_at(deadline, shared.control.create_run(&tool.id, run_id, bound)).await {
+    let create = shared.control.create_run(&tool.id, run_id, bound, Some(executables));
+    match tokio::time::timeout_at(deadline, create).await {
         Ok(Ok(run)) => Ok(run),
         // The kernel's run id names a run the proxy has (live, or ended
         // within its retention): the kernel's mistake, not the proxy's.
@@ -339,6 +384,13 @@ fn proxy_path(shared: &Shared, run: &RunCreds, listener: Option<std::net::TcpLis
     })
 }
 
+/// What a child takes with it into its exec: the confinement it applies to
+/// itself and its program, opened and hashed (phases 3 and 0).
+struct Takes {
+    confine: crate::sys::ChildConfine,
+    exe: Opened,
+}
+
 /// Phase 5: start the process with its scrubbed environment, handing its
 /// listener to the proxy meanwhile (connections wait in the listener's
 /// backlog; the run is not active before dispatch anyway).
@@ -348,9 +400,10 @@ async fn launch(
     run: &RunCreds,
     scratch: &std::path::Path,
     proxy_url: &str,
-    confine: crate::sys::ChildConfine,
+    takes: Takes,
     handoff: Option<HandOff>,
 ) -> Result<process::Launched, String> {
+    let Takes { confine, exe } = takes;
     let p = &tool.process;
     // The proxy's variables as it gave them, but the proxy URL (and its
     // SOCKS5 form) as this child reaches it (the in-namespace listener when
@@ -390,6 +443,7 @@ async fn launch(
             stdout_cap: shared.exec.stdout_cap_bytes,
             stderr_cap: shared.exec.stderr_cap_bytes,
             fork: tool.fork.as_deref(),
+            exe: Some(exe),
         },
     );
     let handing = async {

@@ -18,6 +18,7 @@ use rustix::net::{
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde_json::{json, Value};
 
+use super::identity::{Hasher, Identity};
 use super::{Process, Spawner};
 use crate::config::ProcessConfig;
 use crate::confine::plan::Confinement;
@@ -63,6 +64,13 @@ pub struct ForkServer {
 pub struct Link {
     tool: String,
     sock: OwnedFd,
+    /// What the server was started from (its interpreter, from the
+    /// descriptor it executed, and the runner), which every child it forks
+    /// runs too.
+    identity: Identity,
+    /// Whether a child that would run something else was refused a fork
+    /// (logged once).
+    differs: AtomicBool,
     up: Arc<AtomicBool>,
     /// Kept so that dropping the link kills and reaps the server.
     _process: Mutex<Process>,
@@ -144,9 +152,24 @@ impl ForkServer {
         let (mine, theirs) = channel()?;
         let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())?;
         let confine = self.confinement.fork_server()?;
-        let exec = super::launch::exec_args(&self.command, &self.env, &self.path, &self.cwd)?;
+        let opened = Hasher::new()
+            .open(&self.command, &self.path, &self.cwd)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let exec = super::launch::exec_args(
+            &self.command,
+            &self.env,
+            &self.path,
+            &self.cwd,
+            Some(&opened.program.path),
+        )?;
+        let program_fd = if opened.program.script {
+            None
+        } else {
+            Some(opened.program.fd)
+        };
         let spec = ChildSpec {
             program: exec.program,
+            program_fd,
             argv: exec.argv,
             envp: exec.envp,
             cwd: Some(exec.cwd),
@@ -165,6 +188,8 @@ impl ForkServer {
         Ok(Link {
             tool: self.tool.clone(),
             sock: mine,
+            identity: opened.identity,
+            differs: AtomicBool::new(false),
             up: self.up.clone(),
             _process: Mutex::new(process),
         })
@@ -172,6 +197,25 @@ impl ForkServer {
 }
 
 impl Link {
+    /// Whether a child that would run `child` (hashed at its start) may be
+    /// forked from this server: every file the server was started from
+    /// hashes the same for the child. Otherwise (the interpreter or the
+    /// runner changed on disk since the server booted) the child starts a
+    /// fresh interpreter, so that it runs what its run says it runs.
+    pub fn runs(&self, child: &Identity) -> bool {
+        let same = self
+            .identity
+            .files()
+            .all(|s| child.files().any(|c| c.path == s.path && c.sha256 == s.sha256));
+        if !same && !self.differs.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                tool = %self.tool,
+                "the fork server's interpreter or runner changed on disk since it started: children start a fresh interpreter each while it differs"
+            );
+        }
+        same
+    }
+
     /// Have the server fork a child that reads its specification from
     /// `theirs`: its pid, a pidfd of it, and whether it has its own PID
     /// namespace.

@@ -1,7 +1,8 @@
 //! The launch stage: everything a child gets at exec — its whole environment
 //! (nothing inherited from the executor), its program found on its own
-//! `PATH`, fds 0-4 wired to pipes or `/dev/null` — handed to the spawner;
-//! the parent keeps its ends and starts capturing output.
+//! `PATH` (or the descriptor `identity` hashed it from), fds 0-4 wired to
+//! pipes or `/dev/null` — handed to the spawner; the parent keeps its ends
+//! and starts capturing output.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -14,6 +15,7 @@ use tokio::net::unix::pipe;
 
 use egress_tool::protocol::{IPC_FDS_VALUE, IPC_FDS_VAR};
 
+use super::identity::Opened;
 use super::{Capture, ForkServer, Process, Spawner};
 use crate::sys::{ChildConfine, ChildSpec};
 
@@ -108,11 +110,22 @@ pub(super) struct ExecArgs {
     pub cwd: CString,
 }
 
-pub(super) fn exec_args(command: &[String], env: &[(String, String)], path: &str, cwd: &Path) -> io::Result<ExecArgs> {
+/// `program`: the program already found (and opened by `identity`);
+/// `None`: found here on the child's `path`.
+pub(super) fn exec_args(
+    command: &[String],
+    env: &[(String, String)],
+    path: &str,
+    cwd: &Path,
+    program: Option<&Path>,
+) -> io::Result<ExecArgs> {
     let program_name = command
         .first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
-    let program = resolve_program(program_name, path, cwd)?;
+    let program = match program {
+        Some(p) => p.to_path_buf(),
+        None => resolve_program(program_name, path, cwd)?,
+    };
     Ok(ExecArgs {
         program: cstring(program.as_os_str().as_bytes(), "the program path")?,
         argv: command
@@ -158,11 +171,21 @@ pub struct Launch<'a> {
     pub stderr_cap: usize,
     /// The tool's fork server, if it has one.
     pub fork: Option<&'a ForkServer>,
+    /// The program opened and what the child runs hashed
+    /// ([`super::identity::Hasher::open`]): the child executes that
+    /// descriptor. `None`: the program found on `path` and run by path
+    /// (`doctor`'s probes).
+    pub exe: Option<Opened>,
 }
 
 /// Start a child with fds 0-4 wired and its output captured.
 pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
-    let exec = exec_args(l.command, &l.env, l.path, l.cwd)?;
+    let program = l.exe.as_ref().map(|e| &e.program);
+    let exec = exec_args(l.command, &l.env, l.path, l.cwd, program.map(|p| p.path.as_path()))?;
+    let program_fd = match program {
+        Some(p) if !p.script => Some(p.fd.try_clone()?),
+        _ => None,
+    };
     let (ipc_in, ipc_out, ipc) = if l.plain {
         (dev_null()?, dev_null()?, None)
     } else {
@@ -180,6 +203,7 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
     };
     let spec = ChildSpec {
         program: exec.program,
+        program_fd,
         argv: exec.argv,
         envp: exec.envp,
         cwd: Some(exec.cwd),
@@ -192,10 +216,20 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         confine: l.confine,
     };
     let link = match l.fork {
-        Some(server) => server.link(spawner).await,
+        // Forked only from a server that runs what this child would run.
+        Some(server) => server
+            .link(spawner)
+            .await
+            .filter(|link| l.exe.as_ref().is_none_or(|e| link.runs(&e.identity))),
         None => None,
     };
-    let process = spawner.spawn(spec, link).await?;
+    let mut process = spawner.spawn(spec, link).await?;
+    if let (Some(exe), false) = (&l.exe, process.forked()) {
+        if let Err(e) = unchanged(exe).await {
+            let _ = process.kill_and_reap().await;
+            return Err(e);
+        }
+    }
     if l.pid_namespace && !process.in_pid_namespace() {
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -217,6 +251,38 @@ pub async fn launch(spawner: &Spawner, l: Launch<'_>) -> io::Result<Launched> {
         },
         stderr: Capture::start(err_rx, 0, l.stderr_cap),
     })
+}
+
+/// The program the child now runs (by its descriptor) is what was hashed.
+/// Its stamp is compared first: unchanged, and settled when it was hashed
+/// (not racy), nothing was written to it between the hash and the exec.
+/// Changed (a write in place, or only its link count: renamed over,
+/// removed), or racy, it is read again from the descriptor, which no one
+/// can write to any more while the child runs it (the kernel refuses:
+/// `ETXTBSY`), and must hash the same.
+async fn unchanged(exe: &Opened) -> io::Result<()> {
+    let p = &exe.program;
+    if p.script {
+        return Ok(());
+    }
+    let now = super::identity::Stamp::of(&std::fs::File::from(p.fd.try_clone()?).metadata()?);
+    if now == p.stamp && !p.racy {
+        return Ok(());
+    }
+    let fd = p.fd.try_clone()?;
+    let digest = tokio::task::spawn_blocking(move || super::identity::digest_fd(&fd))
+        .await
+        .map_err(io::Error::other)??;
+    if digest == exe.identity.program.sha256 {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "`{}` was written to after it was hashed (sha256 {}), before the child ran it (sha256 {digest}): \
+             not run; the next start hashes it again",
+            p.path.display(),
+            exe.identity.program.sha256
+        )))
+    }
 }
 
 #[cfg(test)]
@@ -254,6 +320,130 @@ mod tests {
             ]
         );
         assert!(env.contains(&("PATH".into(), "/bin".into())));
+    }
+
+    /// A scratch directory holding `prog`, a copy of `from` (mode 0755).
+    fn program_copy(tag: &str, from: &str) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("loom-launch-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let prog = dir.join("prog");
+        std::fs::copy(from, &prog).unwrap();
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (dir, prog)
+    }
+
+    fn plain<'a>(command: &'a [String], dir: &'a Path, exe: Option<Opened>) -> Launch<'a> {
+        Launch {
+            command,
+            cwd: dir,
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            path: "/usr/bin:/bin",
+            plain: true,
+            conversation: false,
+            pid_namespace: false,
+            confine: Default::default(),
+            stdout_cap: 0,
+            stderr_cap: 0,
+            fork: None,
+            exe,
+        }
+    }
+
+    async fn exit_of(spawner: &Spawner, l: Launch<'_>) -> io::Result<super::super::ExitInfo> {
+        launch(spawner, l).await?.process.wait().await
+    }
+
+    /// The child executes the very descriptor its program was hashed from:
+    /// a program replaced by rename after the hash (`true` by `false`) still
+    /// runs as hashed; by path, the same command runs the replacement.
+    #[tokio::test]
+    async fn the_hashed_descriptor_is_what_runs() {
+        use super::super::ExitInfo;
+        let (dir, prog) = program_copy("fd", "/bin/true");
+        let command = ["./prog".to_string()];
+        let exe = super::super::identity::Hasher::new()
+            .open(&command, "/usr/bin:/bin", &dir)
+            .unwrap();
+        assert!(!exe.program.script);
+        assert_eq!(exe.identity.program.path, prog);
+        let replacement = dir.join("new");
+        std::fs::copy("/bin/false", &replacement).unwrap();
+        std::fs::rename(&replacement, &prog).unwrap();
+        let spawner = Spawner::start().unwrap();
+        let hashed = exit_of(&spawner, plain(&command, &dir, Some(exe))).await.unwrap();
+        assert_eq!(hashed, ExitInfo::Code(0), "the program as hashed (true) runs");
+        let by_path = exit_of(&spawner, plain(&command, &dir, None)).await.unwrap();
+        assert_eq!(by_path, ExitInfo::Code(1), "by path, the replacement (false) runs");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A program written in place between its hash and its exec is the
+    /// same descriptor but not the hashed content: the child is killed and
+    /// the start fails, saying so. (Renamed over, as above, its stamp
+    /// changes too, but its content does not: it runs.)
+    #[tokio::test]
+    async fn a_program_written_after_its_hash_does_not_run() {
+        use std::io::Write as _;
+        let (dir, prog) = program_copy("write", "/bin/true");
+        let command = ["./prog".to_string()];
+        let exe = super::super::identity::Hasher::new()
+            .open(&command, "/usr/bin:/bin", &dir)
+            .unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&prog)
+            .unwrap()
+            .write_all(b"\0")
+            .unwrap();
+        let spawner = Spawner::start().unwrap();
+        let e = launch(&spawner, plain(&command, &dir, Some(exe))).await.unwrap_err();
+        assert!(e.to_string().contains("was written to after it was hashed"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A program changed just before its hash (racy) is read again after
+    /// the exec even with its stamp unchanged: a write in the same
+    /// timestamp tick can leave the stamp as it was. (Simulated: the digest
+    /// the start would send is not the file's.) Settled, an unchanged
+    /// stamp is enough.
+    #[tokio::test]
+    async fn a_racy_program_is_read_again_after_its_exec() {
+        let (dir, _) = program_copy("racy", "/bin/true");
+        let command = ["./prog".to_string()];
+        let spawner = Spawner::start().unwrap();
+        for racy in [true, false] {
+            let mut exe = super::super::identity::Hasher::new()
+                .open(&command, "/usr/bin:/bin", &dir)
+                .unwrap();
+            assert!(exe.program.racy, "just copied");
+            exe.program.racy = racy;
+            exe.identity.program.sha256 = "0".repeat(64);
+            let started = launch(&spawner, plain(&command, &dir, Some(exe))).await;
+            assert_eq!(started.is_err(), racy, "racy = {racy}: {started:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A `#!` program runs (by path: the kernel cannot hand its interpreter
+    /// a close-on-exec descriptor), its interpreter hashed beside it.
+    #[tokio::test]
+    async fn a_script_program_runs_by_path() {
+        use super::super::ExitInfo;
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, prog) = program_copy("script", "/bin/true");
+        std::fs::write(&prog, "#!/bin/sh\nexit 3\n").unwrap();
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let command = ["./prog".to_string()];
+        let exe = super::super::identity::Hasher::new()
+            .open(&command, "/usr/bin:/bin", &dir)
+            .unwrap();
+        assert!(exe.program.script);
+        assert_eq!(exe.identity.others[0].path, PathBuf::from("/bin/sh"));
+        let spawner = Spawner::start().unwrap();
+        let exit = exit_of(&spawner, plain(&command, &dir, Some(exe))).await.unwrap();
+        assert_eq!(exit, ExitInfo::Code(3));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

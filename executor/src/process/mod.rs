@@ -2,11 +2,13 @@
 //! long-lived thread, `launch` gives a child its scrubbed environment,
 //! program and fds and starts it, `capture` keeps its output, `handle` kills
 //! its whole tree and reaps it; `fork` keeps a tool's fork server, which
-//! forks children instead, and `reaper` catches descendants that escape.
+//! forks children instead, and `reaper` catches descendants that escape;
+//! `identity` hashes what a child runs before it starts.
 
 mod capture;
 mod fork;
 mod handle;
+pub mod identity;
 mod launch;
 pub mod reaper;
 mod spawner;

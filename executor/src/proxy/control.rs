@@ -55,6 +55,20 @@ pub struct RunCreds {
     pub env: std::collections::BTreeMap<String, String>,
 }
 
+/// What a run's child executes, as the executor hashed it before the
+/// child started (see `process::identity`): the run carries it
+/// (`CreateRun::executables`) and labels itself with the program's digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Executables {
+    /// The program's lowercase hex SHA-256: the run's `exe_sha256` label.
+    pub program_sha256: String,
+    /// Absolute path → lowercase hex SHA-256, at most 16.
+    pub files: std::collections::BTreeMap<String, String>,
+}
+
+/// The label a run's program digest goes under.
+pub const EXE_LABEL: &str = "exe_sha256";
+
 /// The control API client.
 /// The client side of `[control.tls]`.
 struct Tls(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>);
@@ -186,19 +200,22 @@ impl ControlClient {
     }
 
     /// `POST /v1/runs` with `activate: false`; `run_id` if the kernel chose
-    /// it; `bound` for a child whose listener will be handed over.
-    pub async fn create_run(&self, tool: &str, run_id: Option<&str>, bound: bool) -> Result<RunCreds, ControlError> {
-        let mut labels = Map::new();
-        labels.insert("source".into(), Value::from("executor"));
-        let body = CreateRun {
-            tool: tool.to_owned(),
-            run_id: run_id.map(str::to_owned),
-            labels: Some(labels),
-            activate: Some(false),
-            owner: self.owner.lock().ok().and_then(|o| o.clone()),
-            bound: bound.then_some(true),
-            executables: None,
-        };
+    /// it; `bound` for a child whose listener will be handed over;
+    /// `executables`, what its child will run.
+    pub async fn create_run(
+        &self,
+        tool: &str,
+        run_id: Option<&str>,
+        bound: bool,
+        executables: Option<&Executables>,
+    ) -> Result<RunCreds, ControlError> {
+        let body = create_body(
+            tool,
+            run_id,
+            bound,
+            executables,
+            self.owner.lock().ok().and_then(|o| o.clone()),
+        );
         let created: CreatedRun = self.call("POST", "/v1/runs", Some(&body), "create run").await?;
         Ok(RunCreds {
             run_id: created.run.run_id,
@@ -462,6 +479,30 @@ impl ControlClient {
 /// No request body (the type is only there to name one).
 const NO_BODY: Option<&()> = None;
 
+/// The body of `POST /v1/runs` for a child.
+fn create_body(
+    tool: &str,
+    run_id: Option<&str>,
+    bound: bool,
+    executables: Option<&Executables>,
+    owner: Option<String>,
+) -> CreateRun {
+    let mut labels = Map::new();
+    labels.insert("source".into(), Value::from("executor"));
+    if let Some(e) = executables {
+        labels.insert(EXE_LABEL.into(), Value::from(e.program_sha256.clone()));
+    }
+    CreateRun {
+        tool: tool.to_owned(),
+        run_id: run_id.map(str::to_owned),
+        labels: Some(labels),
+        activate: Some(false),
+        owner,
+        bound: bound.then_some(true),
+        executables: executables.map(|e| e.files.clone()),
+    }
+}
+
 /// Percent-encode everything but unreserved characters of a path segment.
 pub(crate) fn path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -478,6 +519,22 @@ pub(crate) fn path_segment(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child's run carries what it runs and is labelled with its
+    /// program's digest; without them, neither.
+    #[test]
+    fn a_run_carries_its_executables() {
+        let e = Executables {
+            program_sha256: "a".repeat(64),
+            files: [("/usr/bin/python3".to_string(), "a".repeat(64))].into(),
+        };
+        let body = serde_json::to_value(create_body("t", None, true, Some(&e), None)).unwrap();
+        assert_eq!(body["executables"]["/usr/bin/python3"], Value::from("a".repeat(64)));
+        assert_eq!(body["labels"][EXE_LABEL], Value::from("a".repeat(64)));
+        assert_eq!(body["labels"]["source"], "executor");
+        let bare = serde_json::to_value(create_body("t", None, false, None, None)).unwrap();
+        assert!(bare.get("executables").is_none() && bare["labels"].get(EXE_LABEL).is_none());
+    }
 
     #[test]
     fn segments_are_encoded() {
