@@ -530,6 +530,16 @@ pub struct CaView {
     pub ephemeral: bool,
 }
 
+/// `POST /v1/tools/{tool}/executable_mismatch`: what the executor refused
+/// to start, recorded as a `CONTROL_ACTION` fact before it answers.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutableMismatch {
+    /// Which file, its pinned digest and the one found (at most 512 bytes kept).
+    #[schema(max_length = 4096)]
+    pub detail: String,
+}
+
 /// `200` of `POST /v1/policy/reload`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Reloaded {

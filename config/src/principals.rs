@@ -254,6 +254,8 @@ pub enum Action<'a> {
     Metrics,
     /// Owner leases (a kernel's lease for the runs it creates).
     Owners,
+    /// Report what the executor refused to start (admin only).
+    ReportExecutor,
 }
 
 /// Why an action is refused: a reason code and a message naming the scope
@@ -336,6 +338,7 @@ pub fn authorize(p: &Principal, a: &Action<'_>) -> Result<(), Refused> {
             "scope",
             format!("{who} has no runs scope (owner leases are for run creators)"),
         ),
+        Action::ReportExecutor => refuse("scope", format!("{who} may not report for the executor (admin may)")),
     }
 }
 

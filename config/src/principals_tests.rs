@@ -168,6 +168,8 @@ fn the_scope_table() {
         (&a, PolicyReload, Err("scope")),
         (&a, Metrics, Err("scope")),
         (&a, Owners, Ok(())),
+        (&a, ReportExecutor, Err("scope")),
+        (&admin, ReportExecutor, Ok(())),
         (&reader, ReadFacts, Ok(())),
         (&reader, Learn, Ok(())),
         (&reader, PolicyRead, Ok(())),

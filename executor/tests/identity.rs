@@ -203,6 +203,14 @@ async fn a_pinned_file_that_changed_starts_no_child() {
         .iter()
         .all(|b| b["executables"][script.display().to_string()] == json!(v1)));
     assert!(mismatches(&exec, "id") >= 2.0);
+    // Recorded at the proxy before the first refusal was answered, once
+    // for this finding however often the pool tried again.
+    let reports: Vec<String> = control
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("mismatch id"))
+        .collect();
+    assert_eq!(reports.len(), 1, "{reports:?}");
 
     // Put back (another inode, the same bytes): children start again.
     dir.write("tool.py.new", V1);

@@ -85,7 +85,7 @@ pub struct OutcomeLabel {
 }
 
 /// The reasons of `CONTROL_ACTION` facts (`control::actions`).
-pub const CONTROL_ACTIONS: [&str; 7] = [
+pub const CONTROL_ACTIONS: [&str; 8] = [
     "grant_refused",
     "reload_applied",
     "reload_refused",
@@ -93,6 +93,7 @@ pub const CONTROL_ACTIONS: [&str; 7] = [
     "principals_changed",
     "credential_refused",
     "beyond_envelope",
+    "executable_mismatch",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

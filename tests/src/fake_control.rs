@@ -131,6 +131,24 @@ async fn create(State((st, _)): State<S>, h: HeaderMap, Json(body): Json<CreateR
     (StatusCode::CREATED, Json(created)).into_response()
 }
 
+/// `POST /v1/tools/{tool}/executable_mismatch`: recorded as the call
+/// `mismatch <tool>` with its body.
+async fn mismatch(
+    State((st, _)): State<S>,
+    h: HeaderMap,
+    UrlPath(tool): UrlPath<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = refused(&h) {
+        return r;
+    }
+    st.lock().unwrap().calls.push(Call {
+        what: format!("mismatch {tool} {}", body["detail"].as_str().unwrap_or("")),
+        body,
+    });
+    StatusCode::NO_CONTENT.into_response()
+}
+
 async fn activate(State((st, n)): State<S>, h: HeaderMap, UrlPath(id): UrlPath<String>) -> Response {
     if let Some(r) = refused(&h) {
         return r;
@@ -259,6 +277,7 @@ impl FakeControl {
             .route("/v1/runs/{id}/facts", get(facts))
             .route("/v1/owners/{owner}", axum::routing::put(lease).delete(release))
             .route("/v1/policy", get(policy))
+            .route("/v1/tools/{tool}/executable_mismatch", post(mismatch))
             .with_state((state.clone(), activated.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -332,6 +332,19 @@ async fn grants_and_reloads_are_bounded_by_scope_and_refusals_are_facts() {
     let applied = control_actions(p, "reload_applied").await;
     assert_eq!(applied.len(), 1);
     assert_eq!(applied[0]["principal"], "operator");
+    // What the executor refused to start: reported by an admin only.
+    let body = json!({"detail": "`/srv/tool.py` is pinned to sha256 aa but hashes to bb"});
+    let (s, v) = call(p, A, "POST", "/v1/tools/search/executable_mismatch", Some(body.clone())).await;
+    assert_eq!((s, code(&v)), (403, "scope"), "{v}");
+    let (s, v) = call(p, OPS, "POST", "/v1/tools/search/executable_mismatch", Some(body)).await;
+    assert_eq!(s, 204, "{v}");
+    let reported = control_actions(p, "executable_mismatch").await;
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!(reported[0]["tool"], "search");
+    assert!(
+        reported[0]["detail"].as_str().unwrap().contains("hashes to bb"),
+        "{reported:?}"
+    );
 }
 
 #[tokio::test]

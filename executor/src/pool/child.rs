@@ -40,6 +40,8 @@ pub struct Shared {
     /// an unchanged file keeps its digest).
     pub identity: Hasher,
     next_child: AtomicU64,
+    /// The last pin mismatch recorded at the proxy, by tool.
+    mismatches: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Shared {
@@ -51,6 +53,20 @@ impl Shared {
             exec,
             identity: Hasher::new(),
             next_child: AtomicU64::new(1),
+            mismatches: Default::default(),
+        }
+    }
+
+    /// Whether `finding` is new for `tool` (then it is remembered).
+    pub fn first_mismatch(&self, tool: &str, finding: &str) -> bool {
+        let Ok(mut m) = self.mismatches.lock() else { return true };
+        m.insert(tool.to_owned(), finding.to_owned()).as_deref() != Some(finding)
+    }
+
+    /// Forgets `tool`'s last finding (it could not be recorded: try again).
+    pub fn forget_mismatch(&self, tool: &str) {
+        if let Ok(mut m) = self.mismatches.lock() {
+            m.remove(tool);
         }
     }
 

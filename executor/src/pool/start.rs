@@ -248,6 +248,16 @@ async fn identify(shared: &Arc<Shared>, tool: &Arc<ToolSpec>) -> Result<Opened, 
     if let Err(m) = identity::verify(&p.expect_sha256, &p.cwd, &opened.identity) {
         shared.metrics.identity_mismatch(&tool.id);
         tracing::error!(tool = %tool.id, "{m}: no child of it starts");
+        // A durable fact at the proxy before the answer, once per mismatch
+        // (the pool retries with its backoff; the same finding is not
+        // recorded again).
+        let text = m.to_string();
+        if shared.first_mismatch(&tool.id, &text) {
+            if let Err(e) = shared.control.report_mismatch(&tool.id, &text).await {
+                shared.forget_mismatch(&tool.id);
+                tracing::error!(tool = %tool.id, error = %e, "the executable mismatch could not be recorded at the proxy");
+            }
+        }
         return Err(InvokeError::new(
             ErrorKind::ExecutableMismatch,
             format!("no child of `{}` starts: {m}", tool.id),

@@ -238,6 +238,23 @@ impl ControlClient {
         .map(|_| ())
     }
 
+    /// `POST /v1/tools/{tool}/executable_mismatch`: records, at the proxy,
+    /// that a child of `tool` was not started because what it would run
+    /// does not meet its pins.
+    pub async fn report_mismatch(&self, tool: &str, detail: &str) -> Result<(), ControlError> {
+        let body = egress_api::ExecutableMismatch {
+            detail: detail.chars().take(512).collect(),
+        };
+        self.call::<IgnoredAny>(
+            "POST",
+            &format!("/v1/tools/{}/executable_mismatch", path_segment(tool)),
+            Some(&body),
+            "report an executable mismatch",
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// `DELETE /v1/runs/{id}`: revoke the credential, sever its connections.
     pub async fn end(&self, run_id: &str) -> Result<(), ControlError> {
         self.end_with_facts(run_id).await.map(|_| ())
@@ -395,7 +412,9 @@ impl ControlClient {
                 })
             }
         };
-        serde_json::from_slice(&answer).map_err(|e| ControlError::BadAnswer {
+        // No content (`204`) is `null`, for a `T` that takes it.
+        let answer: &[u8] = if answer.is_empty() { b"null" } else { &answer };
+        serde_json::from_slice(answer).map_err(|e| ControlError::BadAnswer {
             what: what.to_string(),
             message: e.to_string(),
         })

@@ -13,6 +13,47 @@ use egress_api::{Fact, FactTarget, CONTROL_FACT_TYPE};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// `POST /v1/tools/{tool}/executable_mismatch`: the executor refused to
+/// start a child of `tool` whose files do not meet its `expect_sha256`;
+/// recorded as a `CONTROL_ACTION` (reason `executable_mismatch`) before
+/// the answer, so before the executor answers its `503`. Admin only.
+#[utoipa::path(post, path = "/v1/tools/{tool}/executable_mismatch", tag = "policy",
+    security(("control_token" = [])),
+    params(("tool" = String, Path, description = "Tool id")),
+    request_body = egress_api::ExecutableMismatch,
+    responses(
+        (status = 204, description = "Recorded"),
+        (status = 403, description = "scope: only an admin (the executor) reports", body = egress_api::ErrorBody),
+        (status = 503, description = "facts_unavailable", body = egress_api::ErrorBody),
+    ))]
+pub(super) async fn executable_mismatch(
+    axum::extract::State(sh): axum::extract::State<std::sync::Arc<Shared>>,
+    caller: crate::control::caller::Caller,
+    axum::extract::Path(tool): axum::extract::Path<String>,
+    crate::control::error::AppJson(req): crate::control::error::AppJson<egress_api::ExecutableMismatch>,
+) -> Result<axum::http::StatusCode, crate::control::error::ApiError> {
+    caller.may(egress_config::principals::Action::ReportExecutor)?;
+    let policy = sh.policy.load();
+    let mut f = fact(Action {
+        reason: "executable_mismatch",
+        principal: caller.recorded().as_deref(),
+        run: None,
+        target: None,
+        detail: format!("a child of tool {tool:?} was not started: {}", req.detail),
+        policy: &policy.digest,
+    });
+    f.tool = Some(tool.chars().take(128).collect());
+    sh.facts.record(f).await.map_err(|e| {
+        crate::control::error::ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "facts_unavailable",
+            e.to_string(),
+        )
+    })?;
+    sh.metrics.control_action("executable_mismatch");
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
 /// Refused credentials are summed over this long into one fact.
 pub const CREDENTIAL_WINDOW: Duration = Duration::from_secs(10);
 

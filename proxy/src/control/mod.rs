@@ -66,6 +66,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(policy::reload_handler))
         .routes(routes!(policy::get_policy))
         .routes(routes!(policy::diff))
+        .routes(routes!(actions::executable_mismatch))
         .routes(routes!(learn::suggestion))
         .routes(routes!(learn::replay))
         .routes(routes!(ca::get_ca))
