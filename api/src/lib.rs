@@ -530,6 +530,18 @@ pub struct CaView {
     pub ephemeral: bool,
 }
 
+/// One event of a Server-Sent Events stream of the control API, as a
+/// client parses it (the OpenAPI document's schema of each event).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SseEvent {
+    /// The record's `seq` (the cursor to resume after).
+    pub id: String,
+    /// `fact`, `pending` or `decision`.
+    pub event: String,
+    /// The record, JSON.
+    pub data: String,
+}
+
 /// `POST /v1/tools/{tool}/executable_mismatch`: what the executor refused
 /// to start, recorded as a `CONTROL_ACTION` fact before it answers.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

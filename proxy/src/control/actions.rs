@@ -23,6 +23,7 @@ use std::time::Duration;
     request_body = egress_api::ExecutableMismatch,
     responses(
         (status = 204, description = "Recorded"),
+        (status = 400, description = "bad_request: detail over 4096 bytes", body = egress_api::ErrorBody),
         (status = 403, description = "scope: only an admin (the executor) reports", body = egress_api::ErrorBody),
         (status = 503, description = "facts_unavailable", body = egress_api::ErrorBody),
     ))]
@@ -33,6 +34,9 @@ pub(super) async fn executable_mismatch(
     crate::control::error::AppJson(req): crate::control::error::AppJson<egress_api::ExecutableMismatch>,
 ) -> Result<axum::http::StatusCode, crate::control::error::ApiError> {
     caller.may(egress_config::principals::Action::ReportExecutor)?;
+    if req.detail.len() > 4096 {
+        return Err(crate::control::error::bad_request("detail is at most 4096 bytes"));
+    }
     let policy = sh.policy.load();
     let mut f = fact(Action {
         reason: "executable_mismatch",

@@ -118,7 +118,7 @@ fn event(d: &Decision) -> Event {
 #[utoipa::path(get, path = "/v1/decisions/stream", tag = "decisions", security(("control_token" = [])),
     params(DecisionFilter),
     responses(
-        (status = 200, description = "Server-Sent Events: `event: decision`, `id: <seq>`, `data: <decision JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "Server-Sent Events: `event: decision`, `id: <seq>`, `data: <decision JSON>`; replay from the cursor, then live", body = egress_api::SseEvent, content_type = "text/event-stream"),
         (status = 400, description = "bad_request", body = ErrorBody),
         (status = 503, description = "too_many_streams", body = ErrorBody),
     ))]

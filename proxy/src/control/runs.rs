@@ -286,9 +286,9 @@ pub struct ActivateParams {
     params(("id" = String, Path, description = "Run id"), ActivateParams),
     responses(
         (status = 200, description = "Active (activating an active run is a no-op)", body = RunView),
-        (status = 400, description = "bad_request: principal names no principal", body = ErrorBody),
+        (status = 400, description = "bad_request: a query parameter other than principal", body = ErrorBody),
         (status = 403, description = "not_your_run, scope (attributing needs admin)", body = ErrorBody),
-        (status = 404, description = "run_not_found", body = ErrorBody),
+        (status = 404, description = "run_not_found; unknown_principal: `principal` names no principal", body = ErrorBody),
         (status = 409, description = "run_ended", body = ErrorBody),
         (status = 503, description = "store_unavailable", body = ErrorBody),
     ))]
@@ -302,7 +302,11 @@ pub(super) async fn activate_run(
     if let Some(p) = &q.principal {
         caller.may(Action::Attribute)?;
         if sh.principals.load().by_name(p).is_none() {
-            return Err(bad_request(format!("principal {p:?} is not in the principals file")));
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_principal",
+                format!("principal {p:?} is not in the principals file"),
+            ));
         }
         target.attribute((p != egress_config::principals::CONTROL).then_some(p.as_str()));
     }

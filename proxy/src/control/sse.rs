@@ -128,7 +128,7 @@ fn event(f: &Fact) -> Event {
 #[utoipa::path(get, path = "/v1/facts/stream", tag = "facts", security(("control_token" = [])),
     params(egress_api::Cursor),
     responses(
-        (status = 200, description = "Server-Sent Events: `event: fact` (`event: pending` for a fetch held for a grant), `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "Server-Sent Events: `event: fact` (`event: pending` for a fetch held for a grant), `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = egress_api::SseEvent, content_type = "text/event-stream"),
         (status = 400, description = "bad_request", body = egress_api::ErrorBody),
         (status = 403, description = "scope: the caller has no facts scope (facts:own sees the facts of its runs and its own control actions)", body = egress_api::ErrorBody),
         (status = 503, description = "too_many_streams", body = egress_api::ErrorBody),
