@@ -1,6 +1,6 @@
-//! TLS of the control plane (`[control.tls]`), shared by the proxy's control
-//! listener, the executor's listener and the executor's client of the
-//! proxy: the server side asks for a client certificate and accepts one only
+//! TLS of the listeners (`[proxy.tls]`) and of the control plane
+//! (`[control.tls]`), shared by the proxy's listeners, the executor's
+//! listener and the executor's client of the proxy. With `[control.tls]` the server side asks for a client certificate and accepts one only
 //! if it chains to `client_ca` (any other fails the handshake); a client
 //! without one goes on to bearer tokens. A verified certificate's names
 //! (its subject CNs and its DNS, URI and email SANs) are what a principal's
@@ -60,23 +60,28 @@ fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
     Ok(roots)
 }
 
-/// The server configuration of a control listener: `cert` and `key`, and
-/// client certificates verified against `client_ca` (optional: a client
+/// A listener's server configuration: `cert` and `key`, and, with
+/// `client_ca`, client certificates verified against it (optional: a client
 /// may present none and authenticate with a token).
-pub fn server_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<rustls::ServerConfig, TlsError> {
+pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<rustls::ServerConfig, TlsError> {
     let chain = certs(cert)?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
         path: key.display().to_string(),
         msg: e.to_string(),
     })?;
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+    let b = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_client_cert_verifier(verifier)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let b = match client_ca {
+        None => b.with_no_client_auth(),
+        Some(ca) => b.with_client_cert_verifier(
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::Config(e.to_string()))?,
+        ),
+    };
+    let mut config = b
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Config(e.to_string()))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];

@@ -358,7 +358,7 @@ fn secret_source(c: &mut Section) -> Option<SecretSource> {
 
 /// The text of `path`, which must be mode 0600 or stricter (`what` names
 /// the file in the message when it is not).
-pub(crate) fn read_private(path: &std::path::Path, what: &str) -> Result<String, String> {
+pub fn read_private(path: &std::path::Path, what: &str) -> Result<String, String> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mode = meta.permissions().mode() & 0o777;

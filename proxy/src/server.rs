@@ -47,10 +47,10 @@ pub enum StartError {
     Dns(#[from] crate::dns::DnsInitError),
     #[error("control token: {0}")]
     Token(#[from] crate::control::token::TokenError),
-    #[error(transparent)]
-    Tls(#[from] crate::listener::TlsError),
+    #[error("[proxy.tls]: {0}")]
+    Tls(egress_api::tls::TlsError),
     #[error("[control.tls]: {0}")]
-    ControlTls(#[from] egress_api::tls::TlsError),
+    ControlTls(egress_api::tls::TlsError),
     #[error("appliance CA: {0}")]
     Ca(#[from] crate::ca::CaError),
     #[error("fleet export: {0}")]
@@ -270,12 +270,12 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     };
     let dns = Dns::new(&pc.dns)?;
     let tls = match &pc.tls {
-        Some(t) => Some(crate::listener::acceptor(t)?),
+        Some(t) => Some(crate::listener::acceptor(t).map_err(StartError::Tls)?),
         None => None,
     };
     let control_tls = match &cfg.control.tls {
         Some(t) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
-            egress_api::tls::server_config(&t.cert, &t.key, &t.client_ca)?,
+            egress_api::tls::server_config(&t.cert, &t.key, Some(&t.client_ca)).map_err(StartError::ControlTls)?,
         ))),
         None => None,
     };

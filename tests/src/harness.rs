@@ -371,14 +371,8 @@ pub fn percentile_ms(v: &mut [std::time::Duration], p: f64) -> f64 {
     (v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e5).round() / 100.0
 }
 
-/// One control API call on `addr`.
-pub async fn control_call(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-    token: Option<&str>,
-) -> RawResponse {
+/// The text of one control API request (`Connection: close`).
+pub fn control_request(method: &str, path: &str, body: Option<Value>, token: Option<&str>) -> String {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: control\r\nConnection: close\r\n");
     if let Some(t) = token {
@@ -392,6 +386,18 @@ pub async fn control_call(
     }
     req.push_str("\r\n");
     req.push_str(&body);
+    req
+}
+
+/// One control API call on `addr`.
+pub async fn control_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> RawResponse {
+    let req = control_request(method, path, body, token);
     // Control calls are not what is measured: a generous cap.
     crate::raw::send_within(addr, req.as_bytes(), std::time::Duration::from_secs(60)).await
 }

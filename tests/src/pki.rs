@@ -87,19 +87,7 @@ pub async fn https_call(
     let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     let name = egress_api::tls::server_name(&addr.ip().to_string()).map_err(|e| e.to_string())?;
     let mut tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: control\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    if !body.is_empty() {
-        req.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
-    }
-    req.push_str("\r\n");
-    req.push_str(&body);
+    let req = crate::harness::control_request(method, path, body, token);
     tls.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     // TLS 1.3 reports a refused client certificate after the handshake, at

@@ -62,7 +62,7 @@ pub async fn serve_tls(
     tls: &egress_config::ControlTls,
     stop: tokio_util::sync::CancellationToken,
 ) -> Result<(), egress_api::tls::TlsError> {
-    let config = egress_api::tls::server_config(&tls.cert, &tls.key, &tls.client_ca)?;
+    let config = egress_api::tls::server_config(&tls.cert, &tls.key, Some(&tls.client_ca))?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     loop {
         let stream = tokio::select! {

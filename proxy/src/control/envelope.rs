@@ -11,23 +11,15 @@ use std::sync::Arc;
 /// The envelope's policy, read from `path`, which must be mode 0600 or
 /// stricter (a kernel that could write it could widen it).
 pub fn load(path: &Path) -> Result<Arc<Policy>, ConfigError> {
-    use std::os::unix::fs::PermissionsExt as _;
     let file = path.display().to_string();
-    let one = |message: String| ConfigError {
-        file: file.clone(),
-        problems: vec![Problem {
-            path: String::new(),
-            message,
-        }],
-    };
-    let meta = std::fs::metadata(path).map_err(|e| one(format!("the policy envelope cannot be read: {e}")))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(one(format!(
-            "the policy envelope is mode {mode:04o}: it must be 0600 or stricter (readable only by the operator)"
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| one(format!("the policy envelope cannot be read: {e}")))?;
+    let text = egress_config::credentials::read_private(path, "the policy envelope (readable only by the operator)")
+        .map_err(|message| ConfigError {
+            file: file.clone(),
+            problems: vec![Problem {
+                path: String::new(),
+                message,
+            }],
+        })?;
     let dir = path.parent().unwrap_or(Path::new(""));
     Ok(Config::parse_relative_to(&text, &file, dir)?.policy)
 }
