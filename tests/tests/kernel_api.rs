@@ -380,6 +380,7 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "DELETE /v1/owners/{owner}",
             "PUT /v1/owners/{owner}",
             "GET /v1/policy",
+            "POST /v1/policy/diff",
             "POST /v1/policy/reload",
             "POST /v1/policy/replay",
             "GET /v1/runs",
@@ -392,6 +393,7 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "POST /v1/runs/{id}/grants",
             "POST /v1/runs/{id}/mcp",
             "POST /v1/runs/{id}/mcp/list",
+            "POST /v1/tools/{tool}/executable_mismatch",
             "GET /v1/tools/{tool}/suggestion",
         ]
     );

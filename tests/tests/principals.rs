@@ -461,3 +461,30 @@ async fn refused_credentials_are_counted_into_one_fact() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0]["count"], 5, "{found:?}");
 }
+
+#[tokio::test]
+async fn metrics_can_require_a_principal_with_the_metrics_scope() {
+    let dns = FakeDns::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let principals = dir.path().join("principals.toml");
+    private(
+        &principals,
+        &format!(
+            "[principals.prometheus]\ntokens = [\"{}\"]\nscopes = [\"metrics\"]\n\n[principals.kernel-a]\ntokens = [\"{}\"]\nscopes = [\"runs:*\"]\n",
+            token_hash(OPS),
+            token_hash(A)
+        ),
+    );
+    let text = format!(
+        "{}\n[control]\nprincipals_file = \"{}\"\nmetrics_require_token = true\n",
+        proxy_section(&dns, ""),
+        principals.display()
+    );
+    let p = TestProxy::start_config(dns, &text, None, Some(Arc::new(MemorySink::new(100)))).await;
+    assert_eq!(p.control_raw("GET", "/metrics", None, None).await.status, 401);
+    let (s, v) = call(&p, A, "GET", "/metrics", None).await;
+    assert_eq!((s, code(&v)), (403, "scope"), "{v}");
+    let r = p.control_raw("GET", "/metrics", None, Some(OPS)).await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("egress_control_actions_total"), "{}", r.text());
+}
