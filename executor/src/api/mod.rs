@@ -3,7 +3,9 @@
 //! stdio client `egress-executor mcp` is [`bridge`]), `GET /metrics`,
 //! `GET /healthz`, and its OpenAPI 3.1 document at `/v1/openapi.json`,
 //! generated from the handlers (a route cannot exist without its entry).
-//! Error kinds map to HTTP statuses in `ErrorKind::http_status`.
+//! Every `/v1` request is authenticated to a principal ([`caller`]) and
+//! each handler asks its scopes; with `[control.tls]` the listener is
+//! [`serve_tls`]. Error kinds map to HTTP statuses in `ErrorKind::http_status`.
 
 use std::sync::Arc;
 
