@@ -256,6 +256,11 @@ pub enum Action<'a> {
     Owners,
     /// Report what the executor refused to start (admin only).
     ReportExecutor,
+    /// Renew or release a live owner lease held by `holder` (`None`: the
+    /// control token's).
+    Lease {
+        holder: Option<&'a str>,
+    },
 }
 
 /// Why an action is refused: a reason code and a message naming the scope
@@ -339,6 +344,11 @@ pub fn authorize(p: &Principal, a: &Action<'_>) -> Result<(), Refused> {
             format!("{who} has no runs scope (owner leases are for run creators)"),
         ),
         Action::ReportExecutor => refuse("scope", format!("{who} may not report for the executor (admin may)")),
+        Action::Lease { holder } if own(holder) => Ok(()),
+        Action::Lease { .. } => refuse(
+            "not_your_lease",
+            format!("{who} may not renew or release an owner lease another principal holds (admin may)"),
+        ),
     }
 }
 

@@ -170,6 +170,28 @@ fn the_scope_table() {
         (&a, Owners, Ok(())),
         (&a, ReportExecutor, Err("scope")),
         (&admin, ReportExecutor, Ok(())),
+        (
+            &a,
+            Lease {
+                holder: Some("kernel-a"),
+            },
+            Ok(()),
+        ),
+        (
+            &a,
+            Lease {
+                holder: Some("kernel-b"),
+            },
+            Err("not_your_lease"),
+        ),
+        (&a, Lease { holder: None }, Err("not_your_lease")),
+        (
+            &admin,
+            Lease {
+                holder: Some("kernel-b"),
+            },
+            Ok(()),
+        ),
         (&reader, ReadFacts, Ok(())),
         (&reader, Learn, Ok(())),
         (&reader, PolicyRead, Ok(())),

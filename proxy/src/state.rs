@@ -319,7 +319,7 @@ impl Shared {
                 Some(run) => {
                     if let Some(owner) = &run.owner {
                         if self.owners.lease(owner).is_none() {
-                            let _ = self.owners.renew(owner, RESTART_GRACE);
+                            let _ = self.owners.renew(owner, RESTART_GRACE, None);
                         }
                     }
                     self.run_created(&run);

@@ -202,6 +202,25 @@ async fn kernels_see_and_touch_only_their_own_runs() {
     // Unknown tokens are 401.
     let (s, _) = call(p, "not-a-token-of-anyone-0123456789", "GET", "/v1/runs", None).await;
     assert_eq!(s, 401);
+    // Owner leases are their holder's: another kernel can neither shorten
+    // nor release the executor's or another kernel's.
+    let lease = json!({"lease_ms": 60000});
+    let (s, _) = call(p, TOKEN, "PUT", "/v1/owners/exec-1", Some(lease.clone())).await;
+    assert_eq!(s, 200);
+    let (s, _) = call(p, A, "PUT", "/v1/owners/kernel-a-owner", Some(lease.clone())).await;
+    assert_eq!(s, 200);
+    for (token, owner, method) in [
+        (A, "exec-1", "PUT"),
+        (A, "exec-1", "DELETE"),
+        (B, "kernel-a-owner", "PUT"),
+        (B, "kernel-a-owner", "DELETE"),
+    ] {
+        let body = (method == "PUT").then(|| lease.clone());
+        let (s, v) = call(p, token, method, &format!("/v1/owners/{owner}"), body).await;
+        assert_eq!((s, code(&v)), (403, "not_your_lease"), "{method} {owner}: {v}");
+    }
+    let (s, _) = call(p, A, "DELETE", "/v1/owners/kernel-a-owner", None).await;
+    assert_eq!(s, 200);
 }
 
 #[tokio::test]

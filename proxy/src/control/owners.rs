@@ -14,6 +14,17 @@ use egress_api::{ErrorBody, OwnerList, OwnerReleased, OwnerView, RenewOwner};
 use egress_config::principals::Action;
 use std::sync::Arc;
 
+/// `Ok` when `owner` has no live lease, one restored after a restart (held
+/// by nobody until renewed), or one the caller holds (or the caller is admin).
+fn held_by_caller(sh: &Shared, caller: &Caller, owner: &str) -> ApiResult<()> {
+    match sh.owners.lease(owner).and_then(|l| l.holder) {
+        Some(holder) => caller.may(Action::Lease {
+            holder: holder.as_deref(),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn owner_view(owner: &str, lease: &Lease, live_runs: usize) -> OwnerView {
     OwnerView {
         owner: owner.to_owned(),
@@ -31,6 +42,7 @@ fn owner_view(owner: &str, lease: &Lease, live_runs: usize) -> OwnerView {
     responses(
         (status = 200, description = "Leased until expires_at", body = OwnerView),
         (status = 400, description = "bad_request, bad_lease", body = ErrorBody),
+        (status = 403, description = "not_your_lease: another principal holds the owner's lease (admin may renew it)", body = ErrorBody),
         (status = 429, description = "bad_lease: too many owners", body = ErrorBody),
     ))]
 pub(super) async fn renew_owner(
@@ -43,9 +55,14 @@ pub(super) async fn renew_owner(
     if !valid_run_id(&owner) {
         return Err(bad_request("owner must be 1-128 characters of A-Z a-z 0-9 - _ . ~"));
     }
+    held_by_caller(&sh, &caller, &owner)?;
     let lease = sh
         .owners
-        .renew(&owner, std::time::Duration::from_millis(req.lease_ms))
+        .renew(
+            &owner,
+            std::time::Duration::from_millis(req.lease_ms),
+            Some(caller.recorded()),
+        )
         .map_err(|e| {
             let status = match e {
                 OwnerError::BadLease => StatusCode::BAD_REQUEST,
@@ -61,7 +78,7 @@ pub(super) async fn renew_owner(
     params(("owner" = String, Path, description = "Owner name")),
     responses(
         (status = 200, description = "Its live runs ended (owner_released)", body = OwnerReleased),
-        (status = 403, description = "not_your_run: the owner has live runs another principal created (admin may end them)", body = ErrorBody),
+        (status = 403, description = "not_your_lease: another principal holds the lease; not_your_run: the owner has live runs of another principal (admin may end them)", body = ErrorBody),
     ))]
 pub(super) async fn release_owner(
     State(sh): State<Arc<Shared>>,
@@ -69,9 +86,11 @@ pub(super) async fn release_owner(
     Path(owner): Path<String>,
 ) -> ApiResult<Json<OwnerReleased>> {
     caller.may(Action::Owners)?;
+    held_by_caller(&sh, &caller, &owner)?;
     let runs = sh.runs.live_runs_of(&owner);
     let me = caller.recorded();
-    if let Some(other) = runs.iter().find(|r| r.creator.as_deref() != me.as_deref()) {
+    // Every run it would end must be one the caller may end.
+    for other in runs.iter().filter(|r| r.creator.as_deref() != me.as_deref()) {
         let principal = other.principal();
         caller.may(Action::EndRun {
             tool: &other.tool,

@@ -7,7 +7,7 @@
 //! restarted instance clears what its predecessor left.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Shortest and longest lease an owner may ask for.
@@ -19,11 +19,15 @@ pub const RESTART_GRACE: Duration = Duration::from_secs(30);
 /// Owners at most (each holds a lease; names are bounded like run ids).
 pub const MAX_OWNERS: usize = 1024;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Lease {
     pub lease: Duration,
     pub expires: Instant,
     pub expires_at: SystemTime,
+    /// Who holds it: the principal that took it (`None`: the control
+    /// token's). A lease given back to the owner of restored runs after a
+    /// restart is held by nobody until its first renewal takes it.
+    pub holder: Option<Option<Arc<str>>>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -41,8 +45,9 @@ pub struct Owners {
 }
 
 impl Owners {
-    /// Creates or renews `owner`'s lease.
-    pub fn renew(&self, owner: &str, lease: Duration) -> Result<Lease, OwnerError> {
+    /// Creates or renews `owner`'s lease, held by `holder` (`None`: a
+    /// restored run's grace lease, held by nobody yet).
+    pub fn renew(&self, owner: &str, lease: Duration, holder: Option<Option<Arc<str>>>) -> Result<Lease, OwnerError> {
         if !(MIN_LEASE..=MAX_LEASE).contains(&lease) {
             return Err(OwnerError::BadLease);
         }
@@ -50,19 +55,20 @@ impl Owners {
             lease,
             expires: Instant::now() + lease,
             expires_at: SystemTime::now() + lease,
+            holder,
         };
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if !map.contains_key(owner) && map.len() >= MAX_OWNERS {
             return Err(OwnerError::TooMany);
         }
-        map.insert(owner.to_owned(), l);
+        map.insert(owner.to_owned(), l.clone());
         Ok(l)
     }
 
     /// `owner`'s lease, if it holds a live one.
     pub fn lease(&self, owner: &str) -> Option<Lease> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(owner).copied().filter(|l| Instant::now() < l.expires)
+        map.get(owner).cloned().filter(|l| Instant::now() < l.expires)
     }
 
     /// Forgets `owner`; returns whether it was registered.
@@ -88,7 +94,7 @@ impl Owners {
     /// Every owner with its lease.
     pub fn list(&self) -> Vec<(String, Lease)> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<(String, Lease)> = map.iter().map(|(k, l)| (k.clone(), *l)).collect();
+        let mut v: Vec<(String, Lease)> = map.iter().map(|(k, l)| (k.clone(), l.clone())).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -102,16 +108,16 @@ mod tests {
     fn leases_expire_and_renewals_extend_them() {
         let o = Owners::default();
         assert_eq!(
-            o.renew("x", Duration::from_millis(10)).unwrap_err(),
+            o.renew("x", Duration::from_millis(10), Some(None)).unwrap_err(),
             OwnerError::BadLease
         );
-        o.renew("exec-a", MIN_LEASE).unwrap();
+        o.renew("exec-a", MIN_LEASE, Some(None)).unwrap();
         assert!(o.lease("exec-a").is_some());
         assert!(o.take_expired(Instant::now()).is_empty());
         let later = Instant::now() + MIN_LEASE + Duration::from_millis(1);
         assert_eq!(o.take_expired(later), ["exec-a"]);
         assert!(o.lease("exec-a").is_none());
-        o.renew("exec-b", MAX_LEASE).unwrap();
+        o.renew("exec-b", MAX_LEASE, Some(None)).unwrap();
         assert!(o.release("exec-b"));
         assert!(!o.release("exec-b"));
     }
