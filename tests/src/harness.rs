@@ -117,10 +117,15 @@ impl TestProxy {
     /// the control API's Server-Sent Events stream at `path`, as raw text;
     /// fails after 5 s.
     pub async fn sse_event(&self, path: &str, event: &str) -> String {
+        self.sse_event_as(TOKEN, path, event).await
+    }
+
+    /// [`sse_event`](Self::sse_event), read with another principal's `token`.
+    pub async fn sse_event_as(&self, token: &str, path: &str, event: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(self.control).await.unwrap();
         let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
         );
         s.write_all(req.as_bytes()).await.unwrap();
         let want = format!("event: {event}");

@@ -271,40 +271,13 @@ async fn facts_decisions_and_streams_are_filtered_to_the_caller() {
     assert_eq!(ids(&v, "decisions", "run_id"), vec![a.id.clone()]);
     assert_eq!(v["decisions"][0]["principal"], "kernel-a");
     // The SSE stream: A's first fact event is its own, never B's.
-    let event = sse_first(p, A, "/v1/facts/stream?after=0").await;
+    let event = p.sse_event_as(A, "/v1/facts/stream?after=0", "fact").await;
     assert!(event.contains(&a.id) && !event.contains(&b.id), "{event}");
-    let event = sse_first(p, B, "/v1/decisions/stream?after=0").await;
+    let event = p.sse_event_as(B, "/v1/decisions/stream?after=0", "decision").await;
     assert!(event.contains(&b.id) && !event.contains(&a.id), "{event}");
     // Suggestions and replays read every record: not for a kernel.
     let (s, v) = call(p, A, "GET", "/v1/tools/search/suggestion", None).await;
     assert_eq!((s, code(&v)), (403, "scope"), "{v}");
-}
-
-/// The first `data:` line of the stream at `path`, read as `token`.
-async fn sse_first(p: &TestProxy, token: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(p.control).await.unwrap();
-    let req =
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut seen = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the stream closed");
-            seen.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&seen);
-            if let Some(i) = text.find("\ndata: ") {
-                if let Some(end) = text[i + 1..].find('\n') {
-                    return text[i + 1..i + 1 + end].to_owned();
-                }
-            }
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(5), read)
-        .await
-        .unwrap_or_else(|_| panic!("no event on {path}"))
 }
 
 #[tokio::test]
