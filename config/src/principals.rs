@@ -384,6 +384,7 @@ pub struct Principals {
     list: Vec<Arc<Principal>>,
     by_token: HashMap<[u8; 32], usize>,
     by_subject: HashMap<String, usize>,
+    by_name: HashMap<Arc<str>, usize>,
     /// Where the file's principals came from (`None`: single-token mode).
     pub file: Option<std::path::PathBuf>,
 }
@@ -404,6 +405,7 @@ impl Principals {
         for s in &principal.subjects {
             self.by_subject.insert(s.clone(), i);
         }
+        self.by_name.insert(principal.name.clone(), i);
         self.list.push(Arc::new(principal));
     }
 
@@ -419,7 +421,17 @@ impl Principals {
     }
 
     pub fn by_name(&self, name: &str) -> Option<&Arc<Principal>> {
-        self.list.iter().find(|p| &*p.name == name)
+        self.by_name.get(name).map(|&i| &self.list[i])
+    }
+
+    /// The principal a request authenticates as: the one a verified client
+    /// certificate names (any of its `names`: subject CNs and SANs), else
+    /// its bearer token's. The one rule both services apply.
+    pub fn find(&self, names: &[String], token: Option<&str>) -> Option<&Arc<Principal>> {
+        names
+            .iter()
+            .find_map(|n| self.by_subject(n))
+            .or_else(|| token.and_then(|t| self.by_token(t)))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Principal>> {

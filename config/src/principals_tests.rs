@@ -295,6 +295,13 @@ scopes = ["facts:all", "decisions:all"]
     assert!(p.by_token("token-of-kernel-a-012345678").is_none());
     assert_eq!(&*p.by_subject("auditor.kernels.example").unwrap().name, "auditor");
     assert!(p.by_subject("kernel-a").is_none());
+    // A certificate's names before a token; a name nobody has falls to the token.
+    let token = Some("token-of-kernel-a-0123456789");
+    let named = ["nobody.example".to_owned(), "auditor.kernels.example".to_owned()];
+    assert_eq!(&*p.find(&named, token).unwrap().name, "auditor");
+    assert_eq!(&*p.find(&named[..1], token).unwrap().name, "kernel-a");
+    assert!(p.find(&named[..1], None).is_none());
+    assert_eq!(&*p.by_name("auditor").unwrap().name, "auditor");
 }
 
 #[test]

@@ -125,13 +125,11 @@ pub async fn authenticate(
             "the executor has no control token to check against",
         );
     };
-    // A verified client certificate's principal (by subject), else the token's.
-    let by_cert = req
+    let names = req
         .extensions()
         .get::<egress_api::tls::PeerNames>()
-        .and_then(|peer| peer.0.iter().find_map(|n| principals.by_subject(n)));
-    let found = by_cert.or_else(|| egress_api::bearer(req.headers()).and_then(|t| principals.by_token(t)));
-    match found {
+        .map_or(&[][..], |p| &p.0[..]);
+    match principals.find(names, egress_api::bearer(req.headers())) {
         Some(p) => {
             req.extensions_mut().insert(Caller(p.clone()));
             next.run(req).await

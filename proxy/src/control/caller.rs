@@ -55,14 +55,14 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// The principal a request authenticates as, if any: the one a verified
 /// client certificate names (by subject CN or SAN), else its bearer token's.
 pub fn principal<B>(sh: &Shared, req: &axum::http::Request<B>) -> Option<Arc<Principal>> {
-    let principals = sh.principals.load();
-    if let Some(peer) = req.extensions().get::<egress_api::tls::PeerNames>() {
-        if let Some(p) = peer.0.iter().find_map(|n| principals.by_subject(n)) {
-            return Some(p.clone());
-        }
-    }
-    let token = egress_api::bearer(req.headers())?;
-    principals.by_token(token).cloned()
+    let names = req
+        .extensions()
+        .get::<egress_api::tls::PeerNames>()
+        .map_or(&[][..], |p| &p.0[..]);
+    sh.principals
+        .load()
+        .find(names, egress_api::bearer(req.headers()))
+        .cloned()
 }
 
 /// The `/v1` layer: a request without a known principal is `401`.
