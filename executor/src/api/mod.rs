@@ -103,7 +103,7 @@ pub async fn serve_tls(
 #[derive(utoipa::OpenApi)]
 #[openapi(info(
     title = "Loom Egress executor API",
-    description = "Invoke tools as single-use confined children. Everything under /v1 needs `Authorization: Bearer <control token>` (the proxy's)."
+    description = "Invoke tools as single-use confined children. Everything under /v1 needs `Authorization: Bearer <token>` of a principal (the proxy's control token, or a token of `[control] principals_file`) or, with `[control.tls]`, a client certificate naming one; what each may do is its scopes (403 otherwise)."
 ))]
 struct ApiDoc;
 

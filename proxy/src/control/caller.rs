@@ -80,7 +80,7 @@ pub(super) async fn authenticate(State(sh): State<Arc<Shared>>, mut req: Request
             let mut r = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                "Authorization: Bearer <control token> required",
+                "Authorization: Bearer <token> of a principal required",
             )
             .into_response();
             r.headers_mut()

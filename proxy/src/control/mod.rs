@@ -87,7 +87,7 @@ fn open_routes() -> OpenApiRouter<Arc<Shared>> {
 #[openapi(
     info(
         title = "Loom Egress proxy control API",
-        description = "Runs, facts, owners and policy of the egress proxy. Everything under /v1 needs `Authorization: Bearer <control token>`; errors are `{\"error\":{\"code\",\"message\"}}`. The component `Denial` is what the data plane (not this API) answers a denied fetch with: the `X-Egress-Denial` header, and the body when the request accepts `application/json`."
+        description = "Runs, facts, owners and policy of the egress proxy. Everything under /v1 needs `Authorization: Bearer <token>` of a principal (the control token, or a token of `[control] principals_file`) or, with `[control.tls]`, a client certificate naming one; what each may do is its scopes (403 otherwise); errors are `{\"error\":{\"code\",\"message\"}}`. The component `Denial` is what the data plane (not this API) answers a denied fetch with: the `X-Egress-Denial` header, and the body when the request accepts `application/json`."
     ),
     components(schemas(egress_api::Denial))
 )]
