@@ -105,12 +105,9 @@ pub async fn post(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Some(r) = caller.refuses(Action::Invoke { tool: &tool }) {
-        return r;
-    }
-    let sessions = match lookup(&exec, &tool) {
+    let sessions = match sessions_for(&exec, &caller, &tool) {
         Ok(s) => s,
-        Err(r) => return r.into_response(),
+        Err(r) => return *r,
     };
     let limit = sessions.tool.process.session.max_message_bytes;
     let bytes = match http_body_util::Limited::new(body, limit).collect().await {
@@ -335,23 +332,9 @@ pub async fn get(
     Path(tool): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = caller.refuses(Action::Invoke { tool: &tool }) {
-        return r;
-    }
-    let sessions = match lookup(&exec, &tool) {
+    let s = match named_session(&exec, &caller, &tool, &headers) {
         Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let s = match session_of(sessions, &headers, &caller) {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return rpc_error(
-                StatusCode::BAD_REQUEST,
-                code::INVALID_REQUEST,
-                "Mcp-Session-Id required",
-            )
-        }
-        Err(r) => return r.into_response(),
+        Err(r) => return *r,
     };
     let Some(lease) = Conversation::lease_stream(&s.conv) else {
         return rpc_error(
@@ -392,23 +375,39 @@ pub async fn delete(
     Path(tool): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = caller.refuses(Action::Invoke { tool: &tool }) {
-        return r;
-    }
-    let sessions = match lookup(&exec, &tool) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    match session_of(sessions, &headers, &caller) {
-        Ok(Some(s)) => {
+    match named_session(&exec, &caller, &tool, &headers) {
+        Ok(s) => {
             s.end();
             StatusCode::NO_CONTENT.into_response()
         }
-        Ok(None) => rpc_error(
+        Err(r) => *r,
+    }
+}
+
+/// The tool's sessions, if the caller may invoke the tool.
+fn sessions_for<'a>(exec: &'a Executor, caller: &Caller, tool: &str) -> Result<&'a Arc<Sessions>, Box<Response>> {
+    if let Some(r) = caller.refuses(Action::Invoke { tool }) {
+        return Err(Box::new(r));
+    }
+    lookup(exec, tool).map_err(|f| Box::new(f.into_response()))
+}
+
+/// The caller's session the request names (`GET`, `DELETE`): `400` without
+/// `Mcp-Session-Id`.
+fn named_session(
+    exec: &Executor,
+    caller: &Caller,
+    tool: &str,
+    headers: &HeaderMap,
+) -> Result<Arc<Session>, Box<Response>> {
+    let sessions = sessions_for(exec, caller, tool)?;
+    match session_of(sessions, headers, caller) {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err(Box::new(rpc_error(
             StatusCode::BAD_REQUEST,
             code::INVALID_REQUEST,
             "Mcp-Session-Id required",
-        ),
-        Err(r) => r.into_response(),
+        ))),
+        Err(r) => Err(Box::new(r.into_response())),
     }
 }
