@@ -111,6 +111,13 @@ pub(super) async fn replay(
     let cfg = egress_config::Config::parse(&req.config, "replay.toml")
         .map_err(|e| crate::control::policy::invalid_config(&e))?;
     let w = window(req.tool, req.since.as_deref())?;
-    let seen = history::read_live(&sh, &w).await.map_err(unavailable)?;
-    Ok(Json(replay::replay(&cfg.policy, &seen)))
+    Ok(Json(replayed(&sh, &cfg.policy, &w).await?))
+}
+
+/// The recorded traffic of `w` replayed under `policy` (`503
+/// records_unavailable` when it cannot be read): the replay and the diff's
+/// join.
+pub(super) async fn replayed(sh: &Shared, policy: &egress_config::Policy, w: &Window) -> ApiResult<Replay> {
+    let seen = history::read_live(sh, w).await.map_err(unavailable)?;
+    Ok(replay::replay(policy, &seen))
 }

@@ -325,14 +325,11 @@ pub(super) async fn diff(
     let cfg = Config::parse(&req.config, "candidate.toml").map_err(|e| invalid_config(&e))?;
     let old = sh.policy.load_full();
     let replayed = if req.replay {
-        let w = crate::learn::history::Window {
+        let all = crate::learn::history::Window {
             tool: None,
             since: None,
         };
-        let seen = crate::learn::history::read_live(&sh, &w)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "records_unavailable", e.to_string()))?;
-        Some(crate::learn::replay::replay(&cfg.policy, &seen))
+        Some(crate::control::learn::replayed(&sh, &cfg.policy, &all).await?)
     } else {
         None
     };

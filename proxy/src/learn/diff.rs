@@ -219,18 +219,8 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::learn::replay::tests::policy;
     use crate::learn::{Seen, What};
-
-    fn policy(tools: &str) -> Policy {
-        egress_config::Config::parse(
-            &format!("[proxy]\nallow_ranges = [\"192.0.2.0/24\"]\n{tools}"),
-            "p.toml",
-        )
-        .unwrap()
-        .policy
-        .as_ref()
-        .clone()
-    }
 
     fn denied(host: &str) -> Seen {
         Seen {

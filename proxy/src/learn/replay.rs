@@ -342,10 +342,12 @@ impl Replay {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn policy(tools: &str) -> Policy {
+    /// A policy of `tools`, documentation addresses allowed (the learn
+    /// tests' stand-ins for public ones).
+    pub(crate) fn policy(tools: &str) -> Policy {
         // Documentation addresses stand for public ones here.
         egress_config::Config::parse(
             &format!("[proxy]\nallow_ranges = [\"192.0.2.0/24\"]\n{tools}"),
