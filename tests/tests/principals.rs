@@ -175,6 +175,12 @@ async fn kernels_see_and_touch_only_their_own_runs() {
     assert_eq!((s, code(&v)), (403, "not_your_run"), "{v}");
     let (s, v) = call(p, A, "POST", &format!("/v1/runs/{}/activate", b.id), None).await;
     assert_eq!((s, code(&v)), (403, "not_your_run"), "{v}");
+    // Attributing a run to another principal is the executor's (admin's).
+    let path = format!("/v1/runs/{}/activate?principal=kernel-b", a.id);
+    let (s, v) = call(p, A, "POST", &path, None).await;
+    assert_eq!((s, code(&v)), (403, "scope"), "{v}");
+    let (_, view) = call(p, A, "GET", &format!("/v1/runs/{}", a.id), None).await;
+    assert_eq!(view["principal"], "kernel-a", "{view}");
     // Lists: each kernel its own; the operator and the control token all.
     let (_, v) = call(p, A, "GET", "/v1/runs", None).await;
     assert_eq!(ids(&v, "runs", "run_id"), vec![a.id.clone()]);
