@@ -23,9 +23,10 @@ const A: &str = "kernel-a-token-0123456789abcdef";
 const B: &str = "kernel-b-token-0123456789abcdef";
 
 const FETCH_PY: &str = r#"
-import urllib.request, urllib.error
+import time, urllib.request, urllib.error
 
 def run(input, ctx):
+    time.sleep((input or {}).get("sleep", 0))
     try:
         urllib.request.urlopen("http://denied.test/", timeout=10)
         return {"status": 200}
@@ -146,6 +147,23 @@ pool = {{ warm = 0, max = 2 }}
         let r = control_call(addr, "GET", &format!("/v1/invocations/{id}"), None, Some(A)).await;
         assert_eq!(r.status, 200, "{id}: {}", r.text());
     }
+
+    // Another kernel cannot abort A's invocation in flight.
+    let slow = json!({"tool": "search", "input": {"sleep": 2}, "idempotency_key": "a-slow"});
+    let running = tokio::spawn(async move { control_call(addr, "POST", "/v1/invocations", Some(slow), Some(A)).await });
+    assert!(
+        eventually(Duration::from_secs(10), || exec
+            .invocations(None, Some("running"), None, None, 10, &|_| true)
+            .0
+            .iter()
+            .any(|i| i.idempotency_key.as_deref() == Some("a-slow")))
+        .await
+    );
+    let r = control_call(addr, "POST", "/v1/invocations/a-slow/abort", None, Some(B)).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = running.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(body(&r)["ok"], json!(true), "not aborted: {}", r.text());
 
     // MCP: A's session is A's alone.
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
