@@ -38,15 +38,16 @@ pub(super) async fn executable_mismatch(
         return Err(crate::control::error::bad_request("detail is at most 4096 bytes"));
     }
     let policy = sh.policy.load();
-    let mut f = fact(Action {
+    let tool: String = tool.chars().take(128).collect();
+    let f = fact(Action {
         reason: "executable_mismatch",
         principal: caller.recorded().as_deref(),
         run: None,
+        tool: Some(&tool),
         target: None,
         detail: format!("a child of tool {tool:?} was not started: {}", req.detail),
         policy: &policy.digest,
     });
-    f.tool = Some(tool.chars().take(128).collect());
     sh.facts.record(f).await.map_err(|e| {
         crate::control::error::ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -69,6 +70,8 @@ pub struct Action<'a> {
     /// The principal that acted (`None`: the control token's, or unknown).
     pub principal: Option<&'a str>,
     pub run: Option<&'a Run>,
+    /// The tool it is about when there is no run (the run's otherwise).
+    pub tool: Option<&'a str>,
     pub target: Option<FactTarget>,
     pub detail: String,
     /// The policy digest the action is about (a reload's new one).
@@ -81,7 +84,7 @@ pub fn fact(a: Action<'_>) -> Fact {
         kind: CONTROL_FACT_TYPE.to_owned(),
         ..denial(NewFact {
             run_id: a.run.map(|r| &*r.id),
-            tool: a.run.map(|r| &*r.tool),
+            tool: a.run.map(|r| &*r.tool).or(a.tool),
             reason: a.reason,
             mode: "control",
             target: a.target,
@@ -129,6 +132,7 @@ impl Shared {
                 reason: "credential_refused",
                 principal: None,
                 run: None,
+                tool: None,
                 target: None,
                 detail: format!(
                     "{n} control request(s) with an unknown token in {} s",

@@ -517,6 +517,7 @@ async fn refuse_grant(sh: &Shared, caller: &Caller, run: &Run, reason: &'static 
             reason,
             principal: caller.recorded().as_deref(),
             run: Some(run),
+            tool: None,
             target: None,
             detail,
             policy: &policy.digest,
@@ -556,6 +557,7 @@ pub(super) async fn end_run(
                 reason: "run_ended_by_other",
                 principal: me.as_deref(),
                 run: Some(&run),
+                tool: None,
                 target: None,
                 detail: format!(
                     "{} ended run {} of {}",
