@@ -34,6 +34,21 @@ def run(input, ctx):
         return {"status": e.code, "reason": e.headers.get("X-Egress-Deny-Reason")}
 "#;
 
+/// The principals file `text` in `dir`, private as the services require.
+fn principals_file(dir: &TempDir, text: &str) -> std::path::PathBuf {
+    let p = dir.write("principals.toml", text);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+/// `[tools.search]`: the fetching tool under the Python runner, one warm child.
+fn search_tool() -> String {
+    format!(
+        "[tools.search]\negress = []\n[tools.search.process]\ncommand = [\"python3\", \"{}\", \"fetch.py\"]\npool = {{ warm = 1, max = 2 }}\ntimeout_ms = 20000\n",
+        python_runner().display()
+    )
+}
+
 fn body(r: &egress_e2e::raw::RawResponse) -> Value {
     serde_json::from_slice(&r.body).unwrap_or(Value::Null)
 }
@@ -45,8 +60,8 @@ async fn each_kernel_invokes_sees_and_aborts_only_its_own() {
     let dns = FakeDns::start().await;
     let dir = TempDir::new("principals");
     dir.write("fetch.py", FETCH_PY);
-    let principals = dir.write(
-        "principals.toml",
+    let principals = principals_file(
+        &dir,
         &format!(
             "[principals.kernel-a]\ntokens = [\"{}\"]\nscopes = [\"invoke:search*\", \"facts:own\"]\n\n\
              [principals.kernel-b]\ntokens = [\"{}\"]\nscopes = [\"invoke:search*\", \"facts:own\"]\n",
@@ -54,20 +69,13 @@ async fn each_kernel_invokes_sees_and_aborts_only_its_own() {
             token_hash(B)
         ),
     );
-    std::fs::set_permissions(&principals, std::fs::Permissions::from_mode(0o600)).unwrap();
     let hostile = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile_mcp.py");
     let tools = format!(
         r#"
 [control]
 principals_file = "{principals}"
 
-[tools.search]
-egress = []
-[tools.search.process]
-command = ["python3", "{runner}", "fetch.py"]
-pool = {{ warm = 1, max = 2 }}
-timeout_ms = 20000
-
+{search}
 [tools.shell]
 egress = []
 [tools.shell.process]
@@ -86,6 +94,7 @@ timeout_ms = 5000
 pool = {{ warm = 0, max = 2 }}
 "#,
         principals = principals.display(),
+        search = search_tool(),
         runner = python_runner().display(),
         hostile = hostile.display(),
         iso = strongest_isolation(),
@@ -202,11 +211,10 @@ async fn a_kernel_certificate_invokes_over_tls_end_to_end() {
     let ca_file = ca.write(d, "ca.pem");
     let server = ca.leaf(d, "server", "control", &["127.0.0.1"]);
     let kernel = ca.leaf(d, "kernel-a", "kernel-a", &["kernel-a.kernels.test"]);
-    let principals = dir.write(
-        "principals.toml",
+    let principals = principals_file(
+        &dir,
         "[principals.kernel-a]\nsubjects = [\"kernel-a.kernels.test\"]\nscopes = [\"invoke:search\", \"facts:own\"]\n",
     );
-    std::fs::set_permissions(&principals, std::fs::Permissions::from_mode(0o600)).unwrap();
     let tools = format!(
         r#"
 [control]
@@ -216,18 +224,12 @@ cert = "{cert}"
 key = "{key}"
 client_ca = "{ca}"
 
-[tools.search]
-egress = []
-[tools.search.process]
-command = ["python3", "{runner}", "fetch.py"]
-pool = {{ warm = 1, max = 2 }}
-timeout_ms = 20000
-"#,
+{search}"#,
         principals = principals.display(),
         cert = server.cert.display(),
         key = server.key.display(),
         ca = ca_file.display(),
-        runner = python_runner().display(),
+        search = search_tool(),
     );
     let Stack { proxy, exec, control } = start_stack(&bin, &dir, dns.addr, &tools);
     exec.warm_up();
