@@ -210,14 +210,24 @@ async fn sessions_are_bounded_in_number_and_closed_when_idle() {
     // Idle for session_idle_ms: every session closed, its tree gone, its run ended.
     assert!(eventually(Duration::from_secs(30), || exec.sessions("echo").unwrap().count() == 0).await);
     assert!(eventually(Duration::from_secs(20), || marked_processes(marker).is_empty()).await);
-    let r = control_call(control, "GET", "/v1/runs?tool=echo", None, Some(TOKEN)).await;
-    let runs: Value = serde_json::from_slice(&r.body).unwrap();
-    let active: Vec<&Value> = runs["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["state"] != json!("ended"))
-        .collect();
+    // A session's run is ended at the proxy after its tree is killed: its
+    // end may still be on its way when the count reaches 0.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let active = loop {
+        let r = control_call(control, "GET", "/v1/runs?tool=echo", None, Some(TOKEN)).await;
+        let runs: Value = serde_json::from_slice(&r.body).unwrap();
+        let active: Vec<Value> = runs["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["state"] != json!("ended"))
+            .cloned()
+            .collect();
+        if active.is_empty() || std::time::Instant::now() > deadline {
+            break active;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(active.is_empty(), "{active:#?}");
     let (s, _, _) = mcp(addr, "echo", "POST", Some(&ids[0]), Some(call(1, "echo"))).await;
     assert_eq!(s, 404);
