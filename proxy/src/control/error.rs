@@ -58,6 +58,20 @@ pub fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
 }
 
+/// `422 invalid_config` with every problem of `e` (a reload's, a replay's
+/// or a diff's config).
+pub(crate) fn invalid_config(e: &egress_config::ConfigError) -> ApiError {
+    let problems = e
+        .problems
+        .iter()
+        .map(|p| Problem {
+            path: p.path.clone(),
+            message: p.message.clone(),
+        })
+        .collect();
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", format!("{e}")).with_problems(problems)
+}
+
 /// The cell every error answer names, set once at start when the proxy
 /// has a `[cell]` (a process serves one cell).
 static CELL: std::sync::OnceLock<(String, Option<String>)> = std::sync::OnceLock::new();

@@ -109,7 +109,7 @@ pub(super) async fn replay(
 ) -> ApiResult<Json<Replay>> {
     caller.may(egress_config::principals::Action::Learn)?;
     let cfg = egress_config::Config::parse(&req.config, "replay.toml")
-        .map_err(|e| crate::control::policy::invalid_config(&e))?;
+        .map_err(|e| crate::control::error::invalid_config(&e))?;
     let w = window(req.tool, req.since.as_deref())?;
     Ok(Json(replayed(&sh, &cfg.policy, &w).await?))
 }

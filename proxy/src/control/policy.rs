@@ -8,14 +8,14 @@
 //! restart.
 
 use crate::control::caller::Caller;
-use crate::control::error::{ApiError, AppJson};
+use crate::control::error::{invalid_config, ApiError, AppJson};
 use crate::control::{actions, envelope};
 use crate::learn::diff::Report;
 use crate::state::Shared;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use egress_api::{ErrorBody, PolicyDiff, PolicyView, Problem, Reloaded};
+use egress_api::{ErrorBody, PolicyDiff, PolicyView, Reloaded};
 use egress_config::principals::{Action, Principals};
 use egress_config::{Config, ConfigError};
 use std::sync::Arc;
@@ -263,19 +263,6 @@ pub async fn reload_handler(State(sh): State<Arc<Shared>>, caller: Caller) -> Re
             Err(invalid_config(&e))
         }
     }
-}
-
-/// `422 invalid_config` with every problem of `e`.
-pub(crate) fn invalid_config(e: &ConfigError) -> ApiError {
-    let problems = e
-        .problems
-        .iter()
-        .map(|p| Problem {
-            path: p.path.clone(),
-            message: p.message.clone(),
-        })
-        .collect();
-    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", format!("{e}")).with_problems(problems)
 }
 
 /// `GET /v1/policy`: the digest and the tools of the policy in force.
