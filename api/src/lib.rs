@@ -223,6 +223,52 @@ pub struct RunView {
     /// What the run spent of its tool's budgets (absent when the tool has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<BudgetsView>,
+    /// How each credential of the run's tool stands now (never its value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialView>,
+}
+
+/// How one credential stands: where its value comes from, how old it is,
+/// until when it may be used, and how its last refresh went. Never the value.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CredentialView {
+    pub name: String,
+    /// `env` or `file` (read at start and on reload), or a live source:
+    /// `file` with `ttl_ms`, `command`, `oauth2_client_credentials`,
+    /// `oauth2_refresh_token`.
+    pub source: String,
+    /// Whether the proxy refreshes it itself (a live source).
+    pub live: bool,
+    /// Whether a request needing it gets it now (otherwise
+    /// `credential_unavailable`).
+    pub available: bool,
+    /// When the value in hand was read or minted (RFC 3339; live sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at: Option<String>,
+    /// Its age in milliseconds (live sources with a value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_ms: Option<u64>,
+    /// Until when it may be used (RFC 3339; live sources with a value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// The last read or mint (live sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refresh: Option<RefreshView>,
+    /// When the next read or mint is due (RFC 3339; live sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_refresh_at: Option<String>,
+}
+
+/// One read of a live credential source.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RefreshView {
+    /// RFC 3339.
+    pub at: String,
+    /// `ok`, `error` or `timeout`.
+    pub outcome: String,
+    /// What failed (an HTTP status, an exit code; never a value or a body).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `POST /v1/runs/{id}/grants`: allow this run one `name:port` its tool's

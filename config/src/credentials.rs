@@ -12,8 +12,10 @@ use crate::host::{parse_authority, Host};
 use crate::reader::{Problems, Section};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::SystemTime;
+
+pub use crate::sources::SecretSource;
 
 /// A secret value. Its `Debug` and `Display` never show it: read it with
 /// [`Secret::expose`] where it is written into a request, and nowhere else.
@@ -44,15 +46,6 @@ impl fmt::Display for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")
     }
-}
-
-/// Where a secret comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecretSource {
-    /// An environment variable of the proxy.
-    Env(String),
-    /// A file of mode 0600 or stricter (one trailing newline is dropped).
-    File(PathBuf),
 }
 
 /// `value`: literal text around `${secret}` (at least once).
@@ -128,8 +121,17 @@ pub struct Credential {
     /// credential and the tool's frames pass untouched. Either way the
     /// origin's messages are read and scrubbed of the secret.
     pub rewrite_websocket: bool,
-    /// Empty until [`crate::Config::load_secrets`] loads it.
+    /// Empty until [`crate::Config::load_secrets`] loads it (a static
+    /// source) or the proxy's refresher reads or mints it (a live one).
     pub secret: Secret,
+    /// Until when `secret` may be used (`None`: no limit, a static
+    /// source). A live source's refresher sets it: a token's expiry, or a
+    /// value's `ttl_ms` + `stale_ms`; past it, and while no value was ever
+    /// read, a request needing the credential is `credential_unavailable`.
+    pub usable_until: Option<SystemTime>,
+    /// Values the live source had before `secret`, still valid where they
+    /// were issued: scanned for and scrubbed like `secret`, never sent.
+    pub previous: Vec<Secret>,
 }
 
 impl Credential {
@@ -141,6 +143,12 @@ impl Credential {
     /// The header value: the template with the secret.
     pub fn rendered(&self) -> String {
         self.value.render(self.secret.expose())
+    }
+
+    /// Whether the secret may not be used now: a live source's value past
+    /// [`Credential::usable_until`] (or never read). A static one always may.
+    pub fn unavailable(&self) -> bool {
+        self.usable_until.is_some_and(|t| SystemTime::now() >= t)
     }
 }
 
@@ -252,7 +260,7 @@ fn credential(
         },
         None => None,
     };
-    let source = secret_source(c);
+    let source = source(c);
     let allow_plaintext = plaintext(c, &hosts);
     let rewrite_websocket = match c.get::<toml::Value>("rewrite_websocket") {
         None => false,
@@ -289,6 +297,8 @@ fn credential(
         allow_plaintext,
         rewrite_websocket,
         secret: Secret::default(),
+        usable_until: None,
+        previous: vec![],
     })
 }
 
@@ -323,37 +333,40 @@ fn plaintext(c: &mut Section, hosts: &[(Host, u16)]) -> Plaintext {
     p
 }
 
-/// `secret = { env = "NAME" }` or `{ file = "path" }`.
-fn secret_source(c: &mut Section) -> Option<SecretSource> {
-    let what = "{ env = \"NAME\" } or { file = \"path\" }";
-    if !c.has("secret") {
-        let _ = c.required::<toml::Value>("secret", what);
-        return None;
+/// `secret = { … }` (env, file, command) or `mint = { … }` (a token the
+/// proxy mints): exactly one.
+fn source(c: &mut Section) -> Option<SecretSource> {
+    match (c.has("secret"), c.has("mint")) {
+        (true, false) => {
+            let mut t = c.table("secret");
+            let r = crate::sources::secret(&mut t);
+            t.finish();
+            r
+        }
+        (false, true) => {
+            let mut t = c.table("mint");
+            let r = crate::sources::mint(&mut t);
+            t.finish();
+            r
+        }
+        (true, true) => {
+            let at = c.path().to_owned();
+            c.problems.push(
+                at,
+                "has both secret and mint: a credential's value comes from one of them",
+            );
+            let _ = c.take("secret");
+            let _ = c.take("mint");
+            None
+        }
+        (false, false) => {
+            let _ = c.required::<toml::Value>(
+                "secret",
+                "{ env = \"NAME\" }, { file = \"path\" }, { command = [\"program\"] }, or mint = { … } instead",
+            );
+            None
+        }
     }
-    let mut t = c.table("secret");
-    let env: Option<String> = t.get("env");
-    let file: Option<PathBuf> = t.get("file");
-    let at = t.path().to_owned();
-    let r = match (env, file) {
-        (Some(e), None) if valid_env_name(&e) => Some(SecretSource::Env(e)),
-        (Some(e), None) => {
-            let at = t.at("env");
-            t.problems.push(at, format!("{e:?} is not a variable name"));
-            None
-        }
-        (None, Some(f)) if !f.as_os_str().is_empty() => Some(SecretSource::File(f)),
-        (None, Some(_)) => {
-            let at = t.at("file");
-            t.problems.push(at, "must be a file path");
-            None
-        }
-        _ => {
-            t.problems.push(at, format!("must be exactly one of {what}"));
-            None
-        }
-    };
-    t.finish();
-    r
 }
 
 /// The text of `path`, which must be mode 0600 or stricter (`what` names
@@ -371,40 +384,18 @@ pub fn read_private(path: &std::path::Path, what: &str) -> Result<String, String
     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
-/// Loads one secret; the message says what is wrong (never the value).
-pub(crate) fn load(source: &SecretSource) -> Result<Secret, String> {
-    let raw = match source {
-        SecretSource::Env(name) => std::env::var(name).map_err(|e| match e {
-            std::env::VarError::NotPresent => format!("environment variable {name} is not set"),
-            std::env::VarError::NotUnicode(_) => format!("environment variable {name} is not UTF-8"),
-        })?,
-        SecretSource::File(path) => {
-            let mut s = read_private(path, "a secret file")?;
-            if s.ends_with('\n') {
-                s.pop();
-                if s.ends_with('\r') {
-                    s.pop();
-                }
-            }
-            s
-        }
-    };
-    if raw.is_empty() {
-        return Err("the secret is empty".into());
-    }
-    if raw.chars().any(|c| c.is_control()) {
-        return Err("the secret contains control characters".into());
-    }
-    Ok(Secret::new(&raw))
-}
-
 /// Loads every secret of `tools`, reporting each one that cannot be loaded.
 pub(crate) fn load_all<'a>(tools: impl Iterator<Item = (&'a str, &'a mut Vec<Credential>)>, problems: &mut Problems) {
     for (id, creds) in tools {
         for c in creds.iter_mut() {
-            match load(&c.source) {
-                Ok(s) => c.secret = s,
-                Err(e) => problems.push(format!("tools.{id}.credentials.{}.secret", c.name), e),
+            // A live source's value is its refresher's.
+            if matches!(c.source, SecretSource::Live(_)) {
+                continue;
+            }
+            match crate::sources::read_simple(&c.source) {
+                Some(Ok(s)) => c.secret = s,
+                Some(Err(e)) => problems.push(format!("tools.{id}.credentials.{}.secret", c.name), e),
+                None => {}
             }
         }
     }
@@ -413,6 +404,7 @@ pub(crate) fn load_all<'a>(tools: impl Iterator<Item = (&'a str, &'a mut Vec<Cre
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn secrets_never_print() {

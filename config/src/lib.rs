@@ -17,6 +17,7 @@ mod reader;
 pub mod requests;
 mod schema;
 pub mod secrets;
+pub mod sources;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -36,6 +37,7 @@ pub use mcp::{McpEntry, McpList, McpMatch, McpRules};
 pub use ranges::{RangeTable, RangeVerdict};
 pub use schema::{DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_CONCURRENT_FETCHES, DEFAULT_MAX_QUEUED_FETCHES};
 pub use secrets::SecretScan;
+pub use sources::{LiveKind, LiveSource};
 
 /// The configuration used when no file is given: loopback listeners, no tools,
 /// so every fetch is denied.
@@ -328,6 +330,23 @@ pub struct Policy {
 impl Policy {
     pub fn tool(&self, id: &str) -> Option<&Arc<ToolPolicy>> {
         self.tools.get(id)
+    }
+
+    /// Rebuilds the secret scans of the tools in `changed` and of the
+    /// policy, after their credentials' values changed (a live source's
+    /// refresh): the other tools' scans stay.
+    pub fn index_secrets_of(&mut self, changed: &std::collections::BTreeSet<String>) {
+        for (id, t) in self.tools.iter_mut() {
+            if changed.contains(id) {
+                let t = Arc::make_mut(t);
+                t.secrets = SecretScan::build(t.credentials.iter().enumerate().map(|(i, c)| (&t.id, i, c)));
+            }
+        }
+        self.secrets = SecretScan::build(
+            self.tools
+                .values()
+                .flat_map(|t| t.credentials.iter().enumerate().map(move |(i, c)| (&t.id, i, c))),
+        );
     }
 
     /// Builds the secret scans of the policy and of each tool from the

@@ -4,7 +4,7 @@
 //! every problem by its key path. Only a syntax error stops the walk early.
 
 use crate::allowlist::{Allowlist, Entry, EntryProtocol, Rule, RuleError};
-use crate::credentials::{self, SecretSource};
+use crate::credentials;
 use crate::executor;
 use crate::fleet;
 use crate::mcp;
@@ -166,9 +166,7 @@ pub(crate) fn parse_with_env(
             process.read_paths.iter_mut().for_each(rel);
         }
         for c in &mut t.credentials {
-            if let SecretSource::File(f) = &mut c.source {
-                rel(f);
-            }
+            c.source.paths_mut(&mut |p| rel(p));
         }
     }
 

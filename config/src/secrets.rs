@@ -294,6 +294,12 @@ pub fn values(c: &Credential) -> Vec<String> {
         return vec![];
     }
     let mut out = vec![secret.to_owned()];
+    // A live source's earlier values, still valid where they were issued.
+    for p in &c.previous {
+        if !p.is_empty() && !out.iter().any(|o| o == p.expose()) {
+            out.push(p.expose().to_owned());
+        }
+    }
     let rendered = c.rendered();
     let token = rendered
         .get(..6)

@@ -120,6 +120,11 @@ pub enum DenyReason {
     /// A plain-HTTP request to a credential's host: the credential goes
     /// only over TLS the proxy verified (unless `allow_plaintext`).
     CredentialRequiresTls,
+    /// A request that needs a credential whose live source has no usable
+    /// value: never read yet, or past its expiry (a token that could not
+    /// be refreshed, a file or command failing past `stale_ms`). `503`:
+    /// the request never left, and a later one may succeed.
+    CredentialUnavailable,
     /// The run made `max_requests_per_run` fetches or moved
     /// `max_bytes_per_run` bytes already.
     BudgetExhausted,
@@ -157,7 +162,7 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 25] = [
+    pub const ALL: [DenyReason; 26] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -173,6 +178,7 @@ impl DenyReason {
         DenyReason::PathNotAllowed,
         DenyReason::CredentialMisuse,
         DenyReason::CredentialRequiresTls,
+        DenyReason::CredentialUnavailable,
         DenyReason::BudgetExhausted,
         DenyReason::RateLimited,
         DenyReason::UpgradeNotAllowed,
@@ -209,6 +215,7 @@ impl DenyReason {
             DenyReason::PathNotAllowed => "path_not_allowed",
             DenyReason::CredentialMisuse => "credential_misuse",
             DenyReason::CredentialRequiresTls => "credential_requires_tls",
+            DenyReason::CredentialUnavailable => "credential_unavailable",
             DenyReason::BudgetExhausted => "budget_exhausted",
             DenyReason::RateLimited => "rate_limited",
             DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
@@ -231,6 +238,8 @@ impl DenyReason {
             DenyReason::BudgetExhausted | DenyReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             // The origin's answer is what is refused, not the request.
             DenyReason::Unscrubbable => StatusCode::BAD_GATEWAY,
+            // The proxy's own source failed, not the request.
+            DenyReason::CredentialUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::FORBIDDEN,
         }
     }
@@ -249,9 +258,10 @@ impl DenyReason {
             DenyReason::ConcurrencyLimit => "slots",
             DenyReason::MethodNotAllowed => "methods",
             DenyReason::PathNotAllowed => "paths",
-            DenyReason::CredentialMisuse | DenyReason::CredentialRequiresTls | DenyReason::Unscrubbable => {
-                "credentials"
-            }
+            DenyReason::CredentialMisuse
+            | DenyReason::CredentialRequiresTls
+            | DenyReason::CredentialUnavailable
+            | DenyReason::Unscrubbable => "credentials",
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
             DenyReason::UpgradeNotAllowed => "upgrades",
             DenyReason::ProtocolUnknown => "protocols",
@@ -304,6 +314,9 @@ impl DenyReason {
             }
             DenyReason::CredentialRequiresTls => {
                 "this host's credential is sent only over HTTPS; use https:// for this host"
+            }
+            DenyReason::CredentialUnavailable => {
+                "the proxy has no valid credential for this host right now (its source failed); retry later; tell the operator if it lasts"
             }
             DenyReason::BudgetExhausted => {
                 "this run has used its budget of requests or bytes; finish with what you have; do not retry in this run"

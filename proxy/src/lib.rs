@@ -25,6 +25,7 @@ mod addrs;
 mod admission;
 mod ca;
 mod control;
+mod creds;
 mod data;
 mod deny;
 mod dns;

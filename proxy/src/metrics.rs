@@ -63,6 +63,13 @@ pub struct ToolCredential {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CredentialOutcome {
+    pub tool: String,
+    pub credential: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ToolLabel {
     pub tool: String,
 }
@@ -162,6 +169,12 @@ pub struct Metrics {
     pub credential_scrubs: Family<ToolCredential, Counter>,
     /// Grants (`event` = `granted` | `used`), per tool.
     pub grants: Family<ToolEvent, Counter>,
+    /// Reads of live credential sources, by outcome (`ok`, `error`,
+    /// `timeout`), present at 0 for each live credential.
+    pub credential_refresh: Family<CredentialOutcome, Counter>,
+    /// Until when each live credential's value may be used (Unix seconds;
+    /// 0 before any value).
+    pub credential_expiry: Family<ToolCredential, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The fleet exporter's (present at 0 without `[export]` too).
     pub export: ExportMetrics,
     /// `egress_cell_info{cell,epoch,policy}` = 1.
@@ -395,6 +408,18 @@ impl Metrics {
             "Grants a kernel made for one run (event=granted) and fetches they let through (event=used)",
             grants.clone(),
         );
+        let credential_refresh = Family::<CredentialOutcome, Counter>::default();
+        registry.register(
+            "egress_credential_refresh",
+            "Reads of live credential sources (a file with ttl_ms, a command, a minted token), by outcome (ok, error, timeout)",
+            credential_refresh.clone(),
+        );
+        let credential_expiry = Family::<ToolCredential, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "egress_credential_expiry_seconds",
+            "Until when a live credential's value may be used, as Unix seconds (0: no value yet)",
+            credential_expiry.clone(),
+        );
         let export = ExportMetrics {
             lag: Gauge::default(),
             facts: Counter::default(),
@@ -466,6 +491,8 @@ impl Metrics {
         Metrics {
             decisions,
             grants,
+            credential_refresh,
+            credential_expiry,
             export,
             cell_info,
             credential_scrubs,

@@ -306,6 +306,9 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             ca,
         },
     );
+    // Live credentials' first values, before the first fetch can need them.
+    shared.prime_credentials(&cfg.policy).await;
+    crate::creds::Env::apply(&*shared);
     shared.restore_runs();
     shared.metrics.set_config(None, &cfg.policy.digest);
     let mut tasks = JoinSet::new();

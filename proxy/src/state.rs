@@ -87,6 +87,10 @@ pub struct Shared {
     pub exporter: Option<crate::facts::export::Exporter>,
     /// `[export]` as started.
     pub export_cfg: egress_config::ExportConfig,
+    /// Live credential sources and their refreshers.
+    pub creds: crate::creds::Live,
+    /// This state, for the refreshers (they hold no strong reference).
+    this: std::sync::Weak<Shared>,
 }
 
 /// What [`Shared::new`] needs besides the config.
@@ -129,7 +133,9 @@ impl Shared {
             pc.max_control_connections,
             evicted("control"),
         );
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|this| Shared {
+            this: this.clone(),
+            creds: crate::creds::Live::default(),
             instance: uuid::Uuid::new_v4().to_string(),
             runs: Runs::new(pc.max_runs, pc.max_run),
             owners: Owners::default(),
@@ -169,6 +175,25 @@ impl Shared {
         shared.publish_cell_info();
         shared.tool_metrics(None);
         shared
+    }
+
+    /// Starts the refreshers of `policy`'s new live credentials and waits
+    /// for their first reads (start and reload call this before the policy
+    /// goes into force, then [`Shared::adopt_credentials`] on it).
+    pub async fn prime_credentials(&self, policy: &Policy) {
+        let env: std::sync::Weak<dyn crate::creds::Env> = self.this.clone();
+        self.creds.prime(env, policy).await;
+    }
+
+    /// Writes the live credentials' values into `policy`.
+    pub fn adopt_credentials(&self, policy: &mut Arc<Policy>) {
+        if policy.tools.values().any(|t| {
+            t.credentials
+                .iter()
+                .any(|c| matches!(c.source, egress_config::SecretSource::Live(_)))
+        }) {
+            self.creds.adopt(Arc::make_mut(policy));
+        }
     }
 
     /// Sets `egress_cell_info{cell,epoch,policy}` from the cell, the
@@ -387,5 +412,40 @@ impl Shared {
             })
             .inc();
         tracing::info!(target: "egress::runs", run = %run.id, tool = %run.tool, why = why.as_str(), "run ended");
+    }
+}
+
+impl crate::creds::Env for Shared {
+    fn resolver(&self) -> &dyn Resolve {
+        &*self.resolver
+    }
+
+    fn dialer(&self) -> &dyn Dial {
+        &*self.dialer
+    }
+
+    fn ranges(&self) -> egress_config::RangeTable {
+        self.policy.load().ranges.clone()
+    }
+
+    fn authority(&self) -> Arc<Authority> {
+        self.ca.load_full()
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A new policy only when a value, a usable time or an earlier value
+    /// changed; the tools without live credentials are shared with the old.
+    fn apply(&self) {
+        self.policy.rcu(|p| {
+            let mut next = Policy::clone(p);
+            if self.creds.adopt(&mut next) {
+                Arc::new(next)
+            } else {
+                Arc::clone(p)
+            }
+        });
     }
 }

@@ -56,7 +56,7 @@ LAYERS = {
         ["server"],
         ["data", "control", "learn"],
         ["state", "listener"],
-        ["facts", "runs", "metrics", "deny", "ca", "dns", "admission", "addrs", "time"],
+        ["facts", "runs", "metrics", "deny", "ca", "dns", "admission", "addrs", "time", "creds"],
     ],
 }
 SAME_LAYER = {"executor/src": "never", "proxy/src": "one way"}

@@ -84,6 +84,7 @@ fn view(id: &str, tool: &str, state: &str) -> RunView {
         control_url: None,
         grants: vec![],
         budgets: None,
+        credentials: vec![],
     }
 }
 

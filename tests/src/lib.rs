@@ -25,6 +25,7 @@ pub mod harness;
 pub mod inside;
 pub mod mcp;
 pub mod netns;
+pub mod oauth2;
 pub mod openapi;
 pub mod origin;
 pub mod pki;

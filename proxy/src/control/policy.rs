@@ -56,7 +56,14 @@ pub struct Applied {
 /// fact, with the digests before and after, and a log line with the diff.
 pub async fn reload(sh: &Shared, by: Option<&str>) -> Result<Applied, ReloadError> {
     let before = sh.policy.load_full();
-    let r = try_reload(sh);
+    let r = match load(sh) {
+        Ok(cfg) => {
+            // New live credentials read their first values before the policy goes into force.
+            sh.prime_credentials(&cfg.policy).await;
+            try_reload(sh, cfg)
+        }
+        Err(e) => Err(e),
+    };
     let outcome = match &r {
         Ok(_) => "ok",
         Err(e) => e.outcome(),
@@ -121,10 +128,16 @@ pub async fn reload(sh: &Shared, by: Option<&str>) -> Result<Applied, ReloadErro
     r
 }
 
-fn try_reload(sh: &Shared) -> Result<Applied, ReloadError> {
+/// The config file read again, its static secrets loaded.
+fn load(sh: &Shared) -> Result<Config, ReloadError> {
     let path = sh.config_path.as_ref().ok_or(ReloadError::NoFile)?;
     let mut cfg = Config::load(path)?;
     cfg.load_secrets()?;
+    Ok(cfg)
+}
+
+fn try_reload(sh: &Shared, mut cfg: Config) -> Result<Applied, ReloadError> {
+    sh.adopt_credentials(&mut cfg.policy);
     if cfg.proxy.listen != sh.cfg.listen || cfg.proxy.control != sh.cfg.control || cfg.proxy.facts != sh.cfg.facts {
         tracing::warn!("listener or facts changes in the [proxy] section need a restart; applying the policy only");
     }
@@ -146,6 +159,10 @@ fn try_reload(sh: &Shared) -> Result<Applied, ReloadError> {
         Some(crate::ca::Authority::open(&sh.cfg)?)
     };
     let old = sh.policy.swap(cfg.policy.clone());
+    // A refresh that landed since the adoption above, and the refreshers
+    // of credentials the new policy no longer has.
+    crate::creds::Env::apply(sh);
+    sh.creds.retain(Some(sh), &cfg.policy);
     sh.envelope.store(envelope);
     let changed_principals = principals_changed(&sh.principals.load(), &principals);
     sh.principals.store(Arc::new(principals));

@@ -54,7 +54,48 @@ pub fn run_view(sh: &Shared, run: &Run) -> RunView {
         control_url: sh.cell.as_ref().and_then(|c| c.advertise_control.clone()),
         grants: run.grants.list().iter().map(|g| grant_view(g, None)).collect(),
         budgets: budgets_view(sh, run),
+        credentials: credentials_view(sh, &run.tool),
     }
+}
+
+/// How each credential of `tool` stands (never its value).
+pub fn credentials_view(sh: &Shared, tool: &str) -> Vec<egress_api::CredentialView> {
+    let policy = sh.policy.load();
+    let Some(t) = policy.tool(tool) else {
+        return vec![];
+    };
+    if t.credentials.is_empty() {
+        return vec![];
+    }
+    let statuses = sh.creds.statuses(Some(tool));
+    let now = std::time::SystemTime::now();
+    t.credentials
+        .iter()
+        .map(|c| {
+            let s = statuses.iter().find(|s| s.name == c.name);
+            let rfc = |t: Option<std::time::SystemTime>| t.map(crate::time::rfc3339);
+            egress_api::CredentialView {
+                name: c.name.to_string(),
+                source: c.source.kind().to_owned(),
+                live: s.is_some(),
+                available: !c.secret.is_empty() && !c.unavailable(),
+                read_at: rfc(s.and_then(|s| s.read_at)),
+                age_ms: s
+                    .and_then(|s| s.read_at)
+                    .and_then(|r| now.duration_since(r).ok())
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                expires_at: rfc(s.and_then(|s| s.read_at.and(s.usable_until))),
+                last_refresh: s.and_then(|s| {
+                    Some(egress_api::RefreshView {
+                        at: crate::time::rfc3339(s.last_attempt?),
+                        outcome: s.last_outcome?.as_str().to_owned(),
+                        error: s.last_error.clone(),
+                    })
+                }),
+                next_refresh_at: rfc(s.and_then(|s| s.next_at)),
+            }
+        })
+        .collect()
 }
 
 fn grant_view(g: &crate::runs::grants::Grant, fact_id: Option<String>) -> GrantView {

@@ -151,6 +151,17 @@ pub fn credentials(
         if !c.allows(&target.host, target.port) {
             continue;
         }
+        if c.unavailable() {
+            return Err(Denial {
+                reason: DenyReason::CredentialUnavailable,
+                detail: format!(
+                    "{target} needs credential {} of tool {}, whose {} source has no usable value (never read, or expired and not refreshed); the request did not leave",
+                    c.name,
+                    tool.id,
+                    c.source.kind()
+                ),
+            });
+        }
         if channel == Channel::Plain {
             match c.allow_plaintext {
                 Plaintext::Never => {

@@ -1,0 +1,171 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use egress_config::sources::CommandSource;
+use std::time::Duration;
+
+fn command(script: &str, timeout_ms: u64, max_bytes: usize) -> CommandSource {
+    CommandSource {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        timeout: Duration::from_millis(timeout_ms),
+        max_bytes,
+        env_pass: vec![],
+    }
+}
+
+#[test]
+fn a_command_s_output_is_the_value() {
+    let f = run_command(&command("printf 'tok-1\\n'", 5000, 1024)).unwrap();
+    assert_eq!(f.value.expose(), "tok-1");
+    assert!(f.expires_at.is_none());
+    let f = run_command(&command(
+        "echo '{\"value\": \"tok-2\", \"expires_at\": \"2030-01-02T03:04:05Z\"}'",
+        5000,
+        1024,
+    ))
+    .unwrap();
+    assert_eq!(f.value.expose(), "tok-2");
+    let at = f
+        .expires_at
+        .unwrap()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(at, 1_893_553_445);
+    let f = run_command(&command(
+        "echo '{\"value\": \"t\", \"expires_at\": 1893553445}'",
+        5000,
+        1024,
+    ))
+    .unwrap();
+    assert_eq!(
+        f.expires_at
+            .unwrap()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+        1_893_553_445
+    );
+}
+
+#[test]
+fn a_command_that_hangs_is_killed_at_its_timeout_with_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("alive");
+    let started = std::time::Instant::now();
+    // A child in the background that would write later: killed with the group.
+    let script = format!("(sleep 2; touch {}) & sleep 30", marker.display());
+    let e = run_command(&command(&script, 300, 1024)).unwrap_err();
+    assert_eq!(e.outcome, Outcome::Timeout, "{}", e.message);
+    assert!(e.message.contains("did not finish within 300 ms"), "{}", e.message);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(!marker.exists(), "the command's background child was killed with it");
+}
+
+#[test]
+fn a_command_that_prints_too_much_is_cut_with_a_clear_error() {
+    let e = run_command(&command("head -c 10000000 /dev/zero | tr '\\0' a", 10_000, 65_536)).unwrap_err();
+    assert_eq!(e.outcome, Outcome::Error);
+    assert!(
+        e.message.contains("printed more than 65536 bytes (max_bytes)"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn a_value_with_a_newline_inside_or_a_failing_command_is_refused() {
+    for (script, want) in [
+        ("printf 'a\\nb\\n'", "control characters"),
+        ("printf 'a\\rb'", "control characters"),
+        ("printf 'a\\000b'", "control characters"),
+        ("printf ''", "is empty"),
+        ("echo tok; exit 1", "failed (exit status: 1)"),
+        (
+            "echo '{\"value\": \"a\", \"other\": 1}'",
+            "is not {\"value\", \"expires_at\"}",
+        ),
+        (
+            "echo '{\"value\": \"a\", \"expires_at\": \"soon\"}'",
+            "neither Unix seconds nor RFC 3339",
+        ),
+    ] {
+        let e = run_command(&command(script, 5000, 1024)).unwrap_err();
+        assert!(e.message.contains(want), "{script}: {}", e.message);
+        assert!(!e.message.contains("tok"), "no value in the message: {}", e.message);
+    }
+}
+
+#[test]
+fn a_command_sees_only_the_variables_it_is_given() {
+    // SAFETY of the test: the variable is unique to it.
+    let mut c = command("printf '%s' \"${HOME:-none}-${LOOM_CREDS_TEST:-unset}\"", 5000, 1024);
+    let f = run_command(&c).unwrap();
+    assert_eq!(f.value.expose(), "none-unset");
+    c.env_pass = vec!["HOME".into()];
+    let home = std::env::var("HOME").unwrap_or_else(|_| "none".into());
+    assert_eq!(run_command(&c).unwrap().value.expose(), format!("{home}-unset"));
+}
+
+fn refresh() -> Refresh {
+    Refresh {
+        ttl: Duration::from_secs(300),
+        failure_ttl: Duration::from_secs(60),
+        stale: Duration::ZERO,
+        refresh_before: Duration::from_secs(60),
+    }
+}
+
+use egress_config::sources::Refresh;
+
+#[test]
+fn a_token_answer_must_be_a_bearer_token() {
+    let f = oauth2::token(
+        br#"{"access_token":"at-1","token_type":"bearer","expires_in":2}"#,
+        &refresh(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(f.value.expose(), "at-1");
+    let left = f.expires_at.unwrap().duration_since(SystemTime::now()).unwrap();
+    assert!(left <= Duration::from_secs(2) && left > Duration::from_secs(1));
+    let f = oauth2::token(
+        br#"{"access_token":"at-1","token_type":"Bearer","expires_in":"60","refresh_token":"rt-2"}"#,
+        &refresh(),
+        true,
+    )
+    .unwrap();
+    assert_eq!(f.refresh_token.unwrap().expose(), "rt-2");
+    let f = oauth2::token(br#"{"access_token":"at-1","token_type":"Bearer"}"#, &refresh(), false).unwrap();
+    let left = f.expires_at.unwrap().duration_since(SystemTime::now()).unwrap();
+    assert!(left > Duration::from_secs(290), "without expires_in: ttl_ms");
+    for (answer, want) in [
+        (
+            &br#"{"access_token":"at","token_type":"mac","expires_in":60}"#[..],
+            "not Bearer",
+        ),
+        (
+            br#"{"access_token":"at","token_type":"N_A","expires_in":60}"#,
+            "not Bearer",
+        ),
+        (br#"{"access_token":"at","expires_in":60}"#, "no token_type"),
+        (br#"{"token_type":"Bearer"}"#, "no access_token"),
+        (
+            br#"{"access_token":"a\nb","token_type":"Bearer"}"#,
+            "control characters",
+        ),
+        (
+            br#"{"access_token":"a","token_type":"Bearer","expires_in":0}"#,
+            "expires_in",
+        ),
+        (
+            br#"{"access_token":"a","token_type":"Bearer","expires_in":-5}"#,
+            "expires_in",
+        ),
+        (b"<html>", "not a JSON token answer"),
+    ] {
+        let e = oauth2::token(answer, &refresh(), false).unwrap_err();
+        assert!(e.contains(want), "{}: {e}", String::from_utf8_lossy(answer));
+    }
+}
