@@ -42,6 +42,7 @@ pub use ca::{ca_dir, rotate as rotate_ca, CaError};
 pub use control::openapi;
 pub use control::reload;
 pub use control::token::{add_principal, token_path, TokenSource};
+pub use creds::describe as describe_secret_source;
 pub use facts::{Fact, FactError, FactQuery, FactSink, MemorySink, Recorded};
 pub use server::{start, Handle, Options, StartError};
 pub use state::Shared;

@@ -340,6 +340,11 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                         hosts.join(", "),
                         cr.header
                     );
+                    let _ = writeln!(
+                        out,
+                        "      secret: {}",
+                        egress_proxy::describe_secret_source(&cr.source)
+                    );
                 }
             }
             emit(&out)

@@ -427,3 +427,47 @@ async fn a_failing_command_keeps_its_last_value_then_fails_closed() {
         "{view}"
     );
 }
+
+#[test]
+fn check_says_where_each_secret_comes_from_and_tries_live_ones_never_printing_a_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.token");
+    write_secret(&good, "check-file-value", 0o600);
+    let loose = dir.path().join("loose.token");
+    write_secret(&loose, "check-loose-value", 0o644);
+    let text = format!(
+        "[tools.w]\negress = [\"a.example:443\", \"b.example:443\", \"c.example:443\", \"d.example:443\"]\n\
+         [tools.w.credentials.file]\nhosts = [\"a.example:443\"]\nvalue = \"${{secret}}\"\nplaceholder_env = \"A\"\n\
+         secret = {{ file = \"{}\", ttl_ms = 60000 }}\n\
+         [tools.w.credentials.loose]\nhosts = [\"b.example:443\"]\nvalue = \"${{secret}}\"\nplaceholder_env = \"B\"\n\
+         secret = {{ file = \"{}\", ttl_ms = 60000 }}\n\
+         [tools.w.credentials.cmd]\nhosts = [\"c.example:443\"]\nvalue = \"${{secret}}\"\nplaceholder_env = \"C\"\n\
+         secret = {{ command = [\"/bin/sh\", \"-c\", \"echo '{{\\\"value\\\": \\\"check-cmd-value\\\", \\\"expires_at\\\": 1893553445}}'\"] }}\n\
+         [tools.w.credentials.minted]\nhosts = [\"d.example:443\"]\nvalue = \"Bearer ${{secret}}\"\nplaceholder_env = \"D\"\n\
+         mint = {{ oauth2_client_credentials = {{ token_url = \"https://auth.example/token\", client_id = \"loom\", client_secret = {{ file = \"{}\" }} }} }}\n",
+        good.display(),
+        loose.display(),
+        good.display(),
+    );
+    let cfg = dir.path().join("egress.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = std::process::Command::new(egress_e2e::process::bin("egress-proxy"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for want in [
+        "re-read every 60000 ms, served 300000 ms stale at most (read now: ok)",
+        "loose.token, re-read every 60000 ms, served 300000 ms stale at most (read now: FAILED:",
+        "is mode 0644: a secret file must be 0600 or stricter",
+        "secret: command /bin/sh, every 300000 ms, timeout 10000 ms, served 300000 ms stale at most (ran now: ok, expires 2030-01-02T03:04:05",
+        "secret: minted (oauth2_client_credentials) at https://auth.example/token as client loom, refreshed 60000 ms before expiry (client_secret reads; the proxy mints at start)",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+    for value in ["check-file-value", "check-loose-value", "check-cmd-value"] {
+        assert!(!stdout.contains(value), "{stdout}");
+    }
+}

@@ -503,6 +503,72 @@ fn record(e: &Entry, env: &dyn Env, r: Result<Fresh, Failure>) -> Duration {
     wait
 }
 
+/// What `check` says of a credential's source: its kind, and for a live
+/// file or command the outcome of one read now (with its expiry, if it
+/// said one); for a minted token, whether its nested sources read. Never a
+/// value.
+pub fn describe(source: &SecretSource) -> String {
+    let ms = |d: Duration| d.as_millis();
+    let expiry = |f: &Fresh| match f.expires_at {
+        Some(t) => format!(", expires {}", crate::time::rfc3339(t)),
+        None => String::new(),
+    };
+    match source {
+        SecretSource::Env(n) => format!("env {n} (read at start and on reload)"),
+        SecretSource::File(p) => format!("file {} (read at start and on reload)", p.display()),
+        SecretSource::Live(l) => match &l.kind {
+            LiveKind::File(p) => {
+                let now = match egress_config::sources::read_file(p) {
+                    Ok(_) => "read now: ok".to_owned(),
+                    Err(e) => format!("read now: FAILED: {e}"),
+                };
+                format!(
+                    "file {}, re-read every {} ms, served {} ms stale at most ({now})",
+                    p.display(),
+                    ms(l.refresh.ttl),
+                    ms(l.refresh.stale)
+                )
+            }
+            LiveKind::Command(c) => {
+                let now = match run_command(c) {
+                    Ok(f) => format!("ran now: ok{}", expiry(&f)),
+                    Err(f) => format!("ran now: FAILED ({}): {}", f.outcome.as_str(), f.message),
+                };
+                format!(
+                    "command {}, every {} ms, timeout {} ms, served {} ms stale at most ({now})",
+                    c.argv[0],
+                    ms(l.refresh.ttl),
+                    ms(c.timeout),
+                    ms(l.refresh.stale)
+                )
+            }
+            LiveKind::OAuth2(o) => {
+                let mut nested = vec![];
+                if let Some(cs) = &o.client_secret {
+                    nested.push(match read_nested(cs, "client_secret") {
+                        Ok(_) => "client_secret reads".to_owned(),
+                        Err(f) => format!("FAILED: {}", f.message),
+                    });
+                }
+                if let Grant::RefreshToken { refresh_token } = &o.grant {
+                    nested.push(match read_nested(refresh_token, "refresh_token") {
+                        Ok(_) => "refresh_token reads".to_owned(),
+                        Err(f) => format!("FAILED: {}", f.message),
+                    });
+                }
+                format!(
+                    "minted ({}) at {} as client {}, refreshed {} ms before expiry ({}; the proxy mints at start)",
+                    l.kind.name(),
+                    o.token_url.text,
+                    o.client_id,
+                    ms(l.refresh.refresh_before),
+                    nested.join(", ")
+                )
+            }
+        },
+    }
+}
+
 /// The refresh token a refresh uses: the rotated one in memory, else its
 /// source read now.
 pub(crate) fn refresh_token_of(grant: &Grant, rotated: Option<Secret>) -> Result<Secret, Failure> {
