@@ -14,6 +14,7 @@
 
 mod command;
 mod oauth2;
+pub(crate) mod sigv4;
 
 use crate::ca::Authority;
 use crate::dns::{Dial, Resolve};
