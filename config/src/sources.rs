@@ -52,6 +52,7 @@ impl SecretSource {
                         c.argv[0] = p.to_string_lossy().into_owned();
                     }
                 }
+                LiveKind::AwsSecretsManager(_) => {}
                 LiveKind::OAuth2(o) => {
                     if let Some(s) = &mut o.client_secret {
                         s.paths_mut(f);
@@ -80,6 +81,9 @@ pub enum LiveKind {
     Command(CommandSource),
     /// `mint = { oauth2_… }`: an access token from a token endpoint.
     OAuth2(OAuth2),
+    /// `secret = { aws_secrets_manager = { … } }`: a secret's current value
+    /// from AWS Secrets Manager.
+    AwsSecretsManager(AwsSecret),
 }
 
 impl LiveKind {
@@ -91,6 +95,7 @@ impl LiveKind {
                 Grant::ClientCredentials => "oauth2_client_credentials",
                 Grant::RefreshToken { .. } => "oauth2_refresh_token",
             },
+            LiveKind::AwsSecretsManager(_) => "aws_secrets_manager",
         }
     }
 }
@@ -134,6 +139,21 @@ pub struct CommandSource {
     pub max_bytes: usize,
     /// The proxy's environment variables it gets (and no other).
     pub env_pass: Vec<String>,
+}
+
+/// `aws_secrets_manager = { secret_id, region, json_key?, endpoint? }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsSecret {
+    /// The secret's name or ARN.
+    pub secret_id: String,
+    pub region: String,
+    /// The member of a JSON `SecretString` that is the value (without it:
+    /// the whole string).
+    pub json_key: Option<String>,
+    /// `https://secretsmanager.<region>.amazonaws.com/`, or the operator's
+    /// (a VPC endpoint; `http://` only to loopback with `allow_plaintext`).
+    pub endpoint: TokenUrl,
+    pub timeout: Duration,
 }
 
 /// A token endpoint and how to ask it.
@@ -218,7 +238,7 @@ pub fn read_simple(source: &SecretSource) -> Option<Result<Secret, String>> {
         SecretSource::File(path) => read_file(path),
         SecretSource::Live(l) => match &l.kind {
             LiveKind::File(path) => read_file(path),
-            LiveKind::Command(_) | LiveKind::OAuth2(_) => return None,
+            LiveKind::Command(_) | LiveKind::OAuth2(_) | LiveKind::AwsSecretsManager(_) => return None,
         },
     })
 }
@@ -229,7 +249,8 @@ fn valid_env_name(n: &str) -> bool {
         && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
 }
 
-const WHAT: &str = "{ env = \"NAME\" }, { file = \"path\" } or { command = [\"program\", …] }";
+const WHAT: &str =
+    "{ env = \"NAME\" }, { file = \"path\" }, { command = [\"program\", …] } or { aws_secrets_manager = { … } }";
 
 /// Reads `secret = { … }` (the table is `t`).
 pub(crate) fn secret(t: &mut Section) -> Option<SecretSource> {
@@ -238,6 +259,21 @@ pub(crate) fn secret(t: &mut Section) -> Option<SecretSource> {
     let command: Option<Vec<(String, String)>> = t.list("command");
     let at = t.path().to_owned();
     let live = t.has("ttl_ms") || t.has("failure_ttl_ms") || t.has("stale_ms");
+    if let Some(mut a) = t.optional_table("aws_secrets_manager") {
+        let aws = aws_secret(&mut a);
+        a.finish();
+        if env.is_some() || file.is_some() || command.is_some() {
+            t.problems.push(&at, format!("must be exactly one of {WHAT}"));
+            return None;
+        }
+        let refresh = refresh(t, Some(DEFAULT_TTL));
+        return aws.map(|kind| {
+            SecretSource::Live(Arc::new(LiveSource {
+                kind: LiveKind::AwsSecretsManager(kind),
+                refresh,
+            }))
+        });
+    }
     let r = match (env, file, command) {
         (Some(e), None, None) if valid_env_name(&e) => {
             if live {
@@ -311,6 +347,69 @@ pub(crate) fn secret(t: &mut Section) -> Option<SecretSource> {
         }
     };
     r
+}
+
+/// The inside of `aws_secrets_manager = { … }`.
+fn aws_secret(a: &mut Section) -> Option<AwsSecret> {
+    let secret_id: Option<String> = a.required("secret_id", "the secret's name or ARN");
+    let region: Option<String> = a.required("region", "the AWS region, e.g. \"eu-west-1\"");
+    if let Some(r) = &region {
+        if r.is_empty()
+            || !r
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            let at = a.at("region");
+            a.problems
+                .push(at, format!("{r:?} is not a region name (a-z, 0-9, '-')"));
+        }
+    }
+    if secret_id
+        .as_ref()
+        .is_some_and(|s| s.is_empty() || s.chars().any(char::is_control))
+    {
+        let at = a.at("secret_id");
+        a.problems.push(at, "must be non-empty text without control characters");
+    }
+    let json_key: Option<String> = a.get("json_key");
+    let allow_plaintext: bool = a.or("allow_plaintext", false);
+    let endpoint = match a.get::<String>("endpoint") {
+        Some(u) => match token_url(&u) {
+            Ok(e) if !e.https && !allow_plaintext => {
+                let at = a.at("endpoint");
+                a.problems.push(
+                    at,
+                    format!("{u} is plain HTTP: an endpoint must be https:// (allow_plaintext = true allows http:// to a loopback address)"),
+                );
+                None
+            }
+            Ok(e) if !e.https && matches!(&e.host, Host::Ip(ip) if !ip.to_canonical().is_loopback()) => {
+                let at = a.at("endpoint");
+                a.problems.push(
+                    at,
+                    format!("{u} is not a loopback address: plain HTTP goes only to loopback"),
+                );
+                None
+            }
+            Ok(e) => Some(e),
+            Err(e) => {
+                let at = a.at("endpoint");
+                a.problems.push(at, e);
+                None
+            }
+        },
+        None => region
+            .as_ref()
+            .and_then(|r| token_url(&format!("https://secretsmanager.{r}.amazonaws.com/")).ok()),
+    };
+    let timeout = a.millis("timeout_ms", 100..=120_000, DEFAULT_TIMEOUT);
+    Some(AwsSecret {
+        secret_id: secret_id?,
+        region: region?,
+        json_key,
+        endpoint: endpoint?,
+        timeout,
+    })
 }
 
 /// `ttl_ms`, `failure_ttl_ms`, `stale_ms` (and `refresh_before_ms`).

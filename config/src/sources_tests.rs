@@ -175,3 +175,44 @@ fn a_live_source_is_not_loaded_with_the_static_ones() {
     let cred = &c.policy.tool("t").unwrap().credentials[0];
     assert!(cred.secret.is_empty() && cred.usable_until.is_none());
 }
+
+#[test]
+fn a_secret_from_aws_secrets_manager_is_live_with_its_endpoint() {
+    let l = live(source(
+        "secret = { aws_secrets_manager = { secret_id = \"prod/weather\", region = \"eu-west-1\", json_key = \"api_key\" }, ttl_ms = 60000 }",
+    ));
+    let LiveKind::AwsSecretsManager(a) = &l.kind else {
+        panic!("{l:?}")
+    };
+    assert_eq!(a.secret_id, "prod/weather");
+    assert_eq!(a.json_key.as_deref(), Some("api_key"));
+    assert_eq!(a.endpoint.text, "https://secretsmanager.eu-west-1.amazonaws.com/");
+    assert_eq!(
+        a.endpoint.host,
+        Host::Name("secretsmanager.eu-west-1.amazonaws.com".into())
+    );
+    assert_eq!(l.refresh.ttl, Duration::from_millis(60000));
+    assert_eq!(l.kind.name(), "aws_secrets_manager");
+    let l = live(source(
+        "secret = { aws_secrets_manager = { secret_id = \"s\", region = \"us-east-1\", endpoint = \"http://127.0.0.2:5000\", allow_plaintext = true } }",
+    ));
+    let LiveKind::AwsSecretsManager(a) = &l.kind else {
+        panic!()
+    };
+    assert!(!a.endpoint.https);
+    for (line, want) in [
+        ("secret = { aws_secrets_manager = { region = \"us-east-1\" } }", "aws_secrets_manager.secret_id: is required"),
+        ("secret = { aws_secrets_manager = { secret_id = \"s\", region = \"US East\" } }", "is not a region name"),
+        (
+            "secret = { aws_secrets_manager = { secret_id = \"s\", region = \"us-east-1\", endpoint = \"http://sm.example\" } }",
+            "is plain HTTP",
+        ),
+        (
+            "secret = { aws_secrets_manager = { secret_id = \"s\", region = \"us-east-1\" }, env = \"X\" }",
+            "secret: must be exactly one of",
+        ),
+    ] {
+        let e = parse(line).err().unwrap_or_else(|| panic!("{line} parsed"));
+        assert!(e.contains(want), "{line}: missing {want:?} in\n{e}");
+    }
+}

@@ -13,6 +13,7 @@
 //! of test support for both products. Tests never use the machine's resolver.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod aws;
 pub mod credentials;
 pub mod dns;
 pub mod executor;

@@ -12,7 +12,9 @@
 //! This room knows no `Shared`: the refreshers reach the proxy through
 //! [`Env`], which the state implements.
 
+mod aws;
 mod command;
+mod http;
 mod oauth2;
 pub(crate) mod sigv4;
 
@@ -328,6 +330,7 @@ fn timeout_of(source: &LiveSource) -> Duration {
         LiveKind::File(_) => Duration::from_secs(5),
         LiveKind::Command(c) => c.timeout,
         LiveKind::OAuth2(o) => o.timeout,
+        LiveKind::AwsSecretsManager(a) => a.timeout,
     }
 }
 
@@ -354,6 +357,7 @@ async fn read(e: &Entry, env: &dyn Env) -> Result<Fresh, Failure> {
                 Err(e) => Err(Failure::error(format!("the command's thread failed: {e}"))),
             }
         }
+        LiveKind::AwsSecretsManager(a) => aws::get_secret(a, env).await,
         LiveKind::OAuth2(o) => {
             let rotated = e.state().refresh_token.clone();
             let fresh = oauth2::mint(o, &e.source.refresh, rotated.clone(), env).await?;
@@ -543,6 +547,21 @@ pub fn describe(source: &SecretSource) -> String {
                     ms(l.refresh.stale)
                 )
             }
+            LiveKind::AwsSecretsManager(a) => {
+                let keys = match aws::own_keys() {
+                    Ok(_) => "the proxy's AWS keys are found".to_owned(),
+                    Err(e) => format!("FAILED: {e}"),
+                };
+                format!(
+                    "aws_secrets_manager {} in {} at {}{}, every {} ms, served {} ms stale at most ({keys}; the proxy reads it at start)",
+                    a.secret_id,
+                    a.region,
+                    a.endpoint.text,
+                    a.json_key.as_deref().map(|k| format!(", member {k}")).unwrap_or_default(),
+                    ms(l.refresh.ttl),
+                    ms(l.refresh.stale)
+                )
+            }
             LiveKind::OAuth2(o) => {
                 let mut nested = vec![];
                 if let Some(cs) = &o.client_secret {
@@ -587,7 +606,10 @@ pub(crate) fn read_nested(source: &SecretSource, what: &str) -> Result<Secret, F
         None => match source {
             SecretSource::Live(l) => match &l.kind {
                 LiveKind::Command(c) => run_command(c).map(|f| f.value).map_err(|f| f.message),
-                _ => Err("a minted token cannot be another mint's source".into()),
+                _ => Err(
+                    "a minted token or AWS secret cannot be a mint's source (use a file, the environment or a command)"
+                        .into(),
+                ),
             },
             _ => Err("unreadable source".into()),
         },

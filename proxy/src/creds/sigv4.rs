@@ -22,7 +22,8 @@
 //! names the caller adds (botocore signs every header but a few
 //! hop-by-hop ones).
 
-// Nothing in the proxy calls the signer yet; its tests do.
+// The proxy signs its own Secrets Manager requests with `sign`; the rest
+// (reading another signer's header, chunk signatures) is for re-signing.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use sha2::{Digest, Sha256};
@@ -413,7 +414,7 @@ fn hmac_sha256(key: &[u8], data: &[u8]) -> [u8; 32] {
 }
 
 /// Lower-case hex.
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for &b in bytes {

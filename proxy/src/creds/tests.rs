@@ -169,3 +169,43 @@ fn a_token_answer_must_be_a_bearer_token() {
         assert!(e.contains(want), "{}: {e}", String::from_utf8_lossy(answer));
     }
 }
+
+#[test]
+fn the_proxy_s_aws_keys_come_from_a_profile_of_the_shared_file() {
+    let text = "# comment\n[default]\naws_access_key_id = AKIDDEFAULT\naws_secret_access_key = s1\n\n[ci]\naws_access_key_id=AKIDCI\naws_secret_access_key=s2\naws_session_token = t2\n";
+    let k = aws::profile_keys(text, "default").unwrap();
+    assert_eq!(
+        (k.access_key_id.as_str(), k.secret_access_key.as_str()),
+        ("AKIDDEFAULT", "s1")
+    );
+    assert!(k.session_token.is_none());
+    let k = aws::profile_keys(text, "ci").unwrap();
+    assert_eq!(k.session_token.as_deref(), Some("t2"));
+    assert!(aws::profile_keys(text, "other").is_none());
+    assert!(
+        aws::profile_keys("[x]\naws_access_key_id = A\n", "x").is_none(),
+        "no secret key"
+    );
+}
+
+#[test]
+fn a_secrets_manager_answer_gives_its_string_or_one_member() {
+    let v = |s: &str| serde_json::from_str::<serde_json::Value>(s).ok();
+    let a = v(r#"{"Name":"n","SecretString":"{\"api_key\":\"k-1\",\"n\":3}"}"#);
+    assert_eq!(
+        aws::secret_value(a.as_ref(), None).unwrap().expose(),
+        "{\"api_key\":\"k-1\",\"n\":3}"
+    );
+    assert_eq!(aws::secret_value(a.as_ref(), Some("api_key")).unwrap().expose(), "k-1");
+    for (answer, key, want) in [
+        (a.clone(), Some("n"), "not a string"),
+        (a.clone(), Some("missing"), "no such member"),
+        (v(r#"{"SecretString":"plain"}"#), Some("k"), "is not JSON"),
+        (v(r#"{"SecretBinary":"AAEC"}"#), None, "binary"),
+        (v(r#"{"SecretString":"a\nb"}"#), None, "control characters"),
+        (None, None, "not JSON"),
+    ] {
+        let e = aws::secret_value(answer.as_ref(), key).unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+}
