@@ -239,6 +239,14 @@ def egress():
                        target("rate(egress_facts_coalesced_total[$__rate_interval])", "coalesced", "B")],
                       "reqps", thresholds((None, GREEN), (0.01, RED))))
 
+    L.row("Are live credentials fresh?")
+    L.add(*timeseries("How long until each live credential expires?", "Seconds until each live credential's value (a minted token, a file with ttl_ms, a command, a Secrets Manager secret) may no longer be used, by tool and credential; it climbs back at each refresh. Below 0 (or far below, 0 before any value) requests needing it fail with credential_unavailable. Red under 5 minutes (alert EgressCredentialExpiring when refreshes also fail).",
+                      [target("egress_credential_expiry_seconds - time()", "{{tool}} {{credential}}")],
+                      "s", thresholds((None, RED), (300, GREEN)), min0=False))
+    L.add(*timeseries("Are credential refreshes failing?", "Reads and mints of live credential sources per second, by tool, credential and outcome (ok, error, timeout). A failing source keeps its value in hand until it expires; the run view's credentials[].last_refresh says why.",
+                      [target("sum by (tool, credential, outcome) (rate(egress_credential_refresh_total[$__rate_interval]))", "{{tool}} {{credential}} {{outcome}}")],
+                      "reqps"))
+
     L.row("Is the fleet exporting, and do its cells agree?")
     L.add(*stat("How many policies are live across the fleet?", "Distinct policy digests in the cells' egress_cell_info. 1 is right; more means a reload reached some cells and not others (alert EgressFleetPolicyDiverged), and a tool may be allowed on one cell and denied on another.",
                 "count(count by (policy) (egress_cell_info))", "none", thresholds((None, GREEN), (2, RED)), w=6))
