@@ -352,15 +352,8 @@ impl Policy {
     /// Builds the secret scans of the policy and of each tool from the
     /// credentials' loaded secrets.
     pub fn index_secrets(&mut self) {
-        for t in self.tools.values_mut() {
-            let t = Arc::make_mut(t);
-            t.secrets = SecretScan::build(t.credentials.iter().enumerate().map(|(i, c)| (&t.id, i, c)));
-        }
-        self.secrets = SecretScan::build(
-            self.tools
-                .values()
-                .flat_map(|t| t.credentials.iter().enumerate().map(move |(i, c)| (&t.id, i, c))),
-        );
+        let all: std::collections::BTreeSet<String> = self.tools.keys().cloned().collect();
+        self.index_secrets_of(&all);
     }
 }
 

@@ -450,7 +450,7 @@ mod tests {
         for r in DenyReason::ALL {
             assert!(seen.insert(r.code()));
             assert!(r.code().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
-            let server = r == DenyReason::Unscrubbable;
+            let server = matches!(r, DenyReason::Unscrubbable | DenyReason::CredentialUnavailable);
             assert!(r.status().is_client_error() != server, "{r:?}");
             assert!(r.rule().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
             assert!(r.hint().is_ascii() && r.hint().len() < 160, "{}", r.hint());

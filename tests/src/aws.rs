@@ -14,15 +14,10 @@ pub struct Moto {
 /// Skips (with a message) where moto or boto3 is missing; `.ci/run`
 /// installs both.
 pub fn available() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import moto.server, boto3"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIP: moto[server] and boto3 are not installed (pip install -r tests/credentials/requirements.txt)");
-    }
-    ok
+    crate::process::python_has(
+        "moto.server, boto3",
+        "pip install -r tests/credentials/requirements.txt",
+    )
 }
 
 impl Moto {

@@ -25,15 +25,7 @@ pub struct OAuthServer {
 /// Skips (with a message) where authlib or Flask is missing; `.ci/run`
 /// installs both (tests/credentials/requirements.txt).
 pub fn available() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import authlib, flask"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIP: authlib and flask are not installed (pip install -r tests/credentials/requirements.txt)");
-    }
-    ok
+    crate::process::python_has("authlib, flask", "pip install -r tests/credentials/requirements.txt")
 }
 
 impl OAuthServer {

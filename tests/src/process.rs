@@ -401,3 +401,17 @@ pub async fn client(env: &std::collections::BTreeMap<String, String>, program: &
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// Whether `python3` imports `modules` (comma-separated); if not, says which
+/// test skips and what installs them (`.ci/run` does).
+pub fn python_has(modules: &str, install: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: python3 cannot import {modules} ({install})");
+    }
+    ok
+}

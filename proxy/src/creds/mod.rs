@@ -156,7 +156,6 @@ pub struct Status {
     pub last_outcome: Option<Outcome>,
     pub last_error: Option<String>,
     pub next_at: Option<SystemTime>,
-    pub available: bool,
 }
 
 fn live_sources(policy: &Policy) -> impl Iterator<Item = (&Arc<str>, &Arc<str>, &Arc<LiveSource>)> {
@@ -298,7 +297,6 @@ impl Live {
 
     /// How each live credential stands (of `tool`, or all).
     pub fn statuses(&self, tool: Option<&str>) -> Vec<Status> {
-        let now = SystemTime::now();
         let mut out: Vec<Status> = self
             .entries()
             .values()
@@ -315,7 +313,6 @@ impl Live {
                     last_outcome: s.last_outcome,
                     last_error: s.last_error.clone(),
                     next_at: s.next_at,
-                    available: s.value.is_some() && s.usable_until.is_some_and(|u| u > now),
                 }
             })
             .collect();
