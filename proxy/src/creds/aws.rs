@@ -8,7 +8,7 @@
 //! `~/.aws/credentials`; profile `AWS_PROFILE`, default `default`), read at
 //! each request so a rotation of the proxy's own keys is picked up.
 
-use super::http::{authority, post};
+use super::http::{authority, post, within};
 use super::sigv4::{sign, Keys, Request, Scope};
 use super::{Failure, Fresh};
 use crate::creds::Env;
@@ -85,17 +85,8 @@ pub(super) fn profile_keys(text: &str, profile: &str) -> Option<OwnKeys> {
 
 /// Asks Secrets Manager for `a`'s current value.
 pub(super) async fn get_secret(a: &AwsSecret, env: &dyn Env) -> Result<Fresh, Failure> {
-    match tokio::time::timeout(a.timeout, ask(a, env)).await {
-        Ok(r) => r,
-        Err(_) => Err(Failure {
-            outcome: super::Outcome::Timeout,
-            message: format!(
-                "secrets manager {} did not answer within {} ms (timeout_ms)",
-                a.endpoint.text,
-                a.timeout.as_millis()
-            ),
-        }),
-    }
+    let what = format!("secrets manager {}", a.endpoint.text);
+    within(a.timeout, &what, ask(a, env)).await
 }
 
 async fn ask(a: &AwsSecret, env: &dyn Env) -> Result<Fresh, Failure> {

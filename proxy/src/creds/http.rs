@@ -18,6 +18,22 @@ use std::net::{IpAddr, SocketAddr};
 /// The most an endpoint's answer may hold.
 pub(super) const MAX_ANSWER: usize = 64 * 1024;
 
+/// `work` within `timeout`, or a `timeout` failure naming `what` (the
+/// source's endpoint, as the operator wrote it).
+pub(super) async fn within<T>(
+    timeout: std::time::Duration,
+    what: &str,
+    work: impl std::future::Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(Failure {
+            outcome: super::Outcome::Timeout,
+            message: format!("{what} did not answer within {} ms (timeout_ms)", timeout.as_millis()),
+        }),
+    }
+}
+
 /// POSTs `body` with `headers` (and `Host`) to `url`; the status and the body.
 pub(super) async fn post(
     env: &dyn Env,

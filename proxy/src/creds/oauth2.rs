@@ -6,8 +6,8 @@
 //! `client_id` in the form. The answer must be a Bearer token; anything
 //! else is refused. Failures name the HTTP status, never the body.
 
-use super::http::post;
-use super::{read_nested, refresh_token_of, Env, Failure, Fresh, Outcome};
+use super::http::{post, within};
+use super::{read_nested, refresh_token_of, Env, Failure, Fresh};
 use egress_config::sources::{check_value, Grant, OAuth2, Refresh, DEFAULT_TTL};
 use egress_config::Secret;
 use std::time::{Duration, SystemTime};
@@ -19,17 +19,8 @@ pub(super) async fn mint(
     rotated: Option<Secret>,
     env: &dyn Env,
 ) -> Result<Fresh, Failure> {
-    match tokio::time::timeout(o.timeout, exchange(o, refresh, rotated, env)).await {
-        Ok(r) => r,
-        Err(_) => Err(Failure {
-            outcome: Outcome::Timeout,
-            message: format!(
-                "token endpoint {} did not answer within {} ms (timeout_ms)",
-                o.token_url.text,
-                o.timeout.as_millis()
-            ),
-        }),
-    }
+    let what = format!("token endpoint {}", o.token_url.text);
+    within(o.timeout, &what, exchange(o, refresh, rotated, env)).await
 }
 
 fn form_encode(s: &str) -> String {

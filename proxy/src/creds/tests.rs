@@ -1,7 +1,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
+use crate::ca::Authority;
+use crate::dns::{Dial, Resolve};
 use egress_config::sources::CommandSource;
+use egress_config::RangeTable;
 use std::time::Duration;
 
 fn command(script: &str, timeout_ms: u64, max_bytes: usize) -> CommandSource {
@@ -208,4 +211,88 @@ fn a_secrets_manager_answer_gives_its_string_or_one_member() {
         let e = aws::secret_value(answer.as_ref(), key).unwrap_err();
         assert!(e.contains(want), "{e}");
     }
+}
+
+/// An [`Env`] whose resolver answers `addrs` for every name and whose
+/// dialer only counts its calls (it never connects).
+struct FakeEnv {
+    addrs: Vec<std::net::IpAddr>,
+    ranges: egress_config::RangeTable,
+    dials: std::sync::atomic::AtomicUsize,
+    metrics: Metrics,
+    ca: Arc<crate::ca::Authority>,
+}
+
+impl crate::dns::Resolve for FakeEnv {
+    fn resolve<'a>(
+        &'a self,
+        _name: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<std::net::IpAddr>, crate::dns::DnsError>> {
+        Box::pin(async move { Ok(self.addrs.clone()) })
+    }
+}
+
+impl crate::dns::Dial for FakeEnv {
+    fn dial(
+        &self,
+        _addr: std::net::SocketAddr,
+    ) -> futures_util::future::BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> {
+        self.dials.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Err(std::io::Error::other("the fake dialer connects nowhere")) })
+    }
+}
+
+impl Env for FakeEnv {
+    fn resolver(&self) -> &dyn Resolve {
+        self
+    }
+    fn dialer(&self) -> &dyn Dial {
+        self
+    }
+    fn ranges(&self) -> RangeTable {
+        self.ranges.clone()
+    }
+    fn authority(&self) -> Arc<Authority> {
+        self.ca.clone()
+    }
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+    fn apply(&self) {}
+}
+
+fn fake_env(addrs: &[&str], allow: &[&str]) -> FakeEnv {
+    FakeEnv {
+        addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        ranges: RangeTable::new(allow.iter().map(|n| n.parse().unwrap()).collect(), vec![]),
+        dials: Default::default(),
+        metrics: Metrics::new(),
+        ca: Arc::new(Authority::open_in(None, &egress_config::ProxyConfig::default()).unwrap()),
+    }
+}
+
+#[tokio::test]
+async fn a_source_endpoint_is_dialled_only_at_addresses_its_scheme_and_the_ranges_allow() {
+    let post = |env: FakeEnv, url: &'static str| async move {
+        let u = egress_config::sources::token_url(url).unwrap();
+        let r = http::post(&env, &u, vec![], vec![]).await;
+        (
+            r.err().map(|f| f.message).unwrap_or_default(),
+            env.dials.load(std::sync::atomic::Ordering::SeqCst),
+        )
+    };
+    // Plain HTTP to a name that resolves off loopback (allowed by the
+    // ranges): never dialled, the cleartext would leave the host.
+    let (e, dials) = post(fake_env(&["10.1.2.3"], &["10.0.0.0/8"]), "http://sm.example/").await;
+    assert_eq!(dials, 0, "{e}");
+    assert!(e.contains("10.1.2.3 (plain HTTP goes only to loopback)"), "{e}");
+    // Any scheme to a denied range: never dialled.
+    let (e, dials) = post(fake_env(&["169.254.169.254"], &[]), "https://auth.example/token").await;
+    assert_eq!(dials, 0, "{e}");
+    assert!(e.contains("169.254.169.254 (in 169.254.0.0/16)"), "{e}");
+    // Loopback in plain HTTP, and an allowed address over TLS, are dialled.
+    let (_, dials) = post(fake_env(&["127.0.0.2"], &["127.0.0.2/32"]), "http://sm.example/").await;
+    assert_eq!(dials, 1);
+    let (_, dials) = post(fake_env(&["10.1.2.3"], &["10.0.0.0/8"]), "https://sm.example/").await;
+    assert_eq!(dials, 1);
 }
