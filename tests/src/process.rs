@@ -415,3 +415,21 @@ pub fn python_has(modules: &str, install: &str) -> bool {
     }
     ok
 }
+
+/// `egress-proxy check --config F` on `text` written to a temporary file:
+/// whether it exited 0, its stdout and stderr.
+pub fn proxy_check(text: &str) -> (bool, String, String) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let cfg = dir.path().join("egress.toml");
+    std::fs::write(&cfg, text).expect("write the config");
+    let out = Command::new(bin("egress-proxy"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("egress-proxy runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -449,15 +449,8 @@ fn check_says_where_each_secret_comes_from_and_tries_live_ones_never_printing_a_
         loose.display(),
         good.display(),
     );
-    let cfg = dir.path().join("egress.toml");
-    std::fs::write(&cfg, text).unwrap();
-    let out = std::process::Command::new(egress_e2e::process::bin("egress-proxy"))
-        .args(["check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, stdout, stderr) = egress_e2e::process::proxy_check(&text);
+    assert!(ok, "{stdout}{stderr}");
     for want in [
         "re-read every 60000 ms, served 300000 ms stale at most (read now: ok)",
         "loose.token, re-read every 60000 ms, served 300000 ms stale at most (read now: FAILED:",

@@ -287,16 +287,8 @@ async fn a_raw_backslash_or_fragment_never_reaches_the_origin() {
 fn check_says_which_hosts_path_rules_intercept() {
     let text =
         format!("[tools.w]\negress = [{{ host = \"api.github.com\", port = 443, {RULES} }}, \"example.com:443\"]\n");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("egress.toml");
-    std::fs::write(&cfg, text).unwrap();
-    let out = std::process::Command::new(egress_e2e::process::bin("egress-proxy"))
-        .args(["check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, stdout, stderr) = egress_e2e::process::proxy_check(&text);
+    assert!(ok, "{stdout}{stderr}");
     assert!(
         stdout.contains("api.github.com:443 methods=GET,HEAD paths=/repos/acme/**,/user"),
         "{stdout}"
