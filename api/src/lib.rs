@@ -424,10 +424,11 @@ pub fn proxy_env(proxy_url: &str) -> std::collections::BTreeMap<String, String> 
 /// for a tool whose CONNECTs the proxy may intercept: OpenSSL, Python
 /// `requests` and curl read `bundle` (the system roots plus the appliance
 /// CA); Node adds `ca_cert` (the appliance CA alone) to its own roots.
-pub const CA_ENV: [&str; 4] = [
+pub const CA_ENV: [&str; 5] = [
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE",
+    "AWS_CA_BUNDLE",
     "NODE_EXTRA_CA_CERTS",
 ];
 

@@ -10,6 +10,7 @@ use crate::allowlist::{Allowlist, Match};
 use crate::executor::RESERVED_ENV;
 use crate::host::{parse_authority, Host};
 use crate::reader::{Problems, Section};
+use crate::sign::AwsSigV4;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -132,6 +133,10 @@ pub struct Credential {
     /// Values the live source had before `secret`, still valid where they
     /// were issued: scanned for and scrubbed like `secret`, never sent.
     pub previous: Vec<Secret>,
+    /// `sign = { aws_sigv4 = { … } }`: the proxy re-signs the tool's
+    /// requests (`secret` is the secret access key); `header` and `value`
+    /// are unused.
+    pub sign: Option<Arc<AwsSigV4>>,
 }
 
 impl Credential {
@@ -197,6 +202,18 @@ pub(crate) fn credentials(
         c.finish();
         out.extend(cred);
     }
+    // A request is signed once: a signing credential's hosts are its own.
+    for s in out.iter().filter(|c| c.sign.is_some()) {
+        for o in out.iter().filter(|o| o.name != s.name) {
+            if let Some((h, p)) = s.hosts.iter().find(|(h, p)| o.allows(h, *p)) {
+                let at = t.at(&s.name);
+                t.problems.push(
+                    at,
+                    format!("{h}:{p} is also a host of credential {}: a signing credential's hosts take no other credential", o.name),
+                );
+            }
+        }
+    }
     t.finish();
     out
 }
@@ -235,6 +252,19 @@ fn credential(
             Err(e) => c.problems.push(at, format!("{h:?}: {e}")),
         }
     }
+    let signed = c.has("sign");
+    if signed {
+        for key in ["header", "value", "secret", "mint", "rewrite_websocket"] {
+            if c.has(key) {
+                let at = c.at(key);
+                c.problems.push(
+                    at,
+                    "is not for a signing credential: the proxy signs each request with the keys of sign.aws_sigv4",
+                );
+                let _ = c.take(key);
+            }
+        }
+    }
     let header: String = c.or("header", DEFAULT_HEADER.to_owned());
     if !valid_header_name(&header) {
         let at = c.at("header");
@@ -249,7 +279,11 @@ fn credential(
             format!("{header:?} is set by the proxy and cannot carry a credential"),
         );
     }
-    let value = match c.required::<String>("value", "a template with ${secret}, e.g. \"Bearer ${secret}\"") {
+    let value = match if signed {
+        Some("${secret}".to_owned())
+    } else {
+        c.required::<String>("value", "a template with ${secret}, e.g. \"Bearer ${secret}\"")
+    } {
         Some(v) => match Template::parse(&v) {
             Ok(t) => Some(t),
             Err(e) => {
@@ -260,8 +294,25 @@ fn credential(
         },
         None => None,
     };
-    let source = source(c);
+    let (sign, source) = if signed {
+        let mut t = c.table("sign");
+        let r = crate::sign::sign(&mut t);
+        t.finish();
+        match r {
+            Some((sign, source)) => (Some(Arc::new(sign)), Some(source)),
+            None => (None, None),
+        }
+    } else {
+        (None, source(c))
+    };
     let allow_plaintext = plaintext(c, &hosts);
+    if signed && allow_plaintext != Plaintext::Never {
+        let at = c.at("allow_plaintext");
+        c.problems.push(
+            at,
+            "a signing credential goes only over TLS the proxy verified (the request is re-signed inside interception)",
+        );
+    }
     let rewrite_websocket = match c.get::<toml::Value>("rewrite_websocket") {
         None => false,
         Some(toml::Value::Boolean(b)) => b,
@@ -275,6 +326,25 @@ fn credential(
         c.required("placeholder_env", "the variable the child gets the placeholder in");
     if let Some(v) = &placeholder_env {
         let at = c.at("placeholder_env");
+        if !valid_env_name(v) {
+            c.problems.push(at, format!("{v:?} is not a variable name"));
+        } else if sign.as_ref().is_some_and(|s| s.secret_env == *v) {
+            c.problems.push(
+                at,
+                format!("{v} is also sign.aws_sigv4.secret_env (the placeholder secret key's variable)"),
+            );
+        } else if RESERVED_ENV.contains(&v.as_str()) {
+            c.problems.push(at, format!("{v} is set by the executor"));
+        } else if process_env.is_some_and(|e| e.contains_key(v)) {
+            c.problems
+                .push(at, format!("{v} is also set in the tool's process.env"));
+        } else if !vars.insert(v.clone()) {
+            c.problems
+                .push(at, format!("{v} is the placeholder of another credential of the tool"));
+        }
+    }
+    if let Some(v) = sign.as_ref().map(|s| &s.secret_env) {
+        let at = format!("{}.sign.aws_sigv4.secret_env", c.path());
         if !valid_env_name(v) {
             c.problems.push(at, format!("{v:?} is not a variable name"));
         } else if RESERVED_ENV.contains(&v.as_str()) {
@@ -299,6 +369,7 @@ fn credential(
         secret: Secret::default(),
         usable_until: None,
         previous: vec![],
+        sign,
     })
 }
 
@@ -388,6 +459,11 @@ pub fn read_private(path: &std::path::Path, what: &str) -> Result<String, String
 pub(crate) fn load_all<'a>(tools: impl Iterator<Item = (&'a str, &'a mut Vec<Credential>)>, problems: &mut Problems) {
     for (id, creds) in tools {
         for c in creds.iter_mut() {
+            if let Some(sign) = &mut c.sign {
+                if let Err(e) = Arc::make_mut(sign).load() {
+                    problems.push(format!("tools.{id}.credentials.{}.sign.aws_sigv4", c.name), e);
+                }
+            }
             // A live source's value is its refresher's.
             if matches!(c.source, SecretSource::Live(_)) {
                 continue;
@@ -505,6 +581,81 @@ placeholder_env = "P"
             "tools.t.credentials.two.extra: unknown key",
             "tools.t.credentials.Three: credential names are",
             "tools.t.credentials.four.placeholder_env: P is the placeholder of another credential",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        }
+    }
+
+    #[test]
+    fn signing_credentials_are_read_and_every_problem_reported() {
+        let c = crate::Config::parse(
+            r#"
+[tools.t]
+egress = ["s3.example:443"]
+[tools.t.credentials.aws]
+hosts = ["s3.example:443"]
+placeholder_env = "AWS_ACCESS_KEY_ID"
+sign = { aws_sigv4 = { service = "s3", region = "eu-west-1", access_key_id = { env = "AK" }, secret_access_key = { file = "sk" } } }
+"#,
+            "t.toml",
+        )
+        .unwrap();
+        let cred = &c.policy.tool("t").unwrap().credentials[0];
+        let sign = cred.sign.as_deref().unwrap();
+        assert_eq!((sign.service.as_str(), sign.region.as_str()), ("s3", "eu-west-1"));
+        assert_eq!(sign.secret_env, crate::sign::DEFAULT_SECRET_ENV);
+        assert_eq!(sign.max_body_bytes, crate::sign::DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(sign.access_key_id, SecretSource::Env("AK".into()));
+        assert!(sign.session_token.is_none());
+        assert_eq!(cred.source, SecretSource::File("sk".into()));
+
+        let e = crate::Config::parse(
+            r#"
+[tools.t]
+egress = ["s3.example:443", "b.example:443", "c.example:80", "d.example:443"]
+[tools.t.process]
+command = ["x"]
+env = { TAKEN = "1" }
+[tools.t.credentials.one]
+hosts = ["s3.example:443"]
+placeholder_env = "AK1"
+value = "${secret}"
+allow_plaintext = true
+sign = { aws_sigv4 = { service = "s 3", region = "", access_key_id = { command = ["x"] }, secret_access_key = { env = "S" }, max_body_bytes = 1 } }
+[tools.t.credentials.two]
+hosts = ["d.example:443"]
+value = "${secret}"
+secret = { env = "X" }
+placeholder_env = "P2"
+[tools.t.credentials.three]
+hosts = ["b.example:443"]
+placeholder_env = "AK3"
+sign = { aws_sigv4 = { service = "s3", region = "us-east-1" } }
+[tools.t.credentials.five]
+hosts = ["d.example:443"]
+placeholder_env = "AK5"
+sign = { aws_sigv4 = { service = "s3", region = "us-east-1", access_key_id = { env = "A" }, secret_access_key = { env = "S" }, secret_env = "TAKEN" } }
+[tools.t.credentials.four]
+hosts = ["c.example:80"]
+placeholder_env = "AK4"
+sign = { hmac = {} }
+"#,
+            "bad.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "tools.t.credentials.one.value: is not for a signing credential",
+            "tools.t.credentials.one.allow_plaintext: a signing credential goes only over TLS",
+            "tools.t.credentials.one.sign.aws_sigv4.service: \"s 3\" is not 1-64 letters",
+            "tools.t.credentials.one.sign.aws_sigv4.region: \"\" is not 1-64 letters",
+            "tools.t.credentials.one.sign.aws_sigv4.access_key_id: is read with the secret key",
+            "tools.t.credentials.one.sign.aws_sigv4.max_body_bytes: must be between 1024 and",
+            "tools.t.credentials.five: d.example:443 is also a host of credential two",
+            "tools.t.credentials.three.sign.aws_sigv4.access_key_id: is required",
+            "tools.t.credentials.three.sign.aws_sigv4.secret_access_key: is required",
+            "tools.t.credentials.five.sign.aws_sigv4.secret_env: TAKEN is also set in the tool's process.env",
+            "tools.t.credentials.four.sign: must be { aws_sigv4 = {",
         ] {
             assert!(e.contains(want), "missing {want:?} in:\n{e}");
         }

@@ -29,6 +29,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE",
+    "AWS_CA_BUNDLE",
     "NODE_EXTRA_CA_CERTS",
     "LOOM_IPC_FDS",
     "TMPDIR",

@@ -17,6 +17,7 @@ mod reader;
 pub mod requests;
 mod schema;
 pub mod secrets;
+pub mod sign;
 pub mod sources;
 
 use std::collections::BTreeMap;

@@ -167,6 +167,9 @@ pub(crate) fn parse_with_env(
         }
         for c in &mut t.credentials {
             c.source.paths_mut(&mut |p| rel(p));
+            if let Some(sign) = &mut c.sign {
+                Arc::make_mut(sign).paths_mut(&mut |p| rel(p));
+            }
         }
     }
 

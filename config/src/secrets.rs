@@ -300,6 +300,16 @@ pub fn values(c: &Credential) -> Vec<String> {
             out.push(p.expose().to_owned());
         }
     }
+    // A signing credential's key id and session token go to its hosts in
+    // every request (the secret key never does).
+    if let Some(sign) = &c.sign {
+        for v in [&sign.key_id, &sign.token] {
+            if !v.is_empty() && !out.iter().any(|o| o == v.expose()) {
+                out.push(v.expose().to_owned());
+            }
+        }
+        return out;
+    }
     let rendered = c.rendered();
     let token = rendered
         .get(..6)

@@ -125,6 +125,11 @@ pub enum DenyReason {
     /// be refreshed, a file or command failing past `stale_ms`). `503`:
     /// the request never left, and a later one may succeed.
     CredentialUnavailable,
+    /// A request to a signing credential's host (`sign = { aws_sigv4 }`)
+    /// in a form the proxy does not re-sign: a presigned query string,
+    /// SigV4a, a signed-trailer upload, an unknown payload hash, a body
+    /// too large to hash, a malformed `Authorization` or chunk. `400`.
+    SignatureUnsupported,
     /// The run made `max_requests_per_run` fetches or moved
     /// `max_bytes_per_run` bytes already.
     BudgetExhausted,
@@ -162,7 +167,7 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 26] = [
+    pub const ALL: [DenyReason; 27] = [
         DenyReason::AuthMissing,
         DenyReason::AuthInvalid,
         DenyReason::RunNotActive,
@@ -179,6 +184,7 @@ impl DenyReason {
         DenyReason::CredentialMisuse,
         DenyReason::CredentialRequiresTls,
         DenyReason::CredentialUnavailable,
+        DenyReason::SignatureUnsupported,
         DenyReason::BudgetExhausted,
         DenyReason::RateLimited,
         DenyReason::UpgradeNotAllowed,
@@ -216,6 +222,7 @@ impl DenyReason {
             DenyReason::CredentialMisuse => "credential_misuse",
             DenyReason::CredentialRequiresTls => "credential_requires_tls",
             DenyReason::CredentialUnavailable => "credential_unavailable",
+            DenyReason::SignatureUnsupported => "signature_unsupported",
             DenyReason::BudgetExhausted => "budget_exhausted",
             DenyReason::RateLimited => "rate_limited",
             DenyReason::UpgradeNotAllowed => "upgrade_not_allowed",
@@ -234,7 +241,9 @@ impl DenyReason {
             DenyReason::AuthMissing | DenyReason::AuthInvalid | DenyReason::CredentialElsewhere => {
                 StatusCode::PROXY_AUTHENTICATION_REQUIRED
             }
-            DenyReason::BadTarget | DenyReason::HostMismatch => StatusCode::BAD_REQUEST,
+            DenyReason::BadTarget | DenyReason::HostMismatch | DenyReason::SignatureUnsupported => {
+                StatusCode::BAD_REQUEST
+            }
             DenyReason::BudgetExhausted | DenyReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             // The origin's answer is what is refused, not the request.
             DenyReason::Unscrubbable => StatusCode::BAD_GATEWAY,
@@ -261,6 +270,7 @@ impl DenyReason {
             DenyReason::CredentialMisuse
             | DenyReason::CredentialRequiresTls
             | DenyReason::CredentialUnavailable
+            | DenyReason::SignatureUnsupported
             | DenyReason::Unscrubbable => "credentials",
             DenyReason::BudgetExhausted | DenyReason::RateLimited => "budgets",
             DenyReason::UpgradeNotAllowed => "upgrades",
@@ -317,6 +327,9 @@ impl DenyReason {
             }
             DenyReason::CredentialUnavailable => {
                 "the proxy has no valid credential for this host right now (its source failed); retry later; tell the operator if it lasts"
+            }
+            DenyReason::SignatureUnsupported => {
+                "the proxy signs this host's requests: sign in the Authorization header with the placeholder keys, or not at all; no presigned URL"
             }
             DenyReason::BudgetExhausted => {
                 "this run has used its budget of requests or bytes; finish with what you have; do not retry in this run"

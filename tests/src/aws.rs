@@ -65,3 +65,73 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// The S3-style origin of the SigV4 re-signing tests and bench
+/// (`tests/credentials/s3_origin.py`): HTTPS on 127.0.0.2 with a
+/// certificate for `s3.example` from a test CA; it accepts a request only
+/// when botocore's signer, with the real keys it is given, computes the
+/// same signature. Killed when dropped.
+pub struct S3Origin {
+    child: Child,
+    pub addr: SocketAddr,
+    /// The CA that issued its certificate (the proxy's `upstream_ca_file`).
+    pub ca_file: std::path::PathBuf,
+    /// One JSON line per request it got.
+    pub log: std::path::PathBuf,
+}
+
+impl S3Origin {
+    /// Starts the origin with the real keys `ak`/`sk` (region us-east-1);
+    /// its files go to `dir`.
+    pub fn start(dir: &std::path::Path, ak: &str, sk: &str) -> S3Origin {
+        use std::io::BufRead as _;
+        let ca = crate::pki::Ca::new("loom test s3 CA");
+        let ca_file = ca.write(dir, "s3-ca.pem");
+        let leaf = ca.leaf(dir, "s3", "s3.example", &["s3.example"]);
+        let log = dir.join("s3-requests.jsonl");
+        let mut child = Command::new("python3")
+            .arg(crate::process::repo_root().join("tests/credentials/s3_origin.py"))
+            .args([
+                "127.0.0.2",
+                &leaf.cert.display().to_string(),
+                &leaf.key.display().to_string(),
+            ])
+            .args([ak, sk, "us-east-1", &log.display().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 starts");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let line = lines
+            .next()
+            .and_then(Result::ok)
+            .expect("the S3 origin reports its port");
+        std::thread::spawn(move || for _ in lines {});
+        let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        let port = u16::try_from(v["port"].as_u64().expect("a port")).expect("a port");
+        S3Origin {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 2], port)),
+            ca_file,
+            log,
+        }
+    }
+
+    /// Every request it got so far, oldest first.
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl Drop for S3Origin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -163,7 +163,7 @@ async fn the_run_env_points_clients_at_the_appliance_ca() {
     assert_eq!(status, 200, "{ca}");
     assert!(ca["fingerprint"].as_str().unwrap().starts_with("sha256:"));
     let pem = ca["pem"].as_str().unwrap();
-    for k in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+    for k in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE"] {
         assert_eq!(env[k], ca["bundle_file"].as_str().unwrap(), "{k}");
     }
     assert_eq!(env["NODE_EXTRA_CA_CERTS"], ca["cert_file"].as_str().unwrap());

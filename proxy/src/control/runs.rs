@@ -270,6 +270,11 @@ fn child_env(sh: &Shared, proxy_url: &str, run: &Run, tool: &egress_config::Tool
     for p in run.placeholders.iter() {
         if let Some(c) = tool.credentials.iter().find(|c| *c.name == *p.credential) {
             env.insert(c.placeholder_env.clone(), p.value.to_string());
+            // A signing credential's tool signs with the placeholder as its
+            // secret key too: the proxy signs again with the real one.
+            if let Some(sign) = &c.sign {
+                env.insert(sign.secret_env.clone(), p.value.to_string());
+            }
         }
     }
     env

@@ -22,10 +22,6 @@
 //! names the caller adds (botocore signs every header but a few
 //! hop-by-hop ones).
 
-// The proxy signs its own Secrets Manager requests with `sign`; the rest
-// (reading another signer's header, chunk signatures) is for re-signing.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -200,11 +196,34 @@ pub fn parse_authorization(h: &str) -> Option<Parsed> {
 }
 
 /// Whether a query string is a presigned URL's: it has a parameter named
-/// X-Amz-Signature or X-Amz-Credential (any case, percent-decoded).
+/// X-Amz-Signature or X-Amz-Credential (SigV4), or both AWSAccessKeyId and
+/// Signature (SigV2, what boto3 presigns S3 URLs with by default); names
+/// in any case, percent-decoded.
 pub fn is_presigned(query: &str) -> bool {
-    query.split('&').any(|p| {
-        let name = percent_decode(p.split_once('=').map_or(p, |(n, _)| n));
-        name.eq_ignore_ascii_case(b"x-amz-signature") || name.eq_ignore_ascii_case(b"x-amz-credential")
+    let named = |want: &[u8]| {
+        query.split('&').any(|p| {
+            let name = percent_decode(p.split_once('=').map_or(p, |(n, _)| n));
+            name.eq_ignore_ascii_case(want)
+        })
+    };
+    named(b"x-amz-signature") || named(b"x-amz-credential") || (named(b"awsaccesskeyid") && named(b"signature"))
+}
+
+/// The key id of a presigned query: its `X-Amz-Credential`'s part before
+/// the first '/', or its `AWSAccessKeyId` (percent-decoded); None without
+/// either.
+pub fn presigned_key_id(query: &str) -> Option<String> {
+    query.split('&').find_map(|p| {
+        let (n, v) = p.split_once('=').unwrap_or((p, ""));
+        let n = percent_decode(n);
+        let v = String::from_utf8_lossy(&percent_decode(v)).into_owned();
+        if n.eq_ignore_ascii_case(b"x-amz-credential") {
+            Some(v.split('/').next().unwrap_or_default().to_owned())
+        } else if n.eq_ignore_ascii_case(b"awsaccesskeyid") {
+            Some(v)
+        } else {
+            None
+        }
     })
 }
 

@@ -534,6 +534,7 @@ fn tells_presigned_query_strings() {
         "X-Amz-Signature",
         "X%2DAmz%2DSignature=abc",
         "a=1&&X-Amz-Credential=",
+        "AWSAccessKeyId=loom-cred-x&Signature=biTg%2BwC0hE%3D&Expires=1796581499",
     ];
     for q in presigned {
         assert!(is_presigned(q), "{q}");
@@ -546,9 +547,23 @@ fn tells_presigned_query_strings() {
         "X-Amz-Signatures=1",
         "X-Amz-Signature%3D=1",
         "prefix=X-Amz-Credential",
+        "Signature=abc",
+        "AWSAccessKeyId=abc",
     ];
     for q in plain {
         assert!(!is_presigned(q), "{q}");
+    }
+    let keys = [
+        (
+            "X-Amz-Credential=AKID%2F20150830%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature=abc",
+            Some("AKID"),
+        ),
+        ("AWSAccessKeyId=loom-cred-x&Signature=abc", Some("loom-cred-x")),
+        ("x-amz-credential=", Some("")),
+        ("Signature=abc", None),
+    ];
+    for (q, want) in keys {
+        assert_eq!(presigned_key_id(q).as_deref(), want, "{q}");
     }
 }
 

@@ -218,9 +218,17 @@ pub(in crate::data) async fn forward(
         Ok(s) => s,
         Err(e) => {
             fx.failed(DenyReason::Unscrubbable.code());
-            return fetch::refuse_answer(sh, run, target, fx.kind, json, format!("{target}: {e}"))
-                .await
-                .into();
+            return fetch::refuse_answer(
+                sh,
+                run,
+                target,
+                fx.kind,
+                json,
+                DenyReason::Unscrubbable,
+                format!("{target}: {e}"),
+            )
+            .await
+            .into();
         }
     };
     strip_hop_by_hop(&mut parts.headers);
@@ -284,7 +292,7 @@ async fn switch(
     if let Err(e) = scrubbed {
         fx.failed(DenyReason::Unscrubbable.code());
         let detail = format!("{}: {e}", ws.target);
-        return fetch::refuse_answer(sh, run, ws.target, fx.kind, ws.json, detail)
+        return fetch::refuse_answer(sh, run, ws.target, fx.kind, ws.json, DenyReason::Unscrubbable, detail)
             .await
             .into();
     }

@@ -20,7 +20,14 @@ use http::uri::PathAndQuery;
 /// or inside an intercepted CONNECT), and asks the origin for a response
 /// the proxy can scrub of them ([`scrub::ask_scrubbable`]).
 pub fn write(inj: &Injection, run: &Run, headers: &mut HeaderMap, pq: &mut PathAndQuery) {
-    for c in inj.creds.iter().filter_map(|&i| inj.tool.credentials.get(i)) {
+    // A signing credential's request is signed once its body is known
+    // (`resign`), not written into here.
+    for c in inj
+        .creds
+        .iter()
+        .filter_map(|&i| inj.tool.credentials.get(i))
+        .filter(|c| c.sign.is_none())
+    {
         let ph = run.placeholder(&c.name).map(|(_, p)| &*p.value);
         apply(headers, pq, c, ph);
     }

@@ -12,6 +12,7 @@ pub(crate) mod frames;
 pub(crate) mod inject;
 pub(crate) mod prefixed;
 pub(crate) mod relayed;
+pub(crate) mod resign;
 pub(crate) mod respond;
 pub(crate) mod scrub;
 pub(crate) mod sniff;

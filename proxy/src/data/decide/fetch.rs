@@ -715,6 +715,14 @@ impl Head for ReqHead<'_> {
                 .iter()
                 .any(|(k, v)| f(k.as_str().as_bytes()) || f(v.as_bytes()))
     }
+
+    fn header(&self, name: &str, f: &mut dyn FnMut(&[u8])) {
+        self.0.headers().get_all(name).iter().for_each(|v| f(v.as_bytes()));
+    }
+
+    fn query(&self) -> Option<&str> {
+        self.0.uri().query()
+    }
 }
 
 /// The count of an allowed request, taken when it goes out: at once for a
@@ -803,25 +811,28 @@ pub async fn deny_inside(sh: &Shared, run: &Run, target: &Target, reason: DenyRe
     fetch.deny(reason, detail, Dest::Target(target), &[]).await
 }
 
-/// A credential host's answer that the scrubber cannot read
-/// ([`relayed`](crate::data::carry::relayed)), to a request of `run` to `target`
-/// that came in `via` (`json`: it accepts `application/json`): an
-/// `unscrubbable` fact, then the `502` that stands for the answer, of which
-/// nothing is passed on. The request went out and was counted then; this
-/// counts the denial.
-pub async fn refuse_answer(sh: &Shared, run: &Run, target: &Target, via: Via, json: bool, detail: String) -> Answer {
+/// A refusal after the request was decided and counted, to a request of
+/// `run` to `target` that came in `via` (`json`: it accepts
+/// `application/json`): a credential host's answer that the scrubber cannot
+/// read ([`relayed`](crate::data::carry::relayed); `unscrubbable`, a `502`
+/// that stands for the answer, of which nothing is passed on), or a signed
+/// request whose body cannot be re-signed (`signature_unsupported`). A fact,
+/// then the answer; this counts the denial.
+pub async fn refuse_answer(
+    sh: &Shared,
+    run: &Run,
+    target: &Target,
+    via: Via,
+    json: bool,
+    reason: DenyReason,
+    detail: String,
+) -> Answer {
     let policy = sh.policy.load_full();
     let tm = sh.tool_metrics(Some(&run.tool));
     let mut fetch = Fetch::new(sh, &policy, Some(run), &tm, Kind::Http, Instant::now()).via(via);
     fetch.json = json;
     fetch
-        .refuse(
-            DenyReason::Unscrubbable,
-            detail.clone(),
-            detail,
-            Dest::Target(target),
-            &[],
-        )
+        .refuse(reason, detail.clone(), detail, Dest::Target(target), &[])
         .await
 }
 

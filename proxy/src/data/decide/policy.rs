@@ -5,6 +5,7 @@
 //! async: every entrance calls these and acts on the answer.
 
 use crate::addrs::{HostAddrs, SelfAddrs};
+use crate::creds::sigv4;
 use crate::data::decide::target::{Kind, Target};
 use crate::deny::DenyReason;
 use crate::runs::{Placeholder, RunState};
@@ -55,6 +56,13 @@ fn gate(tool: &ToolPolicy, denial: Denial, private: bool) -> Admission {
 pub trait Head {
     /// Whether `f` holds for any piece.
     fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool;
+    /// Calls `f` with each value of header `name` (lower-case), in order.
+    /// A head without headers (a WebSocket message) has none.
+    fn header(&self, _name: &str, _f: &mut dyn FnMut(&[u8])) {}
+    /// The raw query string, without '?'.
+    fn query(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// How the request would go to the origin.
@@ -151,6 +159,10 @@ pub fn credentials(
         if !c.allows(&target.host, target.port) {
             continue;
         }
+        if let Some(sign) = &c.sign {
+            let ph = placeholders.iter().find(|p| *p.credential == *c.name);
+            signature(tool, c, sign, ph.map(|p| &*p.value), target, head)?;
+        }
         if c.unavailable() {
             return Err(Denial {
                 reason: DenyReason::CredentialUnavailable,
@@ -180,6 +192,103 @@ pub fn credentials(
         inject.creds.push(i);
     }
     Ok(inject)
+}
+
+/// The payload hashes (`x-amz-content-sha256`) the proxy signs with as
+/// the tool wrote them, besides a hex SHA-256: the body is not read.
+pub const PASSED_PAYLOADS: [&str; 2] = ["UNSIGNED-PAYLOAD", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"];
+/// A streaming upload whose chunks are signed: the proxy signs them again.
+pub const SIGNED_CHUNKS: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD";
+
+/// The signing step of a credential with `sign = { aws_sigv4 }` (the
+/// request goes to one of its hosts): the tool may have signed it only
+/// with the run's placeholder as its key id, in the `Authorization`
+/// header, or not at all; anything else is refused before the proxy signs.
+///
+/// - an `Authorization` of another key id, or of another scheme, and a
+///   presigned query of another key id, are `credential_misuse`: the tool
+///   holds no other key the proxy could vouch for;
+/// - a presigned query of the placeholder, SigV4a, a malformed header, and
+///   a payload hash the proxy does not sign with (a signed trailer, an
+///   unknown value) are `signature_unsupported`.
+fn signature(
+    tool: &ToolPolicy,
+    c: &Credential,
+    sign: &egress_config::sign::AwsSigV4,
+    placeholder: Option<&str>,
+    target: &Target,
+    head: &dyn Head,
+) -> Result<(), Denial> {
+    let unsupported = |why: &str| Denial {
+        reason: DenyReason::SignatureUnsupported,
+        detail: format!(
+            "{target} is signed by the proxy with credential {} of tool {} (aws_sigv4, {}/{}); {why}",
+            c.name, tool.id, sign.service, sign.region
+        ),
+    };
+    let other_key = |how: &str| {
+        misuse(format!(
+            "{target} holds credential {} of tool {}, and the request was {how}: the tool may sign only with the placeholder key id the run gave it",
+            c.name, tool.id
+        ))
+    };
+    let mut problem = None;
+    head.header("authorization", &mut |v| {
+        if problem.is_some() {
+            return;
+        }
+        let v = String::from_utf8_lossy(v);
+        problem = if v.starts_with("AWS4-HMAC-SHA256") {
+            match sigv4::parse_authorization(&v) {
+                None => Some(unsupported("its Authorization is not a well-formed SigV4 header")),
+                Some(p) if Some(p.access_key_id.as_str()) == placeholder => None,
+                Some(_) => Some(other_key("signed with another key id")),
+            }
+        } else if v.starts_with("AWS4-ECDSA-P256-SHA256") {
+            Some(unsupported(
+                "it is signed with SigV4a, which the proxy does not re-sign",
+            ))
+        } else if v
+            .strip_prefix("AWS ")
+            .and_then(|r| r.split_once(':'))
+            .is_some_and(|(id, _)| Some(id) == placeholder)
+        {
+            Some(unsupported("it is signed with SigV2, which the proxy does not re-sign"))
+        } else {
+            Some(other_key(
+                "sent with an Authorization of its own (another scheme or key)",
+            ))
+        };
+    });
+    if let Some(d) = problem {
+        return Err(d);
+    }
+    if let Some(q) = head.query().filter(|q| sigv4::is_presigned(q)) {
+        return Err(match sigv4::presigned_key_id(q) {
+            Some(id) if Some(id.as_str()) == placeholder => unsupported(
+                "a presigned URL (a signature in the query) is not re-signed: sign in the Authorization header",
+            ),
+            _ => other_key("presigned with another key id"),
+        });
+    }
+    let mut hashes = 0;
+    head.header("x-amz-content-sha256", &mut |v| {
+        hashes += 1;
+        let ok = (v.len() == 64 && v.iter().all(u8::is_ascii_hexdigit))
+            || PASSED_PAYLOADS.iter().any(|p| p.as_bytes() == v)
+            || v == SIGNED_CHUNKS.as_bytes();
+        if !ok && problem.is_none() {
+            problem = Some(unsupported(&format!(
+                "its payload hash {:?} is not one the proxy signs with (a hex SHA-256, UNSIGNED-PAYLOAD, \
+                 STREAMING-UNSIGNED-PAYLOAD-TRAILER or {SIGNED_CHUNKS})",
+                String::from_utf8_lossy(&v[..v.len().min(64)])
+            )));
+        }
+    });
+    if hashes > 1 {
+        return Err(unsupported("it has more than one x-amz-content-sha256"));
+    }
+    problem.map_or(Ok(()), Err)
 }
 
 /// Of the vetted addresses, those a plain-HTTP request carrying a

@@ -534,3 +534,198 @@ command = ["x"]
         Admission::Report { denial, .. } if denial.reason == DenyReason::ProtocolUnknown
     ));
 }
+
+/// A request head with headers and a query, for the signing checks.
+struct Signed<'a> {
+    headers: &'a [(&'a str, &'a str)],
+    query: Option<&'a str>,
+}
+
+impl Head for Signed<'_> {
+    fn any(&self, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        self.query.is_some_and(|q| f(q.as_bytes())) || self.headers.iter().any(|(_, v)| f(v.as_bytes()))
+    }
+
+    fn header(&self, name: &str, f: &mut dyn FnMut(&[u8])) {
+        for (_, v) in self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            f(v.as_bytes());
+        }
+    }
+
+    fn query(&self) -> Option<&str> {
+        self.query
+    }
+}
+
+#[test]
+fn a_signing_credential_takes_only_its_placeholder_s_header_signatures() {
+    let mut c = policy(
+        "[tools.s]\negress = [\"s3.example:443\", \"other.example:443\"]\n\
+         [tools.s.credentials.aws]\nhosts = [\"s3.example:443\"]\nplaceholder_env = \"AWS_ACCESS_KEY_ID\"\n\
+         sign = { aws_sigv4 = { service = \"s3\", region = \"us-east-1\", access_key_id = { env = \"A\" }, \
+         secret_access_key = { env = \"S\" } } }\n",
+    );
+    let p = std::sync::Arc::make_mut(&mut c.policy);
+    {
+        let t = std::sync::Arc::make_mut(p.tools.get_mut("s").unwrap());
+        let cred = &mut t.credentials[0];
+        cred.secret = egress_config::Secret::new("real-secret-access-key");
+        let sign = std::sync::Arc::make_mut(cred.sign.as_mut().unwrap());
+        sign.key_id = egress_config::Secret::new("AKIDREALKEY000000001");
+    }
+    p.index_secrets();
+    let tool = c.policy.tool("s").unwrap();
+    const PH: &str = "loom-cred-00112233445566778899aabbccddeeff";
+    let placeholders = [Placeholder {
+        credential: "aws".into(),
+        value: PH.into(),
+    }];
+    let v4 = |key: &str| {
+        format!("AWS4-HMAC-SHA256 Credential={key}/20261206/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature={}", "a".repeat(64))
+    };
+    let (mine, other) = (v4(PH), v4("AKIAIOSFODNN7EXAMPLE"));
+    let real = v4("AKIDREALKEY000000001");
+    let sigv4a =
+        format!("AWS4-ECDSA-P256-SHA256 Credential={PH}/20261206/s3/aws4_request, SignedHeaders=host, Signature=ab");
+    let (v2_mine, v2_other) = (
+        format!("AWS {PH}:c2lnbmF0dXJl"),
+        "AWS AKIAIOSFODNN7EXAMPLE:c2ln".to_owned(),
+    );
+    let v4_query = format!("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={PH}%2F20261206%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature=ab");
+    let v2_query = format!("AWSAccessKeyId={PH}&Signature=abc&Expires=1");
+    let other_query = "AWSAccessKeyId=AKIAIOSFODNN7EXAMPLE&Signature=abc&Expires=1";
+    use DenyReason::{CredentialMisuse as Misuse, SignatureUnsupported as Unsupported};
+    let hex = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>, Option<DenyReason>);
+    let table: Vec<Case> = vec![
+        ("unsigned: the proxy signs", vec![], None, None),
+        ("the placeholder's SigV4", vec![("authorization", &mine)], None, None),
+        (
+            "with a hex payload hash",
+            vec![("authorization", &mine), ("x-amz-content-sha256", hex)],
+            None,
+            None,
+        ),
+        (
+            "UNSIGNED-PAYLOAD",
+            vec![("x-amz-content-sha256", "UNSIGNED-PAYLOAD")],
+            None,
+            None,
+        ),
+        (
+            "unsigned trailer",
+            vec![("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")],
+            None,
+            None,
+        ),
+        (
+            "signed chunks",
+            vec![("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")],
+            None,
+            None,
+        ),
+        ("another key id", vec![("authorization", &other)], None, Some(Misuse)),
+        (
+            "the real key id itself",
+            vec![("authorization", &real)],
+            None,
+            Some(Misuse),
+        ),
+        (
+            "another scheme",
+            vec![("authorization", "Bearer abc")],
+            None,
+            Some(Misuse),
+        ),
+        (
+            "SigV2 by another key",
+            vec![("authorization", &v2_other)],
+            None,
+            Some(Misuse),
+        ),
+        (
+            "SigV2 by the placeholder",
+            vec![("authorization", &v2_mine)],
+            None,
+            Some(Unsupported),
+        ),
+        ("SigV4a", vec![("authorization", &sigv4a)], None, Some(Unsupported)),
+        (
+            "malformed SigV4",
+            vec![("authorization", "AWS4-HMAC-SHA256 Credential=x")],
+            None,
+            Some(Unsupported),
+        ),
+        (
+            "two signatures, one foreign",
+            vec![("authorization", &mine), ("authorization", &other)],
+            None,
+            Some(Misuse),
+        ),
+        (
+            "presigned SigV4 by the placeholder",
+            vec![],
+            Some(&v4_query),
+            Some(Unsupported),
+        ),
+        (
+            "presigned SigV2 by the placeholder",
+            vec![],
+            Some(&v2_query),
+            Some(Unsupported),
+        ),
+        ("presigned by another key", vec![], Some(other_query), Some(Misuse)),
+        (
+            "a signed trailer",
+            vec![("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER")],
+            None,
+            Some(Unsupported),
+        ),
+        (
+            "an unknown payload hash",
+            vec![("x-amz-content-sha256", "abc")],
+            None,
+            Some(Unsupported),
+        ),
+        (
+            "two payload hashes",
+            vec![("x-amz-content-sha256", hex), ("x-amz-content-sha256", hex)],
+            None,
+            Some(Unsupported),
+        ),
+    ];
+    let s3 = target(Kind::Http, "s3.example", 443);
+    for (what, headers, query, want) in &table {
+        let head = Signed { headers, query: *query };
+        let got = credentials(tool, &c.policy.secrets, &placeholders, &s3, Channel::VerifiedTls, &head);
+        match (want, got) {
+            (None, Ok(i)) => assert_eq!(i.creds, vec![0], "{what}"),
+            (Some(w), Err(d)) => assert_eq!(d.reason, *w, "{what}: {}", d.detail),
+            (w, g) => panic!("{what}: want {w:?}, got {g:?}"),
+        }
+    }
+    // Elsewhere the placeholder is misuse, and the real key id too; over
+    // plain HTTP the credential is never written.
+    let other_host = target(Kind::Http, "other.example", 443);
+    for h in [&mine, &real] {
+        let head = Signed {
+            headers: &[("authorization", h)],
+            query: None,
+        };
+        let got = credentials(
+            tool,
+            &c.policy.secrets,
+            &placeholders,
+            &other_host,
+            Channel::VerifiedTls,
+            &head,
+        );
+        assert_eq!(got.unwrap_err().reason, Misuse, "{h}");
+    }
+    let head = Signed {
+        headers: &[],
+        query: None,
+    };
+    let got = credentials(tool, &c.policy.secrets, &placeholders, &s3, Channel::Plain, &head);
+    assert_eq!(got.unwrap_err().reason, DenyReason::CredentialRequiresTls);
+}

@@ -34,6 +34,7 @@ use crate::data::carry::finish::Finish;
 use crate::data::carry::forward::strip_hop_by_hop;
 use crate::data::carry::inject;
 use crate::data::carry::prefixed::Prefixed;
+use crate::data::carry::resign;
 use crate::data::carry::respond;
 use crate::data::carry::scrub::{self, Scrubbed};
 use crate::data::carry::tunnel::{upgraded, Bounds, Client, Meter, Metered};
@@ -350,6 +351,29 @@ impl Origin {
             },
             None => Either::Left(body),
         };
+        // A signing credential's request is signed once its body's hash is
+        // known: read whole when the tool named none.
+        let signing = inside.credentials.as_ref().and_then(|inj| {
+            inj.creds
+                .iter()
+                .filter_map(|&i| inj.tool.credentials.get(i))
+                .find_map(|c| Some((c, c.sign.as_deref()?)))
+        });
+        let body = match signing {
+            Some((cred, sign)) => match resign::sign(cred, sign, &method, &mut headers, &pq, body, read_by).await {
+                Ok(b) => b,
+                Err(e) => {
+                    let detail = format!(
+                        "{}: credential {} could not sign the request: {e}",
+                        self.target, cred.name
+                    );
+                    let reason = DenyReason::SignatureUnsupported;
+                    let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, reason, detail);
+                    return Ok(respond::refused(r.await).map(Either::Right));
+                }
+            },
+            None => resign::Resigned::Pass(body),
+        };
         let mut up = Request::new(Held::new(body, up_half).boxed_unsync());
         *up.method_mut() = parts.method;
         *up.version_mut() = Version::HTTP_11;
@@ -383,7 +407,15 @@ impl Origin {
                     Ok(s) => s,
                     Err(e) => {
                         let detail = format!("{}: {e}", self.target);
-                        let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
+                        let r = fetch::refuse_answer(
+                            &self.sh,
+                            &self.run,
+                            &inside.target,
+                            Via::Http,
+                            json,
+                            DenyReason::Unscrubbable,
+                            detail,
+                        );
                         return Ok(respond::refused(r.await).map(Either::Right));
                     }
                 };
@@ -486,7 +518,15 @@ impl Origin {
         .and_then(|_| websocket::check_accepted(rewrite, &parts.headers));
         if let Err(e) = checked {
             let detail = format!("{}: {e}", self.target);
-            let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, detail);
+            let r = fetch::refuse_answer(
+                &self.sh,
+                &self.run,
+                &inside.target,
+                Via::Http,
+                json,
+                DenyReason::Unscrubbable,
+                detail,
+            );
             return respond::refused(r.await).map(Either::Right);
         }
         let Some(client) = client else {
