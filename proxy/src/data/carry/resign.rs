@@ -29,7 +29,6 @@ use http::Method;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, SizeHint};
 use sha2::{Digest, Sha256};
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::SystemTime;
@@ -243,8 +242,8 @@ pub struct Chunks<B> {
     inner: B,
     /// Read and not yet passed on: at most one chunk and its header.
     buf: BytesMut,
-    /// Ready to pass on.
-    out: VecDeque<Bytes>,
+    /// Chunks signed again, ready to pass on as one frame.
+    out: BytesMut,
     signing_key: [u8; 32],
     amz_date: String,
     scope: String,
@@ -266,7 +265,7 @@ impl<B> Chunks<B> {
         Chunks {
             inner,
             buf: BytesMut::new(),
-            out: VecDeque::new(),
+            out: BytesMut::new(),
             signing_key: signed.signing_key,
             amz_date: signed.amz_date,
             scope: signed.scope,
@@ -312,24 +311,17 @@ impl<B> Chunks<B> {
             return Err(ChunkError("a chunk not followed by CRLF".into()));
         }
         let digits = size_hex.len();
-        let head = self.buf.split_to(eol + 2);
-        let size_text = &head[..digits];
-        let data = self.buf.split_to(size).freeze();
-        self.buf.advance(2);
-        let signature = sigv4::chunk_signature(&self.signing_key, &self.amz_date, &self.scope, &self.previous, &data);
-        let mut line = BytesMut::with_capacity(size_text.len() + 83);
-        line.extend_from_slice(size_text);
-        line.extend_from_slice(b";chunk-signature=");
-        line.extend_from_slice(signature.as_bytes());
-        line.extend_from_slice(b"\r\n");
-        self.out.push_back(line.freeze());
-        if size == 0 {
-            self.done = true;
-            self.out.push_back(Bytes::from_static(b"\r\n"));
-        } else {
-            self.out.push_back(data);
-            self.out.push_back(Bytes::from_static(b"\r\n"));
-        }
+        let data = &self.buf[eol + 2..eol + 2 + size];
+        let signature = sigv4::chunk_signature(&self.signing_key, &self.amz_date, &self.scope, &self.previous, data);
+        self.out.reserve(need);
+        self.out.extend_from_slice(&self.buf[..digits]);
+        self.out.extend_from_slice(b";chunk-signature=");
+        self.out.extend_from_slice(signature.as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(data);
+        self.out.extend_from_slice(b"\r\n");
+        self.buf.advance(need);
+        self.done = size == 0;
         self.previous = signature;
         Ok(true)
     }
@@ -346,19 +338,18 @@ where
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         loop {
-            if let Some(b) = this.out.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(b))));
-            }
-            if this.done {
-                if !this.buf.is_empty() {
-                    return Poll::Ready(Some(Err(ChunkError("bytes after the final chunk".into()).into())));
-                }
-            } else {
+            while !this.done {
                 match this.next_chunk() {
-                    Ok(true) => continue,
-                    Ok(false) => {}
+                    Ok(true) => {}
+                    Ok(false) => break,
                     Err(e) => return Poll::Ready(Some(Err(e.into()))),
                 }
+            }
+            if !this.out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(this.out.split().freeze()))));
+            }
+            if this.done && !this.buf.is_empty() {
+                return Poll::Ready(Some(Err(ChunkError("bytes after the final chunk".into()).into())));
             }
             if this.ended {
                 if this.done {
