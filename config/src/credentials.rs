@@ -605,14 +605,42 @@ sign = { aws_sigv4 = { service = "s3", region = "eu-west-1", access_key_id = { e
         assert_eq!((sign.service.as_str(), sign.region.as_str()), ("s3", "eu-west-1"));
         assert_eq!(sign.secret_env, crate::sign::DEFAULT_SECRET_ENV);
         assert_eq!(sign.max_body_bytes, crate::sign::DEFAULT_MAX_BODY_BYTES);
-        assert_eq!(sign.access_key_id, SecretSource::Env("AK".into()));
+        assert_eq!(sign.access_key_id, Some(SecretSource::Env("AK".into())));
         assert!(sign.session_token.is_none());
         assert_eq!(cred.source, SecretSource::File("sk".into()));
+
+        let c = crate::Config::parse(
+            r#"
+[tools.t]
+egress = ["s3.example:443"]
+[tools.t.credentials.aws]
+hosts = ["s3.example:443"]
+placeholder_env = "AWS_ACCESS_KEY_ID"
+sign = { aws_sigv4 = { service = "s3", region = "eu-west-1", assume_role = { role_arn = "arn:aws:iam::123456789012:role/r", region = "eu-west-1", external_id = "x-42" } } }
+"#,
+            "t.toml",
+        )
+        .unwrap();
+        let cred = &c.policy.tool("t").unwrap().credentials[0];
+        assert!(cred.sign.as_deref().unwrap().access_key_id.is_none());
+        let SecretSource::Live(l) = &cred.source else {
+            panic!("{:?}", cred.source)
+        };
+        let crate::sources::LiveKind::AwsAssumeRole(a) = &l.kind else {
+            panic!("{:?}", l.kind)
+        };
+        assert_eq!(a.endpoint.text, "https://sts.eu-west-1.amazonaws.com/");
+        assert_eq!((a.duration_s, a.session_name.as_str()), (3600, "loom-egress"));
+        assert_eq!(a.external_id.as_deref(), Some("x-42"));
+        assert_eq!(
+            l.refresh.refresh_before,
+            crate::sources::DEFAULT_ASSUME_ROLE_REFRESH_BEFORE
+        );
 
         let e = crate::Config::parse(
             r#"
 [tools.t]
-egress = ["s3.example:443", "b.example:443", "c.example:80", "d.example:443"]
+egress = ["s3.example:443", "b.example:443", "c.example:80", "d.example:443", "e.example:443"]
 [tools.t.process]
 command = ["x"]
 env = { TAKEN = "1" }
@@ -631,6 +659,10 @@ placeholder_env = "P2"
 hosts = ["b.example:443"]
 placeholder_env = "AK3"
 sign = { aws_sigv4 = { service = "s3", region = "us-east-1" } }
+[tools.t.credentials.six]
+hosts = ["e.example:443"]
+placeholder_env = "AK6"
+sign = { aws_sigv4 = { service = "s3", region = "us-east-1", access_key_id = { env = "A" }, assume_role = { role_arn = "role", duration_s = 60, session_name = "a b", endpoint = "http://10.0.0.1/" } } }
 [tools.t.credentials.five]
 hosts = ["d.example:443"]
 placeholder_env = "AK5"
@@ -656,6 +688,12 @@ sign = { hmac = {} }
             "tools.t.credentials.three.sign.aws_sigv4.secret_access_key: is required",
             "tools.t.credentials.five.sign.aws_sigv4.secret_env: TAKEN is also set in the tool's process.env",
             "tools.t.credentials.four.sign: must be { aws_sigv4 = {",
+            "tools.t.credentials.six.sign.aws_sigv4.access_key_id: is not for keys from assume_role",
+            "tools.t.credentials.six.sign.aws_sigv4.assume_role.role_arn: must be an ARN",
+            "tools.t.credentials.six.sign.aws_sigv4.assume_role.region: is required",
+            "tools.t.credentials.six.sign.aws_sigv4.assume_role.duration_s: must be between 900 and 43200",
+            "tools.t.credentials.six.sign.aws_sigv4.assume_role.session_name: must be 1-64 characters",
+            "tools.t.credentials.six.sign.aws_sigv4.assume_role.endpoint: http://10.0.0.1/ is plain HTTP",
         ] {
             assert!(e.contains(want), "missing {want:?} in:\n{e}");
         }

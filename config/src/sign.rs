@@ -30,8 +30,9 @@ pub struct AwsSigV4 {
     pub service: String,
     /// The region signed for, e.g. `us-east-1`.
     pub region: String,
-    /// Where the access key id comes from (the environment or a file).
-    pub access_key_id: SecretSource,
+    /// Where the access key id comes from (the environment or a file);
+    /// `None` with `assume_role`, whose refresher sets `key_id` and `token`.
+    pub access_key_id: Option<SecretSource>,
     /// Where the session token comes from, for temporary keys.
     pub session_token: Option<SecretSource>,
     /// The variable the child gets the placeholder in as its secret key.
@@ -93,18 +94,38 @@ pub(crate) fn sign(s: &mut Section) -> Option<(AwsSigV4, SecretSource)> {
             s => s,
         }
     };
+    let assumed = a.has("assume_role");
     for key in ["access_key_id", "secret_access_key"] {
-        if !a.has(key) {
+        if !assumed && !a.has(key) {
             let at = a.at(key);
             a.problems.push(
                 at,
-                "is required (a source, e.g. { env = \"NAME\" } or { file = \"path\" })",
+                "is required (a source, e.g. { env = \"NAME\" } or { file = \"path\" }), or assume_role = { … } instead",
             );
         }
     }
-    let access_key_id = nested(&mut a, "access_key_id", false);
-    let secret = nested(&mut a, "secret_access_key", true);
-    let session_token = nested(&mut a, "session_token", false);
+    if assumed {
+        for key in ["access_key_id", "secret_access_key", "session_token"] {
+            if a.has(key) {
+                let at = a.at(key);
+                a.problems
+                    .push(at, "is not for keys from assume_role: STS gives all three");
+                let _ = a.take(key);
+            }
+        }
+    }
+    let (access_key_id, secret, session_token) = if assumed {
+        let mut t = a.table("assume_role");
+        let r = crate::sources::assume_role(&mut t);
+        t.finish();
+        (None, r, None)
+    } else {
+        (
+            nested(&mut a, "access_key_id", false),
+            nested(&mut a, "secret_access_key", true),
+            nested(&mut a, "session_token", false),
+        )
+    };
     let secret_env: String = a.or("secret_env", DEFAULT_SECRET_ENV.to_owned());
     let max_body_bytes: u64 = a.or("max_body_bytes", DEFAULT_MAX_BODY_BYTES);
     if !(1024..=MAX_BODY_BYTES).contains(&max_body_bytes) {
@@ -117,7 +138,7 @@ pub(crate) fn sign(s: &mut Section) -> Option<(AwsSigV4, SecretSource)> {
         AwsSigV4 {
             service: service?,
             region: region?,
-            access_key_id: access_key_id?,
+            access_key_id: if assumed { None } else { Some(access_key_id?) },
             session_token,
             secret_env,
             max_body_bytes,
@@ -135,7 +156,11 @@ impl AwsSigV4 {
             Some(r) => r.map_err(|e| format!("{what}: {e}")),
             None => Err(format!("{what}: not a static source")),
         };
-        self.key_id = read(&self.access_key_id, "access_key_id")?;
+        // Keys from assume_role are its refresher's.
+        let Some(id) = &self.access_key_id else {
+            return Ok(());
+        };
+        self.key_id = read(id, "access_key_id")?;
         if let Some(t) = &self.session_token {
             self.token = read(t, "session_token")?;
         }
@@ -144,7 +169,9 @@ impl AwsSigV4 {
 
     /// Every file path it names (to resolve against the config's directory).
     pub(crate) fn paths_mut(&mut self, f: &mut dyn FnMut(&mut std::path::PathBuf)) {
-        self.access_key_id.paths_mut(f);
+        if let Some(id) = &mut self.access_key_id {
+            id.paths_mut(f);
+        }
         if let Some(t) = &mut self.session_token {
             t.paths_mut(f);
         }

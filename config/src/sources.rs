@@ -52,7 +52,7 @@ impl SecretSource {
                         c.argv[0] = p.to_string_lossy().into_owned();
                     }
                 }
-                LiveKind::AwsSecretsManager(_) => {}
+                LiveKind::AwsSecretsManager(_) | LiveKind::AwsAssumeRole(_) => {}
                 LiveKind::OAuth2(o) => {
                     if let Some(s) = &mut o.client_secret {
                         s.paths_mut(f);
@@ -84,6 +84,10 @@ pub enum LiveKind {
     /// `secret = { aws_secrets_manager = { … } }`: a secret's current value
     /// from AWS Secrets Manager.
     AwsSecretsManager(AwsSecret),
+    /// `sign = { aws_sigv4 = { assume_role = { … } } }`: temporary keys from
+    /// STS `AssumeRole`; the value is the secret access key, the key id
+    /// and session token come with it.
+    AwsAssumeRole(AssumeRole),
 }
 
 impl LiveKind {
@@ -96,6 +100,7 @@ impl LiveKind {
                 Grant::RefreshToken { .. } => "oauth2_refresh_token",
             },
             LiveKind::AwsSecretsManager(_) => "aws_secrets_manager",
+            LiveKind::AwsAssumeRole(_) => "aws_sts_assume_role",
         }
     }
 }
@@ -152,6 +157,23 @@ pub struct AwsSecret {
     pub json_key: Option<String>,
     /// `https://secretsmanager.<region>.amazonaws.com/`, or the operator's
     /// (a VPC endpoint; `http://` only to loopback with `allow_plaintext`).
+    pub endpoint: TokenUrl,
+    pub timeout: Duration,
+}
+
+/// `assume_role = { role_arn, … }`: STS `AssumeRole` with the proxy's own
+/// AWS keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssumeRole {
+    pub role_arn: String,
+    /// `RoleSessionName` (default `loom-egress`).
+    pub session_name: String,
+    /// `DurationSeconds` (900 – 43200; default 3600).
+    pub duration_s: u32,
+    pub external_id: Option<String>,
+    /// The region of the STS endpoint signed for.
+    pub region: String,
+    /// `https://sts.<region>.amazonaws.com/`, or the operator's.
     pub endpoint: TokenUrl,
     pub timeout: Duration,
 }
@@ -238,7 +260,10 @@ pub fn read_simple(source: &SecretSource) -> Option<Result<Secret, String>> {
         SecretSource::File(path) => read_file(path),
         SecretSource::Live(l) => match &l.kind {
             LiveKind::File(path) => read_file(path),
-            LiveKind::Command(_) | LiveKind::OAuth2(_) | LiveKind::AwsSecretsManager(_) => return None,
+            LiveKind::Command(_)
+            | LiveKind::OAuth2(_)
+            | LiveKind::AwsSecretsManager(_)
+            | LiveKind::AwsAssumeRole(_) => return None,
         },
     })
 }
@@ -352,18 +377,7 @@ pub(crate) fn secret(t: &mut Section) -> Option<SecretSource> {
 /// The inside of `aws_secrets_manager = { … }`.
 fn aws_secret(a: &mut Section) -> Option<AwsSecret> {
     let secret_id: Option<String> = a.required("secret_id", "the secret's name or ARN");
-    let region: Option<String> = a.required("region", "the AWS region, e.g. \"eu-west-1\"");
-    if let Some(r) = &region {
-        if r.is_empty()
-            || !r
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
-            let at = a.at("region");
-            a.problems
-                .push(at, format!("{r:?} is not a region name (a-z, 0-9, '-')"));
-        }
-    }
+    let region = aws_region(a, "region");
     if secret_id
         .as_ref()
         .is_some_and(|s| s.is_empty() || s.chars().any(char::is_control))
@@ -372,8 +386,22 @@ fn aws_secret(a: &mut Section) -> Option<AwsSecret> {
         a.problems.push(at, "must be non-empty text without control characters");
     }
     let json_key: Option<String> = a.get("json_key");
+    let endpoint = aws_endpoint(a, region.as_deref(), "secretsmanager");
+    let timeout = a.millis("timeout_ms", 100..=120_000, DEFAULT_TIMEOUT);
+    Some(AwsSecret {
+        secret_id: secret_id?,
+        region: region?,
+        json_key,
+        endpoint: endpoint?,
+        timeout,
+    })
+}
+
+/// An AWS service's `endpoint` (with `allow_plaintext`), or its regional
+/// default `https://<service>.<region>.amazonaws.com/`.
+fn aws_endpoint(a: &mut Section, region: Option<&str>, service: &str) -> Option<TokenUrl> {
     let allow_plaintext: bool = a.or("allow_plaintext", false);
-    let endpoint = match a.get::<String>("endpoint") {
+    match a.get::<String>("endpoint") {
         Some(u) => match token_url(&u) {
             Ok(e) if !e.https && !allow_plaintext => {
                 let at = a.at("endpoint");
@@ -398,19 +426,92 @@ fn aws_secret(a: &mut Section) -> Option<AwsSecret> {
                 None
             }
         },
-        None => region
-            .as_ref()
-            .and_then(|r| token_url(&format!("https://secretsmanager.{r}.amazonaws.com/")).ok()),
-    };
-    let timeout = a.millis("timeout_ms", 100..=120_000, DEFAULT_TIMEOUT);
-    Some(AwsSecret {
-        secret_id: secret_id?,
-        region: region?,
-        json_key,
-        endpoint: endpoint?,
-        timeout,
-    })
+        None => region.and_then(|r| token_url(&format!("https://{service}.{r}.amazonaws.com/")).ok()),
+    }
 }
+
+/// An AWS region name of `a`'s `key` (required).
+fn aws_region(a: &mut Section, key: &'static str) -> Option<String> {
+    let region: Option<String> = a.required(key, "the AWS region, e.g. \"eu-west-1\"");
+    if let Some(r) = &region {
+        if r.is_empty()
+            || !r
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            let at = a.at(key);
+            a.problems
+                .push(at, format!("{r:?} is not a region name (a-z, 0-9, '-')"));
+        }
+    }
+    region
+}
+
+/// Reads `assume_role = { … }` (the table is `a`) as a live source.
+pub(crate) fn assume_role(a: &mut Section) -> Option<SecretSource> {
+    let role_arn: Option<String> = a.required("role_arn", "the role's ARN, arn:aws:iam::<account>:role/<name>");
+    if role_arn
+        .as_ref()
+        .is_some_and(|r| !r.starts_with("arn:") || r.len() > 2048 || r.chars().any(char::is_control))
+    {
+        let at = a.at("role_arn");
+        a.problems.push(at, "must be an ARN (arn:…) without control characters");
+    }
+    let region = aws_region(a, "region");
+    let session_name: String = a.or("session_name", "loom-egress".to_owned());
+    if session_name.is_empty()
+        || session_name.len() > 64
+        || !session_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"=,.@-_".contains(&b))
+    {
+        let at = a.at("session_name");
+        a.problems
+            .push(at, "must be 1-64 characters of letters, digits and =,.@-_");
+    }
+    let duration_s: u32 = a.or("duration_s", 3600);
+    if !(900..=43_200).contains(&duration_s) {
+        let at = a.at("duration_s");
+        a.problems.push(at, "must be between 900 and 43200 seconds");
+    }
+    let external_id: Option<String> = a.get("external_id");
+    if external_id
+        .as_ref()
+        .is_some_and(|e| e.len() < 2 || e.len() > 1224 || e.chars().any(char::is_control))
+    {
+        let at = a.at("external_id");
+        a.problems
+            .push(at, "must be 2-1224 characters without control characters");
+    }
+    let endpoint = aws_endpoint(a, region.as_deref(), "sts");
+    let timeout = a.millis("timeout_ms", 100..=120_000, DEFAULT_TIMEOUT);
+    let refresh = Refresh {
+        ttl: Duration::from_secs(u64::from(duration_s)),
+        failure_ttl: a.millis("failure_ttl_ms", 100..=24 * 3_600_000, DEFAULT_FAILURE_TTL),
+        stale: Duration::ZERO,
+        refresh_before: a.millis(
+            "refresh_before_ms",
+            1000..=3_600_000,
+            DEFAULT_ASSUME_ROLE_REFRESH_BEFORE,
+        ),
+    };
+    Some(SecretSource::Live(Arc::new(LiveSource {
+        kind: LiveKind::AwsAssumeRole(AssumeRole {
+            role_arn: role_arn?,
+            session_name,
+            duration_s,
+            external_id,
+            region: region?,
+            endpoint: endpoint?,
+            timeout,
+        }),
+        refresh,
+    })))
+}
+
+/// `refresh_before_ms` of temporary AWS keys: ahead of their expiry as the
+/// AWS SDKs refresh them.
+pub const DEFAULT_ASSUME_ROLE_REFRESH_BEFORE: Duration = Duration::from_secs(300);
 
 /// `ttl_ms`, `failure_ttl_ms`, `stale_ms` (and `refresh_before_ms`).
 fn refresh(t: &mut Section, default_ttl: Option<Duration>) -> Refresh {

@@ -1,7 +1,7 @@
 """An S3-style origin that checks AWS Signature Version 4 with botocore's
 own signer and the real keys, for the SigV4 re-signing tests and bench.
 
-    s3_origin.py HOST CERT KEY ACCESS_KEY_ID SECRET_ACCESS_KEY REGION LOG
+    s3_origin.py HOST CERT KEY ACCESS_KEY_ID SECRET_ACCESS_KEY REGION LOG [--sts]
 
 Serves HTTPS on HOST (a free port, printed as {"port": N} on the first
 line of stdout). Path-style buckets: PUT /bucket/key stores the body, GET
@@ -18,6 +18,11 @@ returns it, HEAD answers its length. Every request is checked first:
   AWS documentation, independently of the proxy); a
   `STREAMING-UNSIGNED-PAYLOAD-TRAILER` body (boto3's default upload) is
   decoded with its trailer.
+
+With --sts it also runs moto (PyPI, pinned) in this process as STS, on
+HOST in plain HTTP (its port printed as "sts_port"), and accepts as well
+the temporary keys moto's AssumeRole issued, while they are valid and with
+their session token, exactly as AWS does.
 
 Each request appends one JSON line to LOG: method, path, the
 `Authorization` and `X-Amz-Security-Token` it carried, and the outcome.
@@ -39,17 +44,34 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 HOST, CERT, KEY, AK, SK, REGION, LOG = sys.argv[1:8]
+STS = "--sts" in sys.argv[8:]
 OBJECTS = {}
 LOCK = threading.Lock()
 STATS = {"requests": 0, "ok": 0, "refused": 0}
+
+
+def keys_of(key_id):
+    """(secret key, session token or None) of a key id this origin accepts."""
+    if key_id == AK:
+        return SK, None
+    if STS:
+        import datetime
+        from moto.sts.models import sts_backends
+        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+        for _, parts in sts_backends.items():
+            for _, backend in parts.items():
+                for role in backend.assumed_roles:
+                    if role.access_key_id == key_id and role.expiration > now:
+                        return role.secret_access_key, role.session_token
+    return None
 
 
 def hmac256(key, msg):
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-def signing_key(day, region, service):
-    k = hmac256(("AWS4" + SK).encode(), day)
+def signing_key(secret, day, region, service):
+    k = hmac256(("AWS4" + secret).encode(), day)
     k = hmac256(k, region)
     k = hmac256(k, service)
     return hmac256(k, "aws4_request")
@@ -78,10 +100,10 @@ class Refused(Exception):
         self.status, self.code, self.message, self.extra = status, code, message, extra
 
 
-def decode_signed_chunks(body, auth, amz_date):
+def decode_signed_chunks(body, auth, amz_date, secret):
     """The payload of a STREAMING-AWS4-HMAC-SHA256-PAYLOAD body, each
     chunk's signature checked against the real key."""
-    key = signing_key(auth["day"], auth["region"], auth["service"])
+    key = signing_key(secret, auth["day"], auth["region"], auth["service"])
     scope = "%s/%s/%s/aws4_request" % (auth["day"], auth["region"], auth["service"])
     previous, out, i = auth["signature"], b"", 0
     empty = hashlib.sha256(b"").hexdigest()
@@ -140,10 +162,15 @@ class Handler(BaseHTTPRequestHandler):
         auth = parse_authorization(self.headers.get("Authorization", ""))
         if auth is None:
             raise Refused(403, "AccessDenied", "no SigV4 Authorization")
-        if auth["ak"] != AK:
+        known = keys_of(auth["ak"])
+        if known is None:
             raise Refused(403, "InvalidAccessKeyId",
                           "The AWS Access Key Id you provided does not exist in our records.",
                           "<AWSAccessKeyId>%s</AWSAccessKeyId>" % auth["ak"])
+        secret, want_token = known
+        token = self.headers.get("X-Amz-Security-Token")
+        if want_token is not None and token != want_token:
+            raise Refused(403, "InvalidToken", "The provided token is malformed or otherwise invalid.")
         amz_date = self.headers.get("X-Amz-Date", "")
         url = "https://%s%s" % (self.headers.get("Host"), self.path)
         req = AWSRequest(method=self.command, url=url, data=body)
@@ -153,8 +180,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise Refused(403, "AccessDenied", "signed header %s is missing" % name)
             req.headers[name] = value
         req.context["timestamp"] = amz_date
-        token = self.headers.get("X-Amz-Security-Token")
-        signer = S3SigV4Auth(Credentials(AK, SK, token), auth["service"], REGION)
+        signer = S3SigV4Auth(Credentials(auth["ak"], secret, token), auth["service"], REGION)
         canonical = signer.canonical_request(req)
         want = signer.signature(signer.string_to_sign(req, canonical), req)
         if auth["region"] != REGION or not hmac.compare_digest(want, auth["signature"]):
@@ -162,7 +188,7 @@ class Handler(BaseHTTPRequestHandler):
                           "The request signature we calculated does not match the signature you provided.")
         content = self.headers.get("x-amz-content-sha256", "")
         if content == "STREAMING-AWS4-HMAC-SHA256-PAYLOAD":
-            return decode_signed_chunks(body, auth, amz_date)
+            return decode_signed_chunks(body, auth, amz_date, secret)
         if content == "STREAMING-UNSIGNED-PAYLOAD-TRAILER":
             return decode_unsigned_chunks(body)
         if len(content) == 64 and hashlib.sha256(body).hexdigest() != content:
@@ -185,6 +211,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self.answer(200, json.dumps(STATS).encode(), "application/json")
         body = self.body()
         entry = {
+            "key_id": (parse_authorization(self.headers.get("Authorization", "")) or {}).get("ak", ""),
             "method": self.command,
             "path": self.path,
             "authorization": self.headers.get("Authorization", ""),
@@ -235,7 +262,13 @@ def main():
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(CERT, KEY)
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    print(json.dumps({"port": server.server_address[1]}), flush=True)
+    ports = {"port": server.server_address[1]}
+    if STS:
+        from moto.server import ThreadedMotoServer
+        sts = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
+        sts.start()
+        ports["sts_port"] = sts.get_host_and_port()[1]
+    print(json.dumps(ports), flush=True)
     server.serve_forever()
 
 

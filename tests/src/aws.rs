@@ -78,12 +78,15 @@ pub struct S3Origin {
     pub ca_file: std::path::PathBuf,
     /// One JSON line per request it got.
     pub log: std::path::PathBuf,
+    /// moto as STS in the origin's process (plain HTTP), when asked for.
+    pub sts: Option<SocketAddr>,
 }
 
 impl S3Origin {
-    /// Starts the origin with the real keys `ak`/`sk` (region us-east-1);
-    /// its files go to `dir`.
-    pub fn start(dir: &std::path::Path, ak: &str, sk: &str) -> S3Origin {
+    /// Starts the origin with the real keys `ak`/`sk` (region us-east-1),
+    /// and with `sts`, moto as STS whose temporary keys it accepts too; its
+    /// files go to `dir`.
+    pub fn start(dir: &std::path::Path, ak: &str, sk: &str, sts: bool) -> S3Origin {
         use std::io::BufRead as _;
         let ca = crate::pki::Ca::new("loom test s3 CA");
         let ca_file = ca.write(dir, "s3-ca.pem");
@@ -97,6 +100,7 @@ impl S3Origin {
                 &leaf.key.display().to_string(),
             ])
             .args([ak, sk, "us-east-1", &log.display().to_string()])
+            .args(sts.then_some("--sts"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -110,12 +114,13 @@ impl S3Origin {
             .expect("the S3 origin reports its port");
         std::thread::spawn(move || for _ in lines {});
         let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
-        let port = u16::try_from(v["port"].as_u64().expect("a port")).expect("a port");
+        let port = |k: &str| v[k].as_u64().and_then(|p| u16::try_from(p).ok());
         S3Origin {
             child,
-            addr: SocketAddr::from(([127, 0, 0, 2], port)),
+            addr: SocketAddr::from(([127, 0, 0, 2], port("port").expect("a port"))),
             ca_file,
             log,
+            sts: port("sts_port").map(|p| SocketAddr::from(([127, 0, 0, 2], p))),
         }
     }
 

@@ -11,8 +11,8 @@
 
 use egress_e2e::aws::{available, S3Origin};
 use egress_e2e::credentials::write_secret;
-use egress_e2e::harness::{proxy_section, TestProxy};
-use egress_e2e::process::{client, repo_root};
+use egress_e2e::harness::{control_call, proxy_section, TestProxy, TOKEN as CONTROL_TOKEN};
+use egress_e2e::process::{bin, client, free_addr, repo_root, write_config, ProxyProcess};
 use egress_e2e::FakeDns;
 use egress_proxy::facts::MemorySink;
 use serde_json::{json, Value};
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 const AK: &str = "AKIDREALKEY000000001";
 const SK: &str = "real/secret+access+key/0123456789abcdefghij";
-const TOKEN: &str = "real-session-token-FwoGZXIvYXdzEXAMPLE0123456789";
+const SESSION: &str = "real-session-token-FwoGZXIvYXdzEXAMPLE0123456789";
 
 struct World {
     p: TestProxy,
@@ -31,14 +31,14 @@ struct World {
 
 async fn world() -> World {
     let dir = tempfile::tempdir().unwrap();
-    let origin = S3Origin::start(dir.path(), AK, SK);
+    let origin = S3Origin::start(dir.path(), AK, SK, false);
     let dns = FakeDns::start().await;
     dns.set("s3.example", &["127.0.0.2"]);
     let s3 = format!("s3.example:{}", origin.addr.port());
     let (ak, sk, tok) = (dir.path().join("ak"), dir.path().join("sk"), dir.path().join("token"));
     write_secret(&ak, AK, 0o600);
     write_secret(&sk, SK, 0o600);
-    write_secret(&tok, TOKEN, 0o600);
+    write_secret(&tok, SESSION, 0o600);
     let text = format!(
         "{}\n[proxy.interception]\nupstream_ca_file = \"{}\"\n\n[tools.w]\negress = [\"{s3}\"]\n\
          [tools.w.credentials.aws]\nhosts = [\"{s3}\"]\nplaceholder_env = \"AWS_ACCESS_KEY_ID\"\n\
@@ -84,7 +84,7 @@ fn only_real_signatures(origin: &S3Origin, placeholder: &str) {
             !r.to_string().contains(placeholder),
             "the placeholder reached the origin: {r}"
         );
-        assert_eq!(r["security_token"], TOKEN, "{r}");
+        assert_eq!(r["security_token"], SESSION, "{r}");
     }
 }
 
@@ -142,7 +142,7 @@ async fn boto3_with_placeholder_keys_works_unchanged_and_the_origin_sees_only_re
     assert_eq!(r["status"], 200, "{r}");
     let text = r["text"].as_str().unwrap();
     assert!(text.contains("x-amz-date") || text.contains("X-Amz-Date"), "{text}");
-    for secret in [AK, TOKEN, SK] {
+    for secret in [AK, SESSION, SK] {
         assert!(!text.contains(secret), "{secret} reached the tool: {text}");
     }
     only_real_signatures(&w.origin, &placeholder);
@@ -193,4 +193,97 @@ async fn another_key_id_is_credential_misuse_and_a_presigned_url_is_refused() {
         assert_eq!(r[version]["denial"]["reason"], "signature_unsupported", "{r}");
     }
     assert!(w.origin.requests().is_empty());
+}
+
+/// Runs `s3_tool.py ACTION` as a new run of tool `w` on the proxy whose
+/// control API is `control`: the run's id and env, and the tool's answer.
+async fn tool_at(
+    control: std::net::SocketAddr,
+    origin: &S3Origin,
+    action: &str,
+) -> (String, BTreeMap<String, String>, Value) {
+    let r = control_call(
+        control,
+        "POST",
+        "/v1/runs",
+        Some(json!({ "tool": "w" })),
+        Some(CONTROL_TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let env: BTreeMap<String, String> = serde_json::from_value(v["env"].clone()).unwrap();
+    let script = repo_root().join("tests/credentials/s3_tool.py");
+    let endpoint = format!("https://s3.example:{}", origin.addr.port());
+    let out = client(&env, "python3", &[script.to_str().unwrap(), action, &endpoint]).await;
+    assert!(out.ok, "s3_tool.py {action}: {}{}", out.stdout, out.stderr);
+    let answer = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    (v["run_id"].as_str().unwrap().to_owned(), env, answer)
+}
+
+#[tokio::test]
+async fn keys_from_sts_assume_role_sign_the_tool_s_requests() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The origin accepts the real keys and the temporary keys moto (as
+    // STS, in the origin's process) issued.
+    let origin = S3Origin::start(dir.path(), AK, SK, true);
+    let sts = origin.sts.unwrap();
+    let dns = FakeDns::start().await;
+    dns.set("s3.example", &["127.0.0.2"]);
+    let s3 = format!("s3.example:{}", origin.addr.port());
+    let (proxy, control) = (free_addr(), free_addr());
+    let rest = format!(
+        "allow_ranges = [\"127.0.0.2/32\"]\n[proxy.dns]\nservers = [\"{}\"]\n[proxy.interception]\nupstream_ca_file = \"{}\"\n\
+         [tools.w]\negress = [\"{s3}\"]\n[tools.w.credentials.aws]\nhosts = [\"{s3}\"]\nplaceholder_env = \"AWS_ACCESS_KEY_ID\"\n\
+         sign = {{ aws_sigv4 = {{ service = \"s3\", region = \"us-east-1\", assume_role = {{ \
+         role_arn = \"arn:aws:iam::123456789012:role/s3-writer\", region = \"us-east-1\", duration_s = 900, \
+         endpoint = \"http://{sts}/\", allow_plaintext = true }} }} }}\n",
+        dns.addr,
+        origin.ca_file.display(),
+    );
+    let cfg = write_config(dir.path(), proxy, control, &rest);
+    // The proxy's own AWS keys, in its environment only: they ask STS.
+    let p = ProxyProcess::start_with_env(
+        &bin("egress-proxy"),
+        &cfg,
+        (proxy, control),
+        CONTROL_TOKEN,
+        &[],
+        &[
+            ("AWS_ACCESS_KEY_ID", "AKIDPROXYOWNKEY00001"),
+            ("AWS_SECRET_ACCESS_KEY", "proxy-own-secret-access-key"),
+        ],
+    );
+    let (id, env, r) = tool_at(p.control, &origin, "boto").await;
+    assert_eq!(r["same"], true, "{r}");
+    let got = origin.requests();
+    assert!(!got.is_empty());
+    for g in &got {
+        assert_eq!(g["outcome"], "ok", "{g}");
+        let key = g["key_id"].as_str().unwrap();
+        assert!(key.starts_with("ASIA"), "signed with moto's temporary key id: {g}");
+        assert!(!g["security_token"].as_str().unwrap().is_empty(), "{g}");
+        assert!(!g.to_string().contains(&env["AWS_ACCESS_KEY_ID"]), "{g}");
+    }
+    // The run view names the source and its expiry (900 s), never a value.
+    let view = control_call(p.control, "GET", &format!("/v1/runs/{id}"), None, Some(CONTROL_TOKEN)).await;
+    let view: Value = serde_json::from_slice(&view.body).unwrap();
+    let c = &view["credentials"][0];
+    assert_eq!(c["source"], "aws_sts_assume_role", "{view}");
+    assert_eq!(c["last_refresh"]["outcome"], "ok", "{view}");
+    // A reflecting path: the temporary key id and token never reach the tool.
+    let key = got[0]["key_id"].as_str().unwrap().to_owned();
+    let token = got[0]["security_token"].as_str().unwrap().to_owned();
+    let (_, _, r) = tool_at(p.control, &origin, "echo").await;
+    assert_eq!(r["status"], 200, "{r}");
+    let text = r["text"].as_str().unwrap();
+    assert!(!text.contains(&key) && !text.contains(&token), "{text}");
+    let log = std::fs::read_to_string(&p.log).unwrap();
+    assert!(
+        !log.contains(&token) && !log.contains(&key),
+        "the proxy's log holds no value"
+    );
 }

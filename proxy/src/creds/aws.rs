@@ -1,5 +1,6 @@
 //! `secret = { aws_secrets_manager = { … } }`: the current value of a
-//! secret in AWS Secrets Manager (`GetSecretValue`), asked with the
+//! secret in AWS Secrets Manager (`GetSecretValue`); and `assume_role = {
+//! … }`: temporary keys from STS `AssumeRole`. Both are asked with the
 //! proxy's own AWS credentials, signed with SigV4 ([`super::sigv4`]) and
 //! sent as [`super::http`] sends every source's request. The proxy's keys
 //! come from the standard environment variables (`AWS_ACCESS_KEY_ID`,
@@ -12,7 +13,7 @@ use super::http::{authority, post, within};
 use super::sigv4::{sign, Keys, Request, Scope};
 use super::{Failure, Fresh};
 use crate::creds::Env;
-use egress_config::sources::{check_value, AwsSecret};
+use egress_config::sources::{check_value, AssumeRole, AwsSecret, TokenUrl};
 use sha2::{Digest as _, Sha256};
 use std::time::SystemTime;
 
@@ -89,28 +90,29 @@ pub(super) async fn get_secret(a: &AwsSecret, env: &dyn Env) -> Result<Fresh, Fa
     within(a.timeout, &what, ask(a, env)).await
 }
 
-async fn ask(a: &AwsSecret, env: &dyn Env) -> Result<Fresh, Failure> {
+/// POSTs `body` to an AWS service's `endpoint`, signed with the proxy's
+/// own keys for `service` in `region`, with `headers` (name, value) besides
+/// the signature's: the answer's status and body.
+async fn call(
+    env: &dyn Env,
+    endpoint: &TokenUrl,
+    service: &str,
+    region: &str,
+    headers: &[(&'static str, &str)],
+    body: Vec<u8>,
+) -> Result<(http::StatusCode, bytes::Bytes), Failure> {
     let keys = own_keys().map_err(Failure::error)?;
-    let body = serde_json::json!({ "SecretId": a.secret_id }).to_string();
-    let host = authority(&a.endpoint);
-    let (path, query) = a
-        .endpoint
-        .path
-        .split_once('?')
-        .unwrap_or((a.endpoint.path.as_str(), ""));
-    const CONTENT_TYPE: &str = "application/x-amz-json-1.1";
-    const TARGET: &str = "secretsmanager.GetSecretValue";
-    let payload_hash = super::sigv4::hex(&Sha256::digest(body.as_bytes()));
+    let host = authority(endpoint);
+    let (path, query) = endpoint.path.split_once('?').unwrap_or((endpoint.path.as_str(), ""));
+    let payload_hash = super::sigv4::hex(&Sha256::digest(&body));
+    let mut signed_headers = vec![("host", host.as_str())];
+    signed_headers.extend(headers.iter().copied());
     let signed = sign(
         &Request {
             method: "POST",
             path,
             query,
-            headers: &[
-                ("host", &host),
-                ("content-type", CONTENT_TYPE),
-                ("x-amz-target", TARGET),
-            ],
+            headers: &signed_headers,
             payload_hash: &payload_hash,
             also_sign: &[],
         },
@@ -119,22 +121,36 @@ async fn ask(a: &AwsSecret, env: &dyn Env) -> Result<Fresh, Failure> {
             secret_access_key: &keys.secret_access_key,
             session_token: keys.session_token.as_deref(),
         },
-        &Scope {
-            region: &a.region,
-            service: "secretsmanager",
-        },
+        &Scope { region, service },
         SystemTime::now(),
     );
-    let mut headers = vec![
-        (http::header::CONTENT_TYPE, CONTENT_TYPE.to_owned()),
-        (http::HeaderName::from_static("x-amz-target"), TARGET.to_owned()),
-        (http::HeaderName::from_static("x-amz-date"), signed.amz_date),
-        (http::header::AUTHORIZATION, signed.authorization),
-    ];
+    let mut out: Vec<(http::HeaderName, String)> = headers
+        .iter()
+        .map(|(k, v)| (http::HeaderName::from_static(k), (*v).to_owned()))
+        .collect();
+    out.push((http::HeaderName::from_static("x-amz-date"), signed.amz_date));
+    out.push((http::header::AUTHORIZATION, signed.authorization));
     if let Some(t) = signed.security_token {
-        headers.push((http::HeaderName::from_static("x-amz-security-token"), t));
+        out.push((http::HeaderName::from_static("x-amz-security-token"), t));
     }
-    let (status, answer) = post(env, &a.endpoint, headers, body.into_bytes()).await?;
+    post(env, endpoint, out, body).await
+}
+
+async fn ask(a: &AwsSecret, env: &dyn Env) -> Result<Fresh, Failure> {
+    let body = serde_json::json!({ "SecretId": a.secret_id }).to_string();
+    let headers = [
+        ("content-type", "application/x-amz-json-1.1"),
+        ("x-amz-target", "secretsmanager.GetSecretValue"),
+    ];
+    let (status, answer) = call(
+        env,
+        &a.endpoint,
+        "secretsmanager",
+        &a.region,
+        &headers,
+        body.into_bytes(),
+    )
+    .await?;
     let v: Option<serde_json::Value> = serde_json::from_slice(&answer).ok();
     if status != http::StatusCode::OK {
         // The error's type names the cause (ResourceNotFoundException,
@@ -153,11 +169,7 @@ async fn ask(a: &AwsSecret, env: &dyn Env) -> Result<Fresh, Failure> {
     }
     let value = secret_value(v.as_ref(), a.json_key.as_deref())
         .map_err(|m| Failure::error(format!("secret {}: {m}", a.secret_id)))?;
-    Ok(Fresh {
-        value,
-        expires_at: None,
-        refresh_token: None,
-    })
+    Ok(Fresh::value(value))
 }
 
 /// The value in a `GetSecretValue` answer: its `SecretString`, or the
@@ -188,4 +200,74 @@ pub(super) fn secret_value(
             }
         }
     }
+}
+
+/// Asks STS for temporary keys of `a`'s role (`AssumeRole`).
+pub(super) async fn assume_role(a: &AssumeRole, env: &dyn Env) -> Result<Fresh, Failure> {
+    let what = format!("sts {}", a.endpoint.text);
+    within(a.timeout, &what, assume(a, env)).await
+}
+
+async fn assume(a: &AssumeRole, env: &dyn Env) -> Result<Fresh, Failure> {
+    let enc = |s: &str| egress_config::secrets::percent_encode(s, b"0123456789ABCDEF", false);
+    let mut body = format!(
+        "Action=AssumeRole&Version=2011-06-15&RoleArn={}&RoleSessionName={}&DurationSeconds={}",
+        enc(&a.role_arn),
+        enc(&a.session_name),
+        a.duration_s
+    );
+    if let Some(x) = &a.external_id {
+        body.push_str(&format!("&ExternalId={}", enc(x)));
+    }
+    let headers = [("content-type", "application/x-www-form-urlencoded; charset=utf-8")];
+    let (status, answer) = call(env, &a.endpoint, "sts", &a.region, &headers, body.into_bytes()).await?;
+    let text = String::from_utf8_lossy(&answer);
+    if status != http::StatusCode::OK {
+        // The error's code names the cause (AccessDenied, ...); its message
+        // could quote anything, so not it.
+        let code = xml_text(&text, "Code")
+            .filter(|c| c.len() <= 64 && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'))
+            .map(|c| format!(" ({c})"))
+            .unwrap_or_default();
+        return Err(Failure::error(format!(
+            "sts {} answered {status}{code} for AssumeRole of {}",
+            a.endpoint.text, a.role_arn
+        )));
+    }
+    assumed_keys(&text).map_err(|m| Failure::error(format!("AssumeRole of {}: {m}", a.role_arn)))
+}
+
+/// The keys in an `AssumeRoleResponse`: its `Credentials`.
+pub(super) fn assumed_keys(xml: &str) -> Result<Fresh, String> {
+    let creds = xml_text(xml, "Credentials").ok_or("the answer has no Credentials")?;
+    let field = |name: &str| -> Result<egress_config::Secret, String> {
+        let v = xml_text(creds, name).ok_or_else(|| format!("the answer has no {name}"))?;
+        check_value(v).map_err(|m| format!("{name}: {m}"))
+    };
+    let expiration = xml_text(creds, "Expiration").ok_or("the answer has no Expiration")?;
+    let expires = time::OffsetDateTime::parse(expiration, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| "its Expiration is not an RFC 3339 time".to_owned())?;
+    let expires_at = SystemTime::UNIX_EPOCH
+        + std::time::Duration::from_secs(
+            u64::try_from(expires.unix_timestamp()).map_err(|_| "its Expiration is before 1970")?,
+        );
+    Ok(Fresh {
+        value: field("SecretAccessKey")?,
+        expires_at: Some(expires_at),
+        refresh_token: None,
+        aws: Some(super::AwsIds {
+            key_id: field("AccessKeyId")?,
+            session_token: field("SessionToken")?,
+        }),
+    })
+}
+
+/// The text inside the first `<name>…</name>` of `xml` (no attributes, no
+/// nesting of the same name: what AWS's query APIs answer), trimmed.
+fn xml_text<'a>(xml: &'a str, name: &str) -> Option<&'a str> {
+    let open = format!("<{name}>");
+    let close = format!("</{name}>");
+    let start = xml.find(&open)? + open.len();
+    let end = start + xml[start..].find(&close)?;
+    Some(xml[start..end].trim())
 }

@@ -103,6 +103,7 @@ pub fn parse_output(text: &str) -> Result<Fresh, String> {
             value: check_value(&chomp(text.to_owned()))?,
             expires_at: None,
             refresh_token: None,
+            aws: None,
         });
     }
     #[derive(serde::Deserialize)]
@@ -122,6 +123,7 @@ pub fn parse_output(text: &str) -> Result<Fresh, String> {
         value: check_value(&a.value)?,
         expires_at,
         refresh_token: None,
+        aws: None,
     })
 }
 

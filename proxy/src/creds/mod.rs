@@ -71,6 +71,28 @@ pub struct Fresh {
     pub expires_at: Option<SystemTime>,
     /// A refresh token the endpoint rotated to.
     pub refresh_token: Option<Secret>,
+    /// Temporary AWS keys (`assume_role`): the key id and session token
+    /// that go with `value`, the secret key.
+    pub aws: Option<AwsIds>,
+}
+
+/// The key id and session token of temporary AWS keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsIds {
+    pub key_id: Secret,
+    pub session_token: Secret,
+}
+
+impl Fresh {
+    /// A value with neither expiry nor companions.
+    pub fn value(value: Secret) -> Fresh {
+        Fresh {
+            value,
+            expires_at: None,
+            refresh_token: None,
+            aws: None,
+        }
+    }
 }
 
 /// Why a read failed: the message names the source and the cause (an HTTP
@@ -105,6 +127,8 @@ struct State {
     last_error: Option<String>,
     /// A rotated refresh token (`oauth2_refresh_token`).
     refresh_token: Option<Secret>,
+    /// The key id and session token that go with `value` (`assume_role`).
+    aws: Option<AwsIds>,
     next_at: Option<SystemTime>,
 }
 
@@ -262,7 +286,7 @@ impl Live {
                     continue;
                 };
                 let key = (t.id.clone(), c.name.clone());
-                let (secret, until, previous) = match entries.get(&key).filter(|e| e.source == *source) {
+                let (secret, until, previous, aws) = match entries.get(&key).filter(|e| e.source == *source) {
                     Some(e) => {
                         let s = e.state();
                         let previous: Vec<Secret> = s
@@ -272,19 +296,41 @@ impl Live {
                             .map(|(v, _)| v.clone())
                             .collect();
                         match &s.value {
-                            Some(v) => (v.clone(), s.usable_until.unwrap_or(SystemTime::UNIX_EPOCH), previous),
-                            None => (Secret::default(), SystemTime::UNIX_EPOCH, previous),
+                            Some(v) => (
+                                v.clone(),
+                                s.usable_until.unwrap_or(SystemTime::UNIX_EPOCH),
+                                previous,
+                                s.aws.clone(),
+                            ),
+                            None => (Secret::default(), SystemTime::UNIX_EPOCH, previous, None),
                         }
                     }
-                    None => (Secret::default(), SystemTime::UNIX_EPOCH, vec![]),
+                    None => (Secret::default(), SystemTime::UNIX_EPOCH, vec![], None),
                 };
-                if c.secret == secret && c.usable_until == Some(until) && c.previous == previous {
+                // Keys from assume_role: the key id and token go with the secret.
+                let ids = match (&c.sign, &aws) {
+                    (Some(sign), Some(a)) if sign.access_key_id.is_none() => {
+                        Some((a.key_id.clone(), a.session_token.clone()))
+                    }
+                    (Some(sign), None) if sign.access_key_id.is_none() => Some((Secret::default(), Secret::default())),
+                    _ => None,
+                };
+                let ids_same = match (&c.sign, &ids) {
+                    (Some(sign), Some((k, t))) => sign.key_id == *k && sign.token == *t,
+                    _ => true,
+                };
+                if c.secret == secret && c.usable_until == Some(until) && c.previous == previous && ids_same {
                     continue;
                 }
                 let c = &mut Arc::make_mut(t).credentials[i];
                 c.secret = secret;
                 c.usable_until = Some(until);
                 c.previous = previous;
+                if let (Some(sign), Some((k, tok))) = (&mut c.sign, ids) {
+                    let sign = Arc::make_mut(sign);
+                    sign.key_id = k;
+                    sign.token = tok;
+                }
                 changed.insert(id.clone());
             }
         }
@@ -328,6 +374,7 @@ fn timeout_of(source: &LiveSource) -> Duration {
         LiveKind::Command(c) => c.timeout,
         LiveKind::OAuth2(o) => o.timeout,
         LiveKind::AwsSecretsManager(a) => a.timeout,
+        LiveKind::AwsAssumeRole(a) => a.timeout,
     }
 }
 
@@ -338,11 +385,7 @@ async fn read(e: &Entry, env: &dyn Env) -> Result<Fresh, Failure> {
             let path = path.clone();
             let r = tokio::task::spawn_blocking(move || egress_config::sources::read_file(&path)).await;
             match r {
-                Ok(Ok(value)) => Ok(Fresh {
-                    value,
-                    expires_at: None,
-                    refresh_token: None,
-                }),
+                Ok(Ok(value)) => Ok(Fresh::value(value)),
                 Ok(Err(m)) => Err(Failure::error(m)),
                 Err(e) => Err(Failure::error(format!("reading the file failed: {e}"))),
             }
@@ -355,6 +398,7 @@ async fn read(e: &Entry, env: &dyn Env) -> Result<Fresh, Failure> {
             }
         }
         LiveKind::AwsSecretsManager(a) => aws::get_secret(a, env).await,
+        LiveKind::AwsAssumeRole(a) => aws::assume_role(a, env).await,
         LiveKind::OAuth2(o) => {
             let rotated = e.state().refresh_token.clone();
             let fresh = oauth2::mint(o, &e.source.refresh, rotated.clone(), env).await?;
@@ -467,6 +511,7 @@ fn record(e: &Entry, env: &dyn Env, r: Result<Fresh, Failure>) -> Duration {
                 }
             }
             s.value = Some(fresh.value);
+            s.aws = fresh.aws;
             s.usable_until = Some(until);
             s.read_at = Some(now);
             if let Some(rt) = fresh.refresh_token {
@@ -557,6 +602,19 @@ pub fn describe(source: &SecretSource) -> String {
                     a.json_key.as_deref().map(|k| format!(", member {k}")).unwrap_or_default(),
                     ms(l.refresh.ttl),
                     ms(l.refresh.stale)
+                )
+            }
+            LiveKind::AwsAssumeRole(a) => {
+                let keys = match aws::own_keys() {
+                    Ok(_) => "the proxy's AWS keys are found".to_owned(),
+                    Err(e) => format!("FAILED: {e}"),
+                };
+                format!(
+                    "aws_sts_assume_role {} at {} for {} s, refreshed {} ms before expiry ({keys}; the proxy assumes it at start)",
+                    a.role_arn,
+                    a.endpoint.text,
+                    a.duration_s,
+                    ms(l.refresh.refresh_before)
                 )
             }
             LiveKind::OAuth2(o) => {

@@ -134,5 +134,6 @@ pub(super) fn token(answer: &[u8], refresh: &Refresh, refreshing: bool) -> Resul
         value,
         expires_at: Some(SystemTime::now() + lifetime),
         refresh_token,
+        aws: None,
     })
 }

@@ -296,3 +296,51 @@ async fn a_source_endpoint_is_dialled_only_at_addresses_its_scheme_and_the_range
     let (_, dials) = post(fake_env(&["10.1.2.3"], &["10.0.0.0/8"]), "https://sm.example/").await;
     assert_eq!(dials, 1);
 }
+
+#[test]
+fn an_assume_role_answer_gives_three_values_and_its_expiry() {
+    // The shape STS answers (AWS's documentation of AssumeRole).
+    let xml = r#"<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <AssumeRoleResult>
+  <SourceIdentity>DevUser123</SourceIdentity>
+    <AssumedRoleUser>
+      <Arn>arn:aws:sts::123456789012:assumed-role/demo/John</Arn>
+      <AssumedRoleId>ARO123EXAMPLE123:John</AssumedRoleId>
+    </AssumedRoleUser>
+    <Credentials>
+      <SessionToken>
+       AQoDYXdzEPT//////////wEXAMPLEtc764bNrC9SAPBSM22wDOk4x4HIZ8j4FZTwdQW
+      </SessionToken>
+      <SecretAccessKey>
+       wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY
+      </SecretAccessKey>
+      <Expiration>2019-11-09T13:34:41Z</Expiration>
+      <AccessKeyId>ASIAIOSFODNN7EXAMPLE</AccessKeyId>
+    </Credentials>
+    <PackedPolicySize>8</PackedPolicySize>
+  </AssumeRoleResult>
+  <ResponseMetadata><RequestId>c6104cbe-af31-11e0-8154-cbc7ccf896c7</RequestId></ResponseMetadata>
+</AssumeRoleResponse>"#;
+    let f = aws::assumed_keys(xml).unwrap();
+    assert_eq!(f.value.expose(), "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY");
+    let ids = f.aws.unwrap();
+    assert_eq!(ids.key_id.expose(), "ASIAIOSFODNN7EXAMPLE");
+    assert!(ids.session_token.expose().starts_with("AQoDYXdzEPT//"));
+    let at = f.expires_at.unwrap().duration_since(SystemTime::UNIX_EPOCH).unwrap();
+    assert_eq!(at.as_secs(), 1_573_306_481);
+    for (bad, want) in [
+        ("<x/>", "no Credentials"),
+        ("<Credentials><AccessKeyId>A</AccessKeyId></Credentials>", "no Expiration"),
+        (
+            "<Credentials><Expiration>soon</Expiration><AccessKeyId>A</AccessKeyId></Credentials>",
+            "not an RFC 3339 time",
+        ),
+        (
+            "<Credentials><Expiration>2019-11-09T13:34:41Z</Expiration><SecretAccessKey>a\u{7}b</SecretAccessKey></Credentials>",
+            "SecretAccessKey",
+        ),
+    ] {
+        let e = aws::assumed_keys(bad).unwrap_err();
+        assert!(e.contains(want), "{bad}: {e}");
+    }
+}

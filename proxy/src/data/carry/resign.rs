@@ -174,22 +174,56 @@ fn set(headers: &mut HeaderMap, name: &'static str, value: &str) {
 }
 
 /// The body whole, if it is at most `max` bytes and arrives by `read_by`.
-async fn read_whole<B>(body: B, max: u64, read_by: Instant) -> Result<Bytes, ResignError>
+/// A larger one is read on and dropped (up to [`DRAIN_BYTES`], for at most
+/// [`DRAIN_TIME`]) before the refusal, so that a client still sending it
+/// reads the answer instead of a reset connection.
+async fn read_whole<B>(mut body: B, max: u64, read_by: Instant) -> Result<Bytes, ResignError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    if body.size_hint().lower() > max {
-        return Err(ResignError::BodyTooLarge(max));
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    let over = usize::try_from(body.size_hint().lower()).unwrap_or(usize::MAX) > max;
+    let mut whole = BytesMut::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| ResignError::Read(e.into().to_string()))?;
+            if let Ok(d) = frame.into_data() {
+                if whole.len() + d.len() > max {
+                    return Err(ResignError::BodyTooLarge(max as u64));
+                }
+                whole.extend_from_slice(&d);
+            }
+        }
+        Ok(())
+    };
+    let r = if over {
+        Err(ResignError::BodyTooLarge(max as u64))
+    } else {
+        match tokio::time::timeout_at(read_by, read).await {
+            Err(_) => Err(ResignError::Timeout),
+            Ok(r) => r,
+        }
+    };
+    if let Err(ResignError::BodyTooLarge(_)) = &r {
+        let mut left = DRAIN_BYTES;
+        let _ = tokio::time::timeout(DRAIN_TIME, async {
+            while let Some(Ok(frame)) = body.frame().await {
+                match frame.data_ref() {
+                    Some(d) if d.len() >= left => return,
+                    Some(d) => left -= d.len(),
+                    None => {}
+                }
+            }
+        })
+        .await;
     }
-    let limited = http_body_util::Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX));
-    match tokio::time::timeout_at(read_by, limited.collect()).await {
-        Err(_) => Err(ResignError::Timeout),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ResignError::BodyTooLarge(max)),
-        Ok(Err(e)) => Err(ResignError::Read(e.to_string())),
-    }
+    r.map(|()| whole.freeze())
 }
+
+/// What [`read_whole`] reads on of a body too large to hash, at most.
+const DRAIN_BYTES: usize = 16 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
