@@ -333,16 +333,24 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                             "plain HTTP too, to any address (UNSAFE: allow_plaintext = \"force\")"
                         }
                     };
+                    let how = match &cr.sign {
+                        Some(s) => format!("signed again with SigV4 for {} in {}", s.service, s.region),
+                        None => format!("in {}", cr.header),
+                    };
                     let _ = writeln!(
                         out,
-                        "    credential {} -> {} in {} (CONNECTs there are intercepted; {plain})",
+                        "    credential {} -> {} {how} (CONNECTs there are intercepted; {plain})",
                         cr.name,
                         hosts.join(", "),
-                        cr.header
                     );
+                    let what = match &cr.sign {
+                        Some(s) if s.access_key_id.is_none() => "keys",
+                        Some(_) => "secret key",
+                        None => "secret",
+                    };
                     let _ = writeln!(
                         out,
-                        "      secret: {}",
+                        "      {what}: {}",
                         egress_proxy::describe_secret_source(&cr.source)
                     );
                 }

@@ -444,9 +444,16 @@ fn check_says_where_each_secret_comes_from_and_tries_live_ones_never_printing_a_
          [tools.w.credentials.cmd]\nhosts = [\"c.example:443\"]\nvalue = \"${{secret}}\"\nplaceholder_env = \"C\"\n\
          secret = {{ command = [\"/bin/sh\", \"-c\", \"echo '{{\\\"value\\\": \\\"check-cmd-value\\\", \\\"expires_at\\\": 1893553445}}'\"] }}\n\
          [tools.w.credentials.minted]\nhosts = [\"d.example:443\"]\nvalue = \"Bearer ${{secret}}\"\nplaceholder_env = \"D\"\n\
-         mint = {{ oauth2_client_credentials = {{ token_url = \"https://auth.example/token\", client_id = \"loom\", client_secret = {{ file = \"{}\" }} }} }}\n",
+         mint = {{ oauth2_client_credentials = {{ token_url = \"https://auth.example/token\", client_id = \"loom\", client_secret = {{ file = \"{}\" }} }} }}\n\
+         [tools.s]\negress = [\"s3.example:443\", \"t.example:443\"]\n\
+         [tools.s.credentials.aws]\nhosts = [\"s3.example:443\"]\nplaceholder_env = \"AWS_ACCESS_KEY_ID\"\n\
+         sign = {{ aws_sigv4 = {{ service = \"s3\", region = \"eu-west-1\", access_key_id = {{ file = \"{}\" }}, secret_access_key = {{ file = \"{}\" }} }} }}\n\
+         [tools.s.credentials.sts]\nhosts = [\"t.example:443\"]\nplaceholder_env = \"AK2\"\n\
+         sign = {{ aws_sigv4 = {{ service = \"sts-test\", region = \"eu-west-1\", secret_env = \"SK2\", assume_role = {{ role_arn = \"arn:aws:iam::1:role/r\", region = \"eu-west-1\" }} }} }}\n",
         good.display(),
         loose.display(),
+        good.display(),
+        good.display(),
         good.display(),
     );
     let (ok, stdout, stderr) = egress_e2e::process::proxy_check(&text);
@@ -457,6 +464,9 @@ fn check_says_where_each_secret_comes_from_and_tries_live_ones_never_printing_a_
         "is mode 0644: a secret file must be 0600 or stricter",
         "secret: command /bin/sh, every 300000 ms, timeout 10000 ms, served 300000 ms stale at most (ran now: ok, expires 2030-01-02T03:04:05",
         "secret: minted (oauth2_client_credentials) at https://auth.example/token as client loom, refreshed 60000 ms before expiry (client_secret reads; the proxy mints at start)",
+        "credential aws -> s3.example:443 signed again with SigV4 for s3 in eu-west-1 (CONNECTs there are intercepted; never in plain HTTP)",
+        "secret key: file",
+        "keys: aws_sts_assume_role arn:aws:iam::1:role/r at https://sts.eu-west-1.amazonaws.com/ for 3600 s, refreshed 300000 ms before expiry",
     ] {
         assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
     }
