@@ -6,6 +6,7 @@
 
 pub mod decisions;
 pub mod export;
+pub mod ocsf;
 pub(crate) mod private;
 pub(crate) mod store;
 
