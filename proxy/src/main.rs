@@ -69,6 +69,39 @@ enum Cmd {
         #[command(subcommand)]
         action: PrincipalAction,
     },
+    /// The fact store's records, read-only (the proxy may be running).
+    Facts {
+        #[command(subcommand)]
+        action: FactsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum FactsAction {
+    /// Print every fact (or, with --decisions, every decision record) after
+    /// --after, oldest first, one JSON object per line: as the API gives it
+    /// (jsonl), or as an OCSF 1.8.0 event (ocsf). Exit 2 on error.
+    Export {
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: ExportFormat,
+        /// Only records whose seq is above this.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// The decision log instead of the facts.
+        #[arg(long)]
+        decisions: bool,
+        /// The store file; without it, the one `[proxy] facts` of --config names.
+        #[arg(long, conflicts_with = "config")]
+        store: Option<PathBuf>,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExportFormat {
+    Jsonl,
+    Ocsf,
 }
 
 #[derive(Subcommand)]
@@ -193,6 +226,22 @@ fn main() -> std::process::ExitCode {
                     config,
                 },
         } => principal_add(&name, &scopes, file, config),
+        Cmd::Facts {
+            action:
+                FactsAction::Export {
+                    format,
+                    after,
+                    decisions,
+                    store,
+                    config,
+                },
+        } => match export(format, after, decisions, store, config) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("egress-proxy: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
         Cmd::Policy { action } => match learn(action) {
             Ok(code) => code,
             Err(e) => {
@@ -218,6 +267,48 @@ fn main() -> std::process::ExitCode {
                 }
             }
         }
+    }
+}
+
+/// `facts export`: the store's records to stdout, one JSON line each.
+fn export(
+    format: ExportFormat,
+    after: u64,
+    decisions: bool,
+    store: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<(), String> {
+    use egress_proxy::facts::{dump, ocsf, Record, Records};
+    use std::io::Write as _;
+    let path = match (store, config) {
+        (Some(s), _) => s,
+        (None, Some(c)) => Config::load(&c).map_err(|e| e.to_string())?.proxy.facts,
+        (None, None) => return Err("name the store: --store FILE or --config FILE".into()),
+    };
+    if path.as_os_str() == ":memory:" {
+        return Err("the config keeps facts in memory: read them from the running proxy (GET /v1/facts)".into());
+    }
+    if !path.exists() {
+        return Err(format!("{}: no fact store there", path.display()));
+    }
+    let what = if decisions { Records::Decisions } else { Records::Facts };
+    let version = env!("CARGO_PKG_VERSION");
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let r = dump(&path, what, after, &mut |record| {
+        let line = match (format, record) {
+            (ExportFormat::Jsonl, Record::Fact(f)) => serde_json::to_string(&f),
+            (ExportFormat::Jsonl, Record::Decision(d)) => serde_json::to_string(&d),
+            (ExportFormat::Ocsf, Record::Fact(f)) => serde_json::to_string(&ocsf::fact_event(&f, version)),
+            (ExportFormat::Ocsf, Record::Decision(d)) => serde_json::to_string(&ocsf::decision_event(&d, version)),
+        }
+        .map_err(std::io::Error::other)?;
+        writeln!(out, "{line}")
+    })
+    .and_then(|_| out.flush().map_err(|e| e.to_string()));
+    match r {
+        // A reader that stopped early (`| head`) is not an error.
+        Err(e) if e.contains("Broken pipe") => Ok(()),
+        r => r,
     }
 }
 

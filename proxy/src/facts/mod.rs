@@ -42,6 +42,7 @@ pub fn bounded(s: String) -> String {
 pub const MAX_RESOLVED: usize = 32;
 
 pub use egress_api::{Fact, FactTarget, FACT_SCHEMA as SCHEMA, FACT_TYPE};
+pub use store::dump::{dump, Record, Records};
 
 /// What a new denial fact says; [`denial`] turns it into a [`Fact`].
 pub struct NewFact<'a> {

@@ -4,6 +4,7 @@
 //! thread commits in groups, [`reader`] answers queries, [`retention`]
 //! keeps the budget, [`runs`] the run records, [`schema`] the tables.
 
+pub mod dump;
 mod reader;
 mod retention;
 mod runs;
