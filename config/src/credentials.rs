@@ -324,38 +324,27 @@ fn credential(
     };
     let placeholder_env: Option<String> =
         c.required("placeholder_env", "the variable the child gets the placeholder in");
-    if let Some(v) = &placeholder_env {
-        let at = c.at("placeholder_env");
-        if !valid_env_name(v) {
-            c.problems.push(at, format!("{v:?} is not a variable name"));
-        } else if sign.as_ref().is_some_and(|s| s.secret_env == *v) {
-            c.problems.push(
-                at,
-                format!("{v} is also sign.aws_sigv4.secret_env (the placeholder secret key's variable)"),
-            );
+    // The child's variables: the placeholder's, and a signing credential's
+    // placeholder secret key's.
+    let secret_env = sign.as_ref().map(|s| s.secret_env.clone());
+    let named = [
+        (c.at("placeholder_env"), placeholder_env.clone()),
+        (format!("{}.sign.aws_sigv4.secret_env", c.path()), secret_env),
+    ];
+    for (at, v) in named {
+        let Some(v) = v else { continue };
+        let problem = if !valid_env_name(&v) {
+            format!("{v:?} is not a variable name")
         } else if RESERVED_ENV.contains(&v.as_str()) {
-            c.problems.push(at, format!("{v} is set by the executor"));
-        } else if process_env.is_some_and(|e| e.contains_key(v)) {
-            c.problems
-                .push(at, format!("{v} is also set in the tool's process.env"));
+            format!("{v} is set by the executor")
+        } else if process_env.is_some_and(|e| e.contains_key(&v)) {
+            format!("{v} is also set in the tool's process.env")
         } else if !vars.insert(v.clone()) {
-            c.problems
-                .push(at, format!("{v} is the placeholder of another credential of the tool"));
-        }
-    }
-    if let Some(v) = sign.as_ref().map(|s| &s.secret_env) {
-        let at = format!("{}.sign.aws_sigv4.secret_env", c.path());
-        if !valid_env_name(v) {
-            c.problems.push(at, format!("{v:?} is not a variable name"));
-        } else if RESERVED_ENV.contains(&v.as_str()) {
-            c.problems.push(at, format!("{v} is set by the executor"));
-        } else if process_env.is_some_and(|e| e.contains_key(v)) {
-            c.problems
-                .push(at, format!("{v} is also set in the tool's process.env"));
-        } else if !vars.insert(v.clone()) {
-            c.problems
-                .push(at, format!("{v} is the placeholder of another credential of the tool"));
-        }
+            format!("{v} is the placeholder of another credential of the tool, or its own secret_env")
+        } else {
+            continue;
+        };
+        c.problems.push(at, problem);
     }
     Some(Credential {
         name: Arc::from(name),

@@ -24,11 +24,9 @@ use egress_e2e::FakeDns;
 use http_body_util::{BodyExt as _, Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject as _;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -79,7 +77,7 @@ async fn open(
     auth: &str,
     host: &str,
     port: u16,
-    ca: &Path,
+    ca: &str,
 ) -> hyper::client::conn::http1::SendRequest<Body> {
     let mut s = TcpStream::connect(proxy).await.unwrap();
     s.set_nodelay(true).unwrap();
@@ -92,20 +90,7 @@ async fn open(
         head.push(b[0]);
     }
     assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&std::fs::read(ca).unwrap()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, s)
-        .await
-        .unwrap();
+    let tls = egress_e2e::inside::tls(ca, host, b"http/1.1", s).await;
     let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
     tokio::spawn(conn);
     send
@@ -240,7 +225,8 @@ async fn main() {
     let cred = format!("{}:{}", v["run_id"].as_str().unwrap(), v["secret"].as_str().unwrap());
     let auth = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(cred));
     let placeholder = v["env"]["AWS_ACCESS_KEY_ID"].as_str().unwrap().to_owned();
-    let ca = Path::new(v["env"]["SSL_CERT_FILE"].as_str().unwrap()).to_owned();
+    // The appliance CA alone (the child's NODE_EXTRA_CA_CERTS).
+    let ca = std::fs::read_to_string(v["env"]["NODE_EXTRA_CA_CERTS"].as_str().unwrap()).unwrap();
     let targets = [
         Target {
             host: "api.example",

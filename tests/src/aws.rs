@@ -87,33 +87,23 @@ impl S3Origin {
     /// and with `sts`, moto as STS whose temporary keys it accepts too; its
     /// files go to `dir`.
     pub fn start(dir: &std::path::Path, ak: &str, sk: &str, sts: bool) -> S3Origin {
-        use std::io::BufRead as _;
         let ca = crate::pki::Ca::new("loom test s3 CA");
         let ca_file = ca.write(dir, "s3-ca.pem");
         let leaf = ca.leaf(dir, "s3", "s3.example", &["s3.example"]);
         let log = dir.join("s3-requests.jsonl");
-        let mut child = Command::new("python3")
-            .arg(crate::process::repo_root().join("tests/credentials/s3_origin.py"))
-            .args([
-                "127.0.0.2",
-                &leaf.cert.display().to_string(),
-                &leaf.key.display().to_string(),
-            ])
-            .args([ak, sk, "us-east-1", &log.display().to_string()])
-            .args(sts.then_some("--sts"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 starts");
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let line = lines
-            .next()
-            .and_then(Result::ok)
-            .expect("the S3 origin reports its port");
-        std::thread::spawn(move || for _ in lines {});
-        let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        let mut args = vec![
+            "127.0.0.2".as_ref(),
+            leaf.cert.as_os_str(),
+            leaf.key.as_os_str(),
+            ak.as_ref(),
+            sk.as_ref(),
+            "us-east-1".as_ref(),
+            log.as_os_str(),
+        ];
+        if sts {
+            args.push("--sts".as_ref());
+        }
+        let (child, v) = crate::process::python_server("tests/credentials/s3_origin.py", &args);
         let port = |k: &str| v[k].as_u64().and_then(|p| u16::try_from(p).ok());
         S3Origin {
             child,

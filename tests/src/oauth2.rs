@@ -5,12 +5,10 @@
 //! on 127.0.0.2. Killed when dropped.
 
 use crate::pki::Ca;
-use crate::process::repo_root;
 use crate::raw::{send, RawResponse};
-use std::io::BufRead as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 pub struct OAuthServer {
     child: Child,
@@ -35,25 +33,16 @@ impl OAuthServer {
         let ca = Ca::new("loom test token CA");
         let ca_file = ca.write(dir, "token-ca.pem");
         let leaf = ca.leaf(dir, "auth", "auth.example", &["auth.example"]);
-        let mut child = Command::new("python3")
-            .arg(repo_root().join("tests/credentials/oauth2_server.py"))
-            .arg("127.0.0.2")
-            .arg(&leaf.cert)
-            .arg(&leaf.key)
-            .arg(lifetime_s.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 starts");
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let line = lines
-            .next()
-            .and_then(Result::ok)
-            .expect("the OAuth2 server reports its ports");
-        std::thread::spawn(move || for _ in lines {});
-        let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        let lifetime = lifetime_s.to_string();
+        let (child, v) = crate::process::python_server(
+            "tests/credentials/oauth2_server.py",
+            &[
+                "127.0.0.2".as_ref(),
+                leaf.cert.as_os_str(),
+                leaf.key.as_os_str(),
+                lifetime.as_ref(),
+            ],
+        );
         let port = |k: &str| u16::try_from(v[k].as_u64().expect("a port")).expect("a port");
         OAuthServer {
             child,

@@ -433,3 +433,27 @@ pub fn proxy_check(text: &str) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Starts `script` (under the repository root) with `python3` and `args`,
+/// and reads the JSON line it prints first (its ports); its later output
+/// is drained. Panics if it does not start or report.
+pub fn python_server(script: &str, args: &[&std::ffi::OsStr]) -> (Child, serde_json::Value) {
+    use std::io::BufRead as _;
+    let mut child = Command::new("python3")
+        .arg(repo_root().join(script))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 starts");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let line = lines
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("{script} reports its ports"));
+    std::thread::spawn(move || for _ in lines {});
+    let v = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{script}: {e}: {line}"));
+    (child, v)
+}

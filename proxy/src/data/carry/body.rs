@@ -403,3 +403,24 @@ pub fn head_len(start_line: usize, headers: &http::HeaderMap) -> u64 {
     let fields: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
     (start_line + 2 + fields + 2) as u64
 }
+
+/// Reads what is left of a request body the proxy answers without sending
+/// on, dropping it: up to `max` bytes, for at most `time`, so that a client
+/// still sending reads the answer instead of a reset connection.
+pub async fn drain<B>(body: &mut B, max: usize, time: std::time::Duration)
+where
+    B: Body + Unpin,
+{
+    use http_body_util::BodyExt as _;
+    let mut left = max;
+    let _ = tokio::time::timeout(time, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            match frame.data_ref() {
+                Some(d) if bytes::Buf::remaining(d) >= left => return,
+                Some(d) => left -= bytes::Buf::remaining(d),
+                None => {}
+            }
+        }
+    })
+    .await;
+}

@@ -206,17 +206,7 @@ where
         }
     };
     if let Err(ResignError::BodyTooLarge(_)) = &r {
-        let mut left = DRAIN_BYTES;
-        let _ = tokio::time::timeout(DRAIN_TIME, async {
-            while let Some(Ok(frame)) = body.frame().await {
-                match frame.data_ref() {
-                    Some(d) if d.len() >= left => return,
-                    Some(d) => left -= d.len(),
-                    None => {}
-                }
-            }
-        })
-        .await;
+        crate::data::carry::body::drain(&mut body, DRAIN_BYTES, DRAIN_TIME).await;
     }
     r.map(|()| whole.freeze())
 }

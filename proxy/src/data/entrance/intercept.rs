@@ -204,6 +204,13 @@ struct Switched {
 }
 
 impl Origin {
+    /// A refusal after the request was counted ([`fetch::refuse_answer`]):
+    /// its fact, then its answer.
+    async fn refuse(&self, target: &Target, json: bool, reason: DenyReason, detail: String) -> Answer {
+        let r = fetch::refuse_answer(&self.sh, &self.run, target, Via::Http, json, reason, detail).await;
+        respond::refused(r).map(Either::Right)
+    }
+
     /// The tool's TLS, then HTTP/1.1 or HTTP/2 inside it until the tool is done.
     async fn serve<IO>(self: &Arc<Self>, io: IO, upstream: OriginConn) -> io::Result<()>
     where
@@ -367,9 +374,9 @@ impl Origin {
                         "{}: credential {} could not sign the request: {e}",
                         self.target, cred.name
                     );
-                    let reason = DenyReason::SignatureUnsupported;
-                    let r = fetch::refuse_answer(&self.sh, &self.run, &inside.target, Via::Http, json, reason, detail);
-                    return Ok(respond::refused(r.await).map(Either::Right));
+                    return Ok(self
+                        .refuse(&inside.target, json, DenyReason::SignatureUnsupported, detail)
+                        .await);
                 }
             },
             None => resign::Resigned::Pass(body),
@@ -407,16 +414,9 @@ impl Origin {
                     Ok(s) => s,
                     Err(e) => {
                         let detail = format!("{}: {e}", self.target);
-                        let r = fetch::refuse_answer(
-                            &self.sh,
-                            &self.run,
-                            &inside.target,
-                            Via::Http,
-                            json,
-                            DenyReason::Unscrubbable,
-                            detail,
-                        );
-                        return Ok(respond::refused(r.await).map(Either::Right));
+                        return Ok(self
+                            .refuse(&inside.target, json, DenyReason::Unscrubbable, detail)
+                            .await);
                     }
                 };
                 strip_hop_by_hop(&mut parts.headers);
@@ -518,16 +518,9 @@ impl Origin {
         .and_then(|_| websocket::check_accepted(rewrite, &parts.headers));
         if let Err(e) = checked {
             let detail = format!("{}: {e}", self.target);
-            let r = fetch::refuse_answer(
-                &self.sh,
-                &self.run,
-                &inside.target,
-                Via::Http,
-                json,
-                DenyReason::Unscrubbable,
-                detail,
-            );
-            return respond::refused(r.await).map(Either::Right);
+            return self
+                .refuse(&inside.target, json, DenyReason::Unscrubbable, detail)
+                .await;
         }
         let Some(client) = client else {
             self.sh.count_error(&self.run.tool, FetchError::UpstreamFailed);
@@ -773,18 +766,7 @@ impl Origin {
 /// instead of the answer.
 async fn early(answer: Response<ProxyBody>, req: Request<Incoming>, stream: bool) -> Answer {
     if stream && !hyper::body::Body::is_end_stream(req.body()) {
-        let mut body = req.into_body();
-        let mut left = SETTLE_BYTES;
-        let _ = tokio::time::timeout(SETTLE_TIME, async {
-            while let Some(Ok(frame)) = body.frame().await {
-                match frame.data_ref() {
-                    Some(d) if d.len() >= left => return,
-                    Some(d) => left -= d.len(),
-                    None => {}
-                }
-            }
-        })
-        .await;
+        crate::data::carry::body::drain(&mut req.into_body(), SETTLE_BYTES, SETTLE_TIME).await;
     }
     answer.map(Either::Right)
 }
