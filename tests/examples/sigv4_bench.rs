@@ -29,8 +29,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 const MIB: usize = 1 << 20;
 const CHUNK: usize = 64 * 1024;
@@ -79,17 +78,9 @@ async fn open(
     port: u16,
     ca: &str,
 ) -> hyper::client::conn::http1::SendRequest<Body> {
-    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let (r, s) = egress_e2e::raw::connect(proxy, &format!("{host}:{port}"), Some(auth)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
     s.set_nodelay(true).unwrap();
-    let req = format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\nProxy-Authorization: {auth}\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut b = [0u8; 1];
-        assert_eq!(s.read(&mut b).await.unwrap(), 1, "the proxy closed the CONNECT");
-        head.push(b[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
     let tls = egress_e2e::inside::tls(ca, host, b"http/1.1", s).await;
     let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
     tokio::spawn(conn);
