@@ -99,12 +99,7 @@ pub fn run_command(c: &CommandSource) -> Result<Fresh, Failure> {
 pub fn parse_output(text: &str) -> Result<Fresh, String> {
     let trimmed = text.trim_start();
     if !trimmed.starts_with('{') {
-        return Ok(Fresh {
-            value: check_value(&chomp(text.to_owned()))?,
-            expires_at: None,
-            refresh_token: None,
-            aws: None,
-        });
+        return Ok(Fresh::value(check_value(&chomp(text.to_owned()))?));
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -120,10 +115,8 @@ pub fn parse_output(text: &str) -> Result<Fresh, String> {
         Some(v) => Some(expiry(&v)?),
     };
     Ok(Fresh {
-        value: check_value(&a.value)?,
         expires_at,
-        refresh_token: None,
-        aws: None,
+        ..Fresh::value(check_value(&a.value)?)
     })
 }
 

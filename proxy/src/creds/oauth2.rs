@@ -131,9 +131,8 @@ pub(super) fn token(answer: &[u8], refresh: &Refresh, refreshing: bool) -> Resul
         _ => None,
     };
     Ok(Fresh {
-        value,
         expires_at: Some(SystemTime::now() + lifetime),
         refresh_token,
-        aws: None,
+        ..Fresh::value(value)
     })
 }
