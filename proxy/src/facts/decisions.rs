@@ -142,6 +142,26 @@ struct Memory {
 pub struct Limits {
     pub max_bytes: u64,
     pub retention: Duration,
+    /// Retention by age deletes no record above this (the lowest of the
+    /// audit sinks' cursors). The byte budget still drops the oldest.
+    pub floor: Floor,
+}
+
+/// The lowest decision cursor of the audit sinks, read when pruning
+/// (`u64::MAX` without sinks).
+#[derive(Clone)]
+pub struct Floor(pub Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl Default for Floor {
+    fn default() -> Self {
+        Floor(Arc::new(|| u64::MAX))
+    }
+}
+
+impl std::fmt::Debug for Floor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Floor({})", (self.0)())
+    }
 }
 
 /// The decision log of one proxy.
@@ -159,6 +179,8 @@ pub struct DecisionLog {
     /// Bytes the log's table holds in the fact store's file (the fact
     /// store's budget leaves them out).
     bytes: Arc<AtomicU64>,
+    /// The newest record's seq (0: none).
+    head: Arc<AtomicU64>,
 }
 
 impl Drop for DecisionLog {
@@ -191,6 +213,7 @@ impl DecisionLog {
             None => Backend::Memory(Mutex::new(Memory::default())),
         });
         metrics.budget.set(limits.max_bytes as i64);
+        let head = Arc::new(AtomicU64::new(path.map_or(0, newest)));
         let (live, _) = broadcast::channel(4096);
         let mut log = DecisionLog {
             every,
@@ -201,6 +224,7 @@ impl DecisionLog {
             live: live.clone(),
             metrics: metrics.clone(),
             bytes: bytes.clone(),
+            head: head.clone(),
         };
         if every == 0 {
             return log;
@@ -213,6 +237,7 @@ impl DecisionLog {
             live,
             metrics,
             bytes,
+            head,
             pruned_at: None,
             measured_at: None,
         };
@@ -237,6 +262,7 @@ impl DecisionLog {
             Limits {
                 max_bytes: 1,
                 retention: Duration::from_secs(3600),
+                floor: Floor::default(),
             },
             DecisionMetrics::default(),
             Arc::default(),
@@ -272,6 +298,11 @@ impl DecisionLog {
     /// Live feed of written records.
     pub fn subscribe(&self) -> broadcast::Receiver<Decision> {
         self.live.subscribe()
+    }
+
+    /// The newest record's seq (0: none yet).
+    pub fn head(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
     }
 
     /// Bytes the log holds.
@@ -412,6 +443,15 @@ fn table_bytes(c: &Connection) -> rusqlite::Result<u64> {
     .map(|b| b.max(0) as u64)
 }
 
+/// The newest record's seq in the store file `path` (0: none, or unreadable).
+fn newest(path: &Path) -> u64 {
+    let Ok(c) = open(path, false) else { return 0 };
+    c.query_row("SELECT COALESCE(MAX(seq), 0) FROM decisions", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map_or(0, |v| v.max(0) as u64)
+}
+
 struct Writer {
     backend: Arc<Backend>,
     conn: Option<Connection>,
@@ -419,6 +459,7 @@ struct Writer {
     live: broadcast::Sender<Decision>,
     metrics: DecisionMetrics,
     bytes: Arc<AtomicU64>,
+    head: Arc<AtomicU64>,
     pruned_at: Option<Instant>,
     measured_at: Option<Instant>,
 }
@@ -468,6 +509,7 @@ impl Writer {
                         d.seq = m.next;
                         let size = serde_json::to_string(&d).map_or(0, |s| s.len() as u64) + ROW_OVERHEAD;
                         m.bytes += size;
+                        self.head.fetch_max(d.seq, Ordering::AcqRel);
                         let _ = self.live.send(d.clone());
                         m.records.push_back((d, size));
                     }
@@ -478,7 +520,8 @@ impl Writer {
                         dropped += 1;
                     }
                     let cutoff = cutoff(self.limits.retention);
-                    while m.records.front().is_some_and(|(d, _)| d.at < cutoff) {
+                    let floor = (self.limits.floor.0)();
+                    while m.records.front().is_some_and(|(d, _)| d.at < cutoff && d.seq <= floor) {
                         if let Some((_, size)) = m.records.pop_front() {
                             m.bytes -= size;
                             dropped += 1;
@@ -530,6 +573,9 @@ impl Writer {
         for d in batch.iter() {
             let _ = live.send(d.clone());
         }
+        if let Some(last) = batch.last() {
+            self.head.fetch_max(last.seq, Ordering::AcqRel);
+        }
         let b = self.bytes.fetch_add(added, Ordering::AcqRel) + added;
         self.metrics.bytes.set(b as i64);
         Ok(())
@@ -546,10 +592,13 @@ impl Writer {
             return;
         }
         let (retention, max) = (self.limits.retention, self.limits.max_bytes);
+        let floor = (self.limits.floor.0)().min(i64::MAX as u64) as i64;
         let Some(c) = self.connect() else { return };
         let mut deleted = 0;
         if prune {
-            match c.execute("DELETE FROM decisions WHERE at < ?1", params![cutoff(retention)]) {
+            // Never a record an audit sink has not exported (above `floor`).
+            let sql = "DELETE FROM decisions WHERE at < ?1 AND seq <= ?2";
+            match c.execute(sql, params![cutoff(retention), floor]) {
                 Ok(n) => deleted += n as u64,
                 Err(e) => tracing::warn!(error = %e, "pruning old decision records failed"),
             }
@@ -657,6 +706,7 @@ mod tests {
             Limits {
                 max_bytes,
                 retention: Duration::from_secs(3600),
+                floor: Floor::default(),
             },
             DecisionMetrics::default(),
             Arc::default(),
@@ -680,6 +730,7 @@ mod tests {
             Limits {
                 max_bytes: 1 << 20,
                 retention: Duration::from_secs(60),
+                floor: Floor::default(),
             },
             DecisionMetrics::default(),
             Arc::default(),
@@ -768,6 +819,48 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retention_by_age_keeps_records_an_audit_sink_has_not_exported() {
+        for sqlite in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f.db");
+            let open = |floor: u64| {
+                DecisionLog::open(
+                    Decisions::All,
+                    sqlite.then_some(path.as_path()),
+                    Limits {
+                        max_bytes: 1 << 30,
+                        retention: Duration::from_secs(3600),
+                        floor: Floor(Arc::new(move || floor)),
+                    },
+                    DecisionMetrics::default(),
+                    Arc::default(),
+                )
+            };
+            let l = open(1);
+            for h in ["old1.example", "old2.example", "old3.example"] {
+                l.offer(record("a", h, "2001-01-01T00:00:00.000Z"));
+            }
+            l.offer(record("a", "young.example", &now()));
+            l.close();
+            assert_eq!(l.head(), 4);
+            let l = if sqlite {
+                drop(l);
+                let l = open(1);
+                l.close();
+                l
+            } else {
+                l
+            };
+            let hosts: Vec<String> = all(&l).await.into_iter().map(|d| d.host).collect();
+            assert_eq!(
+                hosts,
+                ["old2.example", "old3.example", "young.example"],
+                "sqlite {sqlite}: only old1 was exported by every sink"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_queue_drops_and_counts_instead_of_waiting() {
         let metrics = DecisionMetrics::default();
         let l = DecisionLog::open(
@@ -776,6 +869,7 @@ mod tests {
             Limits {
                 max_bytes: 1 << 30,
                 retention: Duration::from_secs(3600),
+                floor: Floor::default(),
             },
             metrics.clone(),
             Arc::default(),

@@ -186,6 +186,18 @@ pub trait FactSink: Send + Sync + 'static {
     fn set_export_cursor(&self, _seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
         Box::pin(async { Ok(()) })
     }
+
+    /// An audit sink's cursor `key` (`sink:<name>:<log>`): every record of
+    /// its log up to it is exported (0: none yet).
+    fn cursor(&self, _key: &str) -> u64 {
+        0
+    }
+
+    /// Moves the cursor `key` up to `seq` (never back), durably where the
+    /// sink is durable.
+    fn set_cursor(&self, _key: &str, _seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Bounded in-memory sink: keeps the newest `capacity` facts.
@@ -196,6 +208,8 @@ pub struct MemorySink {
     /// Drawn per process: the store lives as long as the process.
     epoch: String,
     cursor: std::sync::atomic::AtomicU64,
+    /// The audit sinks' cursors (one pair per configured sink).
+    cursors: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl MemorySink {
@@ -207,6 +221,7 @@ impl MemorySink {
             tx,
             epoch: uuid::Uuid::new_v4().to_string(),
             cursor: std::sync::atomic::AtomicU64::new(0),
+            cursors: Mutex::default(),
         }
     }
 }
@@ -267,6 +282,18 @@ impl FactSink for MemorySink {
 
     fn set_export_cursor(&self, seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
         self.cursor.fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn cursor(&self, key: &str) -> u64 {
+        self.cursors.lock().ok().and_then(|c| c.get(key).copied()).unwrap_or(0)
+    }
+
+    fn set_cursor(&self, key: &str, seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
+        if let Ok(mut c) = self.cursors.lock() {
+            let e = c.entry(key.to_owned()).or_insert(seq);
+            *e = (*e).max(seq);
+        }
         Box::pin(async { Ok(()) })
     }
 }

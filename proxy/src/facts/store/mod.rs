@@ -57,6 +57,9 @@ pub struct Limits {
     /// Bytes of the file that another budget counts (the decision log's
     /// table): left out of this one.
     pub others: Arc<AtomicU64>,
+    /// The cursors (`meta` keys) of the audit sinks' facts: retention never
+    /// deletes a fact above the lowest (an absent one is 0).
+    pub sink_cursors: Vec<String>,
 }
 
 impl Default for Limits {
@@ -67,6 +70,7 @@ impl Default for Limits {
             cell: None,
             exported: false,
             others: Arc::default(),
+            sink_cursors: Vec::new(),
         }
     }
 }
@@ -86,8 +90,9 @@ enum Pending {
     RunSoon(RunWrite),
     /// Commits the held run record writes.
     Flush,
-    /// Moves the export cursor (never back).
+    /// Moves a cursor (the export cursor or a sink's `meta` key; never back).
     Cursor {
+        key: String,
         seq: u64,
         reply: oneshot::Sender<Result<(), FactError>>,
     },
@@ -115,9 +120,16 @@ struct Identity {
     pub(super) head: AtomicU64,
     /// The export cursor as last written.
     pub(super) cursor: AtomicU64,
+    /// The audit sinks' cursors (`sink:*` keys of `meta`) as last written.
+    pub(super) named: Mutex<HashMap<String, u64>>,
 }
 
 impl Identity {
+    /// A sink's cursor as last written (0 when it has none).
+    pub(super) fn named(&self, key: &str) -> u64 {
+        self.named.lock().ok().and_then(|n| n.get(key).copied()).unwrap_or(0)
+    }
+
     pub(super) fn epoch(&self) -> String {
         self.epoch.lock().map(|e| e.clone()).unwrap_or_default()
     }
@@ -131,6 +143,18 @@ impl Identity {
             params![EXPORT_CURSOR],
             |r| r.get(0),
         )?;
+        let named = {
+            let mut s = c.prepare("SELECT key, value FROM meta WHERE key LIKE 'sink:%'")?;
+            let rows = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()?
+        };
+        if let Ok(mut n) = self.named.lock() {
+            for (k, v) in named {
+                let v = v.max(0) as u64;
+                let e = n.entry(k).or_insert(v);
+                *e = (*e).max(v);
+            }
+        }
         if let Ok(mut e) = self.epoch.lock() {
             *e = epoch;
         }
@@ -273,7 +297,17 @@ impl FactSink for SqliteStore {
     }
 
     fn set_export_cursor(&self, seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
-        Box::pin(self.ask(move |reply| Pending::Cursor { seq, reply }))
+        let key = EXPORT_CURSOR.to_owned();
+        Box::pin(self.ask(move |reply| Pending::Cursor { key, seq, reply }))
+    }
+
+    fn cursor(&self, key: &str) -> u64 {
+        self.identity.named(key)
+    }
+
+    fn set_cursor(&self, key: &str, seq: u64) -> BoxFuture<'_, Result<(), FactError>> {
+        let key = key.to_owned();
+        Box::pin(self.ask(move |reply| Pending::Cursor { key, seq, reply }))
     }
 
     fn save_run(&self, write: RunWrite) -> BoxFuture<'_, Result<(), FactError>> {

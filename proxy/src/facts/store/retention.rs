@@ -21,6 +21,15 @@ pub(super) fn used_bytes(c: &Connection) -> rusqlite::Result<u64> {
     Ok(((pages - free).max(0) * size) as u64)
 }
 
+/// The lowest of the audit sinks' fact cursors `keys` (an absent one is 0;
+/// no sink: no floor): retention deletes no fact above it.
+pub(super) fn floor(identity: &super::Identity, keys: &[String]) -> i64 {
+    keys.iter()
+        .map(|k| identity.named(k).min(i64::MAX as u64) as i64)
+        .min()
+        .unwrap_or(i64::MAX)
+}
+
 /// Deletes facts recorded before `cutoff` (an RFC 3339 time in the facts'
 /// own format, so strings compare as times) and at most `upto` (the export
 /// cursor when facts are exported), oldest first; returns how many.
@@ -196,5 +205,46 @@ mod tests {
         s.record(fact("r", "young")).await.unwrap();
         let seqs: Vec<u64> = all(&s).await.iter().map(|f| f.seq).collect();
         assert_eq!(seqs, [3, 4, 5], "old facts 3 and 4 are not exported yet: kept");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retention_keeps_every_fact_an_audit_sink_has_not_exported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.db");
+        let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());
+        for i in 0..6 {
+            let mut old = fact("r", &format!("old{i}"));
+            old.at = "2001-01-01T00:00:00.000Z".into();
+            s.record(old).await.unwrap();
+        }
+        s.set_cursor("sink:a:facts", 4).await.unwrap();
+        s.set_cursor("sink:a:facts", 2).await.unwrap();
+        assert_eq!(s.cursor("sink:a:facts"), 4, "a cursor never goes back");
+        s.set_cursor("sink:b:facts", 2).await.unwrap();
+        drop(s);
+        let limits = |keys: &[&str]| Limits {
+            retention: Duration::from_secs(3600),
+            sink_cursors: keys.iter().map(|k| k.to_string()).collect(),
+            ..Limits::default()
+        };
+        // Sink c has no cursor yet: nothing is pruned.
+        let s = SqliteStore::open(
+            &path,
+            limits(&["sink:a:facts", "sink:c:facts"]),
+            StoreMetrics::default(),
+        );
+        assert_eq!(s.cursor("sink:a:facts"), 4, "cursors survive a reopen");
+        s.record(fact("r", "young")).await.unwrap();
+        assert_eq!(all(&s).await.len(), 7);
+        drop(s);
+        // The lowest cursor (b's, 2) is the floor.
+        let s = SqliteStore::open(
+            &path,
+            limits(&["sink:a:facts", "sink:b:facts"]),
+            StoreMetrics::default(),
+        );
+        s.record(fact("r", "young")).await.unwrap();
+        let seqs: Vec<u64> = all(&s).await.iter().map(|f| f.seq).collect();
+        assert_eq!(seqs, [3, 4, 5, 6, 7, 8]);
     }
 }

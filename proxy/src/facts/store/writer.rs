@@ -228,8 +228,8 @@ impl Writer {
                     flush = true;
                     continue;
                 }
-                Pending::Cursor { seq, reply } => {
-                    cursors.push((seq, reply));
+                Pending::Cursor { key, seq, reply } => {
+                    cursors.push((key, seq, reply));
                     continue;
                 }
             };
@@ -270,17 +270,29 @@ impl Writer {
                 }
             }
         }
-        if let Some(upto) = cursors.iter().map(|(s, _)| *s).max() {
+        // Each key's highest, in one write each.
+        let mut highest: HashMap<String, u64> = HashMap::new();
+        for (key, seq, _) in &cursors {
+            let e = highest.entry(key.clone()).or_insert(*seq);
+            *e = (*e).max(*seq);
+        }
+        let mut written = HashMap::new();
+        for (key, upto) in highest {
             let r = self
-                .write_cursor(upto)
+                .write_cursor(&key, upto)
                 .map_err(|e| FactError::Unavailable(e.to_string()));
             if let Err(e) = &r {
-                tracing::warn!(error = %e, "the export cursor could not be written");
+                tracing::warn!(error = %e, key, "a cursor could not be written");
                 self.conn = None;
             }
-            for (_, reply) in cursors {
-                let _ = reply.send(r.clone());
-            }
+            written.insert(key, r);
+        }
+        for (key, _, reply) in cursors {
+            let r = written
+                .get(&key)
+                .cloned()
+                .unwrap_or_else(|| Err(super::writer_stopped()));
+            let _ = reply.send(r);
         }
     }
 
@@ -342,8 +354,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Moves the export cursor up to `upto` (never back).
-    pub(super) fn write_cursor(&mut self, upto: u64) -> rusqlite::Result<()> {
+    /// Moves the cursor `key` (the export cursor or a sink's) up to `upto`
+    /// (never back).
+    pub(super) fn write_cursor(&mut self, key: &str, upto: u64) -> rusqlite::Result<()> {
         if self.conn.is_none() {
             self.reopen()?;
         }
@@ -354,8 +367,13 @@ impl Writer {
             "INSERT INTO meta (key, value) VALUES (?1, ?2)
              ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
         )?
-        .execute(params![EXPORT_CURSOR, upto as i64])?;
-        self.identity.cursor.fetch_max(upto, Ordering::AcqRel);
+        .execute(params![key, upto as i64])?;
+        if key == EXPORT_CURSOR {
+            self.identity.cursor.fetch_max(upto, Ordering::AcqRel);
+        } else if let Ok(mut n) = self.identity.named.lock() {
+            let e = n.entry(key.to_owned()).or_insert(upto);
+            *e = (*e).max(upto);
+        }
         Ok(())
     }
 
@@ -410,6 +428,7 @@ impl Writer {
         } else {
             i64::MAX
         };
+        let upto = upto.min(retention::floor(&self.identity, &self.limits.sink_cursors));
         if let Some(c) = &self.conn {
             match retention::prune_before(c, &cutoff, upto) {
                 Ok(0) => {}
