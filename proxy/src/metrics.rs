@@ -177,6 +177,8 @@ pub struct Metrics {
     pub credential_expiry: Family<ToolCredential, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The fleet exporter's (present at 0 without `[export]` too).
     pub export: ExportMetrics,
+    /// The audit sinks'.
+    pub audit: AuditMetrics,
     /// `egress_cell_info{cell,epoch,policy}` = 1.
     pub cell_info: Family<CellInfo, Gauge>,
 }
@@ -201,6 +203,65 @@ pub struct CellInfo {
     pub cell: String,
     pub epoch: String,
     pub policy: String,
+}
+
+/// The audit sinks' (`[audit.sinks.NAME]`), each present at 0 for every
+/// configured sink ([`AuditMetrics::sink`]).
+#[derive(Clone, Default)]
+pub struct AuditMetrics {
+    /// Records in the store not yet exported, by sink and `log`.
+    pub lag: Family<SinkLog, Gauge>,
+    pub exported: Family<SinkLog, Counter>,
+    /// Records deleted before this sink exported them (decision records
+    /// beyond their budget), by sink and `log`.
+    pub dropped: Family<SinkLog, Counter>,
+    pub failures: Family<SinkKind, Counter>,
+    pub last_success: Family<SinkLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+/// The kinds of audit sink failure, all present at 0 from the start.
+pub const AUDIT_FAILURES: [&str; 9] = [
+    "read", "connect", "tls", "timeout", "write", "http_4xx", "http_429", "http_5xx", "rejected",
+];
+
+impl AuditMetrics {
+    /// Makes every series of `sink` present (at 0), for the record logs `logs`.
+    pub fn sink(&self, sink: &str, logs: &[&'static str]) {
+        for log in logs {
+            let l = SinkLog {
+                sink: sink.to_owned(),
+                log,
+            };
+            let _ = self.lag.get_or_create(&l);
+            let _ = self.exported.get_or_create(&l);
+            let _ = self.dropped.get_or_create(&l);
+        }
+        for kind in AUDIT_FAILURES {
+            let _ = self.failures.get_or_create(&SinkKind {
+                sink: sink.to_owned(),
+                kind,
+            });
+        }
+        let _ = self.last_success.get_or_create(&SinkLabel { sink: sink.to_owned() });
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLog {
+    pub sink: String,
+    /// `facts` or `decisions` (the OCSF `metadata.log_name`).
+    pub log: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkKind {
+    pub sink: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    pub sink: String,
 }
 
 /// The decision log's.
@@ -455,6 +516,32 @@ impl Metrics {
             "Unix time of the last batch exported (or of the last check that found nothing to export)",
             export.last_success.clone(),
         );
+        let audit = AuditMetrics::default();
+        registry.register(
+            "egress_audit_sink_lag_records",
+            "Records in the store an audit sink has not exported yet, by sink and log (facts, decisions)",
+            audit.lag.clone(),
+        );
+        registry.register(
+            "egress_audit_sink_exported",
+            "Records an audit sink delivered (OCSF events), by sink and log",
+            audit.exported.clone(),
+        );
+        registry.register(
+            "egress_audit_sink_dropped",
+            "Records deleted from the store before an audit sink exported them (decision records beyond their budget), by sink and log",
+            audit.dropped.clone(),
+        );
+        registry.register(
+            "egress_audit_sink_failures",
+            "Audit sink failures, by sink and kind (read, connect, tls, timeout, write, http_4xx, http_429, http_5xx, rejected)",
+            audit.failures.clone(),
+        );
+        registry.register(
+            "egress_audit_sink_last_success_timestamp_seconds",
+            "Unix time an audit sink last delivered a batch or found nothing to export",
+            audit.last_success.clone(),
+        );
         let decisions = DecisionMetrics::default();
         registry.register(
             "egress_decisions_dropped",
@@ -490,6 +577,7 @@ impl Metrics {
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
             decisions,
+            audit,
             grants,
             credential_refresh,
             credential_expiry,

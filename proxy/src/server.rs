@@ -55,6 +55,8 @@ pub enum StartError {
     Ca(#[from] crate::ca::CaError),
     #[error("fleet export: {0}")]
     Export(#[from] crate::facts::export::ExportError),
+    #[error(transparent)]
+    Audit(#[from] crate::facts::sinks::SinkError),
     #[error("cannot listen for listener hand-offs on {}: {source}", path.display())]
     Handoff {
         path: std::path::PathBuf,
@@ -129,6 +131,19 @@ fn advertised(addr: SocketAddr) -> String {
         ip => ip,
     };
     SocketAddr::new(ip, addr.port()).to_string()
+}
+
+/// Retention by age of the decision log keeps every record above the
+/// lowest of the audit sinks' decision cursors.
+fn decision_floor(audit: &egress_config::AuditConfig, facts: &Arc<dyn FactSink>) -> crate::facts::decisions::Floor {
+    let keys = crate::facts::sinks::cursor_keys(audit, crate::facts::sinks::RecordKind::Decisions);
+    if keys.is_empty() {
+        return crate::facts::decisions::Floor::default();
+    }
+    let facts = facts.clone();
+    crate::facts::decisions::Floor(Arc::new(move || {
+        keys.iter().map(|k| facts.cursor(k)).min().unwrap_or(u64::MAX)
+    }))
 }
 
 /// Makes the fact store's directory private (0700), or traversable only
@@ -231,7 +246,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
                 cell: cfg.cell.as_ref().map(|c| c.id.clone()),
                 exported: cfg.export.sink == egress_config::Sink::Postgres,
                 others: decision_bytes.clone(),
-                sink_cursors: Vec::new(),
+                sink_cursors: crate::facts::sinks::cursor_keys(&cfg.audit, crate::facts::sinks::RecordKind::Facts),
             },
             metrics.store.clone(),
         )),
@@ -244,7 +259,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         crate::facts::decisions::Limits {
             max_bytes: pc.decisions_max_bytes,
             retention: pc.decisions_retention,
-            floor: crate::facts::decisions::Floor::default(),
+            floor: decision_floor(&cfg.audit, &facts),
         },
         metrics.decisions.clone(),
         decision_bytes,
@@ -261,6 +276,23 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         )?),
         _ => None,
     };
+    let dns: Arc<dyn crate::dns::Resolve> = Arc::new(Dns::new(&pc.dns)?);
+    if !cfg.audit.sinks.is_empty() {
+        let source = crate::facts::sinks::Source {
+            facts: facts.clone(),
+            decisions: decisions.clone(),
+            version: env!("CARGO_PKG_VERSION"),
+        };
+        let env = |k: &str| std::env::var(k).ok();
+        crate::facts::sinks::start(
+            &cfg.audit,
+            cfg.cell.as_ref().map(|c| c.id.as_str()),
+            source,
+            dns.clone(),
+            metrics.audit.clone(),
+            &env,
+        )?;
+    }
     // The scheme and authority of runs' proxy URLs: the advertised ones.
     let (proxy_scheme, proxy_authority) = match cfg.cell.as_ref().and_then(|c| c.advertise_proxy.as_deref()) {
         Some(url) => match url.split_once("://") {
@@ -270,7 +302,6 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         },
         None => (if pc.tls.is_some() { "https" } else { "http" }, advertised(proxy_addr)),
     };
-    let dns = Dns::new(&pc.dns)?;
     let tls = match &pc.tls {
         Some(t) => Some(crate::listener::acceptor(t).map_err(StartError::Tls)?),
         None => None,
@@ -293,7 +324,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             facts,
             decisions,
             metrics,
-            resolver: Arc::new(dns),
+            resolver: dns,
             dialer: Arc::new(TcpDial),
             me: SelfAddrs(vec![proxy_addr, control_addr]),
             proxy_authority,

@@ -8,6 +8,7 @@ pub mod decisions;
 pub mod export;
 pub mod ocsf;
 pub(crate) mod private;
+pub mod sinks;
 pub(crate) mod store;
 
 use crate::runs::{RunRecord, RunWrite};
