@@ -262,6 +262,15 @@ def egress():
     L.add(*timeseries("How long does an export batch take? (p50, p95, p99)", "One batch is one PostgreSQL transaction (INSERT ... ON CONFLICT DO NOTHING) of up to batch_max facts, across the fleet.",
                       quantiles("rate(egress_export_batch_duration_seconds_bucket[$__rate_interval])", "", ""),
                       "s"))
+    L.row("Do the audit sinks keep up?")
+    L.add(*timeseries("How far behind is each audit sink?", "Records in the store (facts, decision records) an audit sink ([audit.sinks.NAME]) has not delivered yet, per cell, sink and log. A sink resumes from its own cursor after an outage: nothing is lost, and unexported facts are never pruned (when they fill facts_max_mb, denials fail closed). Alert EgressAuditSinkStalled when one stops delivering.",
+                      [target("egress_audit_sink_lag_records", "{{instance}} {{sink}} {{log}}")],
+                      "short", thresholds((None, GREEN), (10000, AMBER)), w=12))
+    L.add(*timeseries("How fast do the sinks deliver, and what fails?", "Records per second each sink delivered as OCSF events, failed attempts per second by kind (connect, tls, timeout, write, http_4xx, http_429, http_5xx, rejected, read; each is retried with backoff), and decision records deleted by their budget before a sink exported them (alert EgressAuditSinkDropped).",
+                      [target("sum by (sink) (rate(egress_audit_sink_exported_total[$__rate_interval]))", "{{sink}} delivered", "A"),
+                       target("sum by (sink, kind) (rate(egress_audit_sink_failures_total[$__rate_interval]))", "{{sink}} failures {{kind}}", "B"),
+                       target("sum by (sink) (rate(egress_audit_sink_dropped_total[$__rate_interval]))", "{{sink}} dropped before export", "C")],
+                      "reqps"))
     return dashboard("egress", "Egress", "What the proxy decides for each tool, how fast, and whether denials are recorded.",
                      ["loom-egress"], L, "egress_requests_total", [link("Executor", "executor")])
 
