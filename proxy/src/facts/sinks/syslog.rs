@@ -4,13 +4,13 @@
 //! from the event's (§6.2.1); TIMESTAMP the event's time; MSGID its log
 //! (`facts`, `decisions`); MSG the OCSF event's JSON. Syslog has no
 //! acknowledgement: a batch counts as delivered once the kernel took it,
-//! and a connection the server closed is noticed before the next write.
+//! and a connection the server closed is noticed (one read that does not
+//! wait) before the next write.
 
 use super::records::Record;
 use super::{net, Delivered, Failure};
 use crate::dns::Resolve;
 use egress_config::audit::SyslogSink;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -24,8 +24,7 @@ pub(super) struct Syslog {
     tls: Option<Arc<rustls::ClientConfig>>,
     timeout: Duration,
     resolver: Arc<dyn Resolve>,
-    /// The open connection, and its TCP socket to look for a close on.
-    conn: Option<(Box<dyn Conn>, Option<std::net::TcpStream>)>,
+    conn: Option<Box<dyn Conn>>,
 }
 
 /// RFC 5424 severity for an OCSF `severity_id`: Informational 6 (info),
@@ -100,13 +99,15 @@ impl Syslog {
 
     pub(super) async fn send(&mut self, batch: &[Record]) -> Result<Delivered, Failure> {
         let bytes = self.encode(batch);
-        if self.conn.as_ref().is_some_and(|(_, tcp)| closed(tcp)) {
-            self.conn = None;
+        if let Some(c) = self.conn.as_mut() {
+            if closed(c) {
+                self.conn = None;
+            }
         }
         if self.conn.is_none() {
             self.conn = Some(self.connect().await?);
         }
-        let Some((conn, _)) = self.conn.as_mut() else {
+        let Some(conn) = self.conn.as_mut() else {
             return Err(Failure::new("connect", "no connection"));
         };
         let write = async {
@@ -132,31 +133,34 @@ impl Syslog {
         }
     }
 
-    async fn connect(&self) -> Result<(Box<dyn Conn>, Option<std::net::TcpStream>), Failure> {
+    async fn connect(&self) -> Result<Box<dyn Conn>, Failure> {
         let ep = &self.cfg.endpoint;
         let tcp = net::dial(&*self.resolver, ep, self.timeout).await?;
-        // A second handle on the socket, to look for the server's close.
-        let probe = tcp.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
         match &self.tls {
             Some(tls) => {
                 let name = self.cfg.server_name.as_deref().unwrap_or(&ep.host);
-                let s = net::tls(tls, name, tcp, self.timeout).await?;
-                Ok((Box::new(s), probe))
+                Ok(Box::new(net::tls(tls, name, tcp, self.timeout).await?))
             }
-            None => Ok((Box::new(tcp), probe)),
+            None => Ok(Box::new(tcp)),
         }
     }
 }
 
-/// Whether the server closed the connection (or sent anything, which a
-/// syslog server never does but to close a TLS session).
-fn closed(probe: &Option<std::net::TcpStream>) -> bool {
-    let Some(s) = probe else { return false };
-    let mut buf = [0u8; 1];
-    match s.peek(&mut buf) {
-        Ok(_) => true,
-        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+/// Whether the server closed the connection: one read that does not wait
+/// (a syslog server sends nothing, but TLS records such as session tickets,
+/// which the read consumes, or its close).
+fn closed(conn: &mut Box<dyn Conn>) -> bool {
+    use futures_util::FutureExt as _;
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 512];
+    for _ in 0..16 {
+        match conn.read(&mut buf).now_or_never() {
+            None => return false,
+            Some(Ok(0)) | Some(Err(_)) => return true,
+            Some(Ok(_)) => continue,
+        }
     }
+    false
 }
 
 #[cfg(test)]
@@ -193,6 +197,54 @@ mod tests {
             "4*8 + warning"
         );
         assert_eq!(severity(0), 6);
+    }
+
+    struct NoDns;
+    impl Resolve for NoDns {
+        fn resolve<'a>(
+            &'a self,
+            _name: &'a str,
+        ) -> futures_util::future::BoxFuture<'a, Result<Vec<std::net::IpAddr>, crate::dns::DnsError>> {
+            Box::pin(async { Ok(vec![]) })
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_the_server_closed_is_replaced_before_the_next_batch() {
+        use tokio::io::AsyncReadExt as _;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cfg = SyslogSink {
+            endpoint: egress_config::audit::Endpoint {
+                host: "127.0.0.1".into(),
+                port: l.local_addr().unwrap().port(),
+            },
+            tls: false,
+            ca_file: None,
+            server_name: None,
+            app_name: "loom-egress".into(),
+            hostname: Some("h".into()),
+            facility: 13,
+        };
+        let mut sink = Syslog::new(&cfg, None, Duration::from_secs(5), Arc::new(NoDns)).unwrap();
+        let one = [record(RecordKind::Facts, 2, "one")];
+        let want = sink.encode(&one);
+        sink.send(&one).await.unwrap();
+        let (mut a, _) = l.accept().await.unwrap();
+        let mut got = vec![0u8; want.len()];
+        a.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, want);
+        drop(a); // the server goes away
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let two = [record(RecordKind::Decisions, 1, "two")];
+        sink.send(&two).await.unwrap();
+        let (mut b, _) = tokio::time::timeout(Duration::from_secs(5), l.accept())
+            .await
+            .expect("the sink reconnected")
+            .unwrap();
+        let want = sink.encode(&two);
+        let mut got = vec![0u8; want.len()];
+        b.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, want, "the second batch went to the new connection");
     }
 
     #[test]
