@@ -72,6 +72,8 @@ pub struct Handle {
     pub token_source: Option<crate::control::token::TokenSource>,
     pub shared: Arc<Shared>,
     tasks: JoinSet<()>,
+    /// The audit sinks, flushed at the end of a stop.
+    sinks: Option<crate::facts::sinks::Sinks>,
 }
 
 impl Handle {
@@ -115,6 +117,15 @@ impl Handle {
         // The records of the fetches just drained are written before the end.
         let log = sh.decisions.clone();
         let _ = tokio::task::spawn_blocking(move || log.close()).await;
+        if let Some(sinks) = &self.sinks {
+            match sinks.flush(crate::facts::sinks::FLUSH_AT_STOP).await {
+                0 => tracing::info!("every record is delivered to the audit sinks"),
+                lag => tracing::warn!(
+                    lag,
+                    "stopping with records the audit sinks have not delivered (sent after the next start)"
+                ),
+            }
+        }
         sh.control_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
             while self.tasks.join_next().await.is_some() {}
@@ -277,22 +288,24 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         _ => None,
     };
     let dns: Arc<dyn crate::dns::Resolve> = Arc::new(Dns::new(&pc.dns)?);
-    if !cfg.audit.sinks.is_empty() {
+    let sinks = if cfg.audit.sinks.is_empty() {
+        None
+    } else {
         let source = crate::facts::sinks::Source {
             facts: facts.clone(),
             decisions: decisions.clone(),
             version: env!("CARGO_PKG_VERSION"),
         };
         let env = |k: &str| std::env::var(k).ok();
-        crate::facts::sinks::start(
+        Some(crate::facts::sinks::start(
             &cfg.audit,
             cfg.cell.as_ref().map(|c| c.id.as_str()),
             source,
             dns.clone(),
             metrics.audit.clone(),
             &env,
-        )?;
-    }
+        )?)
+    };
     // The scheme and authority of runs' proxy URLs: the advertised ones.
     let (proxy_scheme, proxy_authority) = match cfg.cell.as_ref().and_then(|c| c.advertise_proxy.as_deref()) {
         Some(url) => match url.split_once("://") {
@@ -374,6 +387,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         token_source,
         shared,
         tasks,
+        sinks,
     })
 }
 

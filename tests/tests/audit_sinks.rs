@@ -428,6 +428,31 @@ async fn otlp_resumes_with_no_gap_after_the_receiver_dies_mid_flood_and_after_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_proxy_delivers_what_is_committed_before_it_exits() {
+    if !otlp_ready() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // A slow collector: 200 ms a batch of 25.
+    let rx = Receiver::start(&tmp.path().join("got.jsonl"), 0, 200);
+    let s = Setup::new(&otlp_sink(rx.port, "batch_max = 25")).await;
+    let mut p = s.start(&[]);
+    let auth = s.auth().await;
+    s.activity(&auth, 200, "e").await;
+    let want = s.records().await;
+    assert!(rx.got().len() < want.len(), "everything was delivered before the stop");
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(30)), Some(0), "{}", p.logs());
+    assert!(
+        p.logs().contains("every record is delivered to the audit sinks"),
+        "{}",
+        p.logs()
+    );
+    let got = rx.got();
+    assert_eq!(every_record(&want, &got), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_never_answers_holds_no_denial_back() {
     // Accepts connections and never reads or answers.
     let stalled = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -76,9 +76,44 @@ impl Transport {
     }
 }
 
+/// How long a stopping proxy waits for the sinks to deliver what is
+/// committed (after the drain and the decision log's last records).
+pub const FLUSH_AT_STOP: Duration = Duration::from_secs(5);
+
 /// The running sinks.
 pub struct Sinks {
     pub names: Vec<String>,
+    source: Source,
+    /// Each sink's cursors, in [`RecordKind::ALL`]'s order.
+    cursors: Vec<Arc<[AtomicU64; 2]>>,
+}
+
+impl Sinks {
+    /// Records committed and not yet delivered, over every sink and kind.
+    pub fn lag(&self) -> u64 {
+        self.cursors
+            .iter()
+            .flat_map(|c| {
+                RecordKind::ALL
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, k)| self.source.head(k).saturating_sub(c[i].load(Ordering::Acquire)))
+            })
+            .sum()
+    }
+
+    /// Waits until every committed record is delivered, or `budget` runs
+    /// out; returns the lag left.
+    pub async fn flush(&self, budget: Duration) -> u64 {
+        let until = std::time::Instant::now() + budget;
+        loop {
+            let lag = self.lag();
+            if lag == 0 || std::time::Instant::now() >= until {
+                return lag;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// The `meta` keys of every configured sink's cursor over `kind`.
@@ -120,10 +155,12 @@ pub fn start(
         built.push((name.clone(), sc.clone(), transport));
     }
     let mut names = vec![];
+    let mut all_cursors = vec![];
     for (name, sc, transport) in built {
         metrics.sink(&name, &RecordKind::ALL.map(RecordKind::log));
         let cursors: Arc<[AtomicU64; 2]> = Arc::new(RecordKind::ALL.map(|k| AtomicU64::new(source.cursor(&name, k))));
         tracing::info!(sink = %name, kind = sc.kind.name(), facts_after = cursors[0].load(Ordering::Relaxed), decisions_after = cursors[1].load(Ordering::Relaxed), "audit sink starting");
+        all_cursors.push(cursors.clone());
         let run = Run {
             name: name.clone(),
             cfg: sc,
@@ -135,7 +172,11 @@ pub fn start(
         tokio::spawn(run.forever(transport));
         names.push(name);
     }
-    Ok(Sinks { names })
+    Ok(Sinks {
+        names,
+        source,
+        cursors: all_cursors,
+    })
 }
 
 struct Run {
