@@ -256,24 +256,60 @@ impl Run {
             .set(now_secs());
     }
 
+    /// Reads a batch of `kind` after `after`, counting a failure.
+    async fn read(&self, kind: RecordKind, after: u64) -> Option<Vec<Record>> {
+        match self
+            .source
+            .read(kind, after, self.cfg.batch_max, self.cfg.batch_max_bytes)
+            .await
+        {
+            Ok(b) => Some(b),
+            Err(e) => {
+                let f = Failure::new("read", e);
+                self.failed(&f);
+                tracing::warn!(sink = %self.name, log = kind.log(), error = %f.message, "audit sink cannot read the store");
+                None
+            }
+        }
+    }
+
+    /// Sends `batch` until the receiver takes it, backing off between tries.
+    async fn deliver(&self, transport: &mut Transport, batch: &[Record], backoff: &mut Duration) {
+        loop {
+            match transport.send(batch).await {
+                Ok(d) => {
+                    if d.rejected > 0 {
+                        self.failed(&Failure::new("rejected", ""));
+                    }
+                    *backoff = RETRY_FIRST;
+                    return;
+                }
+                Err(f) => {
+                    self.failed(&f);
+                    tracing::warn!(sink = %self.name, kind = f.kind, error = %f.message, retry_in_ms = backoff.as_millis() as u64, "audit sink delivery failed; retrying");
+                    tokio::time::sleep(jittered(*backoff)).await;
+                    *backoff = (*backoff * 2).min(self.cfg.retry_max);
+                }
+            }
+        }
+    }
+
+    /// Visits the kinds in turn, one batch each: the next batch of a kind
+    /// is read and mapped while the current one is with the receiver (at
+    /// most one batch waits per kind, bounded like any batch).
     async fn forever(self, mut transport: Transport) {
         let mut backoff = RETRY_FIRST;
+        let mut ahead: [Option<Vec<Record>>; 2] = [None, None];
         loop {
             let mut moved = false;
             for (i, kind) in RecordKind::ALL.into_iter().enumerate() {
                 let after = self.cursors[i].load(Ordering::Acquire);
-                let batch = match self
-                    .source
-                    .read(kind, after, self.cfg.batch_max, self.cfg.batch_max_bytes)
-                    .await
-                {
-                    Ok(b) => b,
-                    Err(e) => {
-                        let f = Failure::new("read", e);
-                        self.failed(&f);
-                        tracing::warn!(sink = %self.name, log = kind.log(), error = %f.message, "audit sink cannot read the store");
-                        continue;
-                    }
+                let batch = match ahead[i].take() {
+                    Some(b) => b,
+                    None => match self.read(kind, after).await {
+                        Some(b) => b,
+                        None => continue,
+                    },
                 };
                 let (Some(first), Some(last)) = (batch.first().map(|r| r.seq), batch.last().map(|r| r.seq)) else {
                     continue;
@@ -287,23 +323,11 @@ impl Run {
                     self.metrics.dropped.get_or_create(&self.label(kind)).inc_by(n);
                     tracing::warn!(sink = %self.name, log = kind.log(), after, next = first, dropped = n, "records were deleted before this sink exported them");
                 }
-                loop {
-                    match transport.send(&batch).await {
-                        Ok(d) => {
-                            if d.rejected > 0 {
-                                self.failed(&Failure::new("rejected", ""));
-                            }
-                            backoff = RETRY_FIRST;
-                            break;
-                        }
-                        Err(f) => {
-                            self.failed(&f);
-                            tracing::warn!(sink = %self.name, kind = f.kind, error = %f.message, retry_in_ms = backoff.as_millis() as u64, "audit sink delivery failed; retrying");
-                            tokio::time::sleep(jittered(backoff)).await;
-                            backoff = (backoff * 2).min(self.cfg.retry_max);
-                        }
-                    }
-                }
+                let ((), next) = tokio::join!(
+                    self.deliver(&mut transport, &batch, &mut backoff),
+                    self.read(kind, last)
+                );
+                ahead[i] = next.filter(|b| !b.is_empty());
                 self.cursors[i].fetch_max(last, Ordering::AcqRel);
                 if let Err(e) = self.source.advance(&self.name, kind, last).await {
                     tracing::warn!(sink = %self.name, error = %e, "an audit sink's cursor could not be written");
