@@ -223,6 +223,8 @@ pub struct StoreMetrics {
     pub bytes: Gauge,
     pub budget: Gauge,
     pub pruned: Counter,
+    /// Signed checkpoints of the fact log's chains.
+    pub checkpoints: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -371,6 +373,11 @@ impl Metrics {
             "egress_facts_pruned",
             "Facts deleted because they were older than proxy.facts_retention_hours",
             store.pruned.clone(),
+        );
+        registry.register(
+            "egress_audit_checkpoints",
+            "Checkpoints of the fact log's hash chains signed with [audit] signing_key_file",
+            store.checkpoints.clone(),
         );
         registry.register(
             "egress_connections_closed",

@@ -231,6 +231,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
                 cell: cfg.cell.as_ref().map(|c| c.id.clone()),
                 exported: cfg.export.sink == egress_config::Sink::Postgres,
                 others: decision_bytes.clone(),
+                checkpoints: None,
             },
             metrics.store.clone(),
         )),
@@ -243,6 +244,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         crate::facts::decisions::Limits {
             max_bytes: pc.decisions_max_bytes,
             retention: pc.decisions_retention,
+            cell: cfg.cell.as_ref().map(|c| c.id.clone()),
         },
         metrics.decisions.clone(),
         decision_bytes,
