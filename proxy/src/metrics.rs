@@ -187,6 +187,8 @@ pub struct ExportMetrics {
     /// Facts committed locally and not yet in PostgreSQL.
     pub lag: Gauge,
     pub facts: Counter,
+    /// Signed checkpoints copied to `egress_checkpoints`.
+    pub checkpoints: Counter,
     /// Failures by kind (`connect`, `migrate`, `lock`, `read`, `write`).
     pub failures: Family<KindLabel, Counter>,
     pub batch_duration: Histogram,
@@ -430,6 +432,7 @@ impl Metrics {
         let export = ExportMetrics {
             lag: Gauge::default(),
             facts: Counter::default(),
+            checkpoints: Counter::default(),
             failures: Family::<KindLabel, Counter>::default(),
             batch_duration: histogram(),
             last_success: Gauge::default(),
@@ -446,6 +449,11 @@ impl Metrics {
             "egress_export_facts",
             "Denial facts exported to the fleet store",
             export.facts.clone(),
+        );
+        registry.register(
+            "egress_export_checkpoints",
+            "Signed checkpoints of the fact log copied to the fleet store (egress_checkpoints)",
+            export.checkpoints.clone(),
         );
         registry.register(
             "egress_export_failures",

@@ -9,6 +9,7 @@
 //! so idle or tokenless sockets cannot lock kernels out.
 
 pub(crate) mod actions;
+mod audit;
 mod ca;
 pub(crate) mod caller;
 mod cell;
@@ -71,6 +72,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(learn::replay))
         .routes(routes!(ca::get_ca))
         .routes(routes!(cell::get_cell))
+        .routes(routes!(audit::checkpoint))
         .routes(routes!(owners::list_owners))
         .routes(routes!(owners::renew_owner, owners::release_owner))
 }

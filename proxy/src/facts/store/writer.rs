@@ -164,6 +164,8 @@ impl Writer {
             self.prune();
         }
         self.runs_before = self.conn.as_ref().and_then(|c| run_ids(c).ok());
+        // What was found at open is signed at once (a witness may take it).
+        self.checkpoint(false);
         let mut batch = Vec::with_capacity(256);
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
