@@ -4,6 +4,7 @@
 //! digest). Pure: no I/O beyond reading the file, no async runtime.
 
 pub mod allowlist;
+pub mod audit;
 pub mod binding;
 pub mod credentials;
 pub mod diff;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use allowlist::{Allowlist, Entry, EntryProtocol, Match, Rule, RuleError};
+pub use audit::AuditConfig;
 pub use binding::Binding;
 pub use credentials::{Credential, Plaintext, Secret, SecretSource, Template};
 pub use executor::{ExecutorConfig, Isolation, Lifecycle, Network, ProcessConfig, Protocol, SessionLimits};
@@ -370,6 +372,8 @@ pub struct Config {
     pub cell: Option<CellConfig>,
     /// `[export]`.
     pub export: ExportConfig,
+    /// `[audit]`: sinks of OCSF events, the chain's checkpoints.
+    pub audit: AuditConfig,
     /// `[control]`.
     pub control: ControlConfig,
 }

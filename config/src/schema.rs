@@ -85,6 +85,12 @@ pub(crate) fn parse_with_env(
         s.finish();
         r
     };
+    let mut audit = {
+        let mut s = top.table("audit");
+        let r = crate::audit::audit(&mut s);
+        s.finish();
+        r
+    };
     let mut control = {
         let mut s = top.table("control");
         let principals_file: Option<PathBuf> = s.get("principals_file");
@@ -156,6 +162,7 @@ pub(crate) fn parse_with_env(
         rel(&mut tls.key);
     }
     proxy.interception.ca_dir.iter_mut().for_each(rel);
+    audit.paths_mut(&mut |p| rel(p));
     proxy.interception.upstream_ca_file.iter_mut().for_each(rel);
     rel(&mut executor.scratch_dir);
     executor.cgroup.iter_mut().for_each(rel);
@@ -242,6 +249,7 @@ pub(crate) fn parse_with_env(
         executor,
         cell,
         export,
+        audit,
         control,
     };
     (Some(config), p.0)
@@ -972,7 +980,7 @@ bad.toml: tools.web.process.isolation: "tight" is not one of "strict", "best_eff
 bad.toml: tools.web.mode: "audit" is not one of "enforce", "report"
 bad.toml: executor.lease_ms: invalid type: string "15s", expected u64
 bad.toml: executor.child_uid: must not be 0 (root)
-bad.toml: extra: unknown key (expected one of: cell, control, executor, export, proxy, tools)"#
+bad.toml: extra: unknown key (expected one of: audit, cell, control, executor, export, proxy, tools)"#
         );
     }
 
