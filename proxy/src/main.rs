@@ -510,6 +510,29 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                 }
             );
             let _ = writeln!(out, "  policy  {}", c.policy.digest);
+            match &c.audit.signing_key_file {
+                Some(p) => match egress_proxy::facts::chain::Signer::from_file(p) {
+                    Ok(key) => {
+                        let _ = writeln!(
+                            out,
+                            "  audit   checkpoints signed every {} ms and {} facts, verifier key {}",
+                            c.audit.checkpoint.as_millis(),
+                            c.audit.checkpoint_records,
+                            key.verifier()
+                        );
+                    }
+                    Err(e) => {
+                        eprintln!("{}: [audit] {e}", path.display());
+                        return std::process::ExitCode::from(1);
+                    }
+                },
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  audit   records chained, checkpoints not signed (no [audit] signing_key_file)"
+                    );
+                }
+            }
             match egress_proxy::ca_dir(&c.proxy) {
                 Some(d) => {
                     let _ = writeln!(out, "  ca      {} (appliance CA of intercepted CONNECTs)", d.display());

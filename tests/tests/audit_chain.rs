@@ -318,7 +318,14 @@ async fn a_real_store_verifies_through_a_flood_a_kill_a_restart_and_pruning_and_
 async fn a_signing_key_others_may_read_is_refused_at_start_and_without_a_key_there_is_no_checkpoint() {
     let cell = Cell::new("");
     let key = cell.dir.path().join("signing.key");
+    let public = std::fs::read_to_string(&cell.public).unwrap();
+    let (code, out, err) = cli(&["check", "--config", cell.cfg.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("verifier key {}", public.trim())), "{out}");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let (code, _, err) = cli(&["check", "--config", cell.cfg.to_str().unwrap()]);
+    assert_eq!(code, 1, "check refuses the key too: {err}");
+    assert!(err.contains("chmod 600"), "{err}");
     let out = Command::new(bin("egress-proxy"))
         .args(["serve", "--config"])
         .arg(&cell.cfg)
