@@ -7,8 +7,9 @@
 //! Schema of its class and profiles (`tests/ocsf/validate.py`:
 //! ocsf-json-schema and jsonschema from PyPI, pinned). The same events read
 //! from the running proxy's control API (`format=ocsf` pages and streams,
-//! `facts export --control`) equal the store's, also for a principal that
-//! sees only its own. Loopback origins on 127.0.0.2, fake DNS.
+//! `facts export --control`, also over https with a client certificate)
+//! equal the store's, also for a principal that sees only its own. Loopback
+//! origins on 127.0.0.2, fake DNS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use egress_api::RecordFormat;
@@ -442,5 +443,136 @@ async fn the_control_api_serves_the_store_s_ocsf_events_to_each_principal_as_it_
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("HTTP 401 unauthorized: wrong control token"), "{err}");
     assert!(out.stdout.is_empty());
+    p.shutdown().await;
+}
+
+/// `facts export --control https://…` with `[control.tls]`: the client
+/// certificate names the principal (no token), the CA verifies the API; a
+/// certificate naming nobody is refused with the API's `401`, and https
+/// without `--ca` is refused before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn facts_export_control_speaks_https_with_a_client_certificate() {
+    use egress_e2e::pki::{https_call, Ca};
+    let origin = http_origin("127.0.0.2:0").await;
+    let port = origin.addr.port();
+    let dns = FakeDns::start().await;
+    dns.set("other.test", &["127.0.0.2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new("control CA");
+    let ca_file = ca.write(d, "ca.pem");
+    let server = ca.leaf(d, "server", "control", &["127.0.0.1"]);
+    let kernel = ca.leaf(d, "kernel-a", "kernel-a", &["kernel-a.kernels.test"]);
+    let stranger = ca.leaf(d, "stranger", "stranger", &["stranger.kernels.test"]);
+    let principals = d.join("principals.toml");
+    std::fs::write(
+        &principals,
+        "[principals.kernel-a]\nsubjects = [\"kernel-a.kernels.test\"]\nscopes = [\"runs:*\", \"facts:own\"]\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&principals, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let store = d.join("facts.db");
+    let section = proxy_section(&dns, "").replace(
+        "facts = \"/nonexistent/facts.db\"",
+        &format!("facts = \"{}\"", store.display()),
+    );
+    let text = format!(
+        "{section}\n[control]\nprincipals_file = \"{}\"\n[control.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\n[tools.web]\negress = []\n",
+        principals.display(),
+        server.cert.display(),
+        server.key.display(),
+        ca_file.display()
+    );
+    let p = TestProxy::start_config(dns, &text, None, None).await;
+    // A run of the kernel's (by its certificate) and one of the control
+    // token's, each denied once.
+    let r = https_call(
+        p.control,
+        &ca_file,
+        Some(&kernel),
+        "POST",
+        "/v1/runs",
+        Some(json!({"tool": "web"})),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let mine = egress_e2e::harness::TestRun {
+        id: v["run_id"].as_str().unwrap().to_owned(),
+        secret: v["secret"].as_str().unwrap().to_owned(),
+        url: v["proxy_url"].as_str().unwrap().to_owned(),
+    };
+    let r = https_call(
+        p.control,
+        &ca_file,
+        None,
+        "POST",
+        "/v1/runs",
+        Some(json!({"tool": "web"})),
+        Some(TOKEN),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let theirs = egress_e2e::harness::TestRun {
+        id: v["run_id"].as_str().unwrap().to_owned(),
+        secret: v["secret"].as_str().unwrap().to_owned(),
+        url: v["proxy_url"].as_str().unwrap().to_owned(),
+    };
+    for run in [&theirs, &mine] {
+        let r = p.get(run, &format!("http://other.test:{port}/"), "").await;
+        assert_eq!(r.deny_reason(), Some("not_allowlisted"));
+    }
+
+    let s = store.to_str().unwrap();
+    let all = export_text(&["--store", s, "--format", "ocsf"], &[]);
+    let want: String = all
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).unwrap()["unmapped"]["loom"]["principal"] == "kernel-a")
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(want.lines().count(), 1, "{all}");
+    let url = format!("https://{}", p.control);
+    let (ca_s, cert, key) = (
+        ca_file.to_str().unwrap(),
+        kernel.cert.to_str().unwrap(),
+        kernel.key.to_str().unwrap(),
+    );
+    let got = export_text(
+        &[
+            "--control",
+            &url,
+            "--ca",
+            ca_s,
+            "--cert",
+            cert,
+            "--key",
+            key,
+            "--format",
+            "ocsf",
+        ],
+        &[],
+    );
+    assert_eq!(got, want);
+    // The control token over https, verified by the CA: everything.
+    let got = export_text(
+        &["--control", &url, "--ca", ca_s, "--format", "ocsf"],
+        &[("EGRESS_CONTROL_TOKEN", TOKEN)],
+    );
+    assert_eq!(got, all);
+    // A certificate of the CA that names no principal: the API's 401.
+    let (cert, key) = (stranger.cert.to_str().unwrap(), stranger.key.to_str().unwrap());
+    let out = export_run(&["--control", &url, "--ca", ca_s, "--cert", cert, "--key", key], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("HTTP 401 unauthorized"), "{err}");
+    // https without the CA to verify it: refused, named.
+    let out = export_run(&["--control", &url], &[("EGRESS_CONTROL_TOKEN", TOKEN)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("needs --ca"), "{err}");
     p.shutdown().await;
 }
