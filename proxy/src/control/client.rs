@@ -122,6 +122,13 @@ impl Client {
             (false, None) if identity.is_some() => return Err(refuse("--cert is for an https:// control URL")),
             (false, None) => None,
         };
+        if let Some(t) = &token {
+            if http::HeaderValue::from_str(&format!("Bearer {t}")).is_err() {
+                return Err(refuse(
+                    "the control API token holds characters an HTTP header cannot carry",
+                ));
+            }
+        }
         if token.is_none() && identity.is_none() {
             return Err(refuse(
                 "no credential for the control API: set the token's variable (--token-env, default EGRESS_CONTROL_TOKEN) or give --cert and --key",
@@ -314,6 +321,10 @@ mod tests {
             let err = Client::new(e, ca, None, token).err().unwrap();
             assert!(err.to_string().contains(want), "{err}");
         }
+        let err = Client::new(http.clone(), None, None, Some("a\nb".into()))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("cannot carry"), "{err}");
         let err = Client::new(https, Some(Path::new("/nonexistent/ca.pem")), None, tok())
             .err()
             .unwrap();
