@@ -99,7 +99,9 @@ enum AuditAction {
 enum FactsAction {
     /// Print every fact (or, with --decisions, every decision record) after
     /// --after, oldest first, one JSON object per line: as the API gives it
-    /// (jsonl), or as an OCSF 1.8.0 event (ocsf). Exit 2 on error.
+    /// (jsonl), or as an OCSF 1.8.0 event (ocsf). Read from a store file
+    /// (--store, --config) or from a running proxy's control API (--control,
+    /// page by page; the same lines). Exit 2 on error.
     Export {
         #[arg(long, value_enum, default_value = "jsonl")]
         format: ExportFormat,
@@ -110,10 +112,29 @@ enum FactsAction {
         #[arg(long)]
         decisions: bool,
         /// The store file; without it, the one `[proxy] facts` of --config names.
-        #[arg(long, conflicts_with = "config")]
+        #[arg(long, conflicts_with_all = ["config", "control"])]
         store: Option<PathBuf>,
-        #[arg(long, short)]
+        #[arg(long, short, conflicts_with = "control")]
         config: Option<PathBuf>,
+        /// A running proxy's control API, http://IP:PORT or https://IP:PORT
+        /// (an address: no name is resolved). The principal sees what its
+        /// scopes show (facts:own, decisions:own).
+        #[arg(long)]
+        control: Option<String>,
+        /// The environment variable that holds the control API token.
+        #[arg(long, default_value = "EGRESS_CONTROL_TOKEN", requires = "control")]
+        token_env: String,
+        /// With https: the CA of the API's certificate (`[control.tls]`
+        /// server_ca, or client_ca).
+        #[arg(long, requires = "control")]
+        ca: Option<PathBuf>,
+        /// With https: a client certificate (PEM) that names a principal;
+        /// then no token is needed.
+        #[arg(long, requires_all = ["control", "key"])]
+        cert: Option<PathBuf>,
+        /// The client certificate's private key (PEM).
+        #[arg(long, requires = "cert")]
+        key: Option<PathBuf>,
     },
     /// Check the store against its hash chains and signed checkpoints (its
     /// own, and --checkpoints held off the box); print each finding (edited,
@@ -275,8 +296,29 @@ fn main() -> std::process::ExitCode {
                     format,
                     after,
                     decisions,
+                    control: Some(url),
+                    token_env,
+                    ca,
+                    cert,
+                    key,
+                    ..
+                },
+        } => match export_remote(&url, &token_env, ca, cert.zip(key), format, after, decisions) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("egress-proxy: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
+        Cmd::Facts {
+            action:
+                FactsAction::Export {
+                    format,
+                    after,
+                    decisions,
                     store,
                     config,
+                    ..
                 },
         } => match export(format, after, decisions, store, config) {
             Ok(()) => std::process::ExitCode::SUCCESS,
@@ -471,6 +513,50 @@ fn keygen(name: &str, out: &std::path::Path) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", PathBuf::from(&pub_path).display()))?;
     println!("{public}");
     Ok(())
+}
+
+/// `facts export --control`: the same lines, read page by page from a
+/// running proxy's control API.
+fn export_remote(
+    url: &str,
+    token_env: &str,
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+    format: ExportFormat,
+    after: u64,
+    decisions: bool,
+) -> Result<(), String> {
+    use egress_proxy::control_client::{endpoint, Client, ClientError, Records};
+    use std::io::Write as _;
+    let token = std::env::var(token_env)
+        .ok()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty());
+    let client = Client::new(
+        endpoint(url).map_err(|e| e.to_string())?,
+        ca.as_deref(),
+        identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+        token,
+    )
+    .map_err(|e| e.to_string())?;
+    let what = if decisions { Records::Decisions } else { Records::Facts };
+    let format = match format {
+        ExportFormat::Jsonl => egress_api::RecordFormat::Json,
+        ExportFormat::Ocsf => egress_api::RecordFormat::Ocsf,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let r = rt
+        .block_on(client.export(what, format, after, &mut |line| writeln!(out, "{line}")))
+        .and_then(|_| out.flush().map_err(ClientError::Write));
+    match r {
+        // A reader that stopped early (`| head`) is not an error.
+        Err(ClientError::Write(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map(|_| ()).map_err(|e| e.to_string()),
+    }
 }
 
 /// The default denied table, split by family in its own order.
