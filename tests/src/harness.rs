@@ -475,3 +475,34 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
+
+/// One keep-alive client of the run whose credential is `auth`, asking for
+/// distinct hosts no policy allows (`{tag}-{i}.denied.example`, so that
+/// identical denials rarely fold) until `stop` is set or `limit` were
+/// answered: how many were answered `403`. Floods of denials are many of
+/// these at once.
+pub async fn deny_distinct(
+    proxy: SocketAddr,
+    auth: &str,
+    tag: &str,
+    stop: &std::sync::atomic::AtomicBool,
+    limit: u64,
+) -> u64 {
+    use tokio::io::AsyncWriteExt as _;
+    let Ok(mut s) = tokio::net::TcpStream::connect(proxy).await else {
+        return 0;
+    };
+    let mut done = 0;
+    while done < limit && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let host = format!("{tag}-{done}.denied.example");
+        let req = format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\n\r\n");
+        if s.write_all(req.as_bytes()).await.is_err() {
+            break;
+        }
+        match crate::raw::read_response(&mut s, false).await {
+            Ok(r) if r.status == 403 => done += 1,
+            _ => break,
+        }
+    }
+    done
+}

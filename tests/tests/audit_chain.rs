@@ -9,16 +9,14 @@
 //! a key file others may read is refused at start.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use egress_e2e::harness::{basic, control_call, create_run_at, TOKEN};
+use egress_e2e::harness::{basic, control_call, create_run_at, deny_distinct, TOKEN};
 use egress_e2e::process::{bin, free_addr, write_config, ProxyProcess};
-use egress_e2e::raw::read_response;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 /// Runs the binary with `args`: (exit code, stdout, stderr).
 fn cli(args: &[&str]) -> (i32, String, String) {
@@ -124,34 +122,20 @@ impl Cell {
 }
 
 /// `n` denials from `clients` keep-alive clients, each of its own run and
-/// targets (distinct, so that they do not fold): how many were answered.
+/// targets: how many were answered.
 async fn flood(proxy: SocketAddr, control: SocketAddr, n: usize, clients: usize) -> usize {
     let mut tasks = Vec::new();
     for c in 0..clients {
         let (id, secret) = create_run_at(control, "web").await;
         let auth = basic(&id, &secret);
+        let per = (n / clients) as u64;
         tasks.push(tokio::spawn(async move {
-            let Ok(mut s) = TcpStream::connect(proxy).await else {
-                return 0;
-            };
-            let mut done = 0;
-            for i in 0..n / clients {
-                let host = format!("h{c}-{i}.example");
-                let req = format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\n\r\n");
-                if s.write_all(req.as_bytes()).await.is_err() {
-                    break;
-                }
-                match read_response(&mut s, false).await {
-                    Ok(r) if r.status == 403 => done += 1,
-                    _ => break,
-                }
-            }
-            done
+            deny_distinct(proxy, &auth, &format!("c{c}"), &AtomicBool::new(false), per).await
         }));
     }
     let mut total = 0;
     for t in tasks {
-        total += t.await.unwrap();
+        total += t.await.unwrap() as usize;
     }
     total
 }
