@@ -504,7 +504,93 @@ pub struct Cursor {
     #[serde(default)]
     #[param(maximum = 18446744073709551615_usize)]
     pub limit: Option<usize>,
+    /// `json` (default): the records as the store keeps them; `ocsf`: each
+    /// as an OCSF 1.8.0 event (a page is then `{events, next}`).
+    #[serde(default)]
+    #[param(inline)]
+    pub format: RecordFormat,
 }
+
+/// How the control API writes records (facts, decision records) in a page
+/// or a stream: `?format=json` (default) or `?format=ocsf`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordFormat {
+    /// The record as the store keeps it.
+    #[default]
+    Json,
+    /// The record as an OCSF 1.8.0 event.
+    Ocsf,
+}
+
+/// A page of records as OCSF events (`?format=ocsf`), oldest first: the
+/// same records and the same `next` as the JSON page of the same query.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OcsfPage {
+    #[schema(value_type = Vec<OcsfEvent>)]
+    pub events: Vec<Value>,
+    /// The cursor for the next call.
+    pub next: u64,
+}
+
+/// An OCSF 1.8.0 event, as the OpenAPI document describes it: an object
+/// with the base attributes every event has, open to the rest (the whole
+/// event follows the schema of its class and profiles, which OCSF
+/// publishes). A schema only: events are built as JSON values.
+pub struct OcsfEvent;
+
+impl utoipa::PartialSchema for OcsfEvent {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+        let open = || Some(AdditionalProperties::FreeForm(true));
+        let of = |t: Type, what: &str| ObjectBuilder::new().schema_type(t).description(Some(what));
+        let metadata = ObjectBuilder::new()
+            .description(Some("What every event of this API names"))
+            .property("version", of(Type::String, "The OCSF version: `1.8.0`"))
+            .property(
+                "uid",
+                of(Type::String, "The fact's `id`, or a decision record's derived uid"),
+            )
+            .property(
+                "sequence",
+                of(Type::Integer, "The record's `seq` (the cursor)").minimum(Some(0)),
+            )
+            .property(
+                "product",
+                of(Type::Object, "`name` `Loom Egress` and `version`, the proxy's"),
+            )
+            .required("version")
+            .required("uid")
+            .required("sequence")
+            .required("product")
+            .additional_properties(open());
+        ObjectBuilder::new()
+            .description(Some(
+                "An OCSF 1.8.0 event: the base attributes are listed, the rest follow the class (`class_uid`) and the profiles (`metadata.profiles`) the event names",
+            ))
+            .property(
+                "class_uid",
+                of(Type::Integer, "4001 Network, 4002 HTTP, 4003 DNS or 6003 API Activity"),
+            )
+            .property("category_uid", of(Type::Integer, "4 Network or 6 Application Activity"))
+            .property("type_uid", of(Type::Integer, "`class_uid` × 100 + `activity_id`"))
+            .property("activity_id", of(Type::Integer, "The activity of the class"))
+            .property("severity_id", of(Type::Integer, "0 Unknown to 6 Fatal"))
+            .property("time", of(Type::Integer, "When, in epoch milliseconds"))
+            .property("metadata", metadata)
+            .required("class_uid")
+            .required("category_uid")
+            .required("type_uid")
+            .required("activity_id")
+            .required("severity_id")
+            .required("time")
+            .required("metadata")
+            .additional_properties(open())
+            .into()
+    }
+}
+
+impl ToSchema for OcsfEvent {}
 
 impl Cursor {
     /// The largest cursor the store can hold: `seq` is a signed 64-bit

@@ -163,8 +163,9 @@ pub fn ident(s: &str) -> String {
 
 /// The fleet schema, made once under a transaction-level lock so cells
 /// starting together do not race: the exported facts with the indexes a
-/// fleet query needs (by time, tool, reason, run), and the idempotency
-/// claims of keyed invocations.
+/// fleet query needs (by time, tool, reason, run), the signed checkpoints
+/// of each cell's fact log (kept here beyond the cell's retention: a
+/// witness off the box), and the idempotency claims of keyed invocations.
 pub fn migration(schema: &str) -> String {
     let s = ident(schema);
     format!(
@@ -189,6 +190,16 @@ pub fn migration(schema: &str) -> String {
          CREATE INDEX IF NOT EXISTS egress_facts_tool_at ON {s}.egress_facts (tool, at);
          CREATE INDEX IF NOT EXISTS egress_facts_reason_at ON {s}.egress_facts (reason, at);
          CREATE INDEX IF NOT EXISTS egress_facts_run ON {s}.egress_facts (run_id, at);
+         CREATE TABLE IF NOT EXISTS {s}.egress_checkpoints (
+             cell      text        NOT NULL,
+             epoch     uuid        NOT NULL,
+             size      bigint      NOT NULL,
+             decisions bigint      NOT NULL,
+             at        timestamptz NOT NULL,
+             closed    boolean     NOT NULL,
+             note      text        NOT NULL,
+             PRIMARY KEY (cell, epoch, size, decisions, at)
+         );
          CREATE TABLE IF NOT EXISTS {s}.egress_invocations (
              key           text        PRIMARY KEY,
              digest        text        NOT NULL,

@@ -39,6 +39,7 @@ mod state;
 mod time;
 
 pub use ca::{ca_dir, rotate as rotate_ca, CaError};
+pub use control::client as control_client;
 pub use control::openapi;
 pub use control::reload;
 pub use control::token::{add_principal, token_path, TokenSource};

@@ -74,13 +74,34 @@ enum Cmd {
         #[command(subcommand)]
         action: FactsAction,
     },
+    /// The key that signs the fact log's checkpoints.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditAction {
+    /// Make an Ed25519 signing key for `[audit] signing_key_file`: the
+    /// private key is written to --out (created 0600, never overwritten),
+    /// the verifier key to --out.pub and to stdout.
+    Keygen {
+        /// The key's name, as signature lines show it (no '+' or spaces).
+        #[arg(long, default_value = "loom-egress")]
+        name: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
 enum FactsAction {
     /// Print every fact (or, with --decisions, every decision record) after
     /// --after, oldest first, one JSON object per line: as the API gives it
-    /// (jsonl), or as an OCSF 1.8.0 event (ocsf). Exit 2 on error.
+    /// (jsonl), or as an OCSF 1.8.0 event (ocsf). Read from a store file
+    /// (--store, --config) or from a running proxy's control API (--control,
+    /// page by page; the same lines). Exit 2 on error.
     Export {
         #[arg(long, value_enum, default_value = "jsonl")]
         format: ExportFormat,
@@ -91,11 +112,54 @@ enum FactsAction {
         #[arg(long)]
         decisions: bool,
         /// The store file; without it, the one `[proxy] facts` of --config names.
-        #[arg(long, conflicts_with = "config")]
+        #[arg(long, conflicts_with_all = ["config", "control"])]
         store: Option<PathBuf>,
-        #[arg(long, short)]
+        #[arg(long, short, conflicts_with = "control")]
         config: Option<PathBuf>,
+        /// A running proxy's control API, http://IP:PORT or https://IP:PORT
+        /// (an address: no name is resolved). The principal sees what its
+        /// scopes show (facts:own, decisions:own).
+        #[arg(long)]
+        control: Option<String>,
+        /// The environment variable that holds the control API token.
+        #[arg(long, default_value = "EGRESS_CONTROL_TOKEN", requires = "control")]
+        token_env: String,
+        /// With https: the CA of the API's certificate (`[control.tls]`
+        /// server_ca, or client_ca).
+        #[arg(long, requires = "control")]
+        ca: Option<PathBuf>,
+        /// With https: a client certificate (PEM) that names a principal;
+        /// then no token is needed.
+        #[arg(long, requires_all = ["control", "key"])]
+        cert: Option<PathBuf>,
+        /// The client certificate's private key (PEM).
+        #[arg(long, requires = "cert")]
+        key: Option<PathBuf>,
     },
+    /// Check the store against its hash chains and signed checkpoints (its
+    /// own, and --checkpoints held off the box); print each finding (edited,
+    /// deleted, inserted or reordered records by seq, a truncated head, a
+    /// replaced store, a bad signature). Exit 0 when everything verifies,
+    /// 1 on any finding, 2 when it cannot check.
+    Verify(VerifyArgs),
+}
+
+#[derive(clap::Args)]
+struct VerifyArgs {
+    /// The verifier key (`name+hash+key`, as `audit keygen` printed it), or a
+    /// file holding it.
+    #[arg(long)]
+    key: String,
+    /// Signed checkpoints held off the box (a witness's copies of `GET
+    /// /v1/audit/checkpoint`): files holding one or more notes, or
+    /// directories of such files. Repeatable.
+    #[arg(long = "checkpoints")]
+    checkpoints: Vec<PathBuf>,
+    /// The store file; without it, the one `[proxy] facts` of --config names.
+    #[arg(long, conflicts_with = "config")]
+    store: Option<PathBuf>,
+    #[arg(long, short)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -232,10 +296,49 @@ fn main() -> std::process::ExitCode {
                     format,
                     after,
                     decisions,
+                    control: Some(url),
+                    token_env,
+                    ca,
+                    cert,
+                    key,
+                    ..
+                },
+        } => match export_remote(&url, &token_env, ca, cert.zip(key), format, after, decisions) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("egress-proxy: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
+        Cmd::Facts {
+            action:
+                FactsAction::Export {
+                    format,
+                    after,
+                    decisions,
                     store,
                     config,
+                    ..
                 },
         } => match export(format, after, decisions, store, config) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("egress-proxy: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
+        Cmd::Facts {
+            action: FactsAction::Verify(args),
+        } => match verify(args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("egress-proxy: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
+        Cmd::Audit {
+            action: AuditAction::Keygen { name, out },
+        } => match keygen(&name, &out) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("egress-proxy: {e}");
@@ -280,17 +383,7 @@ fn export(
 ) -> Result<(), String> {
     use egress_proxy::facts::{dump, ocsf, Record, Records};
     use std::io::Write as _;
-    let path = match (store, config) {
-        (Some(s), _) => s,
-        (None, Some(c)) => Config::load(&c).map_err(|e| e.to_string())?.proxy.facts,
-        (None, None) => return Err("name the store: --store FILE or --config FILE".into()),
-    };
-    if path.as_os_str() == ":memory:" {
-        return Err("the config keeps facts in memory: read them from the running proxy (GET /v1/facts)".into());
-    }
-    if !path.exists() {
-        return Err(format!("{}: no fact store there", path.display()));
-    }
+    let path = store_path(store, config)?;
     let what = if decisions { Records::Decisions } else { Records::Facts };
     let version = env!("CARGO_PKG_VERSION");
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -309,6 +402,160 @@ fn export(
         // A reader that stopped early (`| head`) is not an error.
         Err(e) if e.contains("Broken pipe") => Ok(()),
         r => r,
+    }
+}
+
+/// The store file `--store` names, or `--config`'s `[proxy] facts`.
+fn store_path(store: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf, String> {
+    let path = match (store, config) {
+        (Some(s), _) => s,
+        (None, Some(c)) => Config::load(&c).map_err(|e| e.to_string())?.proxy.facts,
+        (None, None) => return Err("name the store: --store FILE or --config FILE".into()),
+    };
+    if path.as_os_str() == ":memory:" {
+        return Err("the config keeps facts in memory: read them from the running proxy (GET /v1/facts)".into());
+    }
+    if !path.exists() {
+        return Err(format!("{}: no fact store there", path.display()));
+    }
+    Ok(path)
+}
+
+/// `facts verify`: the report to stdout; exit 1 on any finding.
+fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
+    use egress_proxy::facts::{chain::Verifier, verify};
+    let path = store_path(a.store, a.config)?;
+    let key_text = if a.key.contains('+') {
+        a.key.clone()
+    } else {
+        std::fs::read_to_string(&a.key).map_err(|e| format!("--key {}: {e}", a.key))?
+    };
+    let key = Verifier::parse(&key_text).map_err(|e| format!("--key: {e}"))?;
+    let mut held = Vec::new();
+    for p in &a.checkpoints {
+        let files: Vec<PathBuf> = if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.is_file())
+                .collect();
+            v.sort();
+            v
+        } else {
+            vec![p.clone()]
+        };
+        for f in files {
+            let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+            held.extend(verify::split_notes(&text));
+        }
+    }
+    let r = verify::verify(&path, &key, &held)?;
+    let mut out = String::new();
+    let _ = writeln!(out, "store {} (cell {}, epoch {})", path.display(), r.cell, r.epoch);
+    for (name, w) in [("facts", &r.facts), ("decisions", &r.decisions)] {
+        let from = match (&w.anchored, w.anchor) {
+            (Some(why), a) => format!(", chained after seq {a} ({why})"),
+            (None, _) => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{name}: {} records checked up to seq {}{from}",
+            w.records, w.newest
+        );
+    }
+    let newest = r
+        .newest
+        .as_ref()
+        .map(|c| {
+            format!(
+                "; newest covers facts to seq {} and decisions to seq {}, signed {}",
+                c.size, c.decisions.0, c.time
+            )
+        })
+        .unwrap_or_default();
+    let _ = writeln!(out, "checkpoints: {} verified{newest}", r.checkpoints);
+    for n in &r.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    for f in &r.findings {
+        let _ = writeln!(out, "FINDING {f}");
+    }
+    if r.findings.is_empty() {
+        let _ = writeln!(out, "verified: no findings");
+    } else {
+        let _ = writeln!(out, "NOT VERIFIED: {} findings", r.findings.len());
+    }
+    print!("{out}");
+    Ok(if r.findings.is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    })
+}
+
+/// `audit keygen`: a new signing key, private to --out, public beside it.
+fn keygen(name: &str, out: &std::path::Path) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let (private, public) = egress_proxy::facts::chain::Signer::generate(name)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .map_err(|e| format!("{}: {e} (an existing key is never overwritten)", out.display()))?;
+    f.write_all(format!("{private}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    let mut pub_path = out.as_os_str().to_owned();
+    pub_path.push(".pub");
+    std::fs::write(&pub_path, format!("{public}\n"))
+        .map_err(|e| format!("{}: {e}", PathBuf::from(&pub_path).display()))?;
+    println!("{public}");
+    Ok(())
+}
+
+/// `facts export --control`: the same lines, read page by page from a
+/// running proxy's control API.
+fn export_remote(
+    url: &str,
+    token_env: &str,
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+    format: ExportFormat,
+    after: u64,
+    decisions: bool,
+) -> Result<(), String> {
+    use egress_proxy::control_client::{endpoint, Client, ClientError, Records};
+    use std::io::Write as _;
+    let token = std::env::var(token_env)
+        .ok()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty());
+    let client = Client::new(
+        endpoint(url).map_err(|e| e.to_string())?,
+        ca.as_deref(),
+        identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+        token,
+    )
+    .map_err(|e| e.to_string())?;
+    let what = if decisions { Records::Decisions } else { Records::Facts };
+    let format = match format {
+        ExportFormat::Jsonl => egress_api::RecordFormat::Json,
+        ExportFormat::Ocsf => egress_api::RecordFormat::Ocsf,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let r = rt
+        .block_on(client.export(what, format, after, &mut |line| writeln!(out, "{line}")))
+        .and_then(|_| out.flush().map_err(ClientError::Write));
+    match r {
+        // A reader that stopped early (`| head`) is not an error.
+        Err(ClientError::Write(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map(|_| ()).map_err(|e| e.to_string()),
     }
 }
 
@@ -349,6 +596,29 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                 }
             );
             let _ = writeln!(out, "  policy  {}", c.policy.digest);
+            match &c.audit.signing_key_file {
+                Some(p) => match egress_proxy::facts::chain::Signer::from_file(p) {
+                    Ok(key) => {
+                        let _ = writeln!(
+                            out,
+                            "  audit   checkpoints signed every {} ms and {} facts, verifier key {}",
+                            c.audit.checkpoint.as_millis(),
+                            c.audit.checkpoint_records,
+                            key.verifier()
+                        );
+                    }
+                    Err(e) => {
+                        eprintln!("{}: [audit] {e}", path.display());
+                        return std::process::ExitCode::from(1);
+                    }
+                },
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  audit   records chained, checkpoints not signed (no [audit] signing_key_file)"
+                    );
+                }
+            }
             match egress_proxy::ca_dir(&c.proxy) {
                 Some(d) => {
                     let _ = writeln!(out, "  ca      {} (appliance CA of intercepted CONNECTs)", d.display());

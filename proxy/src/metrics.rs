@@ -189,6 +189,8 @@ pub struct ExportMetrics {
     /// Facts committed locally and not yet in PostgreSQL.
     pub lag: Gauge,
     pub facts: Counter,
+    /// Signed checkpoints copied to `egress_checkpoints`.
+    pub checkpoints: Counter,
     /// Failures by kind (`connect`, `migrate`, `lock`, `read`, `write`).
     pub failures: Family<KindLabel, Counter>,
     pub batch_duration: Histogram,
@@ -284,6 +286,8 @@ pub struct StoreMetrics {
     pub bytes: Gauge,
     pub budget: Gauge,
     pub pruned: Counter,
+    /// Signed checkpoints of the fact log's chains.
+    pub checkpoints: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -434,6 +438,11 @@ impl Metrics {
             store.pruned.clone(),
         );
         registry.register(
+            "egress_audit_checkpoints",
+            "Checkpoints of the fact log's hash chains signed with [audit] signing_key_file",
+            store.checkpoints.clone(),
+        );
+        registry.register(
             "egress_connections_closed",
             "Connections closed by admission rules (listener = data or control; reason = evicted, head_timeout, limit, run_limit)",
             conns_refused.clone(),
@@ -484,6 +493,7 @@ impl Metrics {
         let export = ExportMetrics {
             lag: Gauge::default(),
             facts: Counter::default(),
+            checkpoints: Counter::default(),
             failures: Family::<KindLabel, Counter>::default(),
             batch_duration: histogram(),
             last_success: Gauge::default(),
@@ -500,6 +510,11 @@ impl Metrics {
             "egress_export_facts",
             "Denial facts exported to the fleet store",
             export.facts.clone(),
+        );
+        registry.register(
+            "egress_export_checkpoints",
+            "Signed checkpoints of the fact log copied to the fleet store (egress_checkpoints)",
+            export.checkpoints.clone(),
         );
         registry.register(
             "egress_export_failures",

@@ -56,7 +56,9 @@ pub enum StartError {
     #[error("fleet export: {0}")]
     Export(#[from] crate::facts::export::ExportError),
     #[error(transparent)]
-    Audit(#[from] crate::facts::sinks::SinkError),
+    Sinks(#[from] crate::facts::sinks::SinkError),
+    #[error("[audit] {0}")]
+    Audit(String),
     #[error("cannot listen for listener hand-offs on {}: {source}", path.display())]
     Handoff {
         path: std::path::PathBuf,
@@ -241,6 +243,16 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     if opts.facts.is_none() && pc.facts.as_os_str() != ":memory:" {
         store_dir(&pc);
     }
+    // The key that signs the chains' checkpoints: refused at start when
+    // unreadable, malformed, or readable by others.
+    let checkpoints = match &cfg.audit.signing_key_file {
+        Some(path) => Some(crate::facts::store::CheckpointPolicy {
+            key: Arc::new(crate::facts::chain::Signer::from_file(path).map_err(StartError::Audit)?),
+            every: cfg.audit.checkpoint,
+            records: cfg.audit.checkpoint_records,
+        }),
+        None => None,
+    };
     let decision_bytes: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let sqlite = opts.facts.is_none() && pc.facts.as_os_str() != ":memory:";
     let facts: Arc<dyn FactSink> = match opts.facts {
@@ -258,6 +270,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
                 exported: cfg.export.sink == egress_config::Sink::Postgres,
                 others: decision_bytes.clone(),
                 sink_cursors: crate::facts::sinks::cursor_keys(&cfg.audit, crate::facts::sinks::RecordKind::Facts),
+                checkpoints,
             },
             metrics.store.clone(),
         )),
@@ -271,6 +284,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             max_bytes: pc.decisions_max_bytes,
             retention: pc.decisions_retention,
             floor: decision_floor(&cfg.audit, &facts),
+            cell: cfg.cell.as_ref().map(|c| c.id.clone()),
         },
         metrics.decisions.clone(),
         decision_bytes,

@@ -60,6 +60,9 @@ facts = "facts.db"
 servers = ["127.0.0.1:9"]   # nothing listens: no resolver is ever asked
 timeout_ms = 500
 
+[audit]
+signing_key_file = "audit.key"   # GET /v1/audit/checkpoint answers 200
+
 [executor]
 listen = "127.0.0.1:$executor"
 
@@ -73,6 +76,7 @@ timeout_ms = 5000
 pool = { warm = 1, max = 4 }
 EOF
 
+target/debug/egress-proxy audit keygen --out "$work/audit.key" >/dev/null
 export EGRESS_CONTROL_TOKEN="schemathesis-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 export EGRESS_LOG=warn
 

@@ -16,6 +16,14 @@ use std::sync::Arc;
 
 pub const TOKEN: &str = "test-control-token-0123456789";
 
+/// One event of a Server-Sent Events stream (a keep-alive comment is none).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    pub id: String,
+    pub event: String,
+    pub data: String,
+}
+
 pub struct TestProxy {
     pub handle: Option<Handle>,
     pub proxy: SocketAddr,
@@ -147,6 +155,57 @@ impl TestProxy {
         tokio::time::timeout(std::time::Duration::from_secs(5), read)
             .await
             .unwrap_or_else(|_| panic!("no {want:?} on {path}"))
+    }
+
+    /// The first `n` events of the control API's Server-Sent Events stream
+    /// at `path`, read as `token`: each one's `id`, `event` and `data`
+    /// (the data lines joined by `\n`); fails after 5 s.
+    pub async fn sse_events_as(&self, token: &str, path: &str, n: usize) -> Vec<SseEvent> {
+        use http_body_util::BodyExt as _;
+        let tcp = tokio::net::TcpStream::connect(self.control).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = hyper::Request::get(path)
+            .header("host", "x")
+            .header("authorization", format!("Bearer {token}"))
+            .header("accept", "text/event-stream")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let read = async {
+            let resp = send.send_request(req).await.unwrap();
+            assert_eq!(resp.status(), 200, "{path}");
+            let mut body = resp.into_body();
+            let (mut text, mut events) = (String::new(), vec![]);
+            while events.len() < n {
+                let frame = body.frame().await.expect("the stream closed").unwrap();
+                let Some(chunk) = frame.data_ref() else { continue };
+                text.push_str(std::str::from_utf8(chunk).unwrap());
+                while let Some(end) = text.find("\n\n") {
+                    let block: String = text.drain(..end + 2).collect();
+                    let mut e = SseEvent::default();
+                    for line in block.lines() {
+                        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+                        let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
+                        match field {
+                            "id" => e.id = value,
+                            "event" => e.event = value,
+                            "data" if e.data.is_empty() => e.data = value,
+                            "data" => e.data = format!("{}\n{value}", e.data),
+                            _ => {}
+                        }
+                    }
+                    if !e.id.is_empty() {
+                        events.push(e);
+                    }
+                }
+            }
+            events
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .unwrap_or_else(|_| panic!("fewer than {n} events on {path}"))
     }
 
     /// The facts (up to 1000) whose reason is `reason`.
@@ -415,4 +474,35 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// One keep-alive client of the run whose credential is `auth`, asking for
+/// distinct hosts no policy allows (`{tag}-{i}.denied.example`, so that
+/// identical denials rarely fold) until `stop` is set or `limit` were
+/// answered: how many were answered `403`. Floods of denials are many of
+/// these at once.
+pub async fn deny_distinct(
+    proxy: SocketAddr,
+    auth: &str,
+    tag: &str,
+    stop: &std::sync::atomic::AtomicBool,
+    limit: u64,
+) -> u64 {
+    use tokio::io::AsyncWriteExt as _;
+    let Ok(mut s) = tokio::net::TcpStream::connect(proxy).await else {
+        return 0;
+    };
+    let mut done = 0;
+    while done < limit && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let host = format!("{tag}-{done}.denied.example");
+        let req = format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {auth}\r\n\r\n");
+        if s.write_all(req.as_bytes()).await.is_err() {
+            break;
+        }
+        match crate::raw::read_response(&mut s, false).await {
+            Ok(r) if r.status == 403 => done += 1,
+            _ => break,
+        }
+    }
+    done
 }

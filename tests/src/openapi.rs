@@ -71,7 +71,9 @@ impl Spec {
 
     /// Problems of `value` against `schema`; empty when it validates. An
     /// object member the schema does not declare is a problem too (the
-    /// document must describe everything the API sends).
+    /// document must describe everything the API sends), unless the schema
+    /// says `additionalProperties: true` (an object described only in part,
+    /// such as an OCSF event).
     pub fn check(&self, schema: &Value, value: &Value, at: &str) -> Vec<String> {
         self.check_inner(schema, value, at, false)
     }
@@ -145,7 +147,11 @@ impl Spec {
             for (k, v) in obj {
                 match props.and_then(|p| p.get(k)) {
                     Some(s) => out.extend(self.check(s, v, &format!("{at}.{k}"))),
-                    None if props.is_some() && !allow_extra && schema.get("allOf").is_none() => {
+                    None if props.is_some()
+                        && !allow_extra
+                        && schema.get("allOf").is_none()
+                        && schema.get("additionalProperties") != Some(&Value::Bool(true)) =>
+                    {
                         out.push(format!("{at}: `{k}` is not in the schema"));
                     }
                     None => {}

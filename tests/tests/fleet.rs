@@ -38,10 +38,18 @@ impl Cell {
     /// Like [`Cell::new`], listening on `proxy` and `control`.
     fn at(id: &str, export: &str, proxy: SocketAddr, control: SocketAddr) -> Cell {
         let dir = tempfile::tempdir().unwrap();
+        // Each cell signs its fact log's checkpoints; the export copies them.
+        let keygen = std::process::Command::new(bin("egress-proxy"))
+            .args(["audit", "keygen", "--name", id, "--out"])
+            .arg(dir.path().join("signing.key"))
+            .output()
+            .unwrap();
+        assert!(keygen.status.success(), "{}", String::from_utf8_lossy(&keygen.stderr));
         let rest = format!(
             "[tools.t]\negress = [\"allowed.example:443\"]\n\
              [cell]\nid = \"{id}\"\nadvertise_control = \"http://{id}.cells.test:3129\"\n\
-             [export]\nsink = \"postgres\"\ndsn_env = \"{DSN_ENV}\"\n{export}\n"
+             [export]\nsink = \"postgres\"\ndsn_env = \"{DSN_ENV}\"\n{export}\n\
+             [audit]\nsigning_key_file = \"signing.key\"\ncheckpoint_ms = 1000\n"
         );
         let cfg = write_config(dir.path(), proxy, control, &rest);
         Cell {
@@ -241,6 +249,36 @@ async fn a_flood_is_exported_exactly_once_across_kill_9_and_sigterm() {
     let _ = locker.wait();
     assert_exported_once(&pg, "cell-a", &local);
     assert!(p.logs().contains("every fact is exported"), "{}", p.logs());
+    // The signed checkpoints went to the fleet store too: held off the
+    // box, they verify the cell's store.
+    let notes = pg.query("SELECT note FROM egress_checkpoints WHERE cell = 'cell-a' ORDER BY at");
+    assert!(
+        notes.contains("loom-egress/cell-a/"),
+        "no checkpoint exported: {notes:?}"
+    );
+    let held = cell.dir.path().join("held.notes");
+    std::fs::write(&held, &notes).unwrap();
+    let verify = std::process::Command::new(bin("egress-proxy"))
+        .args(["facts", "verify", "--store"])
+        .arg(cell.store())
+        .arg("--key")
+        .arg(cell.dir.path().join("signing.key.pub"))
+        .arg("--checkpoints")
+        .arg(&held)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&verify.stdout);
+    assert!(verify.status.success(), "{out}");
+    let held_count = out
+        .lines()
+        .find_map(|l| l.strip_prefix("checkpoints: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap();
+    assert!(
+        held_count > notes.matches("loom-egress/").count(),
+        "the exported notes verified with the store's own: {out}"
+    );
 }
 
 /// A second process with a cell id already held exports nothing and is

@@ -1,12 +1,14 @@
 //! Decision log routes: every record by cursor (filtered by run and tool),
-//! one run's records, and the live tail (`sse`'s [`tail`]). Cursors are
-//! checked and pages sized as for facts ([`Paging`], [`page_size`]).
+//! one run's records, and the live tail (`sse`'s [`tail`]), as stored or as
+//! OCSF events (`format`). Cursors are checked and pages sized as for facts
+//! ([`Paging`], [`page_size`]).
 
 use crate::control::caller::Caller;
 use crate::control::error::{ApiError, ApiResult};
 use crate::control::facts::{page_size, Paged, Paging};
+use crate::control::format::{decision_sse_in, decisions_page, DecisionsAnswer};
 use crate::control::sse::{self, Feed};
-use crate::facts::decisions::{Decision, DecisionQuery, DecisionsPage};
+use crate::facts::decisions::DecisionQuery;
 use crate::state::Shared;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -39,6 +41,11 @@ pub struct DecisionFilter {
     /// Only this tool's records.
     #[serde(default)]
     pub tool: Option<String>,
+    /// `json` (default): the records as the store keeps them; `ocsf`: each
+    /// as an OCSF 1.8.0 event.
+    #[serde(default)]
+    #[param(inline)]
+    pub format: egress_api::RecordFormat,
 }
 
 impl Paged for DecisionFilter {
@@ -66,22 +73,22 @@ fn unavailable(e: impl ToString) -> ApiError {
 #[utoipa::path(get, path = "/v1/decisions", tag = "decisions", security(("control_token" = [])),
     params(DecisionFilter),
     responses(
-        (status = 200, description = "Allowed fetches and tunnels recorded with seq > after, oldest first (empty with `decisions = \"off\"`)", body = DecisionsPage),
-        (status = 400, description = "bad_request (e.g. after above 2^63-1)", body = ErrorBody),
+        (status = 200, description = "Allowed fetches and tunnels recorded with seq > after, oldest first (empty with `decisions = \"off\"`): `{decisions, next}`, or with `format=ocsf` `{events, next}` (each record as an OCSF 1.8.0 event; the same `next`)", body = DecisionsAnswer),
+        (status = 400, description = "bad_request (e.g. after above 2^63-1, a format other than json or ocsf)", body = ErrorBody),
         (status = 503, description = "decisions_unavailable", body = ErrorBody),
     ))]
 pub(super) async fn list_decisions(
     State(sh): State<Arc<Shared>>,
     caller: Caller,
     Paging(f): Paging<DecisionFilter>,
-) -> ApiResult<Json<DecisionsPage>> {
+) -> ApiResult<Json<DecisionsAnswer>> {
     page(&sh, &caller, f, None).await
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}/decisions", tag = "decisions", security(("control_token" = [])),
     params(("id" = String, Path, description = "Run id"), DecisionFilter),
     responses(
-        (status = 200, description = "The run's recorded fetches with seq > after", body = DecisionsPage),
+        (status = 200, description = "The run's recorded fetches with seq > after: `{decisions, next}`, or with `format=ocsf` `{events, next}`", body = DecisionsAnswer),
         (status = 400, description = "bad_request", body = ErrorBody),
         (status = 503, description = "decisions_unavailable", body = ErrorBody),
     ))]
@@ -90,14 +97,19 @@ pub(super) async fn run_decisions(
     caller: Caller,
     Path(id): Path<String>,
     Paging(f): Paging<DecisionFilter>,
-) -> ApiResult<Json<DecisionsPage>> {
+) -> ApiResult<Json<DecisionsAnswer>> {
     page(&sh, &caller, f, Some(id)).await
 }
 
 /// A page of what the caller may see: `next` moves past what it may not.
-async fn page(sh: &Shared, caller: &Caller, f: DecisionFilter, run: Option<String>) -> ApiResult<Json<DecisionsPage>> {
+async fn page(
+    sh: &Shared,
+    caller: &Caller,
+    f: DecisionFilter,
+    run: Option<String>,
+) -> ApiResult<Json<DecisionsAnswer>> {
     caller.may(Action::ReadDecisions)?;
-    let after = f.after;
+    let (after, format) = (f.after, f.format);
     let limit = page_size(f.limit);
     let mut q = f.query(limit);
     if run.is_some() {
@@ -106,19 +118,14 @@ async fn page(sh: &Shared, caller: &Caller, f: DecisionFilter, run: Option<Strin
     let mut decisions = sh.decisions.query(q).await.map_err(unavailable)?;
     let next = decisions.last().map(|d| d.seq).unwrap_or(after);
     decisions.retain(|d| caller.sees(Record::Decision, d.principal.as_deref()));
-    Ok(Json(DecisionsPage { decisions, next }))
-}
-
-fn event(d: &Decision) -> Event {
-    let data = serde_json::to_string(d).unwrap_or_else(|_| "{}".into());
-    Event::default().id(d.seq.to_string()).event("decision").data(data)
+    Ok(Json(decisions_page(format, decisions, next)))
 }
 
 /// `GET /v1/decisions/stream`.
 #[utoipa::path(get, path = "/v1/decisions/stream", tag = "decisions", security(("control_token" = [])),
     params(DecisionFilter),
     responses(
-        (status = 200, description = "Server-Sent Events: `event: decision`, `id: <seq>`, `data: <decision JSON>`; replay from the cursor, then live", body = egress_api::SseEvent, content_type = "text/event-stream"),
+        (status = 200, description = "Server-Sent Events: `event: decision`, `id: <seq>`, `data: <decision JSON>` (with `format=ocsf`, its OCSF 1.8.0 event); replay from the cursor, then live", body = egress_api::SseEvent, content_type = "text/event-stream"),
         (status = 400, description = "bad_request", body = ErrorBody),
         (status = 503, description = "too_many_streams", body = ErrorBody),
     ))]
@@ -129,7 +136,7 @@ pub(super) async fn stream(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     caller.may(Action::ReadDecisions)?;
     let place = sse::place(&sh)?;
-    let after = f.after;
+    let (after, event) = (f.after, decision_sse_in(f.format));
     let filter = f.query(500);
     let (log, paged) = (sh.decisions.clone(), filter.clone());
     let feed = Feed {

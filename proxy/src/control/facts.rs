@@ -1,15 +1,16 @@
 //! Fact routes: every fact by cursor, one run's facts by cursor (the live
-//! tail is `sse`).
+//! tail is `sse`), as stored or as OCSF events (`format`).
 
 use crate::control::caller::Caller;
 use crate::control::error::{bad_request, ApiError, ApiResult, AppQuery};
+use crate::control::format::{facts_page, FactsAnswer};
 use crate::facts::FactQuery;
 use crate::state::Shared;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::Json;
-use egress_api::{Cursor, ErrorBody, FactsPage};
+use egress_api::{Cursor, ErrorBody};
 use egress_config::principals::{Action, Record};
 use std::sync::Arc;
 
@@ -50,22 +51,22 @@ pub fn page_size(limit: Option<usize>) -> usize {
 #[utoipa::path(get, path = "/v1/facts", tag = "facts", security(("control_token" = [])),
     params(Cursor),
     responses(
-        (status = 200, description = "Facts with seq > after, oldest first", body = FactsPage),
-        (status = 400, description = "bad_request (e.g. after above 2^63-1)", body = ErrorBody),
+        (status = 200, description = "Facts with seq > after, oldest first: `{facts, next}`, or with `format=ocsf` `{events, next}` (each fact as an OCSF 1.8.0 event; the same `next`)", body = FactsAnswer),
+        (status = 400, description = "bad_request (e.g. after above 2^63-1, a format other than json or ocsf)", body = ErrorBody),
         (status = 503, description = "facts_unavailable", body = ErrorBody),
     ))]
 pub(super) async fn list_facts(
     State(sh): State<Arc<Shared>>,
     caller: Caller,
     Paging(c): Paging<Cursor>,
-) -> ApiResult<Json<FactsPage>> {
+) -> ApiResult<Json<FactsAnswer>> {
     query_facts(&sh, &caller, c, None).await
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}/facts", tag = "facts", security(("control_token" = [])),
     params(("id" = String, Path, description = "Run id"), Cursor),
     responses(
-        (status = 200, description = "The run's facts with seq > after", body = FactsPage),
+        (status = 200, description = "The run's facts with seq > after: `{facts, next}`, or with `format=ocsf` `{events, next}`", body = FactsAnswer),
         (status = 400, description = "bad_request", body = ErrorBody),
         (status = 503, description = "facts_unavailable", body = ErrorBody),
     ))]
@@ -74,13 +75,13 @@ pub(super) async fn run_facts(
     caller: Caller,
     Path(id): Path<String>,
     Paging(c): Paging<Cursor>,
-) -> ApiResult<Json<FactsPage>> {
+) -> ApiResult<Json<FactsAnswer>> {
     query_facts(&sh, &caller, c, Some(id)).await
 }
 
 /// A page of what the caller may see (`facts:own`: facts of its runs and
 /// its own control actions); `next` moves past what it may not.
-async fn query_facts(sh: &Shared, caller: &Caller, c: Cursor, run_id: Option<String>) -> ApiResult<Json<FactsPage>> {
+async fn query_facts(sh: &Shared, caller: &Caller, c: Cursor, run_id: Option<String>) -> ApiResult<Json<FactsAnswer>> {
     caller.may(Action::ReadFacts)?;
     let limit = page_size(c.limit);
     let facts = sh
@@ -95,5 +96,5 @@ async fn query_facts(sh: &Shared, caller: &Caller, c: Cursor, run_id: Option<Str
     let next = facts.last().map(|f| f.seq).unwrap_or(c.after);
     let mut facts = facts;
     facts.retain(|f| caller.sees(Record::Fact, f.principal.as_deref()));
-    Ok(Json(FactsPage { facts, next }))
+    Ok(Json(facts_page(c.format, facts, next)))
 }

@@ -1,21 +1,26 @@
 //! The control plane: the API for kernels, the executor and Prometheus.
 //! Routes live by subject (`runs`, `mcp`, `facts`, `decisions`, `sse`, `owners`,
-//! `policy`, `learn`, `health`); this module assembles them with their OpenAPI document and
-//! serves them. Everything under `/v1` needs `Authorization: Bearer <token>`
-//! of a principal (`caller`: the control token's, or the principals file's),
+//! `policy`, `learn`, `health`; `format` writes records as stored or as OCSF);
+//! this module assembles them with their OpenAPI document and serves them
+//! (`client` is the other side: the CLI's reader of another proxy's
+//! records). Everything under `/v1` needs `Authorization: Bearer <token>` of
+//! a principal (`caller`: the control token's, or the principals file's),
 //! and each handler asks the caller's scopes; errors are
 //! `{"error":{"code","message"}}` (`error`). A connection is admitted as on
 //! the data listener: pending until a request carries a principal's token,
 //! so idle or tokenless sockets cannot lock kernels out.
 
 pub(crate) mod actions;
+mod audit;
 mod ca;
 pub(crate) mod caller;
 mod cell;
+pub mod client;
 mod decisions;
 pub(crate) mod envelope;
 pub(crate) mod error;
 mod facts;
+mod format;
 mod health;
 mod learn;
 mod mcp;
@@ -71,6 +76,7 @@ fn api_routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(learn::replay))
         .routes(routes!(ca::get_ca))
         .routes(routes!(cell::get_cell))
+        .routes(routes!(audit::checkpoint))
         .routes(routes!(owners::list_owners))
         .routes(routes!(owners::renew_owner, owners::release_owner))
 }

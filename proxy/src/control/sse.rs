@@ -3,6 +3,7 @@
 //! `GET /v1/decisions/stream` (the decision log) share [`tail`]. The live
 //! feed is subscribed before the replay, so nothing falls between the two;
 //! a slow reader that lags the live feed goes back to the store by cursor.
+//! With `format=ocsf` each `data:` is the record's OCSF event (`format`).
 
 use crate::control::caller::Caller;
 use crate::control::error::ApiError;
@@ -114,21 +115,11 @@ pub(super) fn tail<T: Clone + Send + Sync + 'static>(
     Sse::new(s).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-fn event(f: &Fact) -> Event {
-    let data = serde_json::to_string(f).unwrap_or_else(|_| "{}".into());
-    let name = if f.kind == egress_api::PENDING_FACT_TYPE {
-        "pending"
-    } else {
-        "fact"
-    };
-    Event::default().id(f.seq.to_string()).event(name).data(data)
-}
-
 /// `GET /v1/facts/stream`.
 #[utoipa::path(get, path = "/v1/facts/stream", tag = "facts", security(("control_token" = [])),
     params(egress_api::Cursor),
     responses(
-        (status = 200, description = "Server-Sent Events: `event: fact` (`event: pending` for a fetch held for a grant), `id: <seq>`, `data: <fact JSON>`; replay from the cursor, then live", body = egress_api::SseEvent, content_type = "text/event-stream"),
+        (status = 200, description = "Server-Sent Events: `event: fact` (`event: pending` for a fetch held for a grant), `id: <seq>`, `data: <fact JSON>` (with `format=ocsf`, its OCSF 1.8.0 event); replay from the cursor, then live", body = egress_api::SseEvent, content_type = "text/event-stream"),
         (status = 400, description = "bad_request", body = egress_api::ErrorBody),
         (status = 403, description = "scope: the caller has no facts scope (facts:own sees the facts of its runs and its own control actions)", body = egress_api::ErrorBody),
         (status = 503, description = "too_many_streams", body = egress_api::ErrorBody),
@@ -158,7 +149,7 @@ pub async fn stream(
         }),
         keep: Box::new(move |f: &Fact| caller.sees(Record::Fact, f.principal.as_deref())),
         seq: |f| f.seq,
-        event,
+        event: crate::control::format::fact_sse_in(c.format),
     };
     Ok(tail(sh, place, c.after, feed))
 }

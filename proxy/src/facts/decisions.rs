@@ -10,9 +10,11 @@
 //! are kept in memory under the same budget. Denials stay facts, recorded
 //! before they are answered.
 
+use crate::facts::chain::{self, Head, Kind};
+use crate::facts::store::links;
 use crate::metrics::DecisionMetrics;
 use egress_config::Decisions;
-use rusqlite::{params, Connection, OpenFlags};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -145,6 +147,8 @@ pub struct Limits {
     /// Retention by age deletes no record above this (the lowest of the
     /// audit sinks' cursors). The byte budget still drops the oldest.
     pub floor: Floor,
+    /// `[cell] id` (the chain's genesis names it).
+    pub cell: Option<String>,
 }
 
 /// The lowest decision cursor of the audit sinks, read when pruning
@@ -240,6 +244,7 @@ impl DecisionLog {
             head,
             pruned_at: None,
             measured_at: None,
+            chain: [0; 32],
         };
         match std::thread::Builder::new()
             .name("egress-decisions".into())
@@ -263,6 +268,7 @@ impl DecisionLog {
                 max_bytes: 1,
                 retention: Duration::from_secs(3600),
                 floor: Floor::default(),
+                cell: None,
             },
             DecisionMetrics::default(),
             Arc::default(),
@@ -425,11 +431,16 @@ fn create(c: &Connection) -> rusqlite::Result<()> {
             at     TEXT NOT NULL,
             run_id TEXT NOT NULL,
             tool   TEXT NOT NULL,
-            body   TEXT NOT NULL
+            body   TEXT NOT NULL,
+            chain  BLOB
          );
          CREATE INDEX IF NOT EXISTS decisions_by_run ON decisions (run_id, seq);
          CREATE INDEX IF NOT EXISTS decisions_by_tool ON decisions (tool, seq);",
-    )
+    )?;
+    // A table made before the hash chain gets its column; the anchor and
+    // checkpoint tables exist once the fact store has opened the file.
+    links::ensure_column(c, "decisions")?;
+    links::create(c)
 }
 
 /// Bytes of the pages that hold the log's table and indexes.
@@ -462,6 +473,8 @@ struct Writer {
     head: Arc<AtomicU64>,
     pruned_at: Option<Instant>,
     measured_at: Option<Instant>,
+    /// The chain at the newest written record (read when connecting).
+    chain: Head,
 }
 
 impl Writer {
@@ -489,8 +502,14 @@ impl Writer {
     fn connect(&mut self) -> Option<&Connection> {
         if self.conn.is_none() {
             if let Backend::Sqlite { path, .. } = &*self.backend {
-                match open(path, true) {
-                    Ok(c) => self.conn = Some(c),
+                let cell = links::cell_name(self.limits.cell.as_deref());
+                let opened = open(path, true).and_then(|c| {
+                    let epoch = links::epoch(&c)?;
+                    let (_, head) = links::resume(&c, Kind::Decisions, cell, &epoch, true)?;
+                    Ok((c, head))
+                });
+                match opened {
+                    Ok((c, head)) => (self.conn, self.chain) = (Some(c), head),
                     Err(e) => tracing::warn!(error = %e, "the decision log cannot open the store"),
                 }
             }
@@ -552,24 +571,35 @@ impl Writer {
 
     fn insert(&mut self, batch: &mut [Decision]) -> rusqlite::Result<()> {
         let live = self.live.clone();
-        let Some(c) = self.connect() else {
+        self.connect();
+        let Some(c) = self.conn.as_ref() else {
             return Err(rusqlite::Error::InvalidQuery);
         };
         let tx = c.unchecked_transaction()?;
         let mut added = 0;
+        let mut head = self.chain;
         {
             // The body is written with seq 0: the row's seq is read with it.
-            let mut ins =
-                tx.prepare_cached("INSERT INTO decisions (at, run_id, tool, body) VALUES (?1, ?2, ?3, ?4)")?;
+            // Seqs follow the table's AUTOINCREMENT counter (never reused),
+            // known before the insert so that the chain is written with it.
+            let mut seq: i64 = tx
+                .prepare_cached("SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'decisions'), 0)")?
+                .query_row([], |r| r.get(0))?;
+            let mut ins = tx.prepare_cached(
+                "INSERT INTO decisions (seq, at, run_id, tool, body, chain) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
             for d in batch.iter_mut() {
                 let json =
                     serde_json::to_string(d).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                 added += json.len() as u64 + ROW_OVERHEAD;
-                ins.execute(params![d.at, d.run_id, d.tool, json])?;
-                d.seq = tx.last_insert_rowid() as u64;
+                seq += 1;
+                d.seq = seq as u64;
+                head = chain::link(Kind::Decisions, &head, d.seq, json.as_bytes());
+                ins.execute(params![seq, d.at, d.run_id, d.tool, json, &head[..]])?;
             }
         }
         tx.commit()?;
+        self.chain = head;
         for d in batch.iter() {
             let _ = live.send(d.clone());
         }
@@ -596,10 +626,8 @@ impl Writer {
         let Some(c) = self.connect() else { return };
         let mut deleted = 0;
         if prune {
-            // Never a record an audit sink has not exported (above `floor`).
-            let sql = "DELETE FROM decisions WHERE at < ?1 AND seq <= ?2";
-            match c.execute(sql, params![cutoff(retention), floor]) {
-                Ok(n) => deleted += n as u64,
+            match prune_before(c, &cutoff(retention), floor) {
+                Ok(n) => deleted += n,
                 Err(e) => tracing::warn!(error = %e, "pruning old decision records failed"),
             }
         }
@@ -638,11 +666,41 @@ fn drop_oldest(c: &Connection, bytes: u64) -> rusqlite::Result<u64> {
         upto
     };
     match upto {
-        Some(seq) => c
-            .execute("DELETE FROM decisions WHERE seq <= ?1", params![seq])
-            .map(|n| n as u64),
+        Some(seq) => delete_upto(c, seq),
         None => Ok(0),
     }
+}
+
+/// Deletes the records older than `cutoff` (RFC 3339) that come before
+/// the first younger one: a prefix, as the chain's anchor needs.
+fn prune_before(c: &Connection, cutoff: &str, floor: i64) -> rusqlite::Result<u64> {
+    let first_young: Option<i64> = c
+        .prepare_cached("SELECT seq FROM decisions WHERE at >= ?1 ORDER BY seq LIMIT 1")?
+        .query_row(params![cutoff], |r| r.get(0))
+        .optional()?;
+    let upto: Option<i64> = match first_young {
+        Some(s) => Some(s - 1),
+        None => c.query_row("SELECT MAX(seq) FROM decisions", [], |r| r.get(0))?,
+    };
+    // Never a record an audit sink has not exported (above `floor`).
+    match upto.map(|u| u.min(floor)) {
+        Some(seq) if seq > 0 => delete_upto(c, seq),
+        _ => Ok(0),
+    }
+}
+
+/// Deletes the records up to `seq`, moving the chain's anchor to it in the
+/// same transaction.
+fn delete_upto(c: &Connection, seq: i64) -> rusqlite::Result<u64> {
+    let tx = c.unchecked_transaction()?;
+    let newest: Option<i64> = tx.query_row("SELECT MAX(seq) FROM decisions WHERE seq <= ?1", params![seq], |r| {
+        r.get(0)
+    })?;
+    let Some(newest) = newest else { return Ok(0) };
+    links::anchor_pruned(&tx, Kind::Decisions, newest as u64)?;
+    let n = tx.execute("DELETE FROM decisions WHERE seq <= ?1", params![newest])?;
+    tx.commit()?;
+    Ok(n as u64)
 }
 
 fn cutoff(retention: Duration) -> String {
@@ -667,7 +725,7 @@ pub fn record_path(pq: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn record(tool: &str, host: &str, at: &str) -> Decision {
@@ -707,6 +765,7 @@ mod tests {
                 max_bytes,
                 retention: Duration::from_secs(3600),
                 floor: Floor::default(),
+                cell: None,
             },
             DecisionMetrics::default(),
             Arc::default(),
@@ -731,6 +790,7 @@ mod tests {
                 max_bytes: 1 << 20,
                 retention: Duration::from_secs(60),
                 floor: Floor::default(),
+                cell: None,
             },
             DecisionMetrics::default(),
             Arc::default(),
@@ -831,6 +891,7 @@ mod tests {
                         max_bytes: 1 << 30,
                         retention: Duration::from_secs(3600),
                         floor: Floor(Arc::new(move || floor)),
+                        cell: None,
                     },
                     DecisionMetrics::default(),
                     Arc::default(),
@@ -870,6 +931,7 @@ mod tests {
                 max_bytes: 1 << 30,
                 retention: Duration::from_secs(3600),
                 floor: Floor::default(),
+                cell: None,
             },
             metrics.clone(),
             Arc::default(),

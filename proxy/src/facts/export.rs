@@ -185,9 +185,43 @@ impl Run {
             )),
         )
         .await?;
+        let checkpoints = format!("{}.egress_checkpoints", ident(&self.cfg.schema));
+        let save_checkpoint = timed(
+            "migrate",
+            client.prepare(&format!(
+                "INSERT INTO {checkpoints} (cell, epoch, size, decisions, at, closed, note)
+                 VALUES ($1, $2::text::uuid, $3, $4, $5::text::timestamptz, $6, $7) ON CONFLICT DO NOTHING"
+            )),
+        )
+        .await?;
         let mut epoch = String::new();
         let mut cursor = 0u64;
+        let mut signed: Option<Arc<str>> = None;
         loop {
+            // The newest signed checkpoint, once (after the facts it covers
+            // that were exported before it; a later batch is no matter).
+            if let Some(note) = self.facts.checkpoint().filter(|n| signed.as_ref() != Some(n)) {
+                if let Ok(cp) = crate::facts::chain::read_note(&note) {
+                    timed(
+                        "write",
+                        client.execute(
+                            &save_checkpoint,
+                            &[
+                                &self.cell,
+                                &cp.epoch,
+                                &(cp.size as i64),
+                                &(cp.decisions.0 as i64),
+                                &cp.time,
+                                &cp.closed,
+                                &&*note,
+                            ],
+                        ),
+                    )
+                    .await?;
+                    self.metrics.checkpoints.inc();
+                }
+                signed = Some(note);
+            }
             let now = self.facts.epoch().unwrap_or_default();
             if now != epoch {
                 epoch = now;

@@ -4,12 +4,14 @@
 //! assigned at creation so kernels fold idempotently. [`MemorySink`] is a
 //! bounded in-memory store for tests and embedding.
 
+pub mod chain;
 pub mod decisions;
 pub mod export;
 pub mod ocsf;
 pub(crate) mod private;
 pub mod sinks;
 pub(crate) mod store;
+pub mod verify;
 
 use crate::runs::{RunRecord, RunWrite};
 use futures_util::future::BoxFuture;
@@ -175,6 +177,12 @@ pub trait FactSink: Send + Sync + 'static {
     /// The newest recorded fact's `seq` (0: none yet).
     fn head(&self) -> u64 {
         0
+    }
+
+    /// The newest signed checkpoint of the store's hash chains (a C2SP
+    /// signed note), if it signs them.
+    fn checkpoint(&self) -> Option<std::sync::Arc<str>> {
+        None
     }
 
     /// Every fact up to this `seq` is exported (as last recorded here).

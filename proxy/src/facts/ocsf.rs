@@ -5,7 +5,7 @@
 //! (6003). The `security_control` profile carries what the proxy did
 //! (action, disposition, the rule, the policy), `network_proxy` the proxy
 //! itself; whatever OCSF has no place for, and the record's own words, are
-//! under `unmapped.loom`. docs/facts.md ("OCSF") is the mapping table and
+//! under `unmapped.loom`. docs/audit.md ("OCSF mapping") is the mapping table and
 //! says why each choice; `tests/ocsf/validate.py` checks events against the
 //! schema.
 

@@ -5,6 +5,7 @@
 //! keeps the budget, [`runs`] the run records, [`schema`] the tables.
 
 pub mod dump;
+pub(crate) mod links;
 mod reader;
 mod retention;
 mod runs;
@@ -13,6 +14,7 @@ mod schema;
 mod testing;
 mod writer;
 
+use crate::facts::chain::Signer;
 use crate::facts::{Fact, FactError, FactQuery, FactSink, Recorded};
 use crate::metrics::StoreMetrics;
 use crate::runs::{RunRecord, RunWrite};
@@ -28,8 +30,9 @@ use writer::{next_seq, open_for_writing, Writer};
 
 /// The store's schema version (`PRAGMA user_version`): 0 before epochs, 2
 /// with `store_info` (the epoch) and the export cursor, 3 with `bound` in
-/// every run record.
-pub const STORE_VERSION: i64 = 3;
+/// every run record, 4 with the hash chain (`chain` columns, anchors,
+/// checkpoints).
+pub const STORE_VERSION: i64 = 4;
 
 /// Pending denials the writer may hold at once (senders wait beyond it).
 pub const QUEUE: usize = 4096;
@@ -60,6 +63,19 @@ pub struct Limits {
     /// The cursors (`meta` keys) of the audit sinks' facts: retention never
     /// deletes a fact above the lowest (an absent one is 0).
     pub sink_cursors: Vec<String>,
+    /// Signed checkpoints of the chains (`[audit] signing_key_file`); none:
+    /// the chains are kept, unsigned.
+    pub checkpoints: Option<CheckpointPolicy>,
+}
+
+/// When and with what key the writer signs checkpoints.
+#[derive(Debug, Clone)]
+pub struct CheckpointPolicy {
+    pub key: Arc<Signer>,
+    /// At least this often while records are written.
+    pub every: Duration,
+    /// After this many facts (at most once a second).
+    pub records: u64,
 }
 
 impl Default for Limits {
@@ -71,7 +87,30 @@ impl Default for Limits {
             exported: false,
             others: Arc::default(),
             sink_cursors: Vec::new(),
+            checkpoints: None,
         }
+    }
+}
+
+/// How often a signing writer is woken when idle.
+fn limits_every(l: &Limits) -> Option<Duration> {
+    l.checkpoints.as_ref().map(|c| c.every.max(Duration::from_millis(100)))
+}
+
+/// Wakes the writer every `every` while the store is open (a weak handle:
+/// the ticker never keeps the store open), so that records written just
+/// before a quiet spell are signed within `every`.
+fn tick(tx: mpsc::WeakSender<Pending>, every: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("egress-facts-tick".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            let Some(tx) = tx.upgrade() else { return };
+            // A full queue wakes the writer anyway.
+            let _ = tx.try_send(Pending::Tick);
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the checkpoint ticker; checkpoints follow commits only");
     }
 }
 
@@ -90,6 +129,8 @@ enum Pending {
     RunSoon(RunWrite),
     /// Commits the held run record writes.
     Flush,
+    /// Wakes the writer to sign a checkpoint if one is due.
+    Tick,
     /// Moves a cursor (the export cursor or a sink's `meta` key; never back).
     Cursor {
         key: String,
@@ -122,6 +163,8 @@ struct Identity {
     pub(super) cursor: AtomicU64,
     /// The audit sinks' cursors (`sink:*` keys of `meta`) as last written.
     pub(super) named: Mutex<HashMap<String, u64>>,
+    /// The newest signed checkpoint (a signed note).
+    pub(super) checkpoint: Mutex<Option<Arc<str>>>,
 }
 
 impl Identity {
@@ -157,6 +200,10 @@ impl Identity {
         }
         if let Ok(mut e) = self.epoch.lock() {
             *e = epoch;
+        }
+        let note = links::latest_checkpoint(c)?;
+        if let Ok(mut last) = self.checkpoint.lock() {
+            *last = note.map(Arc::from);
         }
         self.head.store(head, Ordering::Release);
         self.cursor.store(cursor.max(0) as u64, Ordering::Release);
@@ -224,10 +271,16 @@ impl SqliteStore {
             runs_seen: HashMap::new(),
             runs_before: None,
             held: Vec::new(),
+            chain: [0; 32],
+            checkpointed: None,
         };
+        let every = limits_every(&writer.limits);
         let spawned = std::thread::Builder::new()
             .name("egress-facts".into())
             .spawn(move || writer.run(rx));
+        if let Some(every) = every {
+            tick(tx.downgrade(), every);
+        }
         let writer = match spawned {
             Ok(h) => Some(h),
             Err(e) => {
@@ -290,6 +343,10 @@ impl FactSink for SqliteStore {
 
     fn head(&self) -> u64 {
         self.identity.head.load(Ordering::Acquire)
+    }
+
+    fn checkpoint(&self) -> Option<Arc<str>> {
+        self.identity.checkpoint.lock().ok()?.clone()
     }
 
     fn export_cursor(&self) -> u64 {

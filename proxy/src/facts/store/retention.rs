@@ -4,6 +4,8 @@
 //! are written; never a fact not yet exported). Younger facts are never
 //! deleted: when they alone fill the budget, new denials fail closed.
 
+use super::links;
+use crate::facts::chain::Kind;
 use rusqlite::{params, Connection};
 use std::time::Duration;
 
@@ -33,29 +35,47 @@ pub(super) fn floor(identity: &super::Identity, keys: &[String]) -> i64 {
 /// Deletes facts recorded before `cutoff` (an RFC 3339 time in the facts'
 /// own format, so strings compare as times) and at most `upto` (the export
 /// cursor when facts are exported), oldest first; returns how many.
+/// Only a prefix goes: deletion stops at the first fact younger than the
+/// cutoff, so the chain's anchor (moved in the same transaction) is the
+/// chain of the newest deleted fact and the oldest kept fact links to it.
 /// The newest fact is always kept: `seq` continues from it after a restart.
 pub(super) fn prune_before(c: &Connection, cutoff: &str, upto: i64) -> rusqlite::Result<u64> {
-    const CHUNK: &str = "SELECT seq FROM (SELECT seq, body FROM facts WHERE seq <= ?3 ORDER BY seq LIMIT ?1)
-                 WHERE json_extract(body, '$.at') < ?2 AND seq < (SELECT MAX(seq) FROM facts)";
     let mut total = 0u64;
     loop {
+        let end = old_prefix(c, cutoff, upto)?;
+        let Some(end) = end else { return Ok(total) };
         let tx = c.unchecked_transaction()?;
+        links::anchor_pruned(&tx, Kind::Facts, end as u64)?;
         tx.execute(
-            &format!(
-                "DELETE FROM run_facts WHERE (run_id, seq) IN (SELECT run_id, seq FROM facts WHERE seq IN ({CHUNK}))"
-            ),
-            params![PRUNE_CHUNK, cutoff, upto],
+            "DELETE FROM run_facts WHERE (run_id, seq) IN (SELECT run_id, seq FROM facts WHERE seq <= ?1 AND run_id IS NOT NULL)",
+            params![end],
         )?;
-        let n = tx.execute(
-            &format!("DELETE FROM facts WHERE seq IN ({CHUNK})"),
-            params![PRUNE_CHUNK, cutoff, upto],
-        )?;
+        let n = tx.execute("DELETE FROM facts WHERE seq <= ?1", params![end])?;
         tx.commit()?;
         total += n as u64;
-        if (n as i64) < PRUNE_CHUNK {
+        if n == 0 {
             return Ok(total);
         }
     }
+}
+
+/// The newest seq of the oldest facts (at most [`PRUNE_CHUNK`]) that are all
+/// older than `cutoff`, at most `upto` and not the newest fact.
+fn old_prefix(c: &Connection, cutoff: &str, upto: i64) -> rusqlite::Result<Option<i64>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT seq, json_extract(body, '$.at') < ?2 FROM facts
+         WHERE seq <= ?3 AND seq < (SELECT MAX(seq) FROM facts) ORDER BY seq LIMIT ?1",
+    )?;
+    let mut rows = stmt.query(params![PRUNE_CHUNK, cutoff, upto])?;
+    let mut end = None;
+    while let Some(r) = rows.next()? {
+        let (seq, old): (i64, bool) = (r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false));
+        if !old {
+            break;
+        }
+        end = Some(seq);
+    }
+    Ok(end)
 }
 
 #[cfg(test)]
@@ -105,7 +125,9 @@ mod tests {
         let next = s.record(fact("r", "young3")).await.unwrap();
         assert_eq!(next.seq, 9, "seq never goes back after pruning");
         let hosts: Vec<String> = all(&s).await.into_iter().map(|f| f.target.unwrap().host).collect();
-        assert_eq!(hosts, ["young0", "young1", "young2", "young3"]);
+        // Only a prefix goes (the chain's anchor is one seq): old3 and old4
+        // came after young0 and wait for it to age.
+        assert_eq!(hosts, ["young0", "old3", "old4", "young1", "young2", "young3"]);
         assert_eq!(
             raw(
                 &path,
@@ -114,11 +136,27 @@ mod tests {
             0,
             "an index row of a pruned fact is left"
         );
-        assert_eq!(
-            metrics.pruned.get(),
-            2,
-            "old3 and old4 (old2 went at the previous start)"
-        );
+        assert_eq!(metrics.pruned.get(), 0, "old2 went at the previous start");
+        drop(s);
+        // Once young0 is old too, the whole old prefix goes.
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute(
+                "UPDATE facts SET body = json_set(body, '$.at', '2001-01-01T00:00:00.000Z') WHERE seq = 4",
+                [],
+            )
+            .unwrap();
+        }
+        let metrics = StoreMetrics::default();
+        let limits = Limits {
+            retention: Duration::from_secs(3600),
+            ..Limits::default()
+        };
+        let s = SqliteStore::open(&path, limits, metrics.clone());
+        s.record(fact("r", "young4")).await.unwrap();
+        let hosts: Vec<String> = all(&s).await.into_iter().map(|f| f.target.unwrap().host).collect();
+        assert_eq!(hosts, ["young1", "young2", "young3", "young4"]);
+        assert_eq!(metrics.pruned.get(), 3);
         assert!(metrics.bytes.get() > 0);
     }
 
@@ -128,7 +166,7 @@ mod tests {
         let path = dir.path().join("f.db");
         let metrics = StoreMetrics::default();
         let limits = Limits {
-            max_bytes: 64 * 1024,
+            max_bytes: 96 * 1024,
             ..Limits::default()
         };
         let s = SqliteStore::open(&path, limits, metrics.clone());
@@ -146,8 +184,8 @@ mod tests {
         assert!(stored > 10, "only {stored} facts fit");
         assert!(!s.ready());
         assert_eq!(all(&s).await.len(), stored, "a fact was dropped to make room");
-        assert!(metrics.bytes.get() >= 64 * 1024);
-        assert_eq!(metrics.budget.get(), 64 * 1024);
+        assert!(metrics.bytes.get() >= 96 * 1024);
+        assert_eq!(metrics.budget.get(), 96 * 1024);
         drop(s);
         // A larger budget makes room again.
         let s = SqliteStore::open(&path, Limits::default(), StoreMetrics::default());

@@ -28,7 +28,8 @@ pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
             seq    INTEGER PRIMARY KEY,
             id     TEXT NOT NULL UNIQUE,
             run_id TEXT,
-            body   TEXT NOT NULL
+            body   TEXT NOT NULL,
+            chain  BLOB
          );
          CREATE TABLE IF NOT EXISTS run_facts (
             run_id TEXT NOT NULL,
@@ -55,19 +56,20 @@ pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
 /// as a new file does (its facts keep their bodies; they are read with the
 /// store's epoch); a store made before run records said whether the run is
 /// bound to its handed-over listener (below 3) gets that in every record
-/// ([`bound_before_the_field`]).
+/// ([`bound_before_the_field`]); a store made before the hash chain
+/// (below 4) gets the `chain` column and the anchor and checkpoint tables
+/// (its facts stay unchained: the chain starts after them, see
+/// [`super::links::resume`]).
 pub(super) fn migrate(c: &Connection) -> rusqlite::Result<()> {
     let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version >= STORE_VERSION {
         return Ok(());
     }
     let tx = c.unchecked_transaction()?;
-    tx.execute_batch("CREATE TABLE IF NOT EXISTS store_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);")?;
-    tx.execute(
-        "INSERT OR IGNORE INTO store_info (key, value) VALUES ('epoch', ?1)",
-        params![uuid::Uuid::new_v4().to_string()],
-    )?;
+    super::links::epoch(&tx)?;
     let bound = mark_bound(&tx)?;
+    super::links::ensure_column(&tx, "facts")?;
+    super::links::create(&tx)?;
     tx.pragma_update(None, "user_version", STORE_VERSION)?;
     tx.commit()?;
     if version > 0 {

@@ -3,10 +3,12 @@
 //! into one fact with a `count`, writes them in one transaction and only
 //! then answers; run records and the export cursor ride the same batches.
 
+use super::links::{self, cell_name};
 use super::retention::{self, PRUNE_EVERY};
 use super::runs::{self, run_ids};
 use super::schema::open;
 use super::{Identity, Limits, Pending, RunReply, RunWritten, EXPORT_CURSOR, INDEXED_UPTO, QUEUE};
+use crate::facts::chain::{self, Checkpoint, Head, Kind};
 use crate::facts::{Fact, FactError, Recorded};
 use crate::metrics::StoreMetrics;
 use crate::runs::RunWrite;
@@ -24,6 +26,9 @@ pub(super) const INDEX_EVERY: Duration = Duration::from_millis(100);
 
 /// Facts waiting to be indexed by run beyond which they are indexed at once.
 const INDEX_TAIL: usize = 4096;
+
+/// The shortest time between two checkpoints signed for their record count.
+const CHECKPOINT_FLOOR: Duration = Duration::from_secs(1);
 
 /// Run record writes held for company at most; more are committed at once.
 const MAX_HELD: usize = 256;
@@ -140,13 +145,18 @@ pub(super) struct Writer {
     pub(super) runs_before: Option<HashSet<String>>,
     /// Run record writes queued by `save_run_soon`, not yet committed.
     pub(super) held: Vec<RunWrite>,
+    /// The facts' chain at the newest committed fact (what the next links to).
+    pub(super) chain: Head,
+    /// The last signed checkpoint: when, and the facts' and decision
+    /// records' sizes it covered.
+    pub(super) checkpointed: Option<(Instant, u64, u64)>,
 }
 
 impl Writer {
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Pending>) {
         if let Some(c) = &self.conn {
-            match next_seq(c) {
-                Ok(n) => self.next = n,
+            match next_seq(c).and_then(|n| Ok((n, self.resume_chain(c)?))) {
+                Ok((n, chain)) => (self.next, self.chain) = (n, chain),
                 Err(_) => self.conn = None,
             }
         }
@@ -154,6 +164,8 @@ impl Writer {
             self.prune();
         }
         self.runs_before = self.conn.as_ref().and_then(|c| run_ids(c).ok());
+        // What was found at open is signed at once (a witness may take it).
+        self.checkpoint(false);
         let mut batch = Vec::with_capacity(256);
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
@@ -167,10 +179,75 @@ impl Writer {
             if self.unindexed.len() >= INDEX_TAIL || self.indexed_at.elapsed() >= INDEX_EVERY {
                 self.index();
             }
+            if self.checkpoint_due() {
+                self.checkpoint(false);
+            }
         }
-        // Closing: what is held is committed now.
+        // Closing: what is held is committed now, and signed.
         self.commit(&mut vec![Pending::Flush]);
         self.index();
+        self.checkpoint(true);
+    }
+
+    /// Where the facts' chain goes on in the store `c`.
+    fn resume_chain(&self, c: &Connection) -> rusqlite::Result<Head> {
+        let cell = cell_name(self.limits.cell.as_deref());
+        links::resume(c, Kind::Facts, cell, &self.identity.epoch(), true).map(|(_, h)| h)
+    }
+
+    /// Whether a checkpoint is to be signed now: never without a key; the
+    /// first at once; then every `checkpoint_every`, or after
+    /// `checkpoint_records` facts but at most once per [`CHECKPOINT_FLOOR`].
+    fn checkpoint_due(&self) -> bool {
+        let Some(policy) = &self.limits.checkpoints else {
+            return false;
+        };
+        let Some((at, size, _)) = self.checkpointed else {
+            return true;
+        };
+        let since = at.elapsed();
+        since >= policy.every
+            || (since >= CHECKPOINT_FLOOR && self.next.saturating_sub(1).saturating_sub(size) >= policy.records)
+    }
+
+    /// Signs and keeps a checkpoint of both chains as committed now (unless
+    /// nothing was committed since the last one and the writer is not
+    /// closing). A failure is logged: the chain itself is on disk anyway.
+    pub(super) fn checkpoint(&mut self, closed: bool) {
+        let Some(policy) = self.limits.checkpoints.clone() else {
+            return;
+        };
+        let Some(c) = self.conn.as_ref() else { return };
+        let epoch = self.identity.epoch();
+        let cell = cell_name(self.limits.cell.as_deref()).to_owned();
+        // The decision log's table appears with its first record.
+        let decisions = links::resume(c, Kind::Decisions, &cell, &epoch, false)
+            .unwrap_or_else(|_| (0, chain::genesis(Kind::Decisions, &cell, &epoch)));
+        let size = self.next.saturating_sub(1);
+        if !closed && self.checkpointed.is_some_and(|(_, s, d)| (s, d) == (size, decisions.0)) {
+            self.checkpointed = Some((Instant::now(), size, decisions.0));
+            return;
+        }
+        let cp = Checkpoint {
+            cell,
+            epoch,
+            size,
+            head: self.chain,
+            decisions,
+            time: crate::time::rfc3339(SystemTime::now()),
+            closed,
+        };
+        let note = cp.sign(&policy.key);
+        match links::save_checkpoint(c, &cp, &note) {
+            Ok(()) => {
+                self.checkpointed = Some((Instant::now(), size, cp.decisions.0));
+                self.metrics.checkpoints.inc();
+                if let Ok(mut last) = self.identity.checkpoint.lock() {
+                    *last = Some(note.into());
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "a checkpoint could not be kept; the next commit tries again"),
+        }
     }
 
     /// Writes the committed facts' `run_facts` rows and the watermark.
@@ -228,6 +305,7 @@ impl Writer {
                     flush = true;
                     continue;
                 }
+                Pending::Tick => continue,
                 Pending::Cursor { key, seq, reply } => {
                     cursors.push((key, seq, reply));
                     continue;
@@ -350,6 +428,7 @@ impl Writer {
         self.unindexed.clear();
         self.identity.load(&c)?;
         self.next = next_seq(&c)?;
+        self.chain = self.resume_chain(&c)?;
         self.conn = Some(c);
         Ok(())
     }
@@ -386,21 +465,25 @@ impl Writer {
         };
         let tx = c.transaction()?;
         let mut seq = self.next;
+        let mut head = self.chain;
         let epoch = self.identity.epoch();
         {
-            let mut ins = tx.prepare_cached("INSERT INTO facts (seq, id, run_id, body) VALUES (?1, ?2, ?3, ?4)")?;
+            let mut ins =
+                tx.prepare_cached("INSERT INTO facts (seq, id, run_id, body, chain) VALUES (?1, ?2, ?3, ?4, ?5)")?;
             for (fact, _) in groups.iter_mut() {
                 fact.seq = seq;
                 fact.cell.clone_from(&self.limits.cell);
                 fact.epoch = Some(epoch.clone());
                 let body =
                     serde_json::to_string(fact).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-                ins.execute(params![seq as i64, fact.id, fact.run_id, body])?;
+                head = chain::link(Kind::Facts, &head, seq, body.as_bytes());
+                ins.execute(params![seq as i64, fact.id, fact.run_id, body, &head[..]])?;
                 seq += 1;
             }
         }
         tx.commit()?;
         self.next = seq;
+        self.chain = head;
         self.identity.head.store(seq - 1, Ordering::Release);
         let runs = groups.iter().filter_map(|(f, _)| Some((f.run_id.clone()?, f.seq)));
         self.unindexed.extend(runs);
@@ -437,6 +520,9 @@ impl Writer {
                     tracing::info!(deleted = n, before = %cutoff, "pruned facts older than the retention age");
                 }
                 Err(e) => tracing::warn!(error = %e, "pruning old facts failed"),
+            }
+            if let Err(e) = links::prune_checkpoints(c, &cutoff) {
+                tracing::warn!(error = %e, "pruning old checkpoints failed");
             }
         }
         self.measure();

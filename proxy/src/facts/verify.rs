@@ -1,0 +1,500 @@
+//! `egress-proxy facts verify`: checks a store file offline against its
+//! hash chains ([`crate::facts::chain`]) and the signed checkpoints (the
+//! store's own, and any held off the box), and names every finding:
+//!
+//! - `altered`: a record is not what was chained (edited, or forged with a
+//!   made-up chain value);
+//! - `unchained`: a record without a chain value after the chain began
+//!   (inserted by hand);
+//! - `missing`: seqs absent between kept records (deleted);
+//! - `reordered`: a record that was chained at another seq;
+//! - `truncated`: a checkpoint covers records the store no longer holds at
+//!   its end;
+//! - `rewritten`: the chain at a checkpoint's size is not the signed one
+//!   (history edited and its chain recomputed);
+//! - `replaced`: checkpoints of another epoch of the cell whose newest is
+//!   not a closing one (the store was replaced while records were live);
+//! - `bad_signature`: a checkpoint whose signature does not verify.
+//!
+//! The walk reads each chain once, oldest first from its anchor; a record
+//! is checked against its predecessor's stored chain value, so one edit is
+//! one finding. Records that do not link are then classified against each
+//! other (at most [`CLASSIFY`] of them): moved, following a moved one, or
+//! altered.
+
+use crate::facts::chain::{self, genesis, link, Checkpoint, Head, Kind, NoteError, Verifier};
+use crate::facts::store::links;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::fmt;
+use std::path::Path;
+
+/// Records that do not link, classified against each other at most.
+const CLASSIFY: usize = 256;
+
+/// One thing found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    Altered { kind: Kind, seq: u64 },
+    Unchained { kind: Kind, seq: u64 },
+    Missing { kind: Kind, from: u64, to: u64 },
+    Reordered { kind: Kind, seq: u64, chained_at: u64 },
+    Truncated { kind: Kind, signed: u64, held: u64 },
+    Rewritten { kind: Kind, seq: u64 },
+    Replaced { epoch: String, size: u64, time: String },
+    BadSignature { checkpoint: String, why: String },
+}
+
+impl Finding {
+    /// The finding's name, as the output's first word.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Finding::Altered { .. } => "altered",
+            Finding::Unchained { .. } => "unchained",
+            Finding::Missing { .. } => "missing",
+            Finding::Reordered { .. } => "reordered",
+            Finding::Truncated { .. } => "truncated",
+            Finding::Rewritten { .. } => "rewritten",
+            Finding::Replaced { .. } => "replaced",
+            Finding::BadSignature { .. } => "bad_signature",
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.name();
+        match self {
+            Finding::Altered { kind, seq } => write!(
+                f,
+                "{n} {} seq {seq}: the record is not what was chained (edited, or forged)",
+                kind.name()
+            ),
+            Finding::Unchained { kind, seq } => write!(
+                f,
+                "{n} {} seq {seq}: the record has no chain value (inserted outside the writer)",
+                kind.name()
+            ),
+            Finding::Missing { kind, from, to } if from == to => {
+                write!(f, "{n} {} seq {from}: the record was deleted", kind.name())
+            }
+            Finding::Missing { kind, from, to } => {
+                write!(f, "{n} {} seq {from}-{to}: the records were deleted", kind.name())
+            }
+            Finding::Reordered { kind, seq, chained_at } => write!(
+                f,
+                "{n} {} seq {seq}: the record was chained at seq {chained_at}",
+                kind.name()
+            ),
+            Finding::Truncated { kind, signed, held } => write!(
+                f,
+                "{n} {}: a checkpoint signed seq {signed}, the store ends at seq {held}: seq {}-{signed} were deleted",
+                kind.name(),
+                held + 1
+            ),
+            Finding::Rewritten { kind, seq } => write!(
+                f,
+                "{n} {} seq {seq}: the chain there is not the signed one: records up to it were rewritten",
+                kind.name()
+            ),
+            Finding::Replaced { epoch, size, time } => write!(
+                f,
+                "{n}: epoch {epoch} (signed up to seq {size} at {time}) was never closed: its store was replaced"
+            ),
+            Finding::BadSignature { checkpoint, why } => write!(f, "{n}: checkpoint {checkpoint}: {why}"),
+        }
+    }
+}
+
+/// What one chain held.
+#[derive(Debug, Default, Clone)]
+pub struct Walk {
+    /// Records read in the chain (after its anchor).
+    pub records: u64,
+    /// Records at or below the anchor still held (written before chains).
+    pub before: u64,
+    /// The anchor: the chain starts after this seq.
+    pub anchor: u64,
+    /// The newest seq held.
+    pub newest: u64,
+    /// Why the chain starts at its anchor (`pruned`, `migrated`), if it has one.
+    pub anchored: Option<String>,
+}
+
+/// What `verify` found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub cell: String,
+    pub epoch: String,
+    pub facts: Walk,
+    pub decisions: Walk,
+    /// Checkpoints whose signature verified, and the newest of this epoch.
+    pub checkpoints: usize,
+    pub newest: Option<Checkpoint>,
+    pub findings: Vec<Finding>,
+    /// What is true but worth saying (records not yet signed, earlier epochs).
+    pub notes: Vec<String>,
+}
+
+/// One chain's walk: the records that did not link, for classification.
+struct Loose {
+    seq: u64,
+    body: Vec<u8>,
+    stored: Head,
+}
+
+/// Verifies the store at `path` with `key`, against its own checkpoints and
+/// the signed notes `held` (kept off the box: a witness's, an export's).
+pub fn verify(path: &Path, key: &Verifier, held: &[String]) -> Result<Report, String> {
+    let c = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    c.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    let bad = |e: rusqlite::Error| format!("{}: not a fact store with a hash chain? {e}", path.display());
+    let epoch: String = c
+        .query_row("SELECT value FROM store_info WHERE key = 'epoch'", [], |r| r.get(0))
+        .map_err(bad)?;
+    let mut notes: Vec<String> = c
+        .prepare("SELECT note FROM checkpoints ORDER BY seq")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .map_err(bad)?;
+    notes.extend(held.iter().cloned());
+    let mut r = Report {
+        epoch: epoch.clone(),
+        ..Report::default()
+    };
+    // The cell: from the checkpoints (signed), else from a fact.
+    let mut verified = Vec::new();
+    for note in &notes {
+        match chain::verify_note(note, key) {
+            Ok(cp) => verified.push(cp),
+            Err(e) => {
+                let which = chain::read_note(note)
+                    .map(|cp| format!("{} size {} at {}", chain::origin(&cp.cell, &cp.epoch), cp.size, cp.time))
+                    .unwrap_or_else(|_| "(unreadable)".into());
+                let why = match e {
+                    NoteError::Malformed(m) => format!("not a checkpoint: {m}"),
+                    e => e.to_string(),
+                };
+                r.findings.push(Finding::BadSignature { checkpoint: which, why });
+            }
+        }
+    }
+    r.checkpoints = verified.len();
+    let cell_of_fact: Option<String> = c
+        .query_row(
+            "SELECT json_extract(body, '$.cell') FROM facts ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(bad)?
+        .flatten();
+    r.cell = verified
+        .iter()
+        .find(|cp| cp.epoch == epoch)
+        .map(|cp| cp.cell.clone())
+        .or(cell_of_fact)
+        .unwrap_or_else(|| links::cell_name(None).to_owned());
+    let cell = r.cell.clone();
+    for kind in [Kind::Facts, Kind::Decisions] {
+        let has_table: bool = c
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                params![links::table(kind)],
+                |r| r.get(0),
+            )
+            .map_err(bad)?;
+        if !has_table {
+            continue;
+        }
+        let walk = walk(&c, kind, &cell, &epoch, &mut r.findings).map_err(bad)?;
+        match kind {
+            Kind::Facts => r.facts = walk,
+            Kind::Decisions => r.decisions = walk,
+        }
+    }
+    // This epoch's checkpoints against the chains held.
+    let mine: Vec<&Checkpoint> = verified
+        .iter()
+        .filter(|cp| cp.epoch == epoch && cp.cell == cell)
+        .collect();
+    for cp in &mine {
+        check(&c, Kind::Facts, cp.size, &cp.head, &r.facts, &mut r.findings).map_err(bad)?;
+        check(
+            &c,
+            Kind::Decisions,
+            cp.decisions.0,
+            &cp.decisions.1,
+            &r.decisions,
+            &mut r.findings,
+        )
+        .map_err(bad)?;
+    }
+    // One truncation per chain: the furthest signed size.
+    let furthest = |k: Kind, f: &[Finding]| {
+        f.iter()
+            .filter_map(|x| match x {
+                Finding::Truncated { kind, signed, .. } if *kind == k => Some(*signed),
+                _ => None,
+            })
+            .max()
+    };
+    let (tf, td) = (
+        furthest(Kind::Facts, &r.findings),
+        furthest(Kind::Decisions, &r.findings),
+    );
+    r.findings.retain(|x| match x {
+        Finding::Truncated {
+            kind: Kind::Facts,
+            signed,
+            ..
+        } => Some(*signed) == tf,
+        Finding::Truncated {
+            kind: Kind::Decisions,
+            signed,
+            ..
+        } => Some(*signed) == td,
+        _ => true,
+    });
+    r.findings.dedup();
+    r.newest = mine
+        .iter()
+        .max_by_key(|cp| (cp.size, cp.decisions.0, cp.time.clone()))
+        .map(|cp| (*cp).clone());
+    match &r.newest {
+        Some(cp) => {
+            let (f, d) = (
+                r.facts.newest.saturating_sub(cp.size),
+                r.decisions.newest.saturating_sub(cp.decisions.0),
+            );
+            if f + d > 0 {
+                r.notes.push(format!(
+                    "{f} facts and {d} decision records after the newest checkpoint are chained but not yet signed"
+                ));
+            }
+        }
+        None => r.notes.push(format!(
+            "no checkpoint of this epoch verified with key {}: the chains are checked, not their signatures",
+            key.name()
+        )),
+    }
+    // Earlier epochs of this cell, from checkpoints held.
+    let mut others: Vec<&Checkpoint> = verified
+        .iter()
+        .filter(|cp| cp.epoch != epoch && cp.cell == cell)
+        .collect();
+    others.sort_by(|a, b| (&a.epoch, a.size, &a.time).cmp(&(&b.epoch, b.size, &b.time)));
+    let mut last: Vec<&Checkpoint> = Vec::new();
+    for cp in others {
+        match last.last_mut() {
+            Some(l) if l.epoch == cp.epoch => *l = if cp.closed { cp } else { l },
+            _ => last.push(cp),
+        }
+    }
+    for cp in last {
+        if cp.closed {
+            r.notes.push(format!(
+                "epoch {} was closed at seq {} ({}): an earlier store, not this one",
+                cp.epoch, cp.size, cp.time
+            ));
+        } else {
+            r.findings.push(Finding::Replaced {
+                epoch: cp.epoch.clone(),
+                size: cp.size,
+                time: cp.time.clone(),
+            });
+        }
+    }
+    Ok(r)
+}
+
+/// Walks one chain from its anchor, oldest first.
+fn walk(c: &Connection, kind: Kind, cell: &str, epoch: &str, findings: &mut Vec<Finding>) -> rusqlite::Result<Walk> {
+    let anchor = links::anchor(c, kind)?;
+    let (start, first) = anchor
+        .as_ref()
+        .map_or((0, genesis(kind, cell, epoch)), |(s, h, _)| (*s, *h));
+    let mut w = Walk {
+        anchor: start,
+        anchored: anchor.map(|(_, _, why)| why),
+        ..Walk::default()
+    };
+    let mut prev: Option<Head> = Some(first);
+    // The chain the previous record should have had (from its own body).
+    let mut computed: Option<Head> = None;
+    let mut expect = start + 1;
+    let mut loose: Vec<Loose> = Vec::new();
+    let mut stmt = c.prepare(&format!(
+        "SELECT seq, body, chain FROM {} ORDER BY seq",
+        links::table(kind)
+    ))?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let seq = row.get::<_, i64>(0)?.max(0) as u64;
+        w.newest = seq;
+        if seq <= start {
+            w.before += 1;
+            continue;
+        }
+        w.records += 1;
+        if seq > expect {
+            findings.push(Finding::Missing {
+                kind,
+                from: expect,
+                to: seq - 1,
+            });
+            // The first record after a gap cannot be checked: its
+            // predecessor is gone.
+            (prev, computed) = (None, None);
+        }
+        expect = seq + 1;
+        let body = row.get_ref(1)?;
+        let body = body
+            .as_bytes()
+            .or_else(|_| body.as_str().map(str::as_bytes))
+            .unwrap_or_default();
+        let stored: Option<Head> = row.get::<_, Option<Vec<u8>>>(2)?.and_then(|b| b.try_into().ok());
+        match (prev, stored) {
+            (_, None) => {
+                findings.push(Finding::Unchained { kind, seq });
+                (prev, computed) = (None, None);
+            }
+            (None, Some(h)) => (prev, computed) = (Some(h), None),
+            (Some(p), Some(h)) => {
+                let this = link(kind, &p, seq, body);
+                // A predecessor whose chain value alone was altered: this
+                // record still links to what it should have held.
+                let after_altered = computed.is_some_and(|c| link(kind, &c, seq, body) == h);
+                computed = Some(this);
+                if this != h && !after_altered {
+                    if loose.len() < CLASSIFY {
+                        loose.push(Loose {
+                            seq,
+                            body: body.to_vec(),
+                            stored: h,
+                        });
+                    } else {
+                        // Beyond what is classified: named as altered.
+                        findings.push(Finding::Altered { kind, seq });
+                    }
+                }
+                prev = Some(h);
+            }
+        }
+    }
+    classify(c, kind, &loose, findings)?;
+    Ok(w)
+}
+
+/// Names the records that did not link: chained at another of these seqs
+/// (`reordered`), intact but after a moved record (no finding), or altered.
+fn classify(c: &Connection, kind: Kind, loose: &[Loose], findings: &mut Vec<Finding>) -> rusqlite::Result<()> {
+    let mut chain_at = c.prepare(&format!("SELECT chain FROM {} WHERE seq = ?1", links::table(kind)))?;
+    let mut stored = |seq: u64| -> rusqlite::Result<Option<Head>> {
+        Ok(chain_at
+            .query_row(params![seq as i64], |r| r.get::<_, Option<Vec<u8>>>(0))
+            .optional()?
+            .flatten()
+            .and_then(|b| b.try_into().ok()))
+    };
+    enum Class {
+        Moved(u64),
+        AfterMoved,
+        Altered,
+    }
+    for r in loose {
+        let mut class = Class::Altered;
+        for q in loose.iter().filter(|q| q.seq != r.seq) {
+            // Chained at q's place: after what is stored before q.
+            if stored(q.seq - 1)?.is_some_and(|before_q| link(kind, &before_q, q.seq, &r.body) == r.stored) {
+                class = Class::Moved(q.seq);
+                break;
+            }
+            // Intact, after a record moved away from its predecessor's place.
+            if link(kind, &q.stored, r.seq, &r.body) == r.stored {
+                class = Class::AfterMoved;
+                break;
+            }
+        }
+        match class {
+            Class::Moved(at) => findings.push(Finding::Reordered {
+                kind,
+                seq: r.seq,
+                chained_at: at,
+            }),
+            Class::AfterMoved => {}
+            Class::Altered => findings.push(Finding::Altered { kind, seq: r.seq }),
+        }
+    }
+    Ok(())
+}
+
+/// Checks a checkpoint's `size` and `head` of one chain against the store.
+fn check(
+    c: &Connection,
+    kind: Kind,
+    size: u64,
+    head: &Head,
+    w: &Walk,
+    findings: &mut Vec<Finding>,
+) -> rusqlite::Result<()> {
+    if size > w.newest {
+        findings.push(Finding::Truncated {
+            kind,
+            signed: size,
+            held: w.newest,
+        });
+        return Ok(());
+    }
+    if size < w.anchor || size == 0 {
+        // Pruned since (or nothing then): the anchor is past it.
+        return Ok(());
+    }
+    let at: Option<Head> = if size == w.anchor {
+        links::anchor(c, kind)?.map(|(_, h, _)| h)
+    } else {
+        c.query_row(
+            &format!("SELECT chain FROM {} WHERE seq = ?1", links::table(kind)),
+            params![size as i64],
+            |r| r.get::<_, Option<Vec<u8>>>(0),
+        )
+        .optional()?
+        .flatten()
+        .and_then(|b| b.try_into().ok())
+    };
+    // A record missing or unchained there is named by the walk already.
+    if at.is_some_and(|h| &h != head) {
+        findings.push(Finding::Rewritten { kind, seq: size });
+    }
+    Ok(())
+}
+
+/// Splits text holding signed notes one after the other (a witness's file,
+/// several `GET /v1/audit/checkpoint` answers) into notes.
+pub fn split_notes(text: &str) -> Vec<String> {
+    let mut notes = Vec::new();
+    let mut cur = String::new();
+    let mut signed = false;
+    for line in text.split_inclusive('\n') {
+        if signed && line.starts_with("loom-egress/") {
+            notes.push(std::mem::take(&mut cur));
+            signed = false;
+        }
+        if line.starts_with('\u{2014}') {
+            signed = true;
+        }
+        cur.push_str(line);
+    }
+    if !cur.trim().is_empty() {
+        notes.push(cur);
+    }
+    notes
+        .into_iter()
+        .map(|n| n.trim_end_matches('\n').to_owned() + "\n")
+        .filter(|n| n.trim() != "")
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "verify_tests.rs"]
+mod tests;
