@@ -318,6 +318,8 @@ async fn otlp_delivers_every_record_once_with_body_severity_time_and_resource() 
     let auth = s.auth().await;
     s.activity(&auth, 300, "a").await;
     let want = s.records().await;
+    let decisions = want.keys().filter(|k| k.0 == "decisions").count();
+    assert_eq!(decisions, 30, "a decision record is missing from the store");
     assert!(want.len() >= 330, "{} records", want.len());
     let got = until_all(&want, Duration::from_secs(60), || rx.got()).await;
     assert_eq!(every_record(&want, &got), 0, "a record was sent twice without a fault");

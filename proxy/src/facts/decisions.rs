@@ -575,7 +575,11 @@ impl Writer {
         let Some(c) = self.conn.as_ref() else {
             return Err(rusqlite::Error::InvalidQuery);
         };
-        let tx = c.unchecked_transaction()?;
+        // IMMEDIATE: the transaction reads (the next seq) before it writes;
+        // a deferred one that another connection's commit (the fact
+        // writer's) overtook between the two fails at once with "database
+        // is locked" instead of waiting, and the batch was dropped.
+        let tx = rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
         let mut added = 0;
         let mut head = self.chain;
         {
