@@ -16,7 +16,7 @@ pub mod records;
 mod syslog;
 
 pub use otlp::severity_number;
-pub use records::{Record, RecordKind, Source};
+pub use records::{Record, RecordKind, Source, KINDS};
 pub use syslog::{frame, message, severity};
 
 use crate::dns::Resolve;
@@ -85,7 +85,7 @@ pub struct Sinks {
     pub names: Vec<String>,
     source: Source,
     /// Each sink's cursors, in [`RecordKind::ALL`]'s order.
-    cursors: Vec<Arc<[AtomicU64; 2]>>,
+    cursors: Vec<Arc<[AtomicU64; KINDS]>>,
 }
 
 impl Sinks {
@@ -158,7 +158,8 @@ pub fn start(
     let mut all_cursors = vec![];
     for (name, sc, transport) in built {
         metrics.sink(&name, &RecordKind::ALL.map(RecordKind::log));
-        let cursors: Arc<[AtomicU64; 2]> = Arc::new(RecordKind::ALL.map(|k| AtomicU64::new(source.cursor(&name, k))));
+        let cursors: Arc<[AtomicU64; KINDS]> =
+            Arc::new(RecordKind::ALL.map(|k| AtomicU64::new(source.cursor(&name, k))));
         tracing::info!(sink = %name, kind = sc.kind.name(), facts_after = cursors[0].load(Ordering::Relaxed), decisions_after = cursors[1].load(Ordering::Relaxed), "audit sink starting");
         all_cursors.push(cursors.clone());
         let run = Run {
@@ -185,7 +186,7 @@ struct Run {
     source: Source,
     metrics: AuditMetrics,
     /// Each kind's cursor, in [`RecordKind::ALL`]'s order.
-    cursors: Arc<[AtomicU64; 2]>,
+    cursors: Arc<[AtomicU64; KINDS]>,
 }
 
 fn now_secs() -> f64 {
@@ -299,7 +300,7 @@ impl Run {
     /// most one batch waits per kind, bounded like any batch).
     async fn forever(self, mut transport: Transport) {
         let mut backoff = RETRY_FIRST;
-        let mut ahead: [Option<Vec<Record>>; 2] = [None, None];
+        let mut ahead: [Option<Vec<Record>>; KINDS] = std::array::from_fn(|_| None);
         loop {
             let mut moved = false;
             for (i, kind) in RecordKind::ALL.into_iter().enumerate() {

@@ -19,9 +19,14 @@ pub enum RecordKind {
     Decisions,
 }
 
+/// How many kinds there are (the length of a sink's cursor array).
+pub const KINDS: usize = 2;
+
 impl RecordKind {
-    /// Every kind, in the order a sink visits them.
-    pub const ALL: [RecordKind; 2] = [RecordKind::Facts, RecordKind::Decisions];
+    /// Every kind, in the order a sink visits them. A new kind (signed
+    /// checkpoints, with their own `seq`) is added here, to [`KINDS`],
+    /// and to `log`, [`Source::read`] and [`Source::head`].
+    pub const ALL: [RecordKind; KINDS] = [RecordKind::Facts, RecordKind::Decisions];
 
     /// The log's name: the OCSF `metadata.log_name`, the metric label `log`
     /// and the last part of the cursor's key.
