@@ -1,9 +1,9 @@
 //! `[audit]`: where the store's records go as OCSF events (named sinks
 //! under `[audit.sinks.NAME]`, each of type `otlp`, `syslog` or `file`),
-//! and the keys of the hash chain and its signed checkpoints
-//! (`signing_key_file`, `checkpoint_ms`, `checkpoint_records`,
-//! `record_integrity`). Secrets never come from the file: an OTLP sink's
-//! headers come from the environment variable it names.
+//! and the keys of the hash chain's signed checkpoints (`signing_key_file`,
+//! `checkpoint_ms`, `checkpoint_records`). Secrets never come from the
+//! file: an OTLP sink's headers come from the environment variable it
+//! names.
 
 use crate::reader::Section;
 use std::collections::BTreeMap;
@@ -26,8 +26,6 @@ pub struct AuditConfig {
     pub checkpoint: Duration,
     /// A checkpoint at least every this many records.
     pub checkpoint_records: u64,
-    /// Exported events carry the OCSF `attestation` of the record's chain.
-    pub record_integrity: bool,
 }
 
 impl Default for AuditConfig {
@@ -37,7 +35,6 @@ impl Default for AuditConfig {
             signing_key_file: None,
             checkpoint: Duration::from_millis(60_000),
             checkpoint_records: 10_000,
-            record_integrity: false,
         }
     }
 }
@@ -199,7 +196,6 @@ pub(crate) fn audit(s: &mut Section) -> AuditConfig {
     }
     let checkpoint = s.millis("checkpoint_ms", 1_000..=86_400_000, d.checkpoint);
     let checkpoint_records = s.int("checkpoint_records", 1..=100_000_000, d.checkpoint_records);
-    let record_integrity = s.or("record_integrity", d.record_integrity);
     let mut sinks = BTreeMap::new();
     let tables = s.table("sinks").entries();
     if tables.len() > MAX_SINKS {
@@ -227,7 +223,6 @@ pub(crate) fn audit(s: &mut Section) -> AuditConfig {
         signing_key_file,
         checkpoint,
         checkpoint_records,
-        record_integrity,
     }
 }
 
@@ -468,7 +463,6 @@ mod tests {
         assert_eq!(c.audit, AuditConfig::default());
         assert_eq!(c.audit.checkpoint, Duration::from_secs(60));
         assert_eq!(c.audit.checkpoint_records, 10_000);
-        assert!(!c.audit.record_integrity);
     }
 
     #[test]
@@ -479,7 +473,6 @@ mod tests {
 signing_key_file = "keys/audit.key"
 checkpoint_ms = 5000
 checkpoint_records = 100
-record_integrity = true
 [audit.sinks.siem]
 type = "otlp"
 endpoint = "https://collector.internal/otel/"
@@ -504,10 +497,7 @@ max_files = 3
             a.signing_key_file.as_deref(),
             Some(std::path::Path::new("/etc/loom/keys/audit.key"))
         );
-        assert_eq!(
-            (a.checkpoint, a.checkpoint_records, a.record_integrity),
-            (Duration::from_secs(5), 100, true)
-        );
+        assert_eq!((a.checkpoint, a.checkpoint_records), (Duration::from_secs(5), 100));
         let SinkKind::Otlp(o) = &a.sinks["siem"].kind else {
             panic!()
         };

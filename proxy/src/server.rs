@@ -270,6 +270,10 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
                 exported: cfg.export.sink == egress_config::Sink::Postgres,
                 others: decision_bytes.clone(),
                 sink_cursors: crate::facts::sinks::cursor_keys(&cfg.audit, crate::facts::sinks::RecordKind::Facts),
+                checkpoint_cursors: crate::facts::sinks::cursor_keys(
+                    &cfg.audit,
+                    crate::facts::sinks::RecordKind::Checkpoints,
+                ),
                 checkpoints,
             },
             metrics.store.clone(),

@@ -689,3 +689,69 @@ fn a_missing_headers_variable_stops_the_proxy_at_start() {
         "{err}"
     );
 }
+
+/// With a signing key, the sinks also carry the signed checkpoints (Event
+/// Log Activity events, `metadata.log_name` = `checkpoints`), each once;
+/// kept off the box by the sink, their notes verify the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_carries_the_signed_checkpoints_and_they_verify_the_store() {
+    let s = Setup::new(
+        "[audit]\nsigning_key_file = \"{dir}/audit.key\"\ncheckpoint_ms = 1000\n\
+         [audit.sinks.archive]\ntype = \"file\"\npath = \"{dir}/audit/events.jsonl\"\nflush_ms = 20\n",
+    )
+    .await;
+    let key = s.dir.path().join("audit.key");
+    let made = Command::new(bin("egress-proxy"))
+        .args(["audit", "keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let mut p = s.start(&[]);
+    let auth = s.auth().await;
+    s.activity(&auth, 200, "k").await;
+    let events = s.dir.path().join("audit/events.jsonl");
+    let lines = || -> Vec<Value> {
+        std::fs::read_to_string(&events)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|v: &Value| v["metadata"]["log_name"] == "checkpoints")
+            .collect()
+    };
+    // The one signed at open, then those every second while records came.
+    let t0 = Instant::now();
+    while lines().len() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no checkpoint reached the sink");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(30)), Some(0));
+    let got = lines();
+    let uids: BTreeSet<&str> = got.iter().map(|v| v["metadata"]["uid"].as_str().unwrap()).collect();
+    assert_eq!(uids.len(), got.len(), "a checkpoint came twice");
+    for v in &got {
+        assert_eq!(
+            (v["class_uid"].as_u64(), v["activity_name"].as_str()),
+            (Some(1008), Some("Checkpoint"))
+        );
+    }
+    let held = s.dir.path().join("held.notes");
+    let notes: Vec<&str> = got
+        .iter()
+        .map(|v| v["unmapped"]["loom"]["note"].as_str().unwrap())
+        .collect();
+    std::fs::write(&held, notes.concat()).unwrap();
+    let out = Command::new(bin("egress-proxy"))
+        .args(["facts", "verify", "--store"])
+        .arg(s.dir.path().join("facts.db"))
+        .arg("--key")
+        .arg(s.dir.path().join("audit.key.pub"))
+        .arg("--checkpoints")
+        .arg(&held)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("verified: no findings"), "{text}");
+}

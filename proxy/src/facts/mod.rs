@@ -185,6 +185,17 @@ pub trait FactSink: Send + Sync + 'static {
         None
     }
 
+    /// The newest kept checkpoint's `seq` (0: none).
+    fn checkpoint_head(&self) -> u64 {
+        0
+    }
+
+    /// Up to `limit` kept checkpoints after `after`, oldest first: (seq,
+    /// signed note). The audit sinks export them.
+    fn checkpoints(&self, _after: u64, _limit: usize) -> BoxFuture<'_, Result<Vec<(u64, String)>, FactError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     /// Every fact up to this `seq` is exported (as last recorded here).
     fn export_cursor(&self) -> u64 {
         0

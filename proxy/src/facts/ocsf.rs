@@ -61,6 +61,12 @@ const DNS: Class = Class {
     category: 4,
     category_name: "Network Activity",
 };
+const EVENT_LOG: Class = Class {
+    uid: 1008,
+    name: "Event Log Activity",
+    category: 1,
+    category_name: "System Activity",
+};
 const API: Class = Class {
     uid: 6003,
     name: "API Activity",
@@ -85,6 +91,9 @@ const DELETE: Id = (4, "Delete");
 // Any class.
 const ACTIVITY_UNKNOWN: Id = (0, "Unknown");
 const ACTIVITY_OTHER: Id = (99, "Other");
+
+const OBSERVED: Id = (3, "Observed");
+const LOGGED: Id = (17, "Logged");
 
 // `action_id`.
 const ACTION_UNKNOWN: Id = (0, "Unknown");
@@ -264,9 +273,16 @@ fn http_decision_event(d: &Decision, outcome: Outcome) -> Event {
 /// as a UUID of version 8 (RFC 9562: the variant and version bits set, the
 /// rest the digest's).
 pub fn decision_uid(d: &Decision) -> String {
+    let seq = d.seq.to_string();
+    uuid_of(b"loom-egress decision", &[&seq, &d.at, &d.run_id, &d.kind, &d.target])
+}
+
+/// A version 8 UUID (RFC 9562) made of the SHA-256 of `domain` and `parts`
+/// (each after a zero byte): the same parts, the same uid.
+fn uuid_of(domain: &[u8], parts: &[&str]) -> String {
     let mut h = Sha256::new();
-    h.update(b"loom-egress decision");
-    for part in [d.seq.to_string().as_str(), &d.at, &d.run_id, &d.kind, &d.target] {
+    h.update(domain);
+    for part in parts {
         h.update([0u8]);
         h.update(part.as_bytes());
     }
@@ -289,16 +305,76 @@ pub fn decision_uid(d: &Decision) -> String {
     )
 }
 
+/// The OCSF event of a signed checkpoint of the fact log's hash chains
+/// (`seq`: its place among the store's checkpoints; `note`: the C2SP signed
+/// note): Event Log Activity 1008, activity Other ("Checkpoint"), observed
+/// and logged. Its `metadata.uid` is made of the note, so the same
+/// checkpoint sent twice has the same uid; the note itself, with what it
+/// says, is under `unmapped.loom`. A note that does not read still gives an
+/// event, with the note as it was.
+pub fn checkpoint_event(seq: u64, note: &str, product_version: &str) -> Value {
+    let mut e = Event::new(
+        EVENT_LOG,
+        ACTIVITY_OTHER,
+        Outcome::new(OBSERVED, LOGGED, SUCCESS, INFORMATIONAL),
+    );
+    e.activity_name = Some("Checkpoint".into());
+    let read = crate::facts::chain::read_note(note).ok();
+    let at = read.as_ref().map_or("", |c| c.time.as_str());
+    e.metadata(uuid_of(b"loom-egress checkpoint", &[note]), seq, at, product_version);
+    e.set_metadata("log_name", json!("checkpoints"));
+    e.set_metadata("tenant_uid", opt(read.as_ref().map(|c| c.cell.as_str())));
+    e.set("log_name", json!("Loom Egress fact store"));
+    e.set("log_provider", json!(PRODUCT));
+    let mut loom = json!({ "type": "CHECKPOINT", "note": note });
+    match &read {
+        Some(c) => {
+            let origin = crate::facts::chain::origin(&c.cell, &c.epoch);
+            e.set(
+                "message",
+                json!(format!(
+                    "{origin}: facts to seq {}, decision records to seq {}{}",
+                    c.size,
+                    c.decisions.0,
+                    if c.closed { ", closed" } else { "" }
+                )),
+            );
+            loom["origin"] = json!(origin);
+            loom["epoch"] = json!(c.epoch);
+            loom["size"] = json!(c.size);
+            loom["head"] = json!(crate::facts::chain::encode(&c.head));
+            loom["decisions"] = json!({ "size": c.decisions.0, "head": crate::facts::chain::encode(&c.decisions.1) });
+            loom["closed"] = json!(c.closed);
+        }
+        None => e.set("message", json!("a checkpoint whose note does not read")),
+    }
+    e.set("unmapped", json!({ "loom": loom }));
+    e.finish()
+}
+
 /// A one-line summary of an event of this module (for a log body):
 /// `DENIED not_allowlisted http evil.example:443 tool=web run=r-1`. What it
 /// says, in order: what was done (`DENIED`, `REPORTED`, `PENDING`,
 /// `GRANTED`, `ALLOWED`, `CONTROL`), the reason (a decision's method), the
 /// kind of target, the target, then `tool=`, `run=`, `principal=` and
-/// `count=` (above 1) when known. Any JSON gives a line: what is missing is
+/// `count=` (above 1) when known; a checkpoint's is `CHECKPOINT <origin>
+/// facts=N decisions=M [closed]`. Any JSON gives a line: what is missing is
 /// left out, control characters and line breaks become spaces, each value
 /// is cut to 256 characters.
 pub fn shorthand(event: &Value) -> String {
     let loom = &event["unmapped"]["loom"];
+    if loom["type"] == "CHECKPOINT" {
+        let mut parts = vec![
+            "CHECKPOINT".to_owned(),
+            short(loom["origin"].as_str().unwrap_or(UNKNOWN)),
+        ];
+        parts.push(format!("facts={}", loom["size"].as_u64().unwrap_or(0)));
+        parts.push(format!("decisions={}", loom["decisions"]["size"].as_u64().unwrap_or(0)));
+        if loom["closed"] == true {
+            parts.push("closed".into());
+        }
+        return parts.join(" ");
+    }
     let word = match (loom["type"].as_str(), loom["mode"].as_str()) {
         (Some(egress_api::FACT_TYPE), Some("report")) => "REPORTED",
         (Some(egress_api::FACT_TYPE), _) => "DENIED",

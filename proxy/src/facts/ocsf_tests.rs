@@ -193,7 +193,40 @@ fn table() -> Vec<Case> {
             (d.outcome, d.reported) = ("timeout".into(), true);
         }), (4001, 2)),
         d("decision ipv6", with_decision(decision(10, "connect", "[2001:db8::2]", 443, Some("CONNECT"), None), |d| d.resolved.clear()), (4001, 2)),
+        // Signed checkpoints of the chains, and a note that does not read.
+        k("checkpoint", 1, &signed_note(false)),
+        k("checkpoint closed", 2, &signed_note(true)),
+        k("checkpoint unreadable", 3, "not a note"),
     ]
+}
+
+/// A signed checkpoint note, closed or not.
+fn signed_note(closed: bool) -> String {
+    use crate::facts::chain::{genesis, Checkpoint, Kind, Signer};
+    let (private, _) = Signer::generate("cell-a-audit").unwrap();
+    Checkpoint {
+        cell: "cell-a".into(),
+        epoch: "0b6a7c1e-5d2f-4c61-9a55-1f3e0d7a9b21".into(),
+        size: 100,
+        head: genesis(Kind::Facts, "cell-a", "e"),
+        decisions: (7, genesis(Kind::Decisions, "cell-a", "e")),
+        time: AT.into(),
+        closed,
+    }
+    .sign(&Signer::parse(&private).unwrap())
+}
+
+fn k(name: &'static str, seq: u64, note: &str) -> Case {
+    let event = checkpoint_event(seq, note, "1.2.3");
+    Case {
+        name,
+        uid: event["metadata"]["uid"].as_str().unwrap().to_owned(),
+        seq,
+        event,
+        class: 1008,
+        activity: 99,
+        disposition: 17,
+    }
 }
 
 fn with(mut f: Fact, change: impl FnOnce(&mut Fact)) -> Fact {
@@ -230,6 +263,7 @@ fn well_formed(name: &str, e: &Value) {
             assert!(e["actor"].is_object() && e["src_endpoint"].is_object(), "{name}");
             assert!(e["api"]["operation"].as_str().is_some_and(|o| !o.is_empty()), "{name}");
         }
+        1008 => assert!(e["unmapped"]["loom"]["note"].is_string(), "{name}"),
         _ => panic!("{name}: class {class}"),
     }
     if e["actor"].is_object() && class / 1000 == 4 {
@@ -641,4 +675,38 @@ proptest! {
         let one_line = !line.contains(['\n', '\r', '\u{2028}', '\u{2029}']);
         prop_assert!(one_line, "{:?}", line);
     }
+}
+
+#[test]
+fn a_checkpoint_maps_to_event_log_activity_with_its_note_and_a_uid_made_of_it() {
+    let note = signed_note(true);
+    let e = checkpoint_event(5, &note, "1.2.3");
+    assert_eq!(
+        (e["class_uid"].as_u64(), e["type_uid"].as_u64()),
+        (Some(1008), Some(100899))
+    );
+    assert_eq!(e["activity_name"], "Checkpoint");
+    assert_eq!(e["time"], AT_MS);
+    assert_eq!(e["metadata"]["log_name"], "checkpoints");
+    assert_eq!(e["metadata"]["tenant_uid"], "cell-a");
+    let loom = &e["unmapped"]["loom"];
+    assert_eq!(loom["note"], note.as_str());
+    assert_eq!(
+        (loom["size"].as_u64(), loom["decisions"]["size"].as_u64()),
+        (Some(100), Some(7))
+    );
+    assert_eq!(loom["closed"], true);
+    assert_eq!(
+        e["metadata"]["uid"],
+        checkpoint_event(9, &note, "9.9.9")["metadata"]["uid"],
+        "the uid is the note's"
+    );
+    assert_ne!(
+        e["metadata"]["uid"],
+        checkpoint_event(5, &signed_note(true), "1.2.3")["metadata"]["uid"]
+    );
+    assert_eq!(
+        shorthand(&e),
+        "CHECKPOINT loom-egress/cell-a/0b6a7c1e-5d2f-4c61-9a55-1f3e0d7a9b21 facts=100 decisions=7 closed"
+    );
 }

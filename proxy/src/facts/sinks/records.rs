@@ -2,7 +2,7 @@
 //! ([`RecordKind`]): each kind is a log of the store with its own `seq` and
 //! its own cursor per sink (`meta` key `sink:<name>:<log>`), read oldest
 //! first and mapped to OCSF events by [`crate::facts::ocsf`]. A new kind
-//! (signed checkpoints) is a new variant here, with its `read` and `head`.
+//! is a new variant here, with its `read` and `head`.
 
 use crate::facts::decisions::{DecisionLog, DecisionQuery};
 use crate::facts::ocsf;
@@ -17,16 +17,18 @@ pub enum RecordKind {
     Facts,
     /// Decision-log records: allowed fetches (`decisions`).
     Decisions,
+    /// Signed checkpoints of the chains over the other two (`checkpoints`).
+    Checkpoints,
 }
 
 /// How many kinds there are (the length of a sink's cursor array).
-pub const KINDS: usize = 2;
+pub const KINDS: usize = 3;
 
 impl RecordKind {
-    /// Every kind, in the order a sink visits them. A new kind (signed
-    /// checkpoints, with their own `seq`) is added here, to [`KINDS`],
-    /// and to `log`, [`Source::read`] and [`Source::head`].
-    pub const ALL: [RecordKind; KINDS] = [RecordKind::Facts, RecordKind::Decisions];
+    /// Every kind, in the order a sink visits them. A new kind is added
+    /// here, to [`KINDS`], and to `log`, [`Source::read`] and
+    /// [`Source::head`].
+    pub const ALL: [RecordKind; KINDS] = [RecordKind::Facts, RecordKind::Decisions, RecordKind::Checkpoints];
 
     /// The log's name: the OCSF `metadata.log_name`, the metric label `log`
     /// and the last part of the cursor's key.
@@ -34,6 +36,7 @@ impl RecordKind {
         match self {
             RecordKind::Facts => "facts",
             RecordKind::Decisions => "decisions",
+            RecordKind::Checkpoints => "checkpoints",
         }
     }
 
@@ -124,6 +127,14 @@ impl Source {
                 .into_iter()
                 .map(|d| Record::new(kind, d.seq, ocsf::decision_event(&d, self.version)))
                 .collect(),
+            RecordKind::Checkpoints => self
+                .facts
+                .checkpoints(after, limit)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|(seq, note)| Record::new(kind, seq, ocsf::checkpoint_event(seq, &note, self.version)))
+                .collect(),
         };
         let mut bytes = 0;
         let mut keep = out.len();
@@ -143,6 +154,7 @@ impl Source {
         match kind {
             RecordKind::Facts => self.facts.head(),
             RecordKind::Decisions => self.decisions.head(),
+            RecordKind::Checkpoints => self.facts.checkpoint_head(),
         }
     }
 

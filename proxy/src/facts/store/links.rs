@@ -164,25 +164,68 @@ pub(crate) fn anchor_pruned(c: &Connection, kind: Kind, upto: u64) -> rusqlite::
     set_anchor(c, kind, upto, &head, "pruned")
 }
 
-/// Keeps a signed checkpoint.
-pub(crate) fn save_checkpoint(c: &Connection, cp: &Checkpoint, note: &str) -> rusqlite::Result<()> {
+/// Keeps a signed checkpoint; its `seq` in the table (the audit sinks'
+/// order).
+pub(crate) fn save_checkpoint(c: &Connection, cp: &Checkpoint, note: &str) -> rusqlite::Result<u64> {
     c.prepare_cached("INSERT INTO checkpoints (epoch, size, decisions, at, note) VALUES (?1, ?2, ?3, ?4, ?5)")?
         .execute(params![cp.epoch, cp.size as i64, cp.decisions.0 as i64, cp.time, note])?;
-    Ok(())
+    Ok(c.last_insert_rowid().max(0) as u64)
 }
 
-/// The newest checkpoint kept, if any.
-pub(crate) fn latest_checkpoint(c: &Connection) -> rusqlite::Result<Option<String>> {
-    c.query_row("SELECT note FROM checkpoints ORDER BY seq DESC LIMIT 1", [], |r| {
-        r.get(0)
+/// The newest checkpoint kept, with its `seq`, if any.
+pub(crate) fn latest_checkpoint(c: &Connection) -> rusqlite::Result<Option<(u64, String)>> {
+    c.query_row("SELECT seq, note FROM checkpoints ORDER BY seq DESC LIMIT 1", [], |r| {
+        Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get(1)?))
     })
     .optional()
 }
 
-/// Deletes checkpoints signed before `cutoff` (RFC 3339), keeping the newest.
-pub(crate) fn prune_checkpoints(c: &Connection, cutoff: &str) -> rusqlite::Result<usize> {
+/// Up to `limit` checkpoints after `after`, oldest first: (seq, note).
+pub(crate) fn checkpoints(c: &Connection, after: u64, limit: usize) -> rusqlite::Result<Vec<(u64, String)>> {
+    let mut s = c.prepare_cached("SELECT seq, note FROM checkpoints WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+    let rows = s.query_map(
+        params![after.min(i64::MAX as u64) as i64, limit.min(10_000) as i64],
+        |r| Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get(1)?)),
+    )?;
+    rows.collect()
+}
+
+/// Deletes checkpoints signed before `cutoff` (RFC 3339) and at most
+/// `upto` (what every audit sink has sent), keeping the newest.
+pub(crate) fn prune_checkpoints(c: &Connection, cutoff: &str, upto: i64) -> rusqlite::Result<usize> {
     c.execute(
-        "DELETE FROM checkpoints WHERE at < ?1 AND seq < (SELECT MAX(seq) FROM checkpoints)",
-        params![cutoff],
+        "DELETE FROM checkpoints WHERE at < ?1 AND seq <= ?2 AND seq < (SELECT MAX(seq) FROM checkpoints)",
+        params![cutoff, upto],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn old_checkpoints_go_but_never_one_a_sink_has_not_sent_nor_the_newest() {
+        let c = Connection::open_in_memory().unwrap();
+        create(&c).unwrap();
+        for at in [
+            "2001-01-01T00:00:00.000Z",
+            "2001-01-02T00:00:00.000Z",
+            "2001-01-03T00:00:00.000Z",
+        ] {
+            c.execute(
+                "INSERT INTO checkpoints (epoch, size, decisions, at, note) VALUES ('e', 1, 0, ?1, 'n')",
+                [at],
+            )
+            .unwrap();
+        }
+        let kept =
+            |c: &Connection| -> Vec<u64> { checkpoints(c, 0, 10).unwrap().into_iter().map(|(s, _)| s).collect() };
+        // A sink has sent the first only: the second waits for it.
+        assert_eq!(prune_checkpoints(&c, "2026-01-01T00:00:00.000Z", 1).unwrap(), 1);
+        assert_eq!(kept(&c), [2, 3]);
+        // Every sink has sent them all: the newest is still kept.
+        assert_eq!(prune_checkpoints(&c, "2026-01-01T00:00:00.000Z", i64::MAX).unwrap(), 1);
+        assert_eq!(kept(&c), [3]);
+        assert_eq!(latest_checkpoint(&c).unwrap(), Some((3, "n".to_owned())));
+    }
 }

@@ -63,6 +63,9 @@ pub struct Limits {
     /// The cursors (`meta` keys) of the audit sinks' facts: retention never
     /// deletes a fact above the lowest (an absent one is 0).
     pub sink_cursors: Vec<String>,
+    /// The same sinks' cursors over the signed checkpoints: retention
+    /// deletes no checkpoint above the lowest.
+    pub checkpoint_cursors: Vec<String>,
     /// Signed checkpoints of the chains (`[audit] signing_key_file`); none:
     /// the chains are kept, unsigned.
     pub checkpoints: Option<CheckpointPolicy>,
@@ -87,6 +90,7 @@ impl Default for Limits {
             exported: false,
             others: Arc::default(),
             sink_cursors: Vec::new(),
+            checkpoint_cursors: Vec::new(),
             checkpoints: None,
         }
     }
@@ -165,6 +169,8 @@ struct Identity {
     pub(super) named: Mutex<HashMap<String, u64>>,
     /// The newest signed checkpoint (a signed note).
     pub(super) checkpoint: Mutex<Option<Arc<str>>>,
+    /// The newest kept checkpoint's `seq` in its table.
+    pub(super) checkpoint_seq: AtomicU64,
 }
 
 impl Identity {
@@ -201,9 +207,11 @@ impl Identity {
         if let Ok(mut e) = self.epoch.lock() {
             *e = epoch;
         }
-        let note = links::latest_checkpoint(c)?;
+        let newest = links::latest_checkpoint(c)?;
+        self.checkpoint_seq
+            .store(newest.as_ref().map_or(0, |(seq, _)| *seq), Ordering::Release);
         if let Ok(mut last) = self.checkpoint.lock() {
-            *last = note.map(Arc::from);
+            *last = newest.map(|(_, note)| Arc::from(note));
         }
         self.head.store(head, Ordering::Release);
         self.cursor.store(cursor.max(0) as u64, Ordering::Release);
@@ -347,6 +355,19 @@ impl FactSink for SqliteStore {
 
     fn checkpoint(&self) -> Option<Arc<str>> {
         self.identity.checkpoint.lock().ok()?.clone()
+    }
+
+    fn checkpoint_head(&self) -> u64 {
+        self.identity.checkpoint_seq.load(Ordering::Acquire)
+    }
+
+    fn checkpoints(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<(u64, String)>, FactError>> {
+        let (reader, path) = (self.reader.clone(), self.path.clone());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || reader::checkpoints(&reader, &path, after, limit))
+                .await
+                .map_err(|e| FactError::Unavailable(e.to_string()))?
+        })
     }
 
     fn export_cursor(&self) -> u64 {

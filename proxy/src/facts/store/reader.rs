@@ -10,6 +10,29 @@ use rusqlite::{params, Connection};
 use std::path::Path;
 use std::sync::Mutex;
 
+/// Up to `limit` signed checkpoints after `after`, oldest first, read on
+/// `reader` (opened on `path` if it is not): (seq, note).
+pub(super) fn checkpoints(
+    reader: &Mutex<Option<Connection>>,
+    path: &Path,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<(u64, String)>, FactError> {
+    let mut guard = reader
+        .lock()
+        .map_err(|_| FactError::Unavailable("reader poisoned".into()))?;
+    if guard.is_none() {
+        *guard = Some(open(path).map_err(|e| FactError::Unavailable(e.to_string()))?);
+    }
+    let c = guard
+        .as_ref()
+        .ok_or_else(|| FactError::Unavailable("no reader".into()))?;
+    super::links::checkpoints(c, after, limit).map_err(|e| {
+        *guard = None;
+        FactError::Unavailable(e.to_string())
+    })
+}
+
 /// The facts `q` asks for, read on `reader` (opened on `path` if it is
 /// not), with `stamp` (cell, epoch) for facts made before epochs.
 pub(super) fn read(

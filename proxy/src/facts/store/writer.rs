@@ -239,7 +239,8 @@ impl Writer {
         };
         let note = cp.sign(&policy.key);
         match links::save_checkpoint(c, &cp, &note) {
-            Ok(()) => {
+            Ok(seq) => {
+                self.identity.checkpoint_seq.store(seq, Ordering::Release);
                 self.checkpointed = Some((Instant::now(), size, cp.decisions.0));
                 self.metrics.checkpoints.inc();
                 if let Ok(mut last) = self.identity.checkpoint.lock() {
@@ -521,7 +522,8 @@ impl Writer {
                 }
                 Err(e) => tracing::warn!(error = %e, "pruning old facts failed"),
             }
-            if let Err(e) = links::prune_checkpoints(c, &cutoff) {
+            let sent = retention::floor(&self.identity, &self.limits.checkpoint_cursors);
+            if let Err(e) = links::prune_checkpoints(c, &cutoff, sent) {
                 tracing::warn!(error = %e, "pruning old checkpoints failed");
             }
         }
