@@ -271,6 +271,9 @@ def egress():
                        target("sum by (sink, kind) (rate(egress_audit_sink_failures_total[$__rate_interval]))", "{{sink}} failures {{kind}}", "B"),
                        target("sum by (sink) (rate(egress_audit_sink_dropped_total[$__rate_interval]))", "{{sink}} dropped before export", "C")],
                       "reqps"))
+    L.add(*timeseries("How long since the fact log was last covered by a signed checkpoint?", "Seconds since every committed fact and decision record was last covered by a checkpoint signed with [audit] signing_key_file, per cell (no line without a key). It stays under checkpoint_ms while the writer works; alert EgressAuditCheckpointStale past 15 minutes. Witnesses take the newest from GET /v1/audit/checkpoint.",
+                      [target("time() - (egress_audit_signed_through_timestamp_seconds > 0)", "{{instance}}")],
+                      "s", thresholds((None, GREEN), (300, AMBER), (900, RED)), w=24))
     return dashboard("egress", "Egress", "What the proxy decides for each tool, how fast, and whether denials are recorded.",
                      ["loom-egress"], L, "egress_requests_total", [link("Executor", "executor")])
 

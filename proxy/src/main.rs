@@ -303,13 +303,10 @@ fn main() -> std::process::ExitCode {
                     key,
                     ..
                 },
-        } => match export_remote(&url, &token_env, ca, cert.zip(key), format, after, decisions) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("egress-proxy: {e}");
-                std::process::ExitCode::from(2)
-            }
-        },
+        } => done(
+            export_remote(&url, &token_env, ca, cert.zip(key), format, after, decisions)
+                .map(|()| std::process::ExitCode::SUCCESS),
+        ),
         Cmd::Facts {
             action:
                 FactsAction::Export {
@@ -320,38 +317,14 @@ fn main() -> std::process::ExitCode {
                     config,
                     ..
                 },
-        } => match export(format, after, decisions, store, config) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("egress-proxy: {e}");
-                std::process::ExitCode::from(2)
-            }
-        },
+        } => done(export(format, after, decisions, store, config).map(|()| std::process::ExitCode::SUCCESS)),
         Cmd::Facts {
             action: FactsAction::Verify(args),
-        } => match verify(args) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("egress-proxy: {e}");
-                std::process::ExitCode::from(2)
-            }
-        },
+        } => done(verify(args)),
         Cmd::Audit {
             action: AuditAction::Keygen { name, out },
-        } => match keygen(&name, &out) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("egress-proxy: {e}");
-                std::process::ExitCode::from(2)
-            }
-        },
-        Cmd::Policy { action } => match learn(action) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("egress-proxy: {e}");
-                std::process::ExitCode::from(2)
-            }
-        },
+        } => done(keygen(&name, &out).map(|()| std::process::ExitCode::SUCCESS)),
+        Cmd::Policy { action } => done(learn(action)),
         Cmd::Serve { config, log_format } => {
             init_logs(log_format);
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -403,6 +376,15 @@ fn export(
         Err(e) if e.contains("Broken pipe") => Ok(()),
         r => r,
     }
+}
+
+/// The exit code of a command that ran: its own, or 2 with its error on
+/// stderr.
+fn done(r: Result<std::process::ExitCode, String>) -> std::process::ExitCode {
+    r.unwrap_or_else(|e| {
+        eprintln!("egress-proxy: {e}");
+        std::process::ExitCode::from(2)
+    })
 }
 
 /// The store file `--store` names, or `--config`'s `[proxy] facts`.

@@ -288,6 +288,9 @@ pub struct StoreMetrics {
     pub pruned: Counter,
     /// Signed checkpoints of the fact log's chains.
     pub checkpoints: Counter,
+    /// Unix time up to which every committed record was covered by a
+    /// signed checkpoint (0: no key, or nothing signed yet).
+    pub signed_through: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -441,6 +444,11 @@ impl Metrics {
             "egress_audit_checkpoints",
             "Checkpoints of the fact log's hash chains signed with [audit] signing_key_file",
             store.checkpoints.clone(),
+        );
+        registry.register(
+            "egress_audit_signed_through_timestamp_seconds",
+            "Unix time up to which every committed fact and decision record was covered by a signed checkpoint (0 without [audit] signing_key_file)",
+            store.signed_through.clone(),
         );
         registry.register(
             "egress_connections_closed",

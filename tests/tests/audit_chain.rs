@@ -9,7 +9,7 @@
 //! a key file others may read is refused at start.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use egress_e2e::harness::{basic, control_call, create_run_at, deny_distinct, TOKEN};
+use egress_e2e::harness::{basic, control_call, create_run_at, deny_distinct, sample, TOKEN};
 use egress_e2e::process::{bin, free_addr, write_config, ProxyProcess};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -177,6 +177,12 @@ async fn a_real_store_verifies_through_a_flood_a_kill_a_restart_and_pruning_and_
     let flooding = tokio::spawn(flood(proxy, control, 100_000, 32));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let live = cell.witness("live.note").await;
+    let m = control_call(control, "GET", "/metrics", None, Some(TOKEN)).await.text();
+    assert!(
+        sample(&m, "egress_audit_signed_through_timestamp_seconds") > 1.7e9,
+        "signed through now"
+    );
+    assert!(sample(&m, "egress_audit_checkpoints_total") >= 1.0);
     // Most of the flood first (a debug build answers a few thousand a second).
     let t0 = std::time::Instant::now();
     while count(
@@ -326,5 +332,11 @@ async fn a_signing_key_others_may_read_is_refused_at_start_and_without_a_key_the
     let _p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
     let r = control_call(control, "GET", "/v1/audit/checkpoint", None, Some(TOKEN)).await;
     assert_eq!(r.status, 404, "{}", r.text());
+    let m = control_call(control, "GET", "/metrics", None, Some(TOKEN)).await.text();
+    assert_eq!(
+        sample(&m, "egress_audit_signed_through_timestamp_seconds"),
+        0.0,
+        "no key: nothing signed"
+    );
     assert!(r.text().contains("\"code\":\"no_checkpoint\""), "{}", r.text());
 }

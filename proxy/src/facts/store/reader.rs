@@ -10,6 +10,21 @@ use rusqlite::{params, Connection};
 use std::path::Path;
 use std::sync::Mutex;
 
+/// The reader connection, opened on `path` if it is not (or was dropped
+/// after a failed query).
+fn connection<'a>(
+    reader: &'a Mutex<Option<Connection>>,
+    path: &Path,
+) -> Result<std::sync::MutexGuard<'a, Option<Connection>>, FactError> {
+    let mut guard = reader
+        .lock()
+        .map_err(|_| FactError::Unavailable("reader poisoned".into()))?;
+    if guard.is_none() {
+        *guard = Some(open(path).map_err(|e| FactError::Unavailable(e.to_string()))?);
+    }
+    Ok(guard)
+}
+
 /// Up to `limit` signed checkpoints after `after`, oldest first, read on
 /// `reader` (opened on `path` if it is not): (seq, note).
 pub(super) fn checkpoints(
@@ -18,12 +33,7 @@ pub(super) fn checkpoints(
     after: u64,
     limit: usize,
 ) -> Result<Vec<(u64, String)>, FactError> {
-    let mut guard = reader
-        .lock()
-        .map_err(|_| FactError::Unavailable("reader poisoned".into()))?;
-    if guard.is_none() {
-        *guard = Some(open(path).map_err(|e| FactError::Unavailable(e.to_string()))?);
-    }
+    let mut guard = connection(reader, path)?;
     let c = guard
         .as_ref()
         .ok_or_else(|| FactError::Unavailable("no reader".into()))?;
@@ -41,12 +51,7 @@ pub(super) fn read(
     q: &FactQuery,
     stamp: (&Option<String>, &str),
 ) -> Result<Vec<Fact>, FactError> {
-    let mut guard = reader
-        .lock()
-        .map_err(|_| FactError::Unavailable("reader poisoned".into()))?;
-    if guard.is_none() {
-        *guard = Some(open(path).map_err(|e| FactError::Unavailable(e.to_string()))?);
-    }
+    let mut guard = connection(reader, path)?;
     let c = guard
         .as_ref()
         .ok_or_else(|| FactError::Unavailable("no reader".into()))?;

@@ -27,6 +27,13 @@ pub(super) const INDEX_EVERY: Duration = Duration::from_millis(100);
 /// Facts waiting to be indexed by run beyond which they are indexed at once.
 const INDEX_TAIL: usize = 4096;
 
+/// Now, in Unix seconds.
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// The shortest time between two checkpoints signed for their record count.
 const CHECKPOINT_FLOOR: Duration = Duration::from_secs(1);
 
@@ -225,7 +232,9 @@ impl Writer {
             .unwrap_or_else(|_| (0, chain::genesis(Kind::Decisions, &cell, &epoch)));
         let size = self.next.saturating_sub(1);
         if !closed && self.checkpointed.is_some_and(|(_, s, d)| (s, d) == (size, decisions.0)) {
+            // Nothing new: the last checkpoint still covers every record.
             self.checkpointed = Some((Instant::now(), size, decisions.0));
+            self.metrics.signed_through.set(unix_now());
             return;
         }
         let cp = Checkpoint {
@@ -243,6 +252,7 @@ impl Writer {
                 self.identity.checkpoint_seq.store(seq, Ordering::Release);
                 self.checkpointed = Some((Instant::now(), size, cp.decisions.0));
                 self.metrics.checkpoints.inc();
+                self.metrics.signed_through.set(unix_now());
                 if let Ok(mut last) = self.identity.checkpoint.lock() {
                     *last = Some(note.into());
                 }
