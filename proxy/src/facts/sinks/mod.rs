@@ -1,8 +1,9 @@
 //! The audit sinks (`[audit.sinks.NAME]`): each exports every record of
-//! the store ([`records::RecordKind`]: facts, decision records) as OCSF
-//! events, oldest first, by its own cursors in the store (`meta` keys
-//! `sink:<name>:facts`, `sink:<name>:decisions`, moved through the store's
-//! writer and never back) after the receiver took a batch. A restart or an
+//! the store ([`records::RecordKind`]: facts, decision records, signed
+//! checkpoints) as OCSF events, oldest first, by its own cursors in the
+//! store (`meta` keys `sink:<name>:facts`, `…:decisions`,
+//! `…:checkpoints`, moved through the store's writer and never back) after
+//! the receiver took a batch. A restart or an
 //! outage resumes after the cursor: no gap; a batch taken but not yet
 //! recorded is sent again, with the same `metadata.uid`. Sinks only read
 //! committed records, on their own tasks and connections, never on a
