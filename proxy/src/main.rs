@@ -150,9 +150,10 @@ struct VerifyArgs {
     /// file holding it.
     #[arg(long)]
     key: String,
-    /// Signed checkpoints held off the box (a witness's copies of `GET
-    /// /v1/audit/checkpoint`): files holding one or more notes, or
-    /// directories of such files. Repeatable.
+    /// Signed checkpoints held off the box: files holding one or more
+    /// notes (a witness's copies of `GET /v1/audit/checkpoint`, or
+    /// `egress_checkpoints`'), or a file sink's JSON lines (its checkpoint
+    /// events), or directories of such files. Repeatable.
     #[arg(long = "checkpoints")]
     checkpoints: Vec<PathBuf>,
     /// The store file; without it, the one `[proxy] facts` of --config names.
@@ -428,7 +429,7 @@ fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
         };
         for f in files {
             let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-            held.extend(verify::split_notes(&text));
+            held.extend(verify::notes_in(&text));
         }
     }
     let r = verify::verify(&path, &key, &held)?;

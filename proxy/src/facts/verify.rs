@@ -469,6 +469,20 @@ fn check(
     Ok(())
 }
 
+/// The signed notes in a file a witness or a sink kept: JSON lines of OCSF
+/// events (a file sink's; the checkpoints' notes are under
+/// `unmapped.loom.note`, other events are skipped), or notes one after the
+/// other ([`split_notes`]).
+pub fn notes_in(text: &str) -> Vec<String> {
+    if !text.trim_start().starts_with('{') {
+        return split_notes(text);
+    }
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| e.pointer("/unmapped/loom/note")?.as_str().map(str::to_owned))
+        .collect()
+}
+
 /// Splits text holding signed notes one after the other (a witness's file,
 /// several `GET /v1/audit/checkpoint` answers) into notes.
 pub fn split_notes(text: &str) -> Vec<String> {

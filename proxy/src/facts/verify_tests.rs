@@ -334,3 +334,23 @@ fn notes_one_after_another_are_split() {
     assert_eq!(notes.len(), 2);
     assert_eq!(notes[1], cp(2).sign(&key));
 }
+
+#[test]
+fn notes_are_read_from_a_file_sinks_events_too() {
+    let (private, _) = Signer::generate("k").unwrap();
+    let key = Signer::parse(&private).unwrap();
+    let cp = Checkpoint {
+        cell: "c".into(),
+        epoch: "e".into(),
+        size: 3,
+        head: [1; 32],
+        decisions: (0, [2; 32]),
+        time: "2026-12-06T20:00:00.000Z".into(),
+        closed: false,
+    };
+    let note = cp.sign(&key);
+    let event = crate::facts::ocsf::checkpoint_event(7, &note, "1.2.3");
+    let lines = format!("{{\"class_uid\": 4001, \"unmapped\": {{\"loom\": {{}}}}}}\n{event}\nnot json\n");
+    assert_eq!(notes_in(&lines), [note.clone()]);
+    assert_eq!(notes_in(&note), [note]);
+}
