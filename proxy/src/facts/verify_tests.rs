@@ -351,6 +351,6 @@ fn notes_are_read_from_a_file_sinks_events_too() {
     let note = cp.sign(&key);
     let event = crate::facts::ocsf::checkpoint_event(7, &note, "1.2.3");
     let lines = format!("{{\"class_uid\": 4001, \"unmapped\": {{\"loom\": {{}}}}}}\n{event}\nnot json\n");
-    assert_eq!(notes_in(&lines), [note.clone()]);
+    assert_eq!(notes_in(&lines), std::slice::from_ref(&note));
     assert_eq!(notes_in(&note), [note]);
 }
