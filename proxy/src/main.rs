@@ -147,9 +147,10 @@ enum FactsAction {
 #[derive(clap::Args)]
 struct VerifyArgs {
     /// The verifier key (`name+hash+key`, as `audit keygen` printed it), or a
-    /// file holding it.
-    #[arg(long)]
-    key: String,
+    /// file holding it. Repeatable: after a key rotation, give the keys that
+    /// signed earlier checkpoints too.
+    #[arg(long = "key", required = true)]
+    keys: Vec<String>,
     /// Signed checkpoints held off the box: files holding one or more
     /// notes (a witness's copies of `GET /v1/audit/checkpoint`, or
     /// `egress_checkpoints`'), or a file sink's JSON lines (its checkpoint
@@ -408,12 +409,15 @@ fn store_path(store: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf
 fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
     use egress_proxy::facts::{chain::Verifier, verify};
     let path = store_path(a.store, a.config)?;
-    let key_text = if a.key.contains('+') {
-        a.key.clone()
-    } else {
-        std::fs::read_to_string(&a.key).map_err(|e| format!("--key {}: {e}", a.key))?
-    };
-    let key = Verifier::parse(&key_text).map_err(|e| format!("--key: {e}"))?;
+    let mut keys = Vec::new();
+    for k in &a.keys {
+        let text = if k.contains('+') {
+            k.clone()
+        } else {
+            std::fs::read_to_string(k).map_err(|e| format!("--key {k}: {e}"))?
+        };
+        keys.push(Verifier::parse(&text).map_err(|e| format!("--key {k}: {e}"))?);
+    }
     let mut held = Vec::new();
     for p in &a.checkpoints {
         let files: Vec<PathBuf> = if p.is_dir() {
@@ -432,7 +436,7 @@ fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
             held.extend(verify::notes_in(&text));
         }
     }
-    let r = verify::verify(&path, &key, &held)?;
+    let r = verify::verify(&path, &keys, &held)?;
     let mut out = String::new();
     let _ = writeln!(out, "store {} (cell {}, epoch {})", path.display(), r.cell, r.epoch);
     for (name, w) in [("facts", &r.facts), ("decisions", &r.decisions)] {

@@ -142,9 +142,11 @@ struct Loose {
     stored: Head,
 }
 
-/// Verifies the store at `path` with `key`, against its own checkpoints and
-/// the signed notes `held` (kept off the box: a witness's, an export's).
-pub fn verify(path: &Path, key: &Verifier, held: &[String]) -> Result<Report, String> {
+/// Verifies the store at `path` against its own checkpoints and the signed
+/// notes `held` (kept off the box: a witness's, an export's); a checkpoint
+/// verifies when one of `keys` signed it (the key in force, and those it
+/// replaced).
+pub fn verify(path: &Path, keys: &[Verifier], held: &[String]) -> Result<Report, String> {
     let c = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     c.busy_timeout(std::time::Duration::from_secs(5))
@@ -165,7 +167,7 @@ pub fn verify(path: &Path, key: &Verifier, held: &[String]) -> Result<Report, St
     // The cell: from the checkpoints (signed), else from a fact.
     let mut verified = Vec::new();
     for note in &notes {
-        match chain::verify_note(note, key) {
+        match verify_by_any(note, keys) {
             Ok(cp) => verified.push(cp),
             Err(e) => {
                 let which = chain::read_note(note)
@@ -275,7 +277,7 @@ pub fn verify(path: &Path, key: &Verifier, held: &[String]) -> Result<Report, St
         }
         None => r.notes.push(format!(
             "no checkpoint of this epoch verified with key {}: the chains are checked, not their signatures",
-            key.name()
+            names(keys)
         )),
     }
     // Earlier epochs of this cell, from checkpoints held.
@@ -306,6 +308,26 @@ pub fn verify(path: &Path, key: &Verifier, held: &[String]) -> Result<Report, St
         }
     }
     Ok(r)
+}
+
+/// The keys' names, for messages.
+fn names(keys: &[Verifier]) -> String {
+    keys.iter().map(Verifier::name).collect::<Vec<_>>().join(", ")
+}
+
+/// `note` verified by the first of `keys` that signed it; else why not (a
+/// key whose signature does not verify, or an unreadable note, rather than
+/// no signature by the others).
+fn verify_by_any(note: &str, keys: &[Verifier]) -> Result<Checkpoint, NoteError> {
+    let mut why = NoteError::Unsigned(names(keys));
+    for key in keys {
+        match chain::verify_note(note, key) {
+            Ok(cp) => return Ok(cp),
+            Err(NoteError::Unsigned(_)) => {}
+            Err(e) => why = e,
+        }
+    }
+    Err(why)
 }
 
 /// Walks one chain from its anchor, oldest first.

@@ -75,7 +75,7 @@ fn sql(f: &Fixture, q: &str) {
 }
 
 fn findings(f: &Fixture, held: &[String]) -> Vec<String> {
-    let r = verify(&f.path, &f.key, held).unwrap();
+    let r = verify(&f.path, std::slice::from_ref(&f.key), held).unwrap();
     r.findings.iter().map(ToString::to_string).collect()
 }
 
@@ -83,7 +83,7 @@ fn findings(f: &Fixture, held: &[String]) -> Vec<String> {
 async fn an_untouched_store_verifies_and_is_covered_by_its_closing_checkpoint() {
     let f = fixture();
     store(&f, 20).await;
-    let r = verify(&f.path, &f.key, &[]).unwrap();
+    let r = verify(&f.path, std::slice::from_ref(&f.key), &[]).unwrap();
     assert!(r.findings.is_empty(), "{:?}", r.findings);
     assert_eq!((r.facts.records, r.facts.newest), (20, 20));
     let newest = r.newest.expect("a checkpoint");
@@ -226,7 +226,7 @@ async fn a_replaced_store_is_named_unless_its_epoch_was_closed() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(got[0].starts_with(&format!("replaced: epoch {old_epoch}")), "{got:?}");
     // Its closing checkpoint held too: an earlier store, closed.
-    let r = verify(&f.path, &f.key, &[live, closed]).unwrap();
+    let r = verify(&f.path, std::slice::from_ref(&f.key), &[live, closed]).unwrap();
     assert!(r.findings.is_empty(), "{:?}", r.findings);
     assert!(r.notes.iter().any(|n| n.contains("was closed")), "{:?}", r.notes);
 }
@@ -247,7 +247,7 @@ async fn a_pruned_store_verifies_from_its_anchor_and_a_migrated_one_from_its_mar
     let s = SqliteStore::open(&f.path, l, StoreMetrics::default());
     s.record(fact(10)).await.unwrap();
     drop(s);
-    let r = verify(&f.path, &f.key, &[]).unwrap();
+    let r = verify(&f.path, std::slice::from_ref(&f.key), &[]).unwrap();
     // Editing an old fact's time broke their links, but they are gone.
     assert!(r.findings.is_empty(), "{:?}", r.findings);
     assert_eq!(
@@ -265,7 +265,7 @@ async fn a_pruned_store_verifies_from_its_anchor_and_a_migrated_one_from_its_mar
     let s = SqliteStore::open(&g.path, limits(&g), StoreMetrics::default());
     s.record(fact(4)).await.unwrap();
     drop(s);
-    let r = verify(&g.path, &g.key, &[]).unwrap();
+    let r = verify(&g.path, std::slice::from_ref(&g.key), &[]).unwrap();
     assert!(r.findings.is_empty(), "{:?}", r.findings);
     assert_eq!((r.facts.anchor, r.facts.before, r.facts.records), (4, 4, 1));
     assert_eq!(r.facts.anchored.as_deref(), Some("migrated"));
@@ -297,7 +297,7 @@ async fn decision_records_are_chained_and_signed_with_the_facts() {
     }
     log.close();
     drop(s);
-    let r = verify(&f.path, &f.key, &[]).unwrap();
+    let r = verify(&f.path, std::slice::from_ref(&f.key), &[]).unwrap();
     assert!(r.findings.is_empty(), "{:?}", r.findings);
     assert_eq!(r.decisions.records, 6);
     assert_eq!(
@@ -353,4 +353,27 @@ fn notes_are_read_from_a_file_sinks_events_too() {
     let lines = format!("{{\"class_uid\": 4001, \"unmapped\": {{\"loom\": {{}}}}}}\n{event}\nnot json\n");
     assert_eq!(notes_in(&lines), std::slice::from_ref(&note));
     assert_eq!(notes_in(&note), [note]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_of_a_replaced_key_verify_when_it_is_given_too() {
+    let f = fixture();
+    store(&f, 3).await;
+    // The key is rotated: the same store, checkpoints by a new key from now on.
+    let (private, public) = Signer::generate("test-cell-2").unwrap();
+    let new = Fixture {
+        signer: Arc::new(Signer::parse(&private).unwrap()),
+        key: Verifier::parse(&public).unwrap(),
+        path: f.path.clone(),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    store(&new, 2).await;
+    let both = [new.key.clone(), f.key.clone()];
+    let r = verify(&f.path, &both, &[]).unwrap();
+    assert!(r.findings.is_empty(), "{:?}", r.findings);
+    let only_new = findings(&new, &[]);
+    assert!(
+        !only_new.is_empty() && only_new.iter().all(|x| x.contains("no signature by key test-cell-2")),
+        "{only_new:?}"
+    );
 }
