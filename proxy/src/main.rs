@@ -606,6 +606,34 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
                     );
                 }
             }
+            for (name, sink) in &c.audit.sinks {
+                use egress_config::audit::SinkKind;
+                let to = match &sink.kind {
+                    SinkKind::Otlp(o) => format!(
+                        "otlp {}://{}:{}{}",
+                        if o.https { "https" } else { "http" },
+                        o.endpoint.host,
+                        o.endpoint.port,
+                        o.path
+                    ),
+                    SinkKind::Syslog(y) => format!(
+                        "syslog {}:{}{}",
+                        y.endpoint.host,
+                        y.endpoint.port,
+                        if y.tls { " (TLS)" } else { "" }
+                    ),
+                    SinkKind::File(f) => format!(
+                        "file {} ({} files of at most {} bytes)",
+                        f.path.display(),
+                        f.max_files,
+                        f.max_file_bytes
+                    ),
+                };
+                let _ = writeln!(
+                    out,
+                    "  sink    {name}: {to}: every fact, decision record and checkpoint as OCSF"
+                );
+            }
             match egress_proxy::ca_dir(&c.proxy) {
                 Some(d) => {
                     let _ = writeln!(out, "  ca      {} (appliance CA of intercepted CONNECTs)", d.display());
