@@ -370,6 +370,7 @@ async fn the_openapi_document_lists_every_route_and_its_schemas_bite() {
             "GET /healthz",
             "GET /metrics",
             "GET /readyz",
+            "GET /v1/audit/checkpoint",
             "GET /v1/ca",
             "GET /v1/cell",
             "GET /v1/decisions",
