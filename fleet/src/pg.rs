@@ -84,15 +84,21 @@ impl Connector {
     /// Opens one connection, its driver task spawned, and brings the
     /// schema up to date.
     pub async fn connect(&self, schema: &str) -> Result<Session, PgError> {
+        let session = self.open().await?;
+        timed("migrate", session.batch_execute(&migration(schema))).await?;
+        Ok(session)
+    }
+
+    /// Opens one connection, its driver task spawned, and changes nothing
+    /// (a reader's: `facts verify --postgres`).
+    pub async fn open(&self) -> Result<Session, PgError> {
         let (client, conn) = timed("connect", self.pg.connect(self.tls.clone())).await?;
         let driver = tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "PostgreSQL connection closed");
             }
         });
-        let session = Session { client, driver };
-        timed("migrate", session.batch_execute(&migration(schema))).await?;
-        Ok(session)
+        Ok(Session { client, driver })
     }
 }
 
@@ -162,8 +168,10 @@ pub fn ident(s: &str) -> String {
 }
 
 /// The fleet schema, made once under a transaction-level lock so cells
-/// starting together do not race: the exported facts with the indexes a
-/// fleet query needs (by time, tool, reason, run), the signed checkpoints
+/// starting together do not race: the exported facts (each also as the
+/// cell stored it, byte for byte, with its hash chain value, so that
+/// `facts verify --postgres` can check them) with the indexes a fleet
+/// query needs (by time, tool, reason, run), the signed checkpoints
 /// of each cell's fact log (kept here beyond the cell's retention: a
 /// witness off the box), and the idempotency claims of keyed invocations.
 pub fn migration(schema: &str) -> String {
@@ -186,6 +194,8 @@ pub fn migration(schema: &str) -> String {
              body   jsonb       NOT NULL,
              PRIMARY KEY (cell, epoch, seq)
          );
+         ALTER TABLE {s}.egress_facts ADD COLUMN IF NOT EXISTS stored text;
+         ALTER TABLE {s}.egress_facts ADD COLUMN IF NOT EXISTS chain bytea;
          CREATE INDEX IF NOT EXISTS egress_facts_at ON {s}.egress_facts (at);
          CREATE INDEX IF NOT EXISTS egress_facts_tool_at ON {s}.egress_facts (tool, at);
          CREATE INDEX IF NOT EXISTS egress_facts_reason_at ON {s}.egress_facts (reason, at);

@@ -158,8 +158,13 @@ struct VerifyArgs {
     #[arg(long = "checkpoints")]
     checkpoints: Vec<PathBuf>,
     /// The store file; without it, the one `[proxy] facts` of --config names.
-    #[arg(long, conflicts_with = "config")]
+    #[arg(long, conflicts_with_all = ["config", "postgres"])]
     store: Option<PathBuf>,
+    /// Verify the facts the fleet store holds of this cell instead (its
+    /// `[export]` DSN variable and schema, and `[cell] id`, from --config),
+    /// each epoch on its own, against `egress_checkpoints`.
+    #[arg(long, requires = "config")]
+    postgres: bool,
     #[arg(long, short)]
     config: Option<PathBuf>,
 }
@@ -408,7 +413,6 @@ fn store_path(store: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf
 /// `facts verify`: the report to stdout; exit 1 on any finding.
 fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
     use egress_proxy::facts::{chain::Verifier, verify};
-    let path = store_path(a.store, a.config)?;
     let mut keys = Vec::new();
     for k in &a.keys {
         let text = if k.contains('+') {
@@ -436,9 +440,54 @@ fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
             held.extend(verify::notes_in(&text));
         }
     }
-    let r = verify::verify(&path, &keys, &held)?;
     let mut out = String::new();
-    let _ = writeln!(out, "store {} (cell {}, epoch {})", path.display(), r.cell, r.epoch);
+    let mut findings = 0;
+    if a.postgres {
+        let path = a.config.ok_or("--postgres reads [export] and [cell] from --config")?;
+        let cfg = Config::load(&path).map_err(|e| e.to_string())?;
+        let cell = cfg
+            .cell
+            .as_ref()
+            .ok_or("--postgres: the config has no [cell] id")?
+            .id
+            .clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let reports = rt.block_on(async {
+            let connector =
+                egress_fleet::pg::Connector::from_env(&cfg.export, "loom-egress-verify").map_err(|e| e.to_string())?;
+            let session = connector.open().await.map_err(|e| format!("the fleet store: {e}"))?;
+            verify::verify_postgres(&session, &cfg.export.schema, &cell, &keys, &held).await
+        })?;
+        if reports.is_empty() {
+            return Err(format!("the fleet store holds no facts of cell {cell}"));
+        }
+        for r in &reports {
+            findings += report(&mut out, &format!("fleet store, schema {}", cfg.export.schema), r);
+        }
+    } else {
+        let path = store_path(a.store, a.config)?;
+        let r = verify::verify(&path, &keys, &held)?;
+        findings += report(&mut out, &format!("store {}", path.display()), &r);
+    }
+    if findings == 0 {
+        let _ = writeln!(out, "verified: no findings");
+    } else {
+        let _ = writeln!(out, "NOT VERIFIED: {findings} findings");
+    }
+    print!("{out}");
+    Ok(if findings == 0 {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    })
+}
+
+/// One verified store or epoch, as `facts verify` prints it: its findings' count.
+fn report(out: &mut String, source: &str, r: &egress_proxy::facts::verify::Report) -> usize {
+    let _ = writeln!(out, "{source} (cell {}, epoch {})", r.cell, r.epoch);
     for (name, w) in [("facts", &r.facts), ("decisions", &r.decisions)] {
         let from = match (&w.anchored, w.anchor) {
             (Some(why), a) => format!(", chained after seq {a} ({why})"),
@@ -467,17 +516,7 @@ fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
     for f in &r.findings {
         let _ = writeln!(out, "FINDING {f}");
     }
-    if r.findings.is_empty() {
-        let _ = writeln!(out, "verified: no findings");
-    } else {
-        let _ = writeln!(out, "NOT VERIFIED: {} findings", r.findings.len());
-    }
-    print!("{out}");
-    Ok(if r.findings.is_empty() {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::from(1)
-    })
+    r.findings.len()
 }
 
 /// `audit keygen`: a new signing key, private to --out, public beside it.

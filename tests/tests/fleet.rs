@@ -279,6 +279,28 @@ async fn a_flood_is_exported_exactly_once_across_kill_9_and_sigterm() {
         held_count > notes.matches("loom-egress/").count(),
         "the exported notes verified with the store's own: {out}"
     );
+    // The fleet store itself, record by record: every exported fact with
+    // its stored JSON and chain value, against egress_checkpoints.
+    let verify_pg = || {
+        let out = std::process::Command::new(bin("egress-proxy"))
+            .args(["facts", "verify", "--postgres", "--config"])
+            .arg(&cell.cfg)
+            .arg("--key")
+            .arg(cell.dir.path().join("signing.key.pub"))
+            .env(DSN_ENV, pg.dsn())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, out) = verify_pg();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("verified: no findings"), "{out}");
+    pg.query("UPDATE egress_facts SET stored = replace(stored, 'enforce', 'report') WHERE cell = 'cell-a' AND seq = 5");
+    pg.query("DELETE FROM egress_facts WHERE cell = 'cell-a' AND seq = 9");
+    let (code, out) = verify_pg();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("FINDING altered facts seq 5:"), "{out}");
+    assert!(out.contains("FINDING missing facts seq 9:"), "{out}");
 }
 
 /// A second process with a cell id already held exports nothing and is

@@ -11,7 +11,7 @@
 //! and is unready (`cell_id_in_use`). The local `export_cursor` follows the
 //! remote one, and retention never deletes a fact above it.
 
-use crate::facts::{FactQuery, FactSink};
+use crate::facts::FactSink;
 use crate::metrics::{ExportMetrics, KindLabel};
 use egress_config::ExportConfig;
 use egress_fleet::pg::{ident, timed, Connector, PgError};
@@ -177,10 +177,10 @@ impl Run {
         let insert = timed(
             "migrate",
             client.prepare(&format!(
-                "INSERT INTO {table} (cell, epoch, seq, id, at, run_id, tool, reason, mode, policy, body)
-                 SELECT $1, $2::text::uuid, u.seq, u.id::uuid, u.at::timestamptz, u.run_id, u.tool, u.reason, u.mode, u.policy, u.body::jsonb
-                 FROM unnest($3::int8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])
-                   AS u(seq, id, at, run_id, tool, reason, mode, policy, body)
+                "INSERT INTO {table} (cell, epoch, seq, id, at, run_id, tool, reason, mode, policy, body, stored, chain)
+                 SELECT $1, $2::text::uuid, u.seq, u.id::uuid, u.at::timestamptz, u.run_id, u.tool, u.reason, u.mode, u.policy, u.body::jsonb, u.stored, u.chain
+                 FROM unnest($3::int8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::bytea[])
+                   AS u(seq, id, at, run_id, tool, reason, mode, policy, body, stored, chain)
                  ON CONFLICT DO NOTHING"
             )),
         )
@@ -234,11 +234,7 @@ impl Run {
             }
             let batch = self
                 .facts
-                .query(FactQuery {
-                    after: cursor,
-                    limit: self.cfg.batch_max,
-                    run_id: None,
-                })
+                .query_stored(cursor, self.cfg.batch_max)
                 .await
                 .map_err(|e| ExportError::Failed {
                     kind: "read",
@@ -254,11 +250,15 @@ impl Run {
             }
             let t0 = Instant::now();
             let full = batch.len() >= self.cfg.batch_max;
-            let last = batch.last().map_or(cursor, |f| f.seq);
+            let last = batch.last().map_or(cursor, |s| s.fact.seq);
             let mut cols: (Vec<i64>, Vec<String>, Vec<String>) = Default::default();
             let mut opt: (Vec<Option<String>>, Vec<Option<String>>) = Default::default();
             let mut rest: (Vec<String>, Vec<String>, Vec<String>, Vec<String>) = Default::default();
-            for f in &batch {
+            let mut chained: (Vec<String>, Vec<Option<Vec<u8>>>) = Default::default();
+            for stored in &batch {
+                let f = &stored.fact;
+                chained.0.push(stored.body.clone());
+                chained.1.push(stored.chain.map(|h| h.to_vec()));
                 let body = serde_json::to_string(f).map_err(|e| ExportError::Failed {
                     kind: "read",
                     message: e.to_string(),
@@ -279,7 +279,7 @@ impl Run {
                     &insert,
                     &[
                         &self.cell, &epoch, &cols.0, &cols.1, &cols.2, &opt.0, &opt.1, &rest.0, &rest.1, &rest.2,
-                        &rest.3,
+                        &rest.3, &chained.0, &chained.1,
                     ],
                 )
                 .await?;

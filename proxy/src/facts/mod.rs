@@ -125,6 +125,16 @@ pub struct FactQuery {
     pub run_id: Option<String>,
 }
 
+/// A fact as the store holds it: the JSON its chain value covers, byte for
+/// byte, and that value (none for a fact written before the chain, or by a
+/// sink without one).
+#[derive(Debug, Clone)]
+pub struct StoredFact {
+    pub fact: Fact,
+    pub body: String,
+    pub chain: Option<chain::Head>,
+}
+
 /// How long a run record write queued by [`FactSink::save_run_soon`] waits
 /// at most for another write to share its commit.
 pub const RUN_WRITE_DELAY: std::time::Duration = std::time::Duration::from_millis(10);
@@ -183,6 +193,31 @@ pub trait FactSink: Send + Sync + 'static {
     /// signed note), if it signs them.
     fn checkpoint(&self) -> Option<std::sync::Arc<str>> {
         None
+    }
+
+    /// Up to `limit` facts after `after`, oldest first, as stored (the
+    /// fleet export). A sink without a chain gives each fact's JSON.
+    fn query_stored(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<StoredFact>, FactError>> {
+        Box::pin(async move {
+            let facts = self
+                .query(FactQuery {
+                    after,
+                    limit,
+                    run_id: None,
+                })
+                .await?;
+            facts
+                .into_iter()
+                .map(|fact| {
+                    let body = serde_json::to_string(&fact).map_err(|e| FactError::Unavailable(e.to_string()))?;
+                    Ok(StoredFact {
+                        fact,
+                        body,
+                        chain: None,
+                    })
+                })
+                .collect()
+        })
     }
 
     /// The newest kept checkpoint's `seq` (0: none).

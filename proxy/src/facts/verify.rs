@@ -221,16 +221,21 @@ pub fn verify(path: &Path, keys: &[Verifier], held: &[String]) -> Result<Report,
         .filter(|cp| cp.epoch == epoch && cp.cell == cell)
         .collect();
     for cp in &mine {
-        check(&c, Kind::Facts, cp.size, &cp.head, &r.facts, &mut r.findings).map_err(bad)?;
-        check(
-            &c,
-            Kind::Decisions,
-            cp.decisions.0,
-            &cp.decisions.1,
-            &r.decisions,
-            &mut r.findings,
-        )
-        .map_err(bad)?;
+        for (kind, signed, w) in [
+            (Kind::Facts, (cp.size, &cp.head), &r.facts),
+            (Kind::Decisions, (cp.decisions.0, &cp.decisions.1), &r.decisions),
+        ] {
+            let table = links::table(kind);
+            let at = || {
+                if signed.0 == w.anchor {
+                    links::anchor(&c, kind).ok().flatten().map(|(_, h, _)| h)
+                } else {
+                    let mut stmt = c.prepare(&format!("SELECT chain FROM {table} WHERE seq = ?1")).ok()?;
+                    chain_value(&mut stmt, signed.0)
+                }
+            };
+            check(kind, signed, w, at, &mut r.findings);
+        }
     }
     // One truncation per chain: the furthest signed size.
     let furthest = |k: Kind, f: &[Finding]| {
@@ -330,165 +335,345 @@ fn verify_by_any(note: &str, keys: &[Verifier]) -> Result<Checkpoint, NoteError>
     Err(why)
 }
 
-/// Walks one chain from its anchor, oldest first.
-fn walk(c: &Connection, kind: Kind, cell: &str, epoch: &str, findings: &mut Vec<Finding>) -> rusqlite::Result<Walk> {
-    let anchor = links::anchor(c, kind)?;
-    let (start, first) = anchor
-        .as_ref()
-        .map_or((0, genesis(kind, cell, epoch)), |(s, h, _)| (*s, *h));
-    let mut w = Walk {
-        anchor: start,
-        anchored: anchor.map(|(_, _, why)| why),
-        ..Walk::default()
-    };
-    let mut prev: Option<Head> = Some(first);
-    // The chain the previous record should have had (from its own body).
-    let mut computed: Option<Head> = None;
-    let mut expect = start + 1;
-    let mut loose: Vec<Loose> = Vec::new();
-    let mut stmt = c.prepare(&format!(
-        "SELECT seq, body, chain FROM {} ORDER BY seq",
-        links::table(kind)
-    ))?;
-    let mut rows = stmt.query([])?;
-    while let Some(row) = rows.next()? {
-        let seq = row.get::<_, i64>(0)?.max(0) as u64;
-        w.newest = seq;
-        if seq <= start {
-            w.before += 1;
-            continue;
+/// One chain walked oldest first, a record at a time, from where it
+/// starts (its anchor, or genesis). A record is checked against its
+/// predecessor's stored chain value, so one edit is one finding; the
+/// records that do not link are named by [`Walker::finish`].
+struct Walker {
+    kind: Kind,
+    start: u64,
+    prev: Option<Head>,
+    /// The chain the previous record should have had (from its own body).
+    computed: Option<Head>,
+    expect: u64,
+    loose: Vec<Loose>,
+    findings: Vec<Finding>,
+    w: Walk,
+}
+
+impl Walker {
+    /// A chain that starts after `start`, its first record linking to
+    /// `first` (none: the first record cannot be checked).
+    fn new(kind: Kind, start: u64, first: Option<Head>, anchored: Option<String>) -> Walker {
+        Walker {
+            kind,
+            start,
+            prev: first,
+            computed: None,
+            expect: start + 1,
+            loose: Vec::new(),
+            findings: Vec::new(),
+            w: Walk {
+                anchor: start,
+                anchored,
+                ..Walk::default()
+            },
         }
-        w.records += 1;
-        if seq > expect {
-            findings.push(Finding::Missing {
+    }
+
+    fn row(&mut self, seq: u64, body: &[u8], stored: Option<Head>) {
+        let kind = self.kind;
+        self.w.newest = seq;
+        if seq <= self.start {
+            self.w.before += 1;
+            return;
+        }
+        self.w.records += 1;
+        if seq > self.expect {
+            self.findings.push(Finding::Missing {
                 kind,
-                from: expect,
+                from: self.expect,
                 to: seq - 1,
             });
             // The first record after a gap cannot be checked: its
             // predecessor is gone.
-            (prev, computed) = (None, None);
+            (self.prev, self.computed) = (None, None);
         }
-        expect = seq + 1;
-        let body = row.get_ref(1)?;
-        let body = body
-            .as_bytes()
-            .or_else(|_| body.as_str().map(str::as_bytes))
-            .unwrap_or_default();
-        let stored: Option<Head> = row.get::<_, Option<Vec<u8>>>(2)?.and_then(|b| b.try_into().ok());
-        match (prev, stored) {
+        self.expect = seq + 1;
+        match (self.prev, stored) {
             (_, None) => {
-                findings.push(Finding::Unchained { kind, seq });
-                (prev, computed) = (None, None);
+                self.findings.push(Finding::Unchained { kind, seq });
+                (self.prev, self.computed) = (None, None);
             }
-            (None, Some(h)) => (prev, computed) = (Some(h), None),
+            (None, Some(h)) => (self.prev, self.computed) = (Some(h), None),
             (Some(p), Some(h)) => {
                 let this = link(kind, &p, seq, body);
                 // A predecessor whose chain value alone was altered: this
                 // record still links to what it should have held.
-                let after_altered = computed.is_some_and(|c| link(kind, &c, seq, body) == h);
-                computed = Some(this);
+                let after_altered = self.computed.is_some_and(|c| link(kind, &c, seq, body) == h);
+                self.computed = Some(this);
                 if this != h && !after_altered {
-                    if loose.len() < CLASSIFY {
-                        loose.push(Loose {
+                    if self.loose.len() < CLASSIFY {
+                        self.loose.push(Loose {
                             seq,
                             body: body.to_vec(),
                             stored: h,
                         });
                     } else {
                         // Beyond what is classified: named as altered.
-                        findings.push(Finding::Altered { kind, seq });
+                        self.findings.push(Finding::Altered { kind, seq });
                     }
                 }
-                prev = Some(h);
+                self.prev = Some(h);
             }
         }
     }
-    classify(c, kind, &loose, findings)?;
+
+    /// Names the records that did not link (`stored(seq)`: the chain value
+    /// held at a seq): chained at another of these seqs (`reordered`),
+    /// intact but after a moved record (no finding), or altered.
+    fn finish(mut self, mut stored: impl FnMut(u64) -> Option<Head>) -> (Walk, Vec<Finding>) {
+        let kind = self.kind;
+        enum Class {
+            Moved(u64),
+            AfterMoved,
+            Altered,
+        }
+        for r in &self.loose {
+            let mut class = Class::Altered;
+            for q in self.loose.iter().filter(|q| q.seq != r.seq) {
+                // Chained at q's place: after what is stored before q.
+                if stored(q.seq - 1).is_some_and(|before_q| link(kind, &before_q, q.seq, &r.body) == r.stored) {
+                    class = Class::Moved(q.seq);
+                    break;
+                }
+                // Intact, after a record moved away from its predecessor's place.
+                if link(kind, &q.stored, r.seq, &r.body) == r.stored {
+                    class = Class::AfterMoved;
+                    break;
+                }
+            }
+            match class {
+                Class::Moved(at) => self.findings.push(Finding::Reordered {
+                    kind,
+                    seq: r.seq,
+                    chained_at: at,
+                }),
+                Class::AfterMoved => {}
+                Class::Altered => self.findings.push(Finding::Altered { kind, seq: r.seq }),
+            }
+        }
+        (self.w, self.findings)
+    }
+}
+
+/// Walks one chain of the store from its anchor, oldest first.
+fn walk(c: &Connection, kind: Kind, cell: &str, epoch: &str, findings: &mut Vec<Finding>) -> rusqlite::Result<Walk> {
+    let anchor = links::anchor(c, kind)?;
+    let (start, first) = anchor
+        .as_ref()
+        .map_or((0, genesis(kind, cell, epoch)), |(s, h, _)| (*s, *h));
+    let mut walker = Walker::new(kind, start, Some(first), anchor.map(|(_, _, why)| why));
+    let table = links::table(kind);
+    let mut stmt = c.prepare(&format!("SELECT seq, body, chain FROM {table} ORDER BY seq"))?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let seq = row.get::<_, i64>(0)?.max(0) as u64;
+        let body = row.get_ref(1)?;
+        let body = body
+            .as_bytes()
+            .or_else(|_| body.as_str().map(str::as_bytes))
+            .unwrap_or_default();
+        let stored: Option<Head> = row.get::<_, Option<Vec<u8>>>(2)?.and_then(|b| b.try_into().ok());
+        walker.row(seq, body, stored);
+    }
+    let mut chain_at = c.prepare(&format!("SELECT chain FROM {table} WHERE seq = ?1"))?;
+    let (w, found) = walker.finish(|seq| chain_value(&mut chain_at, seq));
+    findings.extend(found);
     Ok(w)
 }
 
-/// Names the records that did not link: chained at another of these seqs
-/// (`reordered`), intact but after a moved record (no finding), or altered.
-fn classify(c: &Connection, kind: Kind, loose: &[Loose], findings: &mut Vec<Finding>) -> rusqlite::Result<()> {
-    let mut chain_at = c.prepare(&format!("SELECT chain FROM {} WHERE seq = ?1", links::table(kind)))?;
-    let mut stored = |seq: u64| -> rusqlite::Result<Option<Head>> {
-        Ok(chain_at
-            .query_row(params![seq as i64], |r| r.get::<_, Option<Vec<u8>>>(0))
-            .optional()?
-            .flatten()
-            .and_then(|b| b.try_into().ok()))
-    };
-    enum Class {
-        Moved(u64),
-        AfterMoved,
-        Altered,
-    }
-    for r in loose {
-        let mut class = Class::Altered;
-        for q in loose.iter().filter(|q| q.seq != r.seq) {
-            // Chained at q's place: after what is stored before q.
-            if stored(q.seq - 1)?.is_some_and(|before_q| link(kind, &before_q, q.seq, &r.body) == r.stored) {
-                class = Class::Moved(q.seq);
-                break;
-            }
-            // Intact, after a record moved away from its predecessor's place.
-            if link(kind, &q.stored, r.seq, &r.body) == r.stored {
-                class = Class::AfterMoved;
-                break;
-            }
-        }
-        match class {
-            Class::Moved(at) => findings.push(Finding::Reordered {
-                kind,
-                seq: r.seq,
-                chained_at: at,
-            }),
-            Class::AfterMoved => {}
-            Class::Altered => findings.push(Finding::Altered { kind, seq: r.seq }),
-        }
-    }
-    Ok(())
+/// The chain value stored at `seq` (none: no such record, or unchained).
+fn chain_value(stmt: &mut rusqlite::Statement<'_>, seq: u64) -> Option<Head> {
+    stmt.query_row(params![seq.min(i64::MAX as u64) as i64], |r| {
+        r.get::<_, Option<Vec<u8>>>(0)
+    })
+    .optional()
+    .ok()
+    .flatten()
+    .flatten()
+    .and_then(|b| b.try_into().ok())
 }
 
-/// Checks a checkpoint's `size` and `head` of one chain against the store.
+/// Checks a checkpoint's `size` and `head` of one chain against the chain
+/// walked (`at`: the chain value held at `size`).
 fn check(
-    c: &Connection,
     kind: Kind,
-    size: u64,
-    head: &Head,
+    (size, head): (u64, &Head),
     w: &Walk,
+    at: impl FnOnce() -> Option<Head>,
     findings: &mut Vec<Finding>,
-) -> rusqlite::Result<()> {
+) {
     if size > w.newest {
         findings.push(Finding::Truncated {
             kind,
             signed: size,
             held: w.newest,
         });
-        return Ok(());
+        return;
     }
     if size < w.anchor || size == 0 {
         // Pruned since (or nothing then): the anchor is past it.
-        return Ok(());
+        return;
     }
-    let at: Option<Head> = if size == w.anchor {
-        links::anchor(c, kind)?.map(|(_, h, _)| h)
-    } else {
-        c.query_row(
-            &format!("SELECT chain FROM {} WHERE seq = ?1", links::table(kind)),
-            params![size as i64],
-            |r| r.get::<_, Option<Vec<u8>>>(0),
-        )
-        .optional()?
-        .flatten()
-        .and_then(|b| b.try_into().ok())
-    };
     // A record missing or unchained there is named by the walk already.
-    if at.is_some_and(|h| &h != head) {
+    if at().is_some_and(|h| &h != head) {
         findings.push(Finding::Rewritten { kind, seq: size });
     }
-    Ok(())
+}
+
+/// Verifies the facts the fleet store (`[export] sink = "postgres"`) holds
+/// of `cell`, each epoch on its own, record by record: the exporter copies
+/// each fact's stored JSON and chain value (`stored`, `chain`), and the
+/// checkpoints (`egress_checkpoints`, with those `held`) are checked
+/// against them. A fact exported before those columns has neither: such
+/// facts at the start of an epoch are counted as written before the chain.
+/// Decision records are not in the fleet store. A checkpoint beyond the
+/// newest fact held is `truncated`: deleted there, or not exported yet (run
+/// it when the cell's `export_lag` is 0). One report per epoch, oldest
+/// first.
+pub async fn verify_postgres(
+    client: &tokio_postgres::Client,
+    schema: &str,
+    cell: &str,
+    keys: &[Verifier],
+    held: &[String],
+) -> Result<Vec<Report>, String> {
+    let s = egress_fleet::pg::ident(schema);
+    let pg = |e: tokio_postgres::Error| format!("the fleet store: {e}");
+    let mut notes: Vec<String> = client
+        .query(
+            &format!("SELECT note FROM {s}.egress_checkpoints WHERE cell = $1 ORDER BY at"),
+            &[&cell],
+        )
+        .await
+        .map_err(pg)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    notes.extend(held.iter().cloned());
+    let mut verified = Vec::new();
+    let mut unsigned = Vec::new();
+    for note in &notes {
+        match verify_by_any(note, keys) {
+            Ok(cp) => verified.push(cp),
+            Err(e) => unsigned.push((chain::read_note(note).ok(), e)),
+        }
+    }
+    let epochs: Vec<String> = client
+        .query(
+            &format!("SELECT epoch::text FROM {s}.egress_facts WHERE cell = $1 GROUP BY epoch ORDER BY min(at)"),
+            &[&cell],
+        )
+        .await
+        .map_err(pg)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut reports = Vec::new();
+    for epoch in epochs {
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT seq, stored, chain FROM {s}.egress_facts WHERE cell = $1 AND epoch = $2::text::uuid ORDER BY seq"
+                ),
+                &[&cell, &epoch],
+            )
+            .await
+            .map_err(pg)?;
+        let rows: Vec<(u64, Option<String>, Option<Head>)> = rows
+            .iter()
+            .map(|r| {
+                let seq: i64 = r.get(0);
+                let chain: Option<Vec<u8>> = r.get(2);
+                (seq.max(0) as u64, r.get(1), chain.and_then(|c| c.try_into().ok()))
+            })
+            .collect();
+        // Facts exported before the chain's columns (or written before the
+        // chain) lead; the chain starts after them, from genesis. An epoch
+        // whose export began after its first facts were pruned cannot
+        // check its first record.
+        let before = rows
+            .iter()
+            .take_while(|(_, body, chain)| body.is_none() || chain.is_none())
+            .count();
+        let (start, first) = match (before, rows.first()) {
+            (0, Some((seq, _, _))) if *seq > 1 => (seq - 1, None),
+            (0, _) => (0, Some(genesis(Kind::Facts, cell, &epoch))),
+            (n, _) => (rows[n - 1].0, Some(genesis(Kind::Facts, cell, &epoch))),
+        };
+        let anchored = (before > 0).then(|| "exported before the chain".to_owned());
+        let mut walker = Walker::new(Kind::Facts, start, first, anchored);
+        for (seq, body, chain) in &rows {
+            walker.row(*seq, body.as_deref().unwrap_or_default().as_bytes(), *chain);
+        }
+        let by_seq: std::collections::HashMap<u64, Head> = rows
+            .iter()
+            .filter_map(|(seq, _, chain)| Some((*seq, (*chain)?)))
+            .collect();
+        let (facts, mut findings) = walker.finish(|seq| by_seq.get(&seq).copied());
+        let mine: Vec<&Checkpoint> = verified
+            .iter()
+            .filter(|cp| cp.epoch == epoch && cp.cell == cell)
+            .collect();
+        for cp in &mine {
+            let at = || {
+                by_seq
+                    .get(&cp.size)
+                    .copied()
+                    .or(if cp.size == start { first } else { None })
+            };
+            check(Kind::Facts, (cp.size, &cp.head), &facts, at, &mut findings);
+        }
+        for (cp, e) in &unsigned {
+            if cp.as_ref().is_none_or(|cp| cp.epoch == epoch) {
+                let which = cp.as_ref().map_or_else(
+                    || "(unreadable)".to_owned(),
+                    |cp| format!("{} size {} at {}", chain::origin(&cp.cell, &cp.epoch), cp.size, cp.time),
+                );
+                findings.push(Finding::BadSignature {
+                    checkpoint: which,
+                    why: e.to_string(),
+                });
+            }
+        }
+        let furthest = findings
+            .iter()
+            .filter_map(|f| match f {
+                Finding::Truncated { signed, .. } => Some(*signed),
+                _ => None,
+            })
+            .max();
+        findings.retain(|f| !matches!(f, Finding::Truncated { signed, .. } if Some(*signed) != furthest));
+        findings.dedup();
+        let newest = mine
+            .iter()
+            .max_by_key(|cp| (cp.size, cp.time.clone()))
+            .map(|cp| (*cp).clone());
+        let mut notes = Vec::new();
+        match &newest {
+            Some(cp) if facts.newest > cp.size => notes.push(format!(
+                "{} facts after the newest checkpoint are chained but not yet signed",
+                facts.newest - cp.size
+            )),
+            Some(_) => {}
+            None => notes.push(format!(
+                "no checkpoint of this epoch verified with key {}: the chain is checked, not its signatures",
+                names(keys)
+            )),
+        }
+        reports.push(Report {
+            cell: cell.to_owned(),
+            epoch,
+            facts,
+            decisions: Walk::default(),
+            checkpoints: mine.len(),
+            newest,
+            findings,
+            notes,
+        });
+    }
+    Ok(reports)
 }
 
 /// The signed notes in a file a witness or a sink kept: JSON lines of OCSF

@@ -357,6 +357,20 @@ impl FactSink for SqliteStore {
         self.identity.checkpoint.lock().ok()?.clone()
     }
 
+    fn query_stored(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<crate::facts::StoredFact>, FactError>> {
+        let (reader, path) = (self.reader.clone(), self.path.clone());
+        let (cell, epoch) = (self.cell.clone(), self.identity.epoch());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || reader::read_stored(&reader, &path, after, limit, (&cell, &epoch)))
+                .await
+                .map_err(|e| FactError::Unavailable(e.to_string()))?
+        })
+    }
+
     fn checkpoint_head(&self) -> u64 {
         self.identity.checkpoint_seq.load(Ordering::Acquire)
     }

@@ -5,7 +5,7 @@
 
 use super::schema::open;
 use super::INDEXED_UPTO;
-use crate::facts::{Fact, FactError, FactQuery};
+use crate::facts::{Fact, FactError, FactQuery, StoredFact};
 use rusqlite::{params, Connection};
 use std::path::Path;
 use std::sync::Mutex;
@@ -81,16 +81,54 @@ pub(super) fn read(
         *guard = None;
         FactError::Unavailable(e.to_string())
     })?;
-    rows.iter()
-        .map(|b| {
-            let mut f: Fact =
-                serde_json::from_str(b).map_err(|e| FactError::Unavailable(format!("corrupt fact: {e}")))?;
-            // Facts written before the store had an epoch (migrated).
-            if f.epoch.is_none() {
-                f.epoch = Some(stamp.1.to_owned());
-                f.cell.clone_from(stamp.0);
-            }
-            Ok(f)
+    rows.iter().map(|b| parse(b, stamp)).collect()
+}
+
+/// A stored body as a fact, stamped with `stamp` (cell, epoch) when it was
+/// written before the store had an epoch (migrated).
+fn parse(body: &str, stamp: (&Option<String>, &str)) -> Result<Fact, FactError> {
+    let mut f: Fact = serde_json::from_str(body).map_err(|e| FactError::Unavailable(format!("corrupt fact: {e}")))?;
+    if f.epoch.is_none() {
+        f.epoch = Some(stamp.1.to_owned());
+        f.cell.clone_from(stamp.0);
+    }
+    Ok(f)
+}
+
+/// Up to `limit` facts after `after`, oldest first, each with its stored
+/// JSON and its chain value (the fleet export copies both, so that the
+/// fleet store can be verified record by record).
+pub(super) fn read_stored(
+    reader: &Mutex<Option<Connection>>,
+    path: &Path,
+    after: u64,
+    limit: usize,
+    stamp: (&Option<String>, &str),
+) -> Result<Vec<StoredFact>, FactError> {
+    let mut guard = connection(reader, path)?;
+    let c = guard
+        .as_ref()
+        .ok_or_else(|| FactError::Unavailable("no reader".into()))?;
+    let rows: rusqlite::Result<Vec<(String, Option<Vec<u8>>)>> = c
+        .prepare_cached("SELECT body, chain FROM facts WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+        .and_then(|mut s| {
+            s.query_map(
+                params![after.min(i64::MAX as u64) as i64, limit.min(10_000) as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
+            .collect()
+        });
+    let rows = rows.map_err(|e| {
+        *guard = None;
+        FactError::Unavailable(e.to_string())
+    })?;
+    rows.into_iter()
+        .map(|(body, chain)| {
+            Ok(StoredFact {
+                fact: parse(&body, stamp)?,
+                body,
+                chain: chain.and_then(|c| c.try_into().ok()),
+            })
         })
         .collect()
 }
