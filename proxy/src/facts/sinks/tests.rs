@@ -63,10 +63,13 @@ fn file_sink(path: &Path) -> AuditConfig {
     cfg
 }
 
+/// The (log, uid) of every whole line the file sink wrote so far (a line
+/// being written while this reads is left for the next look).
 fn uids(path: &Path) -> Vec<(String, String)> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
-        .lines()
+        .split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
             (
