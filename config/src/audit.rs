@@ -22,6 +22,8 @@ pub struct AuditConfig {
     pub sinks: BTreeMap<String, SinkConfig>,
     /// The Ed25519 key checkpoints are signed with (none: unsigned).
     pub signing_key_file: Option<PathBuf>,
+    /// Make the key at start when the file does not exist (first boot).
+    pub signing_key_create: bool,
     /// A checkpoint at least this often.
     pub checkpoint: Duration,
     /// A checkpoint at least every this many records.
@@ -33,6 +35,7 @@ impl Default for AuditConfig {
         AuditConfig {
             sinks: BTreeMap::new(),
             signing_key_file: None,
+            signing_key_create: false,
             checkpoint: Duration::from_millis(60_000),
             checkpoint_records: 10_000,
         }
@@ -194,6 +197,12 @@ pub(crate) fn audit(s: &mut Section) -> AuditConfig {
         let at = s.at("signing_key_file");
         s.problems.push(at, "must be a path");
     }
+    let signing_key_create = s.or("signing_key_create", d.signing_key_create);
+    if signing_key_create && signing_key_file.is_none() {
+        let at = s.at("signing_key_create");
+        s.problems
+            .push(at, "needs signing_key_file: the path of the key to make");
+    }
     let checkpoint = s.millis("checkpoint_ms", 1_000..=86_400_000, d.checkpoint);
     let checkpoint_records = s.int("checkpoint_records", 1..=100_000_000, d.checkpoint_records);
     let mut sinks = BTreeMap::new();
@@ -221,6 +230,7 @@ pub(crate) fn audit(s: &mut Section) -> AuditConfig {
     AuditConfig {
         sinks,
         signing_key_file,
+        signing_key_create,
         checkpoint,
         checkpoint_records,
     }

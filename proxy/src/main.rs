@@ -521,22 +521,7 @@ fn report(out: &mut String, source: &str, r: &egress_proxy::facts::verify::Repor
 
 /// `audit keygen`: a new signing key, private to --out, public beside it.
 fn keygen(name: &str, out: &std::path::Path) -> Result<(), String> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let (private, public) = egress_proxy::facts::chain::Signer::generate(name)?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(out)
-        .map_err(|e| format!("{}: {e} (an existing key is never overwritten)", out.display()))?;
-    f.write_all(format!("{private}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {e}", out.display()))?;
-    let mut pub_path = out.as_os_str().to_owned();
-    pub_path.push(".pub");
-    std::fs::write(&pub_path, format!("{public}\n"))
-        .map_err(|e| format!("{}: {e}", PathBuf::from(&pub_path).display()))?;
+    let public = egress_proxy::facts::chain::Signer::create_file(out, name)?;
     println!("{public}");
     Ok(())
 }
@@ -623,6 +608,15 @@ fn check(path: &std::path::Path) -> std::process::ExitCode {
             );
             let _ = writeln!(out, "  policy  {}", c.policy.digest);
             match &c.audit.signing_key_file {
+                Some(p) if c.audit.signing_key_create && !p.exists() => {
+                    let _ = writeln!(
+                        out,
+                        "  audit   checkpoints signed every {} ms and {} facts, with a key made at the first start at {} (signing_key_create)",
+                        c.audit.checkpoint.as_millis(),
+                        c.audit.checkpoint_records,
+                        p.display()
+                    );
+                }
                 Some(p) => match egress_proxy::facts::chain::Signer::from_file(p) {
                     Ok(key) => {
                         let _ = writeln!(

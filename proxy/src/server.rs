@@ -245,6 +245,16 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
     }
     // The key that signs the chains' checkpoints: refused at start when
     // unreadable, malformed, or readable by others.
+    if let Some(path) = cfg
+        .audit
+        .signing_key_file
+        .as_ref()
+        .filter(|p| cfg.audit.signing_key_create && !p.exists())
+    {
+        let name = cfg.cell.as_ref().map_or("loom-egress", |c| c.id.as_str());
+        let public = crate::facts::chain::Signer::create_file(path, name).map_err(StartError::Audit)?;
+        tracing::info!(path = %path.display(), verifier_key = %public, "made the checkpoint signing key ([audit] signing_key_create); keep the verifier key where the verifiers are");
+    }
     let checkpoints = match &cfg.audit.signing_key_file {
         Some(path) => Some(crate::facts::store::CheckpointPolicy {
             key: Arc::new(crate::facts::chain::Signer::from_file(path).map_err(StartError::Audit)?),

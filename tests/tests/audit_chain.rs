@@ -340,3 +340,36 @@ async fn a_signing_key_others_may_read_is_refused_at_start_and_without_a_key_the
     );
     assert!(r.text().contains("\"code\":\"no_checkpoint\""), "{}", r.text());
 }
+
+/// `signing_key_create`: the first start makes the key (0600, its verifier
+/// beside it), signs with it, and a later start keeps it.
+#[tokio::test]
+async fn the_first_start_makes_the_key_when_asked_and_later_starts_keep_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, control) = (free_addr(), free_addr());
+    let cfg = write_config(
+        dir.path(),
+        proxy,
+        control,
+        "[cell]\nid = \"cell-b\"\n[audit]\nsigning_key_file = \"keys/audit.key\"\nsigning_key_create = true\n[tools.web]\negress = []\n",
+    );
+    std::fs::create_dir(dir.path().join("keys")).unwrap();
+    let key = dir.path().join("keys/audit.key");
+    let mut p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
+    assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+    let public = std::fs::read_to_string(dir.path().join("keys/audit.key.pub")).unwrap();
+    assert!(public.starts_with("cell-b+"), "{public}");
+    assert!(p.logs().contains(public.trim()), "the verifier key is logged");
+    let made = std::fs::read(&key).unwrap();
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(30)), Some(0));
+    let _p = ProxyProcess::start(&cfg, proxy, control, TOKEN, &[]);
+    assert_eq!(std::fs::read(&key).unwrap(), made, "an existing key is kept");
+    let (code, out) = verify(
+        &dir.path().join("facts.db"),
+        &dir.path().join("keys/audit.key.pub"),
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("no checkpoint of this epoch verified"), "{out}");
+}

@@ -326,6 +326,30 @@ impl Signer {
         Ok((text, signer.verifier()))
     }
 
+    /// Makes a new key named `name` at `path` (created 0600, never over an
+    /// existing file, synced) and its verifier key at `path.pub`; returns the
+    /// verifier key.
+    pub fn create_file(path: &Path, name: &str) -> Result<String, String> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let (private, public) = Signer::generate(name)?;
+        let shown = path.display();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| format!("{shown}: {e} (an existing key is never overwritten)"))?;
+        f.write_all(format!("{private}\n").as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| format!("{shown}: {e}"))?;
+        let mut pub_path = path.as_os_str().to_owned();
+        pub_path.push(".pub");
+        let pub_path = std::path::PathBuf::from(pub_path);
+        std::fs::write(&pub_path, format!("{public}\n")).map_err(|e| format!("{}: {e}", pub_path.display()))?;
+        Ok(public)
+    }
+
     /// The verifier key: `<name>+<hash>+<base64(0x01 ‖ public key)>`.
     pub fn verifier(&self) -> String {
         let mut public = vec![1u8];
