@@ -169,16 +169,7 @@ pub fn verify(path: &Path, keys: &[Verifier], held: &[String]) -> Result<Report,
     for note in &notes {
         match verify_by_any(note, keys) {
             Ok(cp) => verified.push(cp),
-            Err(e) => {
-                let which = chain::read_note(note)
-                    .map(|cp| format!("{} size {} at {}", chain::origin(&cp.cell, &cp.epoch), cp.size, cp.time))
-                    .unwrap_or_else(|_| "(unreadable)".into());
-                let why = match e {
-                    NoteError::Malformed(m) => format!("not a checkpoint: {m}"),
-                    e => e.to_string(),
-                };
-                r.findings.push(Finding::BadSignature { checkpoint: which, why });
-            }
+            Err(e) => r.findings.push(bad_signature(chain::read_note(note).ok().as_ref(), &e)),
         }
     }
     r.checkpoints = verified.len();
@@ -313,6 +304,29 @@ pub fn verify(path: &Path, keys: &[Verifier], held: &[String]) -> Result<Report,
         }
     }
     Ok(r)
+}
+
+/// The finding of a checkpoint that does not verify (`cp`: what it says,
+/// when it reads).
+fn bad_signature(cp: Option<&Checkpoint>, e: &NoteError) -> Finding {
+    let checkpoint = cp.map_or_else(
+        || "(unreadable)".to_owned(),
+        |cp| format!("{} size {} at {}", chain::origin(&cp.cell, &cp.epoch), cp.size, cp.time),
+    );
+    let why = match e {
+        NoteError::Malformed(m) => format!("not a checkpoint: {m}"),
+        e => e.to_string(),
+    };
+    Finding::BadSignature { checkpoint, why }
+}
+
+/// The first column of the rows `sql` selects for `cell`, as text.
+async fn texts(client: &tokio_postgres::Client, sql: &str, cell: &str) -> Result<Vec<String>, String> {
+    let rows = client
+        .query(sql, &[&cell])
+        .await
+        .map_err(|e| format!("the fleet store: {e}"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// The keys' names, for messages.
@@ -541,16 +555,12 @@ pub async fn verify_postgres(
 ) -> Result<Vec<Report>, String> {
     let s = egress_fleet::pg::ident(schema);
     let pg = |e: tokio_postgres::Error| format!("the fleet store: {e}");
-    let mut notes: Vec<String> = client
-        .query(
-            &format!("SELECT note FROM {s}.egress_checkpoints WHERE cell = $1 ORDER BY at"),
-            &[&cell],
-        )
-        .await
-        .map_err(pg)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let mut notes = texts(
+        client,
+        &format!("SELECT note FROM {s}.egress_checkpoints WHERE cell = $1 ORDER BY at"),
+        cell,
+    )
+    .await?;
     notes.extend(held.iter().cloned());
     let mut verified = Vec::new();
     let mut unsigned = Vec::new();
@@ -560,16 +570,12 @@ pub async fn verify_postgres(
             Err(e) => unsigned.push((chain::read_note(note).ok(), e)),
         }
     }
-    let epochs: Vec<String> = client
-        .query(
-            &format!("SELECT epoch::text FROM {s}.egress_facts WHERE cell = $1 GROUP BY epoch ORDER BY min(at)"),
-            &[&cell],
-        )
-        .await
-        .map_err(pg)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let epochs = texts(
+        client,
+        &format!("SELECT epoch::text FROM {s}.egress_facts WHERE cell = $1 GROUP BY epoch ORDER BY min(at)"),
+        cell,
+    )
+    .await?;
     let mut reports = Vec::new();
     for epoch in epochs {
         let rows = client
@@ -627,14 +633,7 @@ pub async fn verify_postgres(
         }
         for (cp, e) in &unsigned {
             if cp.as_ref().is_none_or(|cp| cp.epoch == epoch) {
-                let which = cp.as_ref().map_or_else(
-                    || "(unreadable)".to_owned(),
-                    |cp| format!("{} size {} at {}", chain::origin(&cp.cell, &cp.epoch), cp.size, cp.time),
-                );
-                findings.push(Finding::BadSignature {
-                    checkpoint: which,
-                    why: e.to_string(),
-                });
+                findings.push(bad_signature(cp.as_ref(), e));
             }
         }
         let furthest = findings
