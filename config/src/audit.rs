@@ -28,6 +28,9 @@ pub struct AuditConfig {
     pub checkpoint: Duration,
     /// A checkpoint at least every this many records.
     pub checkpoint_records: u64,
+    /// The sinks' events of chained records carry their OCSF 1.9
+    /// attestation (profile `record_integrity`).
+    pub record_integrity: bool,
 }
 
 impl Default for AuditConfig {
@@ -38,6 +41,7 @@ impl Default for AuditConfig {
             signing_key_create: false,
             checkpoint: Duration::from_millis(60_000),
             checkpoint_records: 10_000,
+            record_integrity: false,
         }
     }
 }
@@ -205,6 +209,7 @@ pub(crate) fn audit(s: &mut Section) -> AuditConfig {
     }
     let checkpoint = s.millis("checkpoint_ms", 1_000..=86_400_000, d.checkpoint);
     let checkpoint_records = s.int("checkpoint_records", 1..=100_000_000, d.checkpoint_records);
+    let record_integrity = s.or("record_integrity", d.record_integrity);
     let mut sinks = BTreeMap::new();
     let tables = s.table("sinks").entries();
     if tables.len() > MAX_SINKS {
@@ -233,6 +238,7 @@ pub(crate) fn audit(s: &mut Section) -> AuditConfig {
         signing_key_create,
         checkpoint,
         checkpoint_records,
+        record_integrity,
     }
 }
 

@@ -263,6 +263,7 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
         }),
         None => None,
     };
+    let authority = checkpoints.as_ref().map(|c| c.key.name().to_owned());
     let decision_bytes: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let sqlite = opts.facts.is_none() && pc.facts.as_os_str() != ":memory:";
     let facts: Arc<dyn FactSink> = match opts.facts {
@@ -323,6 +324,10 @@ pub async fn start(opts: Options) -> Result<Handle, StartError> {
             facts: facts.clone(),
             decisions: decisions.clone(),
             version: env!("CARGO_PKG_VERSION"),
+            integrity: cfg.audit.record_integrity.then(|| crate::facts::sinks::Integrity {
+                cell: crate::facts::store::links::cell_name(cfg.cell.as_ref().map(|c| c.id.as_str())).to_owned(),
+                authority,
+            }),
         };
         let env = |k: &str| std::env::var(k).ok();
         Some(crate::facts::sinks::start(

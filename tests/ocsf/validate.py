@@ -31,6 +31,41 @@ from ocsf_json_schema import OcsfJsonSchema, OcsfJsonSchemaEmbedded, get_ocsf_sc
 
 VERSION = "1.8.0"
 
+# The OCSF 1.9 `attestation` object (profile `record_integrity`), written
+# from its published definition (objects/attestation.json: uid,
+# authority_uid, chain_uid, fingerprint, prev_event, signatures; at least
+# one of fingerprint and signatures), with the fingerprint object as 1.8
+# defines it. An event naming `record_integrity` is checked in two parts:
+# without the attestation and the profile, as a 1.8.0 event; the
+# attestation against this schema.
+FINGERPRINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["algorithm_id", "value"],
+    "properties": {
+        "algorithm": {"type": "string"},
+        "algorithm_id": {"type": "integer", "enum": [-1, 0, 1, 2, 3, 4, 5, 6, 7, 99]},
+        "value": {"type": "string", "minLength": 1},
+    },
+}
+ATTESTATION = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "uid": {"type": "string"},
+        "authority_uid": {"type": "string"},
+        "chain_uid": {"type": "string"},
+        "fingerprint": FINGERPRINT,
+        "prev_event": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"uid": {"type": "string"}, "type_uid": {"type": "integer"}, "fingerprint": FINGERPRINT},
+        },
+        "signatures": {"type": "array", "items": {"type": "object"}},
+    },
+    "anyOf": [{"required": ["fingerprint"]}, {"required": ["signatures"]}],
+}
+
 
 class Validator:
     def __init__(self):
@@ -59,6 +94,16 @@ class Validator:
         if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
             return [f"metadata.profiles {profiles!r} is not a list of names"]
         out = []
+        if "record_integrity" in profiles:
+            event = dict(event)
+            attestation = event.pop("attestation", None)
+            event["metadata"] = dict(metadata, profiles=[p for p in profiles if p != "record_integrity"])
+            profiles = event["metadata"]["profiles"]
+            if attestation is None:
+                out.append("profile record_integrity without an attestation")
+            for e in jsonschema.Draft202012Validator(ATTESTATION).iter_errors(attestation or {}):
+                where = "/".join(str(p) for p in e.absolute_path)
+                out.append(f"attestation/{where}: {e.message}")
         known = set(self.raw["classes"][name].get("profiles") or [])
         for p in profiles:
             if p not in known:

@@ -696,7 +696,7 @@ fn a_missing_headers_variable_stops_the_proxy_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sink_carries_the_signed_checkpoints_and_they_verify_the_store() {
     let s = Setup::new(
-        "[audit]\nsigning_key_file = \"{dir}/audit.key\"\ncheckpoint_ms = 1000\n\
+        "[audit]\nsigning_key_file = \"{dir}/audit.key\"\ncheckpoint_ms = 1000\nrecord_integrity = true\n\
          [audit.sinks.archive]\ntype = \"file\"\npath = \"{dir}/audit/events.jsonl\"\nflush_ms = 20\n",
     )
     .await;
@@ -760,4 +760,70 @@ async fn a_sink_carries_the_signed_checkpoints_and_they_verify_the_store() {
         "the sink's {} notes were read beside the store's own: {text}",
         got.len()
     );
+    // record_integrity: each fact's and decision record's event carries its
+    // chain value as the attestation's fingerprint, linked to the previous
+    // one's, and a checkpoint's head is the fingerprint at its size.
+    let all: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut fingerprints: BTreeMap<(String, u64), String> = BTreeMap::new();
+    for v in all.iter().filter(|v| v["metadata"]["log_name"] != "checkpoints") {
+        let log = v["metadata"]["log_name"].as_str().unwrap().to_owned();
+        let seq = v["metadata"]["sequence"].as_u64().unwrap();
+        let att = &v["attestation"];
+        assert_eq!(
+            att["uid"].as_str().unwrap(),
+            format!("{}/{seq}", att["chain_uid"].as_str().unwrap())
+        );
+        assert_eq!(att["authority_uid"], "loom-egress");
+        assert!(v["metadata"]["profiles"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("record_integrity")));
+        fingerprints.insert((log, seq), att["fingerprint"]["value"].as_str().unwrap().to_owned());
+    }
+    let mut linked = 0;
+    for v in all.iter().filter(|v| v["metadata"]["log_name"] != "checkpoints") {
+        let key = (
+            v["metadata"]["log_name"].as_str().unwrap().to_owned(),
+            v["metadata"]["sequence"].as_u64().unwrap(),
+        );
+        if let Some(before) = fingerprints.get(&(key.0.clone(), key.1 - 1)) {
+            assert_eq!(
+                v["attestation"]["prev_event"]["fingerprint"]["value"].as_str(),
+                Some(before.as_str()),
+                "{key:?}"
+            );
+            linked += 1;
+        }
+    }
+    assert!(linked > 150, "only {linked} events linked to the one before");
+    use base64::Engine as _;
+    let mut anchored = 0;
+    for cp in &got {
+        let loom = &cp["unmapped"]["loom"];
+        let size = loom["size"].as_u64().unwrap();
+        let head = base64::engine::general_purpose::STANDARD
+            .decode(loom["head"].as_str().unwrap())
+            .unwrap();
+        let hex: String = head.iter().map(|b| format!("{b:02x}")).collect();
+        if let Some(fp) = fingerprints.get(&("facts".to_owned(), size)) {
+            assert_eq!(fp, &hex, "checkpoint at facts seq {size}");
+            anchored += 1;
+        }
+    }
+    assert!(anchored >= 1, "no checkpoint's head found among the events");
+    if python_has(
+        "ocsf_json_schema, jsonschema",
+        "pip install -r tests/ocsf/requirements.txt",
+    ) {
+        let check = Command::new("python3")
+            .arg(egress_e2e::process::repo_root().join("tests/ocsf/validate.py"))
+            .arg(&events)
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    }
 }

@@ -326,6 +326,11 @@ impl Signer {
         Ok((text, signer.verifier()))
     }
 
+    /// The key's name, as signature lines show it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Makes a new key named `name` at `path` (created 0600, never over an
     /// existing file, synced) and its verifier key at `path.pub`; returns the
     /// verifier key.

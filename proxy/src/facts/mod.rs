@@ -220,6 +220,17 @@ pub trait FactSink: Send + Sync + 'static {
         })
     }
 
+    /// The chain values of `kind`'s records `from..=to` that have one, by
+    /// seq (a sink without a chain has none).
+    fn chain_values(
+        &self,
+        _kind: chain::Kind,
+        _from: u64,
+        _to: u64,
+    ) -> BoxFuture<'_, Result<Vec<(u64, chain::Head)>, FactError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     /// The newest kept checkpoint's `seq` (0: none).
     fn checkpoint_head(&self) -> u64 {
         0

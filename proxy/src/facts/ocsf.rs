@@ -305,6 +305,54 @@ fn uuid_of(domain: &[u8], parts: &[&str]) -> String {
     )
 }
 
+/// What the OCSF 1.9 `attestation` of a record says: the record's place in
+/// its hash chain ([`crate::facts::chain`]).
+pub struct Attestation<'a> {
+    /// The chain: `loom-egress/<cell>/<epoch>/<facts|decisions>`.
+    pub chain_uid: &'a str,
+    pub seq: u64,
+    /// The record's chain value.
+    pub fingerprint: &'a crate::facts::chain::Head,
+    /// The previous record's (none: the first of the chain, or not held).
+    pub previous: Option<&'a crate::facts::chain::Head>,
+    /// The name of the key that signs the chain's checkpoints.
+    pub authority: Option<&'a str>,
+}
+
+/// Adds the OCSF 1.9 `attestation` object (profile `record_integrity`) to
+/// `event`: `fingerprint` is the record's chain value (SHA-256, hex) and
+/// `prev_event.fingerprint` the previous record's, so that a receiver can
+/// check the events link in order and that a signed checkpoint's head is
+/// the fingerprint at its size. The fingerprint covers the record as the
+/// store holds it (what `facts verify` recomputes), not the event's own
+/// serialization; `metadata.version` stays 1.8.0.
+pub fn attest(event: &mut Value, a: &Attestation<'_>) {
+    let fingerprint = |h: &crate::facts::chain::Head| {
+        let value: String = h.iter().map(|b| format!("{b:02x}")).collect();
+        json!({ "algorithm_id": 3, "algorithm": "SHA-256", "value": value })
+    };
+    let mut att = json!({
+        "uid": format!("{}/{}", a.chain_uid, a.seq),
+        "chain_uid": a.chain_uid,
+        "fingerprint": fingerprint(a.fingerprint),
+    });
+    if let Some(p) = a.previous {
+        att["prev_event"] = json!({
+            "uid": format!("{}/{}", a.chain_uid, a.seq.saturating_sub(1)),
+            "fingerprint": fingerprint(p),
+        });
+    }
+    if let Some(name) = a.authority {
+        att["authority_uid"] = json!(name);
+    }
+    event["attestation"] = att;
+    if let Some(profiles) = event.pointer_mut("/metadata/profiles").and_then(Value::as_array_mut) {
+        if !profiles.iter().any(|p| p == "record_integrity") {
+            profiles.push(json!("record_integrity"));
+        }
+    }
+}
+
 /// The OCSF event of a signed checkpoint of the fact log's hash chains
 /// (`seq`: its place among the store's checkpoints; `note`: the C2SP signed
 /// note): Event Log Activity 1008, activity Other ("Checkpoint"), observed

@@ -197,7 +197,24 @@ fn table() -> Vec<Case> {
         k("checkpoint", 1, &signed_note(false)),
         k("checkpoint closed", 2, &signed_note(true)),
         k("checkpoint unreadable", 3, "not a note"),
+        // A record's attestation (profile record_integrity).
+        attested(f("denial attested", denied(70, "not_allowlisted", "connect", "evil.example", 443), (4001, 1, 2)), Some(&[7; 32])),
+        attested(d("decision attested, first of its chain", decision(1, "connect", "api.example", 443, Some("CONNECT"), None), (4001, 2)), None),
     ]
+}
+
+fn attested(mut c: Case, previous: Option<&crate::facts::chain::Head>) -> Case {
+    attest(
+        &mut c.event,
+        &Attestation {
+            chain_uid: "loom-egress/cell-a/e/facts",
+            seq: c.seq,
+            fingerprint: &[9; 32],
+            previous,
+            authority: Some("cell-a-audit"),
+        },
+    );
+    c
 }
 
 /// A signed checkpoint note, closed or not.
@@ -708,5 +725,36 @@ fn a_checkpoint_maps_to_event_log_activity_with_its_note_and_a_uid_made_of_it() 
     assert_eq!(
         shorthand(&e),
         "CHECKPOINT loom-egress/cell-a/0b6a7c1e-5d2f-4c61-9a55-1f3e0d7a9b21 facts=100 decisions=7 closed"
+    );
+}
+
+#[test]
+fn an_attestation_carries_the_chain_value_and_the_previous_one() {
+    let mut e = fact_event(&denied(5, "not_allowlisted", "connect", "evil.example", 443), "1.2.3");
+    let (fp, prev) = ([0xab; 32], [0x01; 32]);
+    let a = Attestation {
+        chain_uid: "loom-egress/cell-a/e/facts",
+        seq: 5,
+        fingerprint: &fp,
+        previous: Some(&prev),
+        authority: Some("cell-a-audit"),
+    };
+    attest(&mut e, &a);
+    attest(&mut e, &a);
+    let att = &e["attestation"];
+    assert_eq!(att["uid"], "loom-egress/cell-a/e/facts/5");
+    assert_eq!(att["chain_uid"], "loom-egress/cell-a/e/facts");
+    assert_eq!(att["authority_uid"], "cell-a-audit");
+    assert_eq!(
+        att["fingerprint"],
+        json!({ "algorithm_id": 3, "algorithm": "SHA-256", "value": "ab".repeat(32) })
+    );
+    assert_eq!(att["prev_event"]["uid"], "loom-egress/cell-a/e/facts/4");
+    assert_eq!(att["prev_event"]["fingerprint"]["value"], "01".repeat(32));
+    let profiles = e["metadata"]["profiles"].as_array().unwrap();
+    assert_eq!(
+        profiles.iter().filter(|p| *p == "record_integrity").count(),
+        1,
+        "{profiles:?}"
     );
 }

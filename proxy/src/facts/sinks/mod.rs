@@ -17,7 +17,7 @@ pub mod records;
 mod syslog;
 
 pub use otlp::severity_number;
-pub use records::{Record, RecordKind, Source, KINDS};
+pub use records::{Integrity, Record, RecordKind, Source, KINDS};
 pub use syslog::{frame, message, severity};
 
 use crate::dns::Resolve;

@@ -5,7 +5,7 @@
 //! is a new variant here, with its `read` and `head`.
 
 use crate::facts::decisions::{DecisionLog, DecisionQuery};
-use crate::facts::ocsf;
+use crate::facts::{chain, ocsf};
 use crate::facts::{FactQuery, FactSink};
 use serde_json::Value;
 use std::sync::Arc;
@@ -90,6 +90,18 @@ pub struct Source {
     pub decisions: Arc<DecisionLog>,
     /// The proxy's version, for `metadata.product.version`.
     pub version: &'static str,
+    /// `[audit] record_integrity`: events of chained records carry their
+    /// OCSF 1.9 attestation.
+    pub integrity: Option<Integrity>,
+}
+
+/// What the attestation of a sink's events names.
+#[derive(Clone, Debug)]
+pub struct Integrity {
+    /// The cell as chains name it (`-` without `[cell]`).
+    pub cell: String,
+    /// The name of the checkpoints' signing key, if one signs them.
+    pub authority: Option<String>,
 }
 
 impl Source {
@@ -136,6 +148,9 @@ impl Source {
                 .map(|(seq, note)| Record::new(kind, seq, ocsf::checkpoint_event(seq, &note, self.version)))
                 .collect(),
         };
+        if let Some(integrity) = &self.integrity {
+            self.attest(kind, after, integrity, &mut out).await?;
+        }
         let mut bytes = 0;
         let mut keep = out.len();
         for (i, r) in out.iter().enumerate() {
@@ -147,6 +162,52 @@ impl Source {
         }
         out.truncate(keep);
         Ok(out)
+    }
+
+    /// Adds each record's attestation (its chain value and the previous
+    /// one's, read from the store) to its event; checkpoints and records
+    /// without a chain value are left as they are.
+    async fn attest(
+        &self,
+        kind: RecordKind,
+        after: u64,
+        integrity: &Integrity,
+        out: &mut [Record],
+    ) -> Result<(), String> {
+        let chain_kind = match kind {
+            RecordKind::Facts => chain::Kind::Facts,
+            RecordKind::Decisions => chain::Kind::Decisions,
+            RecordKind::Checkpoints => return Ok(()),
+        };
+        let Some(last) = out.last().map(|r| r.seq) else {
+            return Ok(());
+        };
+        let values: std::collections::HashMap<u64, chain::Head> = self
+            .facts
+            .chain_values(chain_kind, after, last)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .collect();
+        let epoch = self.facts.epoch().unwrap_or_default();
+        let chain_uid = format!("{}/{}", chain::origin(&integrity.cell, &epoch), kind.log());
+        for r in out.iter_mut() {
+            let Some(fingerprint) = values.get(&r.seq) else {
+                continue;
+            };
+            ocsf::attest(
+                &mut r.event,
+                &ocsf::Attestation {
+                    chain_uid: &chain_uid,
+                    seq: r.seq,
+                    fingerprint,
+                    previous: values.get(&r.seq.wrapping_sub(1)),
+                    authority: integrity.authority.as_deref(),
+                },
+            );
+            r.json = r.event.to_string();
+        }
+        Ok(())
     }
 
     /// The newest committed record's `seq` of `kind`.

@@ -114,6 +114,7 @@ async fn every_fact_and_decision_reaches_a_file_sink_once_and_the_cursors_move()
         facts: facts.clone(),
         decisions: decisions.clone(),
         version: "test",
+        integrity: None,
     };
     start(
         &file_sink(&path),
@@ -170,6 +171,7 @@ async fn a_failing_sink_counts_its_failures_retries_and_loses_nothing() {
         facts: facts.clone(),
         decisions: Arc::new(DecisionLog::off()),
         version: "test",
+        integrity: None,
     };
     start(
         &file_sink(&path),
@@ -221,6 +223,7 @@ async fn records_deleted_before_export_are_counted_as_dropped() {
         facts: facts.clone(),
         decisions: decisions.clone(),
         version: "test",
+        integrity: None,
     };
     start(
         &file_sink(&path),
@@ -260,6 +263,7 @@ fn a_missing_headers_variable_or_bad_headers_stop_the_start() {
             facts: Arc::new(MemorySink::new(10)),
             decisions: Arc::new(DecisionLog::off()),
             version: "test",
+            integrity: None,
         };
         let go = |v: Option<&'static str>| {
             start(&cfg.audit, None, source.clone(), Arc::new(NoDns), AuditMetrics::default(), &move |_| {

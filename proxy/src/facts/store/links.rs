@@ -164,6 +164,35 @@ pub(crate) fn anchor_pruned(c: &Connection, kind: Kind, upto: u64) -> rusqlite::
     set_anchor(c, kind, upto, &head, "pruned")
 }
 
+/// The chain values of `kind`'s records `from..=to` that have one, by seq
+/// (none when the table does not exist yet).
+pub(crate) fn chain_values(c: &Connection, kind: Kind, from: u64, to: u64) -> rusqlite::Result<Vec<(u64, Head)>> {
+    let exists: bool = c.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        params![table(kind)],
+        |r| r.get(0),
+    )?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let mut s = c.prepare_cached(&format!(
+        "SELECT seq, chain FROM {} WHERE seq >= ?1 AND seq <= ?2 AND chain IS NOT NULL ORDER BY seq",
+        table(kind)
+    ))?;
+    let clamp = |v: u64| v.min(i64::MAX as u64) as i64;
+    let rows = s.query_map(params![clamp(from), clamp(to)], |r| {
+        Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get::<_, Vec<u8>>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, chain) = row?;
+        if let Ok(h) = chain.try_into() {
+            out.push((seq, h));
+        }
+    }
+    Ok(out)
+}
+
 /// Keeps a signed checkpoint; its `seq` in the table (the audit sinks'
 /// order).
 pub(crate) fn save_checkpoint(c: &Connection, cp: &Checkpoint, note: &str) -> rusqlite::Result<u64> {

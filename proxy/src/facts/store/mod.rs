@@ -371,6 +371,20 @@ impl FactSink for SqliteStore {
         })
     }
 
+    fn chain_values(
+        &self,
+        kind: crate::facts::chain::Kind,
+        from: u64,
+        to: u64,
+    ) -> BoxFuture<'_, Result<Vec<(u64, crate::facts::chain::Head)>, FactError>> {
+        let (reader, path) = (self.reader.clone(), self.path.clone());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || reader::chain_values(&reader, &path, kind, (from, to)))
+                .await
+                .map_err(|e| FactError::Unavailable(e.to_string()))?
+        })
+    }
+
     fn checkpoint_head(&self) -> u64 {
         self.identity.checkpoint_seq.load(Ordering::Acquire)
     }

@@ -43,6 +43,23 @@ pub(super) fn checkpoints(
     })
 }
 
+/// The chain values of `kind`'s records `from..=to`, read on `reader`.
+pub(super) fn chain_values(
+    reader: &Mutex<Option<Connection>>,
+    path: &Path,
+    kind: crate::facts::chain::Kind,
+    (from, to): (u64, u64),
+) -> Result<Vec<(u64, crate::facts::chain::Head)>, FactError> {
+    let mut guard = connection(reader, path)?;
+    let c = guard
+        .as_ref()
+        .ok_or_else(|| FactError::Unavailable("no reader".into()))?;
+    super::links::chain_values(c, kind, from, to).map_err(|e| {
+        *guard = None;
+        FactError::Unavailable(e.to_string())
+    })
+}
+
 /// The facts `q` asks for, read on `reader` (opened on `path` if it is
 /// not), with `stamp` (cell, epoch) for facts made before epochs.
 pub(super) fn read(
