@@ -158,8 +158,13 @@ struct VerifyArgs {
     #[arg(long = "checkpoints")]
     checkpoints: Vec<PathBuf>,
     /// The store file; without it, the one `[proxy] facts` of --config names.
-    #[arg(long, conflicts_with_all = ["config", "postgres"])]
+    #[arg(long, conflicts_with_all = ["config", "postgres", "export"])]
     store: Option<PathBuf>,
+    /// Verify what a sink exported instead: a file sink's directory (or
+    /// files) of OCSF events sent with `[audit] record_integrity`, record by
+    /// record, against the checkpoint events among them.
+    #[arg(long, conflicts_with_all = ["config", "postgres"])]
+    export: Vec<PathBuf>,
     /// Verify the facts the fleet store holds of this cell instead (its
     /// `[export]` DSN variable and schema, and `[cell] id`, from --config),
     /// each epoch on its own, against `egress_checkpoints`.
@@ -423,26 +428,25 @@ fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
         keys.push(Verifier::parse(&text).map_err(|e| format!("--key {k}: {e}"))?);
     }
     let mut held = Vec::new();
-    for p in &a.checkpoints {
-        let files: Vec<PathBuf> = if p.is_dir() {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
-                .map_err(|e| format!("{}: {e}", p.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file())
-                .collect();
-            v.sort();
-            v
-        } else {
-            vec![p.clone()]
-        };
-        for f in files {
-            let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-            held.extend(verify::notes_in(&text));
-        }
+    for text in read_all(&a.checkpoints)? {
+        held.extend(verify::notes_in(&text));
     }
     let mut out = String::new();
     let mut findings = 0;
-    if a.postgres {
+    if !a.export.is_empty() {
+        let mut events = Vec::new();
+        for text in read_all(&a.export)? {
+            // Whole lines: one being written when the file was read is left out.
+            for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+                    events.push(v);
+                }
+            }
+        }
+        for r in verify::verify_export(&events, &keys, &held)? {
+            findings += report(&mut out, &format!("export of {} events", events.len()), &r);
+        }
+    } else if a.postgres {
         let path = a.config.ok_or("--postgres reads [export] and [cell] from --config")?;
         let cfg = Config::load(&path).map_err(|e| e.to_string())?;
         let cell = cfg
@@ -483,6 +487,29 @@ fn verify(a: VerifyArgs) -> Result<std::process::ExitCode, String> {
     } else {
         std::process::ExitCode::from(1)
     })
+}
+
+/// The text of each file `paths` name, directories read file by file (in
+/// name order).
+fn read_all(paths: &[PathBuf]) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for p in paths {
+        let files: Vec<PathBuf> = if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.is_file())
+                .collect();
+            v.sort();
+            v
+        } else {
+            vec![p.clone()]
+        };
+        for f in files {
+            out.push(std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?);
+        }
+    }
+    Ok(out)
 }
 
 /// One verified store or epoch, as `facts verify` prints it: its findings' count.

@@ -826,4 +826,54 @@ async fn a_sink_carries_the_signed_checkpoints_and_they_verify_the_store() {
             .unwrap();
         assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
     }
+    // The export alone verifies record by record (raw_data is what the
+    // chain covers); an edited event and a deleted one are named.
+    let verify_export = |dir: &Path| {
+        let out = Command::new(bin("egress-proxy"))
+            .args(["facts", "verify", "--export"])
+            .arg(dir)
+            .arg("--key")
+            .arg(s.dir.path().join("audit.key.pub"))
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, text) = verify_export(&s.dir.path().join("audit"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("verified: no findings") && text.contains("facts: "),
+        "{text}"
+    );
+    let tampered = s.dir.path().join("tampered");
+    std::fs::create_dir(&tampered).unwrap();
+    let mut edited = (0, 0);
+    let lines: Vec<String> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            if v["metadata"]["log_name"] != "facts" {
+                return Some(l.to_owned());
+            }
+            match v["metadata"]["sequence"].as_u64().unwrap() {
+                20 => {
+                    let raw = v["raw_data"].as_str().unwrap().replace("enforce", "report");
+                    v["raw_data"] = Value::from(raw);
+                    edited.0 += 1;
+                    Some(v.to_string())
+                }
+                30 => {
+                    edited.1 += 1;
+                    None
+                }
+                _ => Some(l.to_owned()),
+            }
+        })
+        .collect();
+    assert_eq!(edited, (1, 1));
+    std::fs::write(tampered.join("events.jsonl"), lines.join("\n") + "\n").unwrap();
+    let (code, text) = verify_export(&tampered);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FINDING altered facts seq 20:"), "{text}");
+    assert!(text.contains("FINDING missing facts seq 30:"), "{text}");
 }

@@ -135,6 +135,10 @@ pub struct StoredFact {
     pub chain: Option<chain::Head>,
 }
 
+/// A chained record as the store holds it: its seq, the JSON its chain
+/// value covers, and that value.
+pub type Chained = (u64, String, chain::Head);
+
 /// How long a run record write queued by [`FactSink::save_run_soon`] waits
 /// at most for another write to share its commit.
 pub const RUN_WRITE_DELAY: std::time::Duration = std::time::Duration::from_millis(10);
@@ -220,14 +224,10 @@ pub trait FactSink: Send + Sync + 'static {
         })
     }
 
-    /// The chain values of `kind`'s records `from..=to` that have one, by
-    /// seq (a sink without a chain has none).
-    fn chain_values(
-        &self,
-        _kind: chain::Kind,
-        _from: u64,
-        _to: u64,
-    ) -> BoxFuture<'_, Result<Vec<(u64, chain::Head)>, FactError>> {
+    /// `kind`'s records `from..=to` that have a chain value, by seq: the
+    /// JSON the value covers, and the value (a sink without a chain has
+    /// none).
+    fn chained(&self, _kind: chain::Kind, _from: u64, _to: u64) -> BoxFuture<'_, Result<Vec<Chained>, FactError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 

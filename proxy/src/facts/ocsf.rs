@@ -311,6 +311,9 @@ pub struct Attestation<'a> {
     /// The chain: `loom-egress/<cell>/<epoch>/<facts|decisions>`.
     pub chain_uid: &'a str,
     pub seq: u64,
+    /// The record as the store holds it: what the chain value covers (the
+    /// event's `raw_data`).
+    pub stored: &'a str,
     /// The record's chain value.
     pub fingerprint: &'a crate::facts::chain::Head,
     /// The previous record's (none: the first of the chain, or not held).
@@ -323,9 +326,10 @@ pub struct Attestation<'a> {
 /// `event`: `fingerprint` is the record's chain value (SHA-256, hex) and
 /// `prev_event.fingerprint` the previous record's, so that a receiver can
 /// check the events link in order and that a signed checkpoint's head is
-/// the fingerprint at its size. The fingerprint covers the record as the
-/// store holds it (what `facts verify` recomputes), not the event's own
-/// serialization; `metadata.version` stays 1.8.0.
+/// the fingerprint at its size; `raw_data` is the record as the store
+/// holds it, which the fingerprint covers, so `facts verify --export`
+/// recomputes it from the events alone. The fingerprint is not over the
+/// event's own serialization; `metadata.version` stays 1.8.0.
 pub fn attest(event: &mut Value, a: &Attestation<'_>) {
     let fingerprint = |h: &crate::facts::chain::Head| {
         let value: String = h.iter().map(|b| format!("{b:02x}")).collect();
@@ -346,6 +350,7 @@ pub fn attest(event: &mut Value, a: &Attestation<'_>) {
         att["authority_uid"] = json!(name);
     }
     event["attestation"] = att;
+    event["raw_data"] = json!(a.stored);
     if let Some(profiles) = event.pointer_mut("/metadata/profiles").and_then(Value::as_array_mut) {
         if !profiles.iter().any(|p| p == "record_integrity") {
             profiles.push(json!("record_integrity"));

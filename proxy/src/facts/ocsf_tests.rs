@@ -209,6 +209,7 @@ fn attested(mut c: Case, previous: Option<&crate::facts::chain::Head>) -> Case {
         &Attestation {
             chain_uid: "loom-egress/cell-a/e/facts",
             seq: c.seq,
+            stored: "{}",
             fingerprint: &[9; 32],
             previous,
             authority: Some("cell-a-audit"),
@@ -735,6 +736,7 @@ fn an_attestation_carries_the_chain_value_and_the_previous_one() {
     let a = Attestation {
         chain_uid: "loom-egress/cell-a/e/facts",
         seq: 5,
+        stored: "{\"seq\":5}",
         fingerprint: &fp,
         previous: Some(&prev),
         authority: Some("cell-a-audit"),
@@ -751,6 +753,7 @@ fn an_attestation_carries_the_chain_value_and_the_previous_one() {
     );
     assert_eq!(att["prev_event"]["uid"], "loom-egress/cell-a/e/facts/4");
     assert_eq!(att["prev_event"]["fingerprint"]["value"], "01".repeat(32));
+    assert_eq!(e["raw_data"], "{\"seq\":5}", "the stored record the fingerprint covers");
     let profiles = e["metadata"]["profiles"].as_array().unwrap();
     assert_eq!(
         profiles.iter().filter(|p| *p == "record_integrity").count(),

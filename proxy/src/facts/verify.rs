@@ -675,6 +675,165 @@ pub async fn verify_postgres(
     Ok(reports)
 }
 
+/// Verifies the records a sink exported with `[audit] record_integrity`
+/// (`events`: its OCSF events, in any order, duplicates allowed), record by
+/// record: each attested event's `raw_data` is the record as the store held
+/// it and its `attestation.fingerprint` the chain value, so the chain is
+/// walked again from the events alone, per (cell, epoch) and kind, and held
+/// against the checkpoints among the events (and `held`). Events without
+/// an attestation cannot be checked and are counted in a note. One report
+/// per store epoch.
+pub fn verify_export(events: &[serde_json::Value], keys: &[Verifier], held: &[String]) -> Result<Vec<Report>, String> {
+    use std::collections::{BTreeMap, HashMap};
+    let mut notes: Vec<String> = held.to_vec();
+    // (cell, epoch) → kind → seq → (raw_data, fingerprint)
+    type Chains = BTreeMap<(String, String), HashMap<Kind, BTreeMap<u64, (String, Option<Head>)>>>;
+    let mut chains: Chains = BTreeMap::new();
+    let mut unattested = 0u64;
+    let mut conflicting: Vec<(String, String, Kind, u64)> = Vec::new();
+    for e in events {
+        if e.pointer("/metadata/log_name").and_then(|v| v.as_str()) == Some("checkpoints") {
+            if let Some(n) = e.pointer("/unmapped/loom/note").and_then(|v| v.as_str()) {
+                notes.push(n.to_owned());
+            }
+            continue;
+        }
+        let att = &e["attestation"];
+        let parts = att["chain_uid"]
+            .as_str()
+            .and_then(|c| c.strip_prefix("loom-egress/"))
+            .and_then(|c| {
+                let (rest, kind) = c.rsplit_once('/')?;
+                let (cell, epoch) = rest.rsplit_once('/')?;
+                let kind = match kind {
+                    "facts" => Kind::Facts,
+                    "decisions" => Kind::Decisions,
+                    _ => return None,
+                };
+                Some((cell.to_owned(), epoch.to_owned(), kind))
+            });
+        let seq = e.pointer("/metadata/sequence").and_then(|v| v.as_u64());
+        let (Some((cell, epoch, kind)), Some(seq), Some(raw)) = (parts, seq, e["raw_data"].as_str()) else {
+            unattested += 1;
+            continue;
+        };
+        let fingerprint = att["fingerprint"]["value"].as_str().and_then(unhex);
+        let slot = chains
+            .entry((cell.clone(), epoch.clone()))
+            .or_default()
+            .entry(kind)
+            .or_default();
+        match slot.get(&seq) {
+            // A duplicate (a batch sent again) is the same record.
+            Some((r, f)) if r == raw && *f == fingerprint => {}
+            Some(_) => conflicting.push((cell, epoch, kind, seq)),
+            None => {
+                slot.insert(seq, (raw.to_owned(), fingerprint));
+            }
+        }
+    }
+    if chains.is_empty() {
+        return Err(format!(
+            "no attested events among {} ({unattested} without an attestation): the sink needs [audit] record_integrity = true",
+            events.len()
+        ));
+    }
+    let mut verified = Vec::new();
+    let mut unsigned = Vec::new();
+    for note in &notes {
+        match verify_by_any(note, keys) {
+            Ok(cp) => verified.push(cp),
+            Err(e) => unsigned.push((chain::read_note(note).ok(), e)),
+        }
+    }
+    let mut reports = Vec::new();
+    for ((cell, epoch), kinds) in chains {
+        let mut findings = Vec::new();
+        let mut walks: HashMap<Kind, (Walk, HashMap<u64, Head>)> = HashMap::new();
+        for (kind, records) in kinds {
+            let Some(first_seq) = records.keys().next().copied() else {
+                continue;
+            };
+            let (start, first) = if first_seq == 1 {
+                (0, Some(genesis(kind, &cell, &epoch)))
+            } else {
+                (first_seq - 1, None)
+            };
+            let mut walker = Walker::new(kind, start, first, (start > 0).then(|| "exported from here".to_owned()));
+            for (seq, (raw, fingerprint)) in &records {
+                walker.row(*seq, raw.as_bytes(), *fingerprint);
+            }
+            let by_seq: HashMap<u64, Head> = records.iter().filter_map(|(s, (_, f))| Some((*s, (*f)?))).collect();
+            let (w, found) = walker.finish(|seq| by_seq.get(&seq).copied());
+            findings.extend(found);
+            walks.insert(kind, (w, by_seq));
+        }
+        for (c, e, kind, seq) in &conflicting {
+            if *c == cell && *e == epoch {
+                findings.push(Finding::Altered { kind: *kind, seq: *seq });
+            }
+        }
+        let mine: Vec<&Checkpoint> = verified
+            .iter()
+            .filter(|cp| cp.epoch == epoch && cp.cell == cell)
+            .collect();
+        for cp in &mine {
+            for (kind, (size, head)) in [
+                (Kind::Facts, (cp.size, &cp.head)),
+                (Kind::Decisions, (cp.decisions.0, &cp.decisions.1)),
+            ] {
+                if let Some((w, by_seq)) = walks.get(&kind) {
+                    check(kind, (size, head), w, || by_seq.get(&size).copied(), &mut findings);
+                }
+            }
+        }
+        for (cp, e) in &unsigned {
+            if cp.as_ref().is_none_or(|cp| cp.epoch == epoch) {
+                findings.push(bad_signature(cp.as_ref(), e));
+            }
+        }
+        findings.dedup();
+        let newest = mine
+            .iter()
+            .max_by_key(|cp| (cp.size, cp.decisions.0, cp.time.clone()))
+            .map(|cp| (*cp).clone());
+        let mut report_notes = Vec::new();
+        if unattested > 0 {
+            report_notes.push(format!("{unattested} events without an attestation were not checked"));
+        }
+        if newest.is_none() {
+            report_notes.push(format!(
+                "no checkpoint of this epoch verified with key {}: the chains are checked, not their signatures",
+                names(keys)
+            ));
+        }
+        let take = |k: Kind| walks.get(&k).map(|(w, _)| w.clone()).unwrap_or_default();
+        reports.push(Report {
+            cell,
+            epoch,
+            facts: take(Kind::Facts),
+            decisions: take(Kind::Decisions),
+            checkpoints: mine.len(),
+            newest,
+            findings,
+            notes: report_notes,
+        });
+    }
+    Ok(reports)
+}
+
+/// A chain value from its hex.
+fn unhex(s: &str) -> Option<Head> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut h = [0u8; 32];
+    for (i, b) in h.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(h)
+}
+
 /// The signed notes in a file a witness or a sink kept: JSON lines of OCSF
 /// events (a file sink's; the checkpoints' notes are under
 /// `unmapped.loom.note`, other events are skipped), or notes one after the

@@ -182,17 +182,18 @@ impl Source {
         let Some(last) = out.last().map(|r| r.seq) else {
             return Ok(());
         };
-        let values: std::collections::HashMap<u64, chain::Head> = self
+        let values: std::collections::HashMap<u64, (String, chain::Head)> = self
             .facts
-            .chain_values(chain_kind, after, last)
+            .chained(chain_kind, after, last)
             .await
             .map_err(|e| e.to_string())?
             .into_iter()
+            .map(|(seq, body, head)| (seq, (body, head)))
             .collect();
         let epoch = self.facts.epoch().unwrap_or_default();
         let chain_uid = format!("{}/{}", chain::origin(&integrity.cell, &epoch), kind.log());
         for r in out.iter_mut() {
-            let Some(fingerprint) = values.get(&r.seq) else {
+            let Some((stored, fingerprint)) = values.get(&r.seq) else {
                 continue;
             };
             ocsf::attest(
@@ -200,8 +201,9 @@ impl Source {
                 &ocsf::Attestation {
                     chain_uid: &chain_uid,
                     seq: r.seq,
+                    stored,
                     fingerprint,
-                    previous: values.get(&r.seq.wrapping_sub(1)),
+                    previous: values.get(&r.seq.wrapping_sub(1)).map(|(_, h)| h),
                     authority: integrity.authority.as_deref(),
                 },
             );

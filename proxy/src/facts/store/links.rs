@@ -164,9 +164,10 @@ pub(crate) fn anchor_pruned(c: &Connection, kind: Kind, upto: u64) -> rusqlite::
     set_anchor(c, kind, upto, &head, "pruned")
 }
 
-/// The chain values of `kind`'s records `from..=to` that have one, by seq
-/// (none when the table does not exist yet).
-pub(crate) fn chain_values(c: &Connection, kind: Kind, from: u64, to: u64) -> rusqlite::Result<Vec<(u64, Head)>> {
+/// `kind`'s records `from..=to` that have a chain value, by seq: the JSON
+/// the value covers, and the value (none when the table does not exist
+/// yet).
+pub(crate) fn chained(c: &Connection, kind: Kind, from: u64, to: u64) -> rusqlite::Result<Vec<crate::facts::Chained>> {
     let exists: bool = c.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
         params![table(kind)],
@@ -176,18 +177,22 @@ pub(crate) fn chain_values(c: &Connection, kind: Kind, from: u64, to: u64) -> ru
         return Ok(Vec::new());
     }
     let mut s = c.prepare_cached(&format!(
-        "SELECT seq, chain FROM {} WHERE seq >= ?1 AND seq <= ?2 AND chain IS NOT NULL ORDER BY seq",
+        "SELECT seq, body, chain FROM {} WHERE seq >= ?1 AND seq <= ?2 AND chain IS NOT NULL ORDER BY seq",
         table(kind)
     ))?;
     let clamp = |v: u64| v.min(i64::MAX as u64) as i64;
     let rows = s.query_map(params![clamp(from), clamp(to)], |r| {
-        Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get::<_, Vec<u8>>(1)?))
+        Ok((
+            r.get::<_, i64>(0)?.max(0) as u64,
+            r.get::<_, String>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+        ))
     })?;
     let mut out = Vec::new();
     for row in rows {
-        let (seq, chain) = row?;
+        let (seq, body, chain) = row?;
         if let Ok(h) = chain.try_into() {
-            out.push((seq, h));
+            out.push((seq, body, h));
         }
     }
     Ok(out)

@@ -371,15 +371,15 @@ impl FactSink for SqliteStore {
         })
     }
 
-    fn chain_values(
+    fn chained(
         &self,
         kind: crate::facts::chain::Kind,
         from: u64,
         to: u64,
-    ) -> BoxFuture<'_, Result<Vec<(u64, crate::facts::chain::Head)>, FactError>> {
+    ) -> BoxFuture<'_, Result<Vec<crate::facts::Chained>, FactError>> {
         let (reader, path) = (self.reader.clone(), self.path.clone());
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || reader::chain_values(&reader, &path, kind, (from, to)))
+            tokio::task::spawn_blocking(move || reader::chained(&reader, &path, kind, (from, to)))
                 .await
                 .map_err(|e| FactError::Unavailable(e.to_string()))?
         })

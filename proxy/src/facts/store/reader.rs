@@ -43,18 +43,19 @@ pub(super) fn checkpoints(
     })
 }
 
-/// The chain values of `kind`'s records `from..=to`, read on `reader`.
-pub(super) fn chain_values(
+/// `kind`'s chained records `from..=to` (seq, stored JSON, chain value),
+/// read on `reader`.
+pub(super) fn chained(
     reader: &Mutex<Option<Connection>>,
     path: &Path,
     kind: crate::facts::chain::Kind,
     (from, to): (u64, u64),
-) -> Result<Vec<(u64, crate::facts::chain::Head)>, FactError> {
+) -> Result<Vec<crate::facts::Chained>, FactError> {
     let mut guard = connection(reader, path)?;
     let c = guard
         .as_ref()
         .ok_or_else(|| FactError::Unavailable("no reader".into()))?;
-    super::links::chain_values(c, kind, from, to).map_err(|e| {
+    super::links::chained(c, kind, from, to).map_err(|e| {
         *guard = None;
         FactError::Unavailable(e.to_string())
     })
