@@ -10,13 +10,19 @@
 # /usr/local/bin points the emulator at the unpacked firmware (-L) and
 # modules (QEMU_MODULE_DIR: software emulation, TCG, is one).
 #
-# Does nothing when qemu-system-x86_64 is already on PATH. Exit 1 (and says
-# why) when it cannot be made available; tests/vm/run.sh then skips loudly.
+# Does nothing when a qemu-system-x86_64 of the machine's own is on PATH;
+# when the one on PATH is this script's wrapper, it checks again that the
+# emulator's libraries are there (a package removed since takes one away)
+# and installs what is missing. Exit 1 (and says why) when it cannot be
+# made available; tests/vm/run.sh then skips loudly.
 set -euo pipefail
-command -v qemu-system-x86_64 >/dev/null && exit 0
 CACHE_DIR=${LOOM_CACHE_DIR:-/var/cache/loom-egress}/qemu
 root=$CACHE_DIR/root
 emu=$root/usr/bin/qemu-system-x86_64
+on_path=$(command -v qemu-system-x86_64 || true)
+if [ -n "$on_path" ] && ! grep -qsF "$emu" "$on_path"; then
+  exit 0
+fi
 if ! [ -x "$emu" ]; then
   rm -rf "$CACHE_DIR" && mkdir -p "$CACHE_DIR/debs"
   chmod 0755 "$CACHE_DIR/debs"
