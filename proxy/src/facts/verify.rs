@@ -165,13 +165,9 @@ pub fn verify(path: &Path, keys: &[Verifier], held: &[String]) -> Result<Report,
         ..Report::default()
     };
     // The cell: from the checkpoints (signed), else from a fact.
-    let mut verified = Vec::new();
-    for note in &notes {
-        match verify_by_any(note, keys) {
-            Ok(cp) => verified.push(cp),
-            Err(e) => r.findings.push(bad_signature(chain::read_note(note).ok().as_ref(), &e)),
-        }
-    }
+    let (verified, unsigned) = sort_notes(&notes, keys);
+    r.findings
+        .extend(unsigned.iter().map(|(cp, e)| bad_signature(cp.as_ref(), e)));
     r.checkpoints = verified.len();
     let cell_of_fact: Option<String> = c
         .query_row(
@@ -228,33 +224,7 @@ pub fn verify(path: &Path, keys: &[Verifier], held: &[String]) -> Result<Report,
             check(kind, signed, w, at, &mut r.findings);
         }
     }
-    // One truncation per chain: the furthest signed size.
-    let furthest = |k: Kind, f: &[Finding]| {
-        f.iter()
-            .filter_map(|x| match x {
-                Finding::Truncated { kind, signed, .. } if *kind == k => Some(*signed),
-                _ => None,
-            })
-            .max()
-    };
-    let (tf, td) = (
-        furthest(Kind::Facts, &r.findings),
-        furthest(Kind::Decisions, &r.findings),
-    );
-    r.findings.retain(|x| match x {
-        Finding::Truncated {
-            kind: Kind::Facts,
-            signed,
-            ..
-        } => Some(*signed) == tf,
-        Finding::Truncated {
-            kind: Kind::Decisions,
-            signed,
-            ..
-        } => Some(*signed) == td,
-        _ => true,
-    });
-    r.findings.dedup();
+    tidy(&mut r.findings);
     r.newest = mine
         .iter()
         .max_by_key(|cp| (cp.size, cp.decisions.0, cp.time.clone()))
@@ -304,6 +274,44 @@ pub fn verify(path: &Path, keys: &[Verifier], held: &[String]) -> Result<Report,
         }
     }
     Ok(r)
+}
+
+/// A checkpoint that does not verify: what it says (when it reads), and why.
+type Unsigned = (Option<Checkpoint>, NoteError);
+
+/// `notes` sorted into the checkpoints one of `keys` signed, and the others.
+fn sort_notes(notes: &[String], keys: &[Verifier]) -> (Vec<Checkpoint>, Vec<Unsigned>) {
+    let mut verified = Vec::new();
+    let mut unsigned = Vec::new();
+    for note in notes {
+        match verify_by_any(note, keys) {
+            Ok(cp) => verified.push(cp),
+            Err(e) => unsigned.push((chain::read_note(note).ok(), e)),
+        }
+    }
+    (verified, unsigned)
+}
+
+/// Findings as reported: one truncation per chain (the furthest signed
+/// size: every earlier checkpoint beyond the end says less), and no finding
+/// twice in a row.
+fn tidy(findings: &mut Vec<Finding>) {
+    let furthest = |k: Kind, f: &[Finding]| {
+        f.iter()
+            .filter_map(|x| match x {
+                Finding::Truncated { kind, signed, .. } if *kind == k => Some(*signed),
+                _ => None,
+            })
+            .max()
+    };
+    let (facts, decisions) = (furthest(Kind::Facts, findings), furthest(Kind::Decisions, findings));
+    findings.retain(|x| match x {
+        Finding::Truncated { kind, signed, .. } => {
+            Some(*signed) == if *kind == Kind::Facts { facts } else { decisions }
+        }
+        _ => true,
+    });
+    findings.dedup();
 }
 
 /// The finding of a checkpoint that does not verify (`cp`: what it says,
@@ -562,14 +570,7 @@ pub async fn verify_postgres(
     )
     .await?;
     notes.extend(held.iter().cloned());
-    let mut verified = Vec::new();
-    let mut unsigned = Vec::new();
-    for note in &notes {
-        match verify_by_any(note, keys) {
-            Ok(cp) => verified.push(cp),
-            Err(e) => unsigned.push((chain::read_note(note).ok(), e)),
-        }
-    }
+    let (verified, unsigned) = sort_notes(&notes, keys);
     let epochs = texts(
         client,
         &format!("SELECT epoch::text FROM {s}.egress_facts WHERE cell = $1 GROUP BY epoch ORDER BY min(at)"),
@@ -636,15 +637,7 @@ pub async fn verify_postgres(
                 findings.push(bad_signature(cp.as_ref(), e));
             }
         }
-        let furthest = findings
-            .iter()
-            .filter_map(|f| match f {
-                Finding::Truncated { signed, .. } => Some(*signed),
-                _ => None,
-            })
-            .max();
-        findings.retain(|f| !matches!(f, Finding::Truncated { signed, .. } if Some(*signed) != furthest));
-        findings.dedup();
+        tidy(&mut findings);
         let newest = mine
             .iter()
             .max_by_key(|cp| (cp.size, cp.time.clone()))
@@ -738,14 +731,7 @@ pub fn verify_export(events: &[serde_json::Value], keys: &[Verifier], held: &[St
             events.len()
         ));
     }
-    let mut verified = Vec::new();
-    let mut unsigned = Vec::new();
-    for note in &notes {
-        match verify_by_any(note, keys) {
-            Ok(cp) => verified.push(cp),
-            Err(e) => unsigned.push((chain::read_note(note).ok(), e)),
-        }
-    }
+    let (verified, unsigned) = sort_notes(&notes, keys);
     let mut reports = Vec::new();
     for ((cell, epoch), kinds) in chains {
         let mut findings = Vec::new();
@@ -792,7 +778,7 @@ pub fn verify_export(events: &[serde_json::Value], keys: &[Verifier], held: &[St
                 findings.push(bad_signature(cp.as_ref(), e));
             }
         }
-        findings.dedup();
+        tidy(&mut findings);
         let newest = mine
             .iter()
             .max_by_key(|cp| (cp.size, cp.decisions.0, cp.time.clone()))
