@@ -249,15 +249,16 @@ impl Run {
                 continue;
             }
             let t0 = Instant::now();
-            let full = batch.len() >= self.cfg.batch_max;
+            let n = batch.len();
+            let full = n >= self.cfg.batch_max;
             let last = batch.last().map_or(cursor, |s| s.fact.seq);
             let mut cols: (Vec<i64>, Vec<String>, Vec<String>) = Default::default();
             let mut opt: (Vec<Option<String>>, Vec<Option<String>>) = Default::default();
             let mut rest: (Vec<String>, Vec<String>, Vec<String>, Vec<String>) = Default::default();
             let mut chained: (Vec<String>, Vec<Option<Vec<u8>>>) = Default::default();
-            for stored in &batch {
+            for stored in batch {
                 let f = &stored.fact;
-                chained.0.push(stored.body.clone());
+                chained.0.push(stored.body);
                 chained.1.push(stored.chain.map(|h| h.to_vec()));
                 let body = serde_json::to_string(f).map_err(|e| ExportError::Failed {
                     kind: "read",
@@ -287,7 +288,7 @@ impl Run {
             })
             .await?;
             self.metrics.batch_duration.observe(t0.elapsed().as_secs_f64());
-            self.metrics.facts.inc_by(batch.len() as u64);
+            self.metrics.facts.inc_by(n as u64);
             self.metrics.last_success.set(now_secs());
             cursor = last;
             self.advance(cursor).await;
